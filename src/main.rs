@@ -1,1 +1,8 @@
-fn main(){}
+//! The `gatehouse` binary: parses the command line and hands off to `gatehouse::cli`.
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = gatehouse::cli::Cli::parse();
+    gatehouse::cli::run(cli)
+}

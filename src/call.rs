@@ -1,0 +1,353 @@
+//! A governed tool call: grant check, limits, execution with timeout and cancellation,
+//! and the audit record that must be written before the reply is sent.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{digest_value, Outcome, Record};
+use crate::mcp::dispatch::RequestCtx;
+use crate::mcp::jsonrpc::{self, RpcError};
+use crate::tools::{Backend, ToolContext, ToolResult};
+
+/// How a call ended, before it is turned into a reply.
+enum Ended {
+    /// A `CallToolResult` for the client.
+    Result(Value, Outcome),
+    /// A JSON-RPC error for the client.
+    Error(i64, String, Outcome),
+    /// Cancelled: nothing is sent.
+    Cancelled,
+}
+
+fn base_record(ctx: &RequestCtx, tool: Option<&str>) -> Record {
+    let mut r = Record::event("governed_mcp_call");
+    r.registration_id = Some(ctx.registration.id.clone());
+    r.agent_id = Some(ctx.registration.agent_id.to_string());
+    r.label = ctx.registration.label.clone();
+    r.session_id = ctx.session_id().map(str::to_string);
+    r.transport = Some(ctx.transport.as_str().to_string());
+    r.tool = tool.map(str::to_string);
+    r
+}
+
+/// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled.
+pub async fn run(
+    ctx: &RequestCtx,
+    id: Value,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Value> {
+    let started = Instant::now();
+    let gw = &ctx.gateway;
+    let mut params = match params {
+        Some(Value::Object(m)) => m,
+        _ => {
+            let mut rec = base_record(ctx, None);
+            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
+            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+            rec.reason = Some("params must be an object with a name".into());
+            return finish(
+                ctx,
+                rec,
+                started,
+                id,
+                Err(()),
+                invalid("tools/call needs params {\"name\": string, \"arguments\"?: object}"),
+            )
+            .await;
+        }
+    };
+    let name = match params.get("name") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            let mut rec = base_record(ctx, None);
+            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
+            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+            rec.reason = Some("missing tool name".into());
+            return finish(
+                ctx,
+                rec,
+                started,
+                id,
+                Err(()),
+                invalid("tools/call: \"name\" must be a string"),
+            )
+            .await;
+        }
+    };
+    let args = match params.remove("arguments") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(v @ Value::Object(_)) => v,
+        Some(_) => {
+            let mut rec = base_record(ctx, Some(&name));
+            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
+            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+            rec.reason = Some("arguments must be an object".into());
+            return finish(
+                ctx,
+                rec,
+                started,
+                id,
+                Err(()),
+                invalid("tools/call: \"arguments\" must be an object"),
+            )
+            .await;
+        }
+    };
+    let mut rec = base_record(ctx, Some(&name));
+    rec.args_digest = Some(digest_value(&args));
+    if gw.config().audit.record_arguments {
+        rec.arguments = Some(redact(&args, &gw.config().audit.redact_keys));
+    }
+    let reg = &ctx.registration;
+    let Some(tool) = reg.tools.get(&name) else {
+        rec.outcome = Some(Outcome::Denied.as_str().into());
+        rec.reason = Some("unknown tool (not granted to this registration)".into());
+        rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+        let e = Ended::Error(
+            jsonrpc::INVALID_PARAMS,
+            format!("Unknown tool: {name}"),
+            Outcome::Denied,
+        );
+        return finish(ctx, rec, started, id, Err(()), e).await;
+    };
+    rec.upstream = tool.upstream().map(str::to_string);
+
+    if !gw.audit().is_healthy() {
+        rec.outcome = Some(Outcome::Denied.as_str().into());
+        rec.reason = Some("audit log unavailable".into());
+        let _ = gw.audit().record(rec).await;
+        return Some(
+            RpcError::new(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                "audit log unavailable: tool calls are refused until it can be written",
+            )
+            .to_value(),
+        );
+    }
+
+    // Limits, bound to the registration.
+    if let Some(max) = reg.limits.max_calls {
+        let ok = reg
+            .calls_started
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !ok {
+            let why = format!("limit max_calls ({max}) reached for this registration");
+            return deny(ctx, rec, started, id, why).await;
+        }
+    } else {
+        reg.calls_started.fetch_add(1, Ordering::AcqRel);
+    }
+    let max_conc = reg.limits.max_concurrent.unwrap_or(usize::MAX);
+    if reg
+        .calls_in_flight
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max_conc).then_some(n + 1)
+        })
+        .is_err()
+    {
+        let why = format!("limit max_concurrent ({max_conc}) reached for this registration");
+        return deny(ctx, rec, started, id, why).await;
+    }
+    let _in_flight = InFlight(reg.clone());
+
+    let timeout = reg
+        .limits
+        .call_timeout_s
+        .filter(|t| *t > 0.0 && t.is_finite())
+        .map(Duration::from_secs_f64);
+
+    let progress = params
+        .get("_meta")
+        .and_then(|m| m.get("progressToken"))
+        .cloned()
+        .zip(ctx.notify.clone());
+
+    let exec = async {
+        match &tool.backend {
+            Backend::InProcess(t) => {
+                let tctx = ToolContext {
+                    registration_id: reg.id.as_str().into(),
+                    agent_id: reg.agent_id.clone(),
+                    cancel: cancel.clone(),
+                    progress,
+                };
+                match std::panic::AssertUnwindSafe(t.call(args, tctx))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(Ok(r)) => {
+                        let o = if r.is_error() {
+                            Outcome::ToolError
+                        } else {
+                            Outcome::Ok
+                        };
+                        Ended::Result(r.0, o)
+                    }
+                    Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
+                    Err(_) => Ended::Error(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!("tool {name} failed internally"),
+                        Outcome::ProtocolError,
+                    ),
+                }
+            }
+            Backend::Upstream {
+                upstream,
+                tool: upstream_tool,
+            } => {
+                let _ = (upstream, upstream_tool);
+                Ended::Error(
+                    jsonrpc::INTERNAL_ERROR,
+                    format!("upstream for tool {name} is not available"),
+                    Outcome::UpstreamFailed,
+                )
+            }
+        }
+    };
+    let ended = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Ended::Cancelled,
+        e = exec => e,
+        _ = sleep_opt(timeout) => {
+            let secs = timeout.map(|d| d.as_secs_f64()).unwrap_or_default();
+            rec.reason = Some(format!("call_timeout_s ({secs}) elapsed"));
+            Ended::Result(
+                ToolResult::error(format!("tool call timed out after {secs} s (limit call_timeout_s)")).0,
+                Outcome::Timeout,
+            )
+        }
+    };
+    // A call whose cancellation raced with its completion counts as cancelled: no reply.
+    let ended = if cancel.is_cancelled() {
+        Ended::Cancelled
+    } else {
+        ended
+    };
+    finish(ctx, rec, started, id, Ok(()), ended).await
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn invalid(msg: &str) -> Ended {
+    Ended::Error(
+        jsonrpc::INVALID_PARAMS,
+        msg.to_string(),
+        Outcome::ProtocolError,
+    )
+}
+
+async fn deny(
+    ctx: &RequestCtx,
+    mut rec: Record,
+    started: Instant,
+    id: Value,
+    why: String,
+) -> Option<Value> {
+    rec.reason = Some(why.clone());
+    finish(
+        ctx,
+        rec,
+        started,
+        id,
+        Err(()),
+        Ended::Result(ToolResult::error(why).0, Outcome::Denied),
+    )
+    .await
+}
+
+/// Writes the audit record, then builds the reply. `executed` is `Ok` when the call ran.
+async fn finish(
+    ctx: &RequestCtx,
+    mut rec: Record,
+    started: Instant,
+    id: Value,
+    _executed: Result<(), ()>,
+    ended: Ended,
+) -> Option<Value> {
+    rec.duration_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+    let reply = match ended {
+        Ended::Cancelled => {
+            rec.outcome = Some(Outcome::Cancelled.as_str().into());
+            if rec.reason.is_none() {
+                rec.reason = Some(if ctx.registration.cancel.is_cancelled() {
+                    "registration released".into()
+                } else {
+                    "cancelled by client or session end".into()
+                });
+            }
+            None
+        }
+        Ended::Result(result, outcome) => {
+            rec.outcome = Some(outcome.as_str().into());
+            Some(jsonrpc::success(id.clone(), result))
+        }
+        Ended::Error(code, message, outcome) => {
+            rec.outcome = Some(outcome.as_str().into());
+            rec.error_code = Some(code);
+            Some(jsonrpc::error_response(
+                Some(id.clone()),
+                code,
+                &message,
+                None,
+            ))
+        }
+    };
+    if let Err(e) = ctx.gateway.audit().record(rec).await {
+        tracing::error!(error = %e, "audit record not written; reply withheld");
+        return reply.map(|_| {
+            jsonrpc::error_response(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                "audit log unavailable: the call's result is withheld",
+                None,
+            )
+        });
+    }
+    // A call cancelled while its record was being written is not answered.
+    if ctx.registration.cancel.is_cancelled() {
+        return None;
+    }
+    reply
+}
+
+struct InFlight(std::sync::Arc<crate::registry::RegistrationState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A copy of `args` with the values of `keys` (at any depth) replaced by `"[redacted]"`.
+pub fn redact(args: &Value, keys: &[String]) -> Value {
+    match args {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    if keys.iter().any(|r| r == k) {
+                        (k.clone(), json!("[redacted]"))
+                    } else {
+                        (k.clone(), redact(v, keys))
+                    }
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(|v| redact(v, keys)).collect()),
+        other => other.clone(),
+    }
+}

@@ -1,0 +1,62 @@
+//! Command-line verbs, one file each. The library owns all behaviour; these parse and print.
+
+pub mod audit;
+pub mod check_config;
+pub mod demo_upstream;
+pub mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// gatehouse: a shared MCP gateway with per-execution registrations.
+#[derive(Debug, Parser)]
+#[command(name = "gatehouse", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway daemon (data listener + admin API).
+    Serve(serve::ServeArgs),
+    /// Read, filter and summarise an audit file.
+    Audit(audit::AuditArgs),
+    /// Validate a config file and exit (non-zero on error), before anything binds.
+    CheckConfig(check_config::CheckConfigArgs),
+    /// The built-in "helpdesk" demo MCP server on stdio (used as an upstream).
+    #[command(hide = true)]
+    DemoUpstream(demo_upstream::DemoUpstreamArgs),
+    /// A minimal echo MCP server on stdio (benchmarks).
+    #[command(hide = true)]
+    EchoUpstream,
+}
+
+/// Logs go to stderr (stdout belongs to stdio JSON-RPC and audit lines); filter from RUST_LOG.
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Audit(a) => audit::run(a),
+        Command::CheckConfig(a) => check_config::run(a),
+        Command::DemoUpstream(a) => demo_upstream::run(a),
+        Command::EchoUpstream => demo_upstream::run_echo(),
+    }
+}
+
+/// A multi-threaded runtime for a verb.
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}

@@ -1,0 +1,275 @@
+//! Configuration: parse, validate, then hand out as an immutable `Arc<Config>`.
+//!
+//! Unknown keys are errors. Every default lives here and is written out, with a comment, in
+//! the shipped `config/gatehouse.toml`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Data listener (agents). Embedded default: an ephemeral loopback port.
+    pub listen: String,
+    /// Admin listener (the daemon only).
+    pub admin_listen: String,
+    /// Base URL written into registration URLs; default `http://<bound address>`.
+    pub public_url: Option<String>,
+    /// How long the lazily started server stays up after the last registration, in ms.
+    pub linger_ms: u64,
+    /// Interval of SSE keep-alive comments, in seconds.
+    pub keepalive_s: u64,
+    /// Largest request body accepted, in bytes (413 above it).
+    pub max_body_bytes: usize,
+    /// Origins allowed besides loopback ones (exact `scheme://host[:port]`).
+    pub allowed_origins: Vec<String>,
+    /// Allow `http(s)://localhost|127.0.0.1|[::1][:port]` origins.
+    pub allow_loopback_origins: bool,
+    /// Grace period of a graceful shutdown, in seconds.
+    pub shutdown_grace_s: u64,
+    pub sessions: SessionConfig,
+    pub audit: AuditConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:0".into(),
+            admin_listen: "127.0.0.1:8788".into(),
+            public_url: None,
+            linger_ms: 1000,
+            keepalive_s: 15,
+            max_body_bytes: 4 * 1024 * 1024,
+            allowed_origins: Vec::new(),
+            allow_loopback_origins: true,
+            shutdown_grace_s: 10,
+            sessions: SessionConfig::default(),
+            audit: AuditConfig::default(),
+            upstreams: Vec::new(),
+        }
+    }
+}
+
+/// Session table limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// Idle sessions are closed after this many seconds.
+    pub idle_timeout_s: u64,
+    /// Sessions held at once, all registrations together.
+    pub max_sessions: usize,
+    /// Sessions held at once by one registration.
+    pub max_per_registration: usize,
+    /// Messages queued for one session's stream before the session counts as a slow reader.
+    pub queue: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            idle_timeout_s: 15 * 60,
+            max_sessions: 100_000,
+            max_per_registration: 64,
+            queue: 256,
+        }
+    }
+}
+
+/// When the audit writer calls fsync.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncPolicy {
+    /// After every batch of records, before any reply they describe is sent.
+    Always,
+    /// At most once per `fsync_interval_ms`; records still reach the file (the OS) first.
+    Interval,
+    /// Never; the OS decides.
+    Never,
+}
+
+/// The audit trail.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Append-only JSON-lines file.
+    pub path: PathBuf,
+    pub fsync: FsyncPolicy,
+    pub fsync_interval_ms: u64,
+    /// Also write every record to stdout as a JSON line (for log collectors).
+    pub stdout: bool,
+    /// Record tool arguments (with `redact_keys` masked), not only their digest.
+    pub record_arguments: bool,
+    pub redact_keys: Vec<String>,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            path: PathBuf::from("gatehouse-audit.jsonl"),
+            fsync: FsyncPolicy::Interval,
+            fsync_interval_ms: 1000,
+            stdout: false,
+            record_arguments: false,
+            redact_keys: Vec::new(),
+        }
+    }
+}
+
+/// How an upstream connection may be shared between registrations.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharing {
+    #[default]
+    PerRegistration,
+    Leased,
+    Shared,
+}
+
+/// One upstream MCP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub id: String,
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    pub url: Option<String>,
+    /// HTTP headers; a value `${NAME}` is read from the environment variable NAME.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub sharing: Sharing,
+    /// Per-call timeout, seconds.
+    #[serde(default = "default_call_timeout")]
+    pub call_timeout_s: u64,
+    /// Idle connections are closed after this many seconds.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_s: u64,
+    /// Calls in flight on one connection at once.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Renames: upstream tool name -> name agents see (without the `<id>.` prefix).
+    #[serde(default)]
+    pub rename: BTreeMap<String, String>,
+}
+
+fn default_call_timeout() -> u64 {
+    60
+}
+fn default_idle_timeout() -> u64 {
+    600
+}
+fn default_max_in_flight() -> usize {
+    64
+}
+
+/// The characters allowed in tool names seen by agents.
+pub fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+impl Config {
+    /// Reads a TOML file (or, for `.json`, an `mcpServers` file) and validates it.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text and validates it.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<config>".into(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot: addresses, ids, one transport per upstream.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid(format!("listen = {:?}: {e}", self.listen)))?;
+        self.admin_listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!("admin_listen = {:?}: {e}", self.admin_listen))
+        })?;
+        if self.max_body_bytes < 1024 {
+            return Err(ConfigError::Invalid(
+                "max_body_bytes must be at least 1024".into(),
+            ));
+        }
+        if self.keepalive_s == 0 {
+            return Err(ConfigError::Invalid(
+                "keepalive_s must be at least 1".into(),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for u in &self.upstreams {
+            if !valid_tool_name(&u.id) || u.id.contains('.') {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream id {:?} must be 1-128 characters of [A-Za-z0-9_-]",
+                    u.id
+                )));
+            }
+            if !seen.insert(u.id.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream id {:?} is declared twice",
+                    u.id
+                )));
+            }
+            match (&u.command, &u.url) {
+                (Some(_), None) | (None, Some(_)) => {}
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
+                        u.id
+                    )))
+                }
+            }
+            for (from, to) in &u.rename {
+                if !valid_tool_name(to) {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: rename {from:?} -> {to:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
+                        u.id
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! Legacy HTTP+SSE (2024-11-05): `GET /gw/<id>/sse` opens a session's stream, whose first
+//! event names the POST endpoint; `POST /gw/<id>/messages/?session_id=…` answers 202 and the
+//! reply travels on the stream. The session ends when its stream closes.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{authorize, http_error, is_json, query_param, read_body};
+use crate::gateway::Gateway;
+use crate::mcp::dispatch::{self, RequestCtx};
+use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
+use crate::session::{Session, Transport};
+
+/// How long a reply may wait for room in a session's queue before the reader counts as stuck
+/// and its session is closed.
+const SLOW_READER_GRACE: Duration = Duration::from_secs(10);
+
+/// Closes the session when the stream is dropped (client gone, release, shutdown).
+struct SessionGuard {
+    gateway: Gateway,
+    session_id: String,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.gateway.sessions().close(&self.session_id);
+    }
+}
+
+struct StreamState {
+    endpoint: Option<String>,
+    rx: mpsc::Receiver<Value>,
+    cancel: CancellationToken,
+    ticker: tokio::time::Interval,
+    _guard: SessionGuard,
+}
+
+/// The SSE framing of one message.
+pub fn sse_event(event: &str, data: &str) -> Bytes {
+    let mut s = String::with_capacity(data.len() + event.len() + 16);
+    s.push_str("event: ");
+    s.push_str(event);
+    s.push('\n');
+    for line in data.split('\n') {
+        s.push_str("data: ");
+        s.push_str(line.strip_suffix('\r').unwrap_or(line));
+        s.push('\n');
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// `GET /gw/<id>/sse`.
+pub async fn open(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let reg = match authorize(&gw, &id, &headers) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let session = match gw.sessions().create(&reg, Transport::Sse) {
+        Ok(s) => s,
+        Err(e) => {
+            return http_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                jsonrpc::INTERNAL_ERROR,
+                &e.to_string(),
+            )
+        }
+    };
+    let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
+    session.set_outbound(Some(tx));
+    let endpoint = format!("/gw/{}/messages/?session_id={}", reg.id, session.id);
+    let period = Duration::from_secs(gw.config().keepalive_s.max(1));
+    let state = StreamState {
+        endpoint: Some(endpoint),
+        rx,
+        cancel: session.cancel.clone(),
+        ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+        _guard: SessionGuard {
+            gateway: gw.clone(),
+            session_id: session.id.clone(),
+        },
+    };
+    tracing::debug!(registration = %reg.id, session = %session.id, "sse session opened");
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        if let Some(ep) = st.endpoint.take() {
+            return Some((Ok::<_, Infallible>(sse_event("endpoint", &ep)), st));
+        }
+        tokio::select! {
+            biased;
+            _ = st.cancel.cancelled() => None,
+            msg = st.rx.recv() => msg.map(|v| (Ok(sse_event("message", &v.to_string())), st)),
+            _ = st.ticker.tick() => Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// Sends a message on a session's stream; a reader stuck past the grace loses its session.
+pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) {
+    let Some(tx) = session.outbound() else { return };
+    if session.cancel.is_cancelled() {
+        return;
+    }
+    if let Err(e) = tx.send_timeout(msg, SLOW_READER_GRACE).await {
+        if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
+            tracing::warn!(session = %session.id, "slow SSE reader: session closed");
+            gw.sessions().close(&session.id);
+        }
+    }
+}
+
+/// `POST /gw/<id>/messages/?session_id=…` (also `sessionId`).
+pub async fn message(
+    State(gw): State<Gateway>,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let reg = match authorize(&gw, &id, &headers) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let Some(sid) =
+        query_param(uri.query(), &["session_id", "sessionId"]).filter(|s| !s.is_empty())
+    else {
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            jsonrpc::INVALID_REQUEST,
+            "session_id is required",
+        );
+    };
+    let Some(session) = gw.sessions().get(&reg.id, sid) else {
+        return http_error(
+            StatusCode::NOT_FOUND,
+            jsonrpc::INVALID_REQUEST,
+            "session not found",
+        );
+    };
+    session.touch();
+    if !is_json(&headers) {
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            jsonrpc::INVALID_REQUEST,
+            "Content-Type must be application/json",
+        );
+    }
+    let bytes = match read_body(body, gw.config().max_body_bytes).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let value = match jsonrpc::parse_body(&bytes) {
+        Ok(RpcBody::Single(v)) => v,
+        Ok(RpcBody::Batch(_)) => {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                jsonrpc::INVALID_REQUEST,
+                "invalid request: JSON-RPC batches are not accepted on the SSE transport",
+            )
+        }
+        Err(e) => return super::json_response(StatusCode::BAD_REQUEST, &e.to_value()),
+    };
+    let msg = match jsonrpc::classify(value) {
+        Ok(m) => m,
+        Err(e) => return super::json_response(StatusCode::BAD_REQUEST, &e.to_value()),
+    };
+    let ctx = RequestCtx {
+        gateway: gw.clone(),
+        registration: reg.clone(),
+        session: Some(session.clone()),
+        transport: Transport::Sse,
+        protocol_version: session
+            .protocol_version()
+            .unwrap_or_else(|| "2024-11-05".into()),
+        notify: session.outbound(),
+    };
+    match msg {
+        Message::Request { id, method, params } => {
+            let cancel = session.begin_call(&id);
+            spawn_request(ctx, session, id, method, params, cancel);
+        }
+        Message::Notification { method, params } => {
+            dispatch::handle_notification(&ctx, &method, params.as_ref());
+        }
+        Message::Response { .. } => {
+            tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+        }
+    }
+    (StatusCode::ACCEPTED, "Accepted").into_response()
+}
+
+fn spawn_request(
+    ctx: RequestCtx,
+    session: Arc<Session>,
+    id: Value,
+    method: String,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) {
+    let calls = ctx.registration.calls.clone();
+    calls.spawn(async move {
+        let reply = dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
+        session.end_call(&id);
+        if let Some(r) = reply {
+            deliver(&ctx.gateway, &session, r).await;
+        }
+    });
+}

@@ -1,0 +1,487 @@
+//! The `Gateway` handle: registrations, and the one HTTP server they share, started lazily by
+//! the first registration and stopped (after a linger) when the last one is released.
+//!
+//! Invariant: the lifecycle lock is taken before the registry is checked for emptiness, and
+//! registration inserts happen under it too, so a registration arriving while the server is
+//! stopping is served, never lost.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::{Audit, AuditError, Record};
+use crate::config::Config;
+use crate::registry::{
+    new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
+};
+use crate::session::SessionTable;
+use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
+
+/// Why a gateway operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("invalid registration: {0}")]
+    InvalidSpec(String),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+}
+
+/// Why a registration ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReason {
+    Released,
+    Expired,
+    Shutdown,
+}
+
+impl ReleaseReason {
+    fn event(self) -> &'static str {
+        match self {
+            ReleaseReason::Released | ReleaseReason::Shutdown => "registration_released",
+            ReleaseReason::Expired => "registration_expired",
+        }
+    }
+}
+
+struct RunningServer {
+    addr: SocketAddr,
+    base_url: String,
+    stop: CancellationToken,
+}
+
+#[derive(Default)]
+struct Lifecycle {
+    server: Option<RunningServer>,
+    /// Bumped by every registration; a scheduled stop only proceeds if it is unchanged.
+    generation: u64,
+    /// Holders that keep the server up with no registration (the daemon).
+    pins: usize,
+    /// How many times the server was started (for tests and metrics).
+    starts: u64,
+}
+
+pub(crate) struct Inner {
+    config: Arc<Config>,
+    registry: Registry,
+    sessions: SessionTable,
+    audit: Audit,
+    catalog: Mutex<BTreeMap<String, InProcessTool>>,
+    lifecycle: Mutex<Lifecycle>,
+    /// Owns the server task and stop timers.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// A cheap-to-clone handle to one gateway.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning means a panic elsewhere mid-update of plain data; it is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Gateway {
+    /// Builds a gateway. Opens the audit file; binds nothing until the first registration.
+    pub fn new(config: Config) -> Result<Gateway, GatewayError> {
+        config.validate()?;
+        let audit = Audit::start(&config.audit)?;
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                sessions: SessionTable::new(config.sessions.clone()),
+                config: Arc::new(config),
+                registry: Registry::default(),
+                audit,
+                catalog: Mutex::new(BTreeMap::new()),
+                lifecycle: Mutex::new(Lifecycle::default()),
+                tasks: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.config
+    }
+
+    pub fn audit(&self) -> &Audit {
+        &self.inner.audit
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    pub fn sessions(&self) -> &SessionTable {
+        &self.inner.sessions
+    }
+
+    /// Fires when the gateway shuts down.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
+    /// Adds an in-process tool to the gateway's catalog; registrations grant it by name.
+    pub fn add_tool(&self, tool: InProcessTool) {
+        relock(&self.inner.catalog).insert(tool.name().to_string(), tool);
+    }
+
+    /// The data listener's address, if the server is running.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        relock(&self.inner.lifecycle)
+            .server
+            .as_ref()
+            .map(|s| s.addr)
+    }
+
+    /// How many times the data server has been started.
+    pub fn server_starts(&self) -> u64 {
+        relock(&self.inner.lifecycle).starts
+    }
+
+    /// Keeps the server up with no registration (the daemon); returns its address.
+    pub fn pin_server(&self) -> Result<SocketAddr, GatewayError> {
+        let mut lc = relock(&self.inner.lifecycle);
+        self.ensure_server(&mut lc)?;
+        lc.pins += 1;
+        lc.generation += 1;
+        lc.server
+            .as_ref()
+            .map(|s| s.addr)
+            .ok_or(GatewayError::ShuttingDown)
+    }
+
+    /// Registers an execution: resolves its grants, mints id and token, starts the server
+    /// if it is not running, and writes `registration_created` to the audit.
+    pub async fn register(&self, spec: RegistrationSpec) -> Result<Registration, GatewayError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(GatewayError::ShuttingDown);
+        }
+        let agent = spec.agent_id.trim();
+        if agent.is_empty() {
+            return Err(GatewayError::InvalidSpec(
+                "agent_id must not be empty".into(),
+            ));
+        }
+        if spec.agent_id.len() > 256 || spec.agent_id.chars().any(char::is_control) {
+            return Err(GatewayError::InvalidSpec(
+                "agent_id must be at most 256 characters, without control characters".into(),
+            ));
+        }
+        let tools = self.resolve_grants(&spec)?;
+        let id = new_registration_id();
+        let token = new_token();
+        let state = Arc::new(RegistrationState::new(id, &token, &spec, tools));
+        let base_url = {
+            let mut lc = relock(&self.inner.lifecycle);
+            self.ensure_server(&mut lc)?;
+            lc.generation += 1;
+            self.inner.registry.insert(state.clone());
+            lc.server
+                .as_ref()
+                .map(|s| s.base_url.clone())
+                .ok_or(GatewayError::ShuttingDown)?
+        };
+        let mut rec = lifecycle_record("registration_created", &state);
+        rec.tools = Some(state.tools.names());
+        if let Err(e) = self.inner.audit.record(rec).await {
+            self.close_registration(&state.id, ReleaseReason::Released);
+            return Err(e.into());
+        }
+        tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
+        Ok(Registration {
+            gateway: self.clone(),
+            state,
+            token,
+            base_url,
+            released: false,
+        })
+    }
+
+    fn resolve_grants(&self, spec: &RegistrationSpec) -> Result<ToolSet, GatewayError> {
+        let catalog = relock(&self.inner.catalog).clone();
+        let mut granted: Vec<GrantedTool> = Vec::new();
+        for t in &spec.local_tools {
+            if !crate::config::valid_tool_name(t.name()) {
+                return Err(GatewayError::InvalidSpec(format!(
+                    "tool name {:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
+                    t.name()
+                )));
+            }
+            granted.push(GrantedTool {
+                name: t.name().to_string(),
+                descriptor: t.descriptor().clone(),
+                backend: Backend::InProcess(t.clone()),
+            });
+        }
+        for pattern in &spec.tools {
+            if !valid_grant(pattern) {
+                return Err(GatewayError::InvalidSpec(format!(
+                    "bad grant {pattern:?}: use a tool name, or a prefix ending in one '*' (e.g. \"helpdesk.*\")"
+                )));
+            }
+            let before = granted.len();
+            for (name, t) in catalog.iter().filter(|(n, _)| grant_matches(pattern, n)) {
+                granted.push(GrantedTool {
+                    name: name.clone(),
+                    descriptor: t.descriptor().clone(),
+                    backend: Backend::InProcess(t.clone()),
+                });
+            }
+            if granted.len() == before {
+                return Err(GatewayError::InvalidSpec(format!(
+                    "grant {pattern:?} matches no tool: no in-process tool or upstream tool has that name"
+                )));
+            }
+        }
+        Ok(ToolSet::new(granted))
+    }
+
+    fn ensure_server(&self, lc: &mut Lifecycle) -> Result<(), GatewayError> {
+        if lc.server.is_some() {
+            return Ok(());
+        }
+        if self.inner.shutdown.is_cancelled() {
+            return Err(GatewayError::ShuttingDown);
+        }
+        let addr_s = &self.inner.config.listen;
+        let bind_err = |source| GatewayError::Bind {
+            addr: addr_s.clone(),
+            source,
+        };
+        let std_listener = std::net::TcpListener::bind(addr_s.as_str()).map_err(bind_err)?;
+        std_listener.set_nonblocking(true).map_err(bind_err)?;
+        let addr = std_listener.local_addr().map_err(bind_err)?;
+        let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind_err)?;
+        let stop = self.inner.shutdown.child_token();
+        let base_url = match &self.inner.config.public_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => format!("http://{addr}"),
+        };
+        let router = crate::server::router(self.clone());
+        self.inner
+            .tasks
+            .spawn(crate::server::serve(listener, router, stop.clone()));
+        lc.starts += 1;
+        tracing::info!(%addr, "data server started");
+        lc.server = Some(RunningServer {
+            addr,
+            base_url,
+            stop,
+        });
+        Ok(())
+    }
+
+    /// The one release path: explicit release, guard drop, TTL expiry, admin DELETE, shutdown.
+    /// The registry entry goes first, so the very next request answers 404.
+    pub(crate) fn close_registration(
+        &self,
+        id: &str,
+        reason: ReleaseReason,
+    ) -> Option<Arc<RegistrationState>> {
+        let removed = {
+            let mut lc = relock(&self.inner.lifecycle);
+            let removed = self.inner.registry.remove(id);
+            if removed.is_some() && self.inner.registry.is_empty() && lc.pins == 0 {
+                self.schedule_stop(&mut lc);
+            }
+            removed
+        };
+        let state = removed?;
+        state.cancel.cancel();
+        state.calls.close();
+        let closed = self.inner.sessions.close_registration(id);
+        tracing::info!(registration = %id, sessions = closed, ?reason, "released");
+        Some(state)
+    }
+
+    fn schedule_stop(&self, lc: &mut Lifecycle) {
+        let generation = lc.generation;
+        let linger = Duration::from_millis(self.inner.config.linger_ms);
+        let inner = Arc::downgrade(&self.inner);
+        let stop_now = |lc: &mut Lifecycle| {
+            if let Some(s) = lc.server.take() {
+                s.stop.cancel();
+                tracing::info!(addr = %s.addr, "data server stopped: no registration left");
+            }
+        };
+        if linger.is_zero() || tokio::runtime::Handle::try_current().is_err() {
+            stop_now(lc);
+            return;
+        }
+        self.inner.tasks.spawn(async move {
+            tokio::time::sleep(linger).await;
+            let Some(inner) = inner.upgrade() else { return };
+            // Lock first, then check: a registration that arrived meanwhile bumped generation.
+            let mut lc = relock(&inner.lifecycle);
+            if lc.generation == generation && lc.pins == 0 && inner.registry.is_empty() {
+                stop_now(&mut lc);
+            }
+        });
+    }
+
+    /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
+    pub async fn release_id(&self, id: &str, reason: ReleaseReason) -> bool {
+        match self.close_registration(id, reason) {
+            Some(state) => {
+                self.finish_release(&state, reason).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn finish_release(&self, state: &Arc<RegistrationState>, reason: ReleaseReason) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
+        let rec = lifecycle_record(reason.event(), state);
+        let _ = self.inner.audit.record(rec).await;
+    }
+
+    /// Stops everything: releases every registration, closes sessions, stops the server.
+    pub async fn shutdown(&self) {
+        for state in self.inner.registry.all() {
+            self.release_id(&state.id, ReleaseReason::Shutdown).await;
+        }
+        self.inner.shutdown.cancel();
+        self.inner.sessions.close_all();
+        {
+            let mut lc = relock(&self.inner.lifecycle);
+            if let Some(s) = lc.server.take() {
+                s.stop.cancel();
+            }
+        }
+        self.inner.tasks.close();
+        let grace = Duration::from_secs(self.inner.config.shutdown_grace_s.max(1));
+        let _ = tokio::time::timeout(grace, self.inner.tasks.wait()).await;
+    }
+}
+
+fn lifecycle_record(event: &str, state: &RegistrationState) -> Record {
+    let mut r = Record::event(event);
+    r.registration_id = Some(state.id.clone());
+    r.agent_id = Some(state.agent_id.to_string());
+    r.label = state.label.clone();
+    r
+}
+
+/// A live registration. Dropping it releases it; `release().await` does so and waits.
+pub struct Registration {
+    gateway: Gateway,
+    state: Arc<RegistrationState>,
+    token: String,
+    base_url: String,
+    released: bool,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("id", &self.state.id)
+            .field("agent_id", &self.state.agent_id)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Registration {
+    pub fn id(&self) -> &str {
+        &self.state.id
+    }
+
+    /// The bearer token; shown once, never logged.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn agent_id(&self) -> &str {
+        &self.state.agent_id
+    }
+
+    pub fn label(&self) -> Option<&str> {
+        self.state.label.as_deref()
+    }
+
+    /// The names of the tools this registration may call, in `tools/list` order.
+    pub fn tools(&self) -> Vec<String> {
+        self.state.tools.names()
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Legacy HTTP+SSE endpoint.
+    pub fn sse_url(&self) -> String {
+        format!("{}/gw/{}/sse", self.base_url, self.state.id)
+    }
+
+    /// Streamable HTTP endpoint.
+    pub fn mcp_url(&self) -> String {
+        format!("{}/gw/{}/mcp", self.base_url, self.state.id)
+    }
+
+    pub fn expires_at(&self) -> Option<String> {
+        self.state.expires_at()
+    }
+
+    /// Gives the registration up so that only an explicit `Gateway::release_id`, expiry or
+    /// shutdown ends it (the daemon keeps registrations this way).
+    pub fn detach(mut self) -> (String, String) {
+        self.released = true;
+        (self.state.id.clone(), std::mem::take(&mut self.token))
+    }
+
+    /// Releases now: cancels in-flight calls, ends streams, waits (bounded) for the calls to
+    /// be recorded as cancelled, then records the release.
+    pub async fn release(mut self) {
+        self.released = true;
+        if let Some(state) = self
+            .gateway
+            .close_registration(&self.state.id, ReleaseReason::Released)
+        {
+            self.gateway
+                .finish_release(&state, ReleaseReason::Released)
+                .await;
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Some(state) = self
+            .gateway
+            .close_registration(&self.state.id, ReleaseReason::Released)
+        {
+            match tokio::runtime::Handle::try_current() {
+                Ok(_) => {
+                    let gw = self.gateway.clone();
+                    self.gateway.inner.tasks.spawn(async move {
+                        gw.finish_release(&state, ReleaseReason::Released).await;
+                    });
+                }
+                Err(_) => self
+                    .gateway
+                    .audit()
+                    .record_detached(lifecycle_record("registration_released", &state)),
+            }
+        }
+    }
+}

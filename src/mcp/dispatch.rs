@@ -1,0 +1,153 @@
+//! Method dispatch: what each MCP method does for a registration, whatever the transport.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::call;
+use crate::gateway::Gateway;
+use crate::mcp::jsonrpc::{self, RpcError};
+use crate::registry::RegistrationState;
+use crate::session::{Session, Transport};
+
+/// Everything a request is served with.
+#[derive(Clone)]
+pub struct RequestCtx {
+    pub gateway: Gateway,
+    pub registration: Arc<RegistrationState>,
+    pub session: Option<Arc<Session>>,
+    pub transport: Transport,
+    /// The revision this request speaks.
+    pub protocol_version: String,
+    /// Where notifications related to this request (progress, logs) go.
+    pub notify: Option<mpsc::Sender<Value>>,
+}
+
+impl RequestCtx {
+    pub fn session_id(&self) -> Option<&str> {
+        self.session.as_ref().map(|s| s.id.as_str())
+    }
+}
+
+/// The server capabilities the gateway advertises.
+pub fn server_capabilities() -> Value {
+    json!({"tools": {"listChanged": true}})
+}
+
+/// The gateway's `Implementation`.
+pub fn server_info() -> Value {
+    json!({"name": "gatehouse", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// The `initialize` result for a requested version; records the version on the session.
+pub fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
+    let requested = params
+        .and_then(|p| p.get("protocolVersion"))
+        .and_then(Value::as_str);
+    let version = crate::mcp::negotiate(requested);
+    if let Some(s) = &ctx.session {
+        s.set_protocol_version(version);
+    }
+    json!({
+        "protocolVersion": version,
+        "capabilities": server_capabilities(),
+        "serverInfo": server_info(),
+        "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
+    })
+}
+
+/// Handles one request. `None`: no reply is to be sent (the request was cancelled).
+pub async fn handle_request(
+    ctx: &RequestCtx,
+    id: Value,
+    method: &str,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Value> {
+    let needs_init = !matches!(method, "initialize" | "ping");
+    if let Some(s) = &ctx.session {
+        if needs_init && s.protocol_version().is_none() {
+            return Some(
+                RpcError::new(
+                    Some(id),
+                    jsonrpc::INVALID_REQUEST,
+                    "session not initialized: send initialize first",
+                )
+                .to_value(),
+            );
+        }
+    }
+    match method {
+        "initialize" => {
+            if ctx
+                .session
+                .as_ref()
+                .is_some_and(|s| s.protocol_version().is_some())
+            {
+                return Some(
+                    RpcError::new(
+                        Some(id),
+                        jsonrpc::INVALID_REQUEST,
+                        "invalid request: this session is already initialized",
+                    )
+                    .to_value(),
+                );
+            }
+            Some(jsonrpc::success(id, initialize(ctx, params.as_ref())))
+        }
+        "ping" => Some(jsonrpc::success(id, json!({}))),
+        "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
+        "tools/call" => call::run(ctx, id, params, cancel).await,
+        _ => Some(
+            RpcError::new(
+                Some(id),
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("method not found: {method}"),
+            )
+            .to_value(),
+        ),
+    }
+}
+
+fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
+    if let Some(c) = params.and_then(|p| p.get("cursor")) {
+        if !c.is_null() && c != "" {
+            return RpcError::new(
+                Some(id),
+                jsonrpc::INVALID_PARAMS,
+                "invalid cursor: this gateway returns every tool in one page",
+            )
+            .to_value();
+        }
+    }
+    let mut result = Map::new();
+    result.insert(
+        "tools".into(),
+        Value::Array(ctx.registration.tools.descriptors()),
+    );
+    jsonrpc::success(id, Value::Object(result))
+}
+
+/// Handles a notification from the client.
+pub fn handle_notification(ctx: &RequestCtx, method: &str, params: Option<&Value>) {
+    match method {
+        "notifications/initialized" => {
+            if let Some(s) = &ctx.session {
+                s.mark_initialized();
+            }
+        }
+        "notifications/cancelled" => {
+            let Some(request_id) = params.and_then(|p| p.get("requestId")) else {
+                return;
+            };
+            if let Some(s) = &ctx.session {
+                if s.cancel_call(request_id) {
+                    tracing::debug!(session = %s.id, "call cancelled by client");
+                }
+            }
+        }
+        other => tracing::debug!(method = other, "notification ignored"),
+    }
+}

@@ -1,0 +1,269 @@
+//! JSON-RPC 2.0 framing on `serde_json::Value`: classify what arrives, build what leaves.
+//!
+//! Messages are kept as `Value` maps so that fields the gateway does not understand pass
+//! through unchanged. Classification validates only what routing needs.
+
+use serde_json::{Map, Value};
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
+/// 2026-07-28: a mirrored header disagrees with the body.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// 2026-07-28: the request needs a client capability it did not declare.
+pub const MISSING_CAPABILITY: i64 = -32021;
+/// 2026-07-28: the requested protocol version is not supported.
+pub const UNSUPPORTED_VERSION: i64 = -32022;
+
+/// A JSON-RPC error object, with the id it answers (None: the id could not be read).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub id: Option<Value>,
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(id: Option<Value>, code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            id,
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    /// The full JSON-RPC response object for this error.
+    pub fn to_value(&self) -> Value {
+        error_response(self.id.clone(), self.code, &self.message, self.data.clone())
+    }
+}
+
+/// One classified JSON-RPC message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    Request {
+        id: Value,
+        method: String,
+        params: Option<Value>,
+    },
+    Notification {
+        method: String,
+        params: Option<Value>,
+    },
+    /// A response from the client to a request the gateway (or an upstream) sent it.
+    Response { id: Value, body: Value },
+}
+
+impl Message {
+    pub fn method(&self) -> Option<&str> {
+        match self {
+            Message::Request { method, .. } | Message::Notification { method, .. } => Some(method),
+            Message::Response { .. } => None,
+        }
+    }
+}
+
+/// What a request body holds before classification.
+#[derive(Debug)]
+pub enum Body {
+    Single(Value),
+    Batch(Vec<Value>),
+}
+
+/// Parses a request body. Invalid JSON (or invalid UTF-8) is a parse error with no id.
+pub fn parse_body(bytes: &[u8]) -> Result<Body, RpcError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Array(items)) => Ok(Body::Batch(items)),
+        Ok(v) => Ok(Body::Single(v)),
+        Err(e) => Err(RpcError::new(
+            None,
+            PARSE_ERROR,
+            format!(
+                "parse error: body is not valid JSON ({})",
+                e.classify_name()
+            ),
+        )),
+    }
+}
+
+trait ClassifyName {
+    fn classify_name(&self) -> &'static str;
+}
+
+impl ClassifyName for serde_json::Error {
+    fn classify_name(&self) -> &'static str {
+        match self.classify() {
+            serde_json::error::Category::Io => "I/O error",
+            serde_json::error::Category::Syntax => "syntax error",
+            serde_json::error::Category::Data => "data error",
+            serde_json::error::Category::Eof => "unexpected end of input",
+        }
+    }
+}
+
+/// Is this a valid JSON-RPC id (string or integer; never null, float or other)?
+fn valid_id(id: &Value) -> bool {
+    match id {
+        Value::String(_) => true,
+        Value::Number(n) => n.is_i64() || n.is_u64(),
+        _ => false,
+    }
+}
+
+/// Classifies one message. Errors carry the id where it could be read.
+pub fn classify(value: Value) -> Result<Message, RpcError> {
+    let Value::Object(mut map) = value else {
+        return Err(RpcError::new(
+            None,
+            INVALID_REQUEST,
+            "invalid request: a JSON-RPC message must be a JSON object",
+        ));
+    };
+    let id = map.remove("id");
+    let readable_id = id.as_ref().filter(|v| valid_id(v)).cloned();
+    match map.get("jsonrpc") {
+        Some(Value::String(v)) if v == "2.0" => {}
+        _ => {
+            return Err(RpcError::new(
+                readable_id,
+                INVALID_REQUEST,
+                "invalid request: \"jsonrpc\" must be \"2.0\"",
+            ))
+        }
+    }
+    if let Some(id) = &id {
+        if !valid_id(id) {
+            return Err(RpcError::new(
+                None,
+                INVALID_REQUEST,
+                "invalid request: \"id\" must be a string or an integer",
+            ));
+        }
+    }
+    match map.remove("method") {
+        Some(Value::String(method)) => {
+            let params = map.remove("params");
+            if let Some(p) = &params {
+                if !p.is_object() && !p.is_array() {
+                    return Err(RpcError::new(
+                        readable_id,
+                        INVALID_REQUEST,
+                        "invalid request: \"params\" must be an object",
+                    ));
+                }
+            }
+            match id {
+                Some(id) => Ok(Message::Request { id, method, params }),
+                None => Ok(Message::Notification { method, params }),
+            }
+        }
+        Some(_) => Err(RpcError::new(
+            readable_id,
+            INVALID_REQUEST,
+            "invalid request: \"method\" must be a string",
+        )),
+        None => {
+            let has_result = map.contains_key("result");
+            let has_error = map.contains_key("error");
+            match id {
+                Some(id) if has_result != has_error => {
+                    map.insert("id".into(), id.clone());
+                    Ok(Message::Response {
+                        id,
+                        body: Value::Object(map),
+                    })
+                }
+                _ => Err(RpcError::new(
+                    readable_id,
+                    INVALID_REQUEST,
+                    "invalid request: missing \"method\"",
+                )),
+            }
+        }
+    }
+}
+
+/// A success response.
+pub fn success(id: Value, result: Value) -> Value {
+    let mut m = Map::with_capacity(3);
+    m.insert("jsonrpc".into(), Value::from("2.0"));
+    m.insert("id".into(), id);
+    m.insert("result".into(), result);
+    Value::Object(m)
+}
+
+/// An error response; `id` None is written as `null` (the id could not be read).
+pub fn error_response(id: Option<Value>, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut err = Map::with_capacity(3);
+    err.insert("code".into(), Value::from(code));
+    err.insert("message".into(), Value::from(message));
+    if let Some(d) = data {
+        err.insert("data".into(), d);
+    }
+    let mut m = Map::with_capacity(3);
+    m.insert("jsonrpc".into(), Value::from("2.0"));
+    m.insert("id".into(), id.unwrap_or(Value::Null));
+    m.insert("error".into(), Value::Object(err));
+    Value::Object(m)
+}
+
+/// A notification.
+pub fn notification(method: &str, params: Option<Value>) -> Value {
+    let mut m = Map::with_capacity(3);
+    m.insert("jsonrpc".into(), Value::from("2.0"));
+    m.insert("method".into(), Value::from(method));
+    if let Some(p) = params {
+        m.insert("params".into(), p);
+    }
+    Value::Object(m)
+}
+
+/// A stable map key for a request id (so `1` and `"1"` stay distinct).
+pub fn id_key(id: &Value) -> String {
+    match id {
+        Value::String(s) => format!("s:{s}"),
+        other => format!("n:{other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn classifies_requests_notifications_and_responses() {
+        let m = classify(json!({"jsonrpc":"2.0","id":1,"method":"ping"}));
+        assert!(matches!(m, Ok(Message::Request { .. })));
+        let m = classify(json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
+        assert!(matches!(m, Ok(Message::Notification { .. })));
+        let m = classify(json!({"jsonrpc":"2.0","id":"a","result":{}}));
+        assert!(matches!(m, Ok(Message::Response { .. })));
+    }
+
+    #[test]
+    fn errors_keep_readable_ids() {
+        let e = classify(json!({"jsonrpc":"1.0","id":7,"method":"ping"})).unwrap_err();
+        assert_eq!(e.id, Some(json!(7)));
+        assert_eq!(e.code, INVALID_REQUEST);
+        let e = classify(json!({"jsonrpc":"2.0","id":null,"method":"ping"})).unwrap_err();
+        assert_eq!(e.id, None);
+        let e = classify(json!({"jsonrpc":"2.0","id":1.5,"method":"ping"})).unwrap_err();
+        assert_eq!(e.id, None);
+        let e = classify(json!({"jsonrpc":"2.0","id":3})).unwrap_err();
+        assert_eq!(e.id, Some(json!(3)));
+        let e = classify(json!("x")).unwrap_err();
+        assert_eq!(e.code, INVALID_REQUEST);
+        let e = parse_body(b"{nope").unwrap_err();
+        assert_eq!(e.code, PARSE_ERROR);
+    }
+}

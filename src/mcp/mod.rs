@@ -1,0 +1,27 @@
+//! The MCP protocol as the gateway serves it: JSON-RPC framing (`jsonrpc`) and method
+//! dispatch (`dispatch`), shared by every downstream transport.
+
+pub mod dispatch;
+pub mod jsonrpc;
+
+/// Handshake-era revisions, oldest first.
+pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+/// The newest handshake-era revision (what `initialize` answers for an unknown version).
+pub const LATEST_LEGACY: &str = "2025-11-25";
+/// The stateless revision.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// Every revision served.
+pub const ALL_VERSIONS: &[&str] = &[
+    "2024-11-05",
+    "2025-03-26",
+    "2025-06-18",
+    "2025-11-25",
+    "2026-07-28",
+];
+
+/// Picks the version `initialize` answers: the client's if supported, else the latest.
+pub fn negotiate(requested: Option<&str>) -> &'static str {
+    requested
+        .and_then(|r| LEGACY_VERSIONS.iter().find(|v| **v == r).copied())
+        .unwrap_or(LATEST_LEGACY)
+}

@@ -1,0 +1,241 @@
+//! Registrations: their ids and tokens, the table that holds them, and scoped lookup.
+//!
+//! Invariant: a token is compared (in constant time) with its own registration's token only;
+//! lookup is by id first, never by searching tokens.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use rand::rngs::OsRng;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::tools::{InProcessTool, ToolSet};
+
+/// Random bytes from the OS CSPRNG, base64url without padding.
+pub fn random_b64(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    OsRng.fill_bytes(&mut buf);
+    URL_SAFE_NO_PAD.encode(buf)
+}
+
+/// A registration id: 128 bits.
+pub fn new_registration_id() -> String {
+    random_b64(16)
+}
+
+/// A bearer token: 256 bits.
+pub fn new_token() -> String {
+    random_b64(32)
+}
+
+fn token_digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Limits bound to a registration (not to a session, so reconnecting does not reset them).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_calls: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_timeout_s: Option<f64>,
+}
+
+/// What a harness asks for when it registers an execution.
+#[derive(Debug, Clone, Default)]
+pub struct RegistrationSpec {
+    pub agent_id: String,
+    /// Grants: `upstream.tool`, `upstream.*`, or in-process tool names of the gateway catalog.
+    pub tools: Vec<String>,
+    pub label: Option<String>,
+    pub ttl_s: Option<u64>,
+    pub limits: Limits,
+    /// Tools private to this registration (always granted).
+    pub local_tools: Vec<InProcessTool>,
+}
+
+impl RegistrationSpec {
+    pub fn new(agent_id: impl Into<String>) -> Self {
+        RegistrationSpec {
+            agent_id: agent_id.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Grants a tool by name or glob.
+    pub fn grant(mut self, pattern: impl Into<String>) -> Self {
+        self.tools.push(pattern.into());
+        self
+    }
+
+    /// Gives this registration its own in-process tool.
+    pub fn with_tool(mut self, tool: InProcessTool) -> Self {
+        self.local_tools.push(tool);
+        self
+    }
+
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    pub fn ttl_s(mut self, ttl: u64) -> Self {
+        self.ttl_s = Some(ttl);
+        self
+    }
+
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+}
+
+/// The live state of one registration. Shared by the registry, its sessions and its calls.
+pub struct RegistrationState {
+    pub id: String,
+    token_digest: [u8; 32],
+    pub agent_id: Arc<str>,
+    pub label: Option<String>,
+    pub tools: ToolSet,
+    pub limits: Limits,
+    pub ttl_s: Option<u64>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// Unix ms at which the lease ends (0 = never). Renewing moves it.
+    pub expires_at_ms: AtomicU64,
+    /// Fires on release: ends streams, cancels calls.
+    pub cancel: CancellationToken,
+    /// Every call of this registration runs on this tracker, so release can wait for them.
+    pub calls: TaskTracker,
+    pub calls_started: AtomicU64,
+    pub calls_in_flight: AtomicUsize,
+}
+
+impl std::fmt::Debug for RegistrationState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistrationState")
+            .field("id", &self.id)
+            .field("agent_id", &self.agent_id)
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegistrationState {
+    pub(crate) fn new(id: String, token: &str, spec: &RegistrationSpec, tools: ToolSet) -> Self {
+        let created_at = chrono::Utc::now();
+        let expires = spec
+            .ttl_s
+            .map(|t| created_at.timestamp_millis() as u64 + t.saturating_mul(1000))
+            .unwrap_or(0);
+        RegistrationState {
+            id,
+            token_digest: token_digest(token),
+            agent_id: Arc::from(spec.agent_id.as_str()),
+            label: spec.label.clone(),
+            tools,
+            limits: spec.limits.clone(),
+            ttl_s: spec.ttl_s,
+            created_at,
+            expires_at_ms: AtomicU64::new(expires),
+            cancel: CancellationToken::new(),
+            calls: TaskTracker::new(),
+            calls_started: AtomicU64::new(0),
+            calls_in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Constant-time comparison of a presented token with this registration's token.
+    pub fn token_matches(&self, presented: &str) -> bool {
+        bool::from(token_digest(presented).ct_eq(&self.token_digest))
+    }
+
+    /// The lease end as RFC 3339, if the registration has a TTL.
+    pub fn expires_at(&self) -> Option<String> {
+        let ms = self.expires_at_ms.load(Ordering::Relaxed);
+        (ms != 0)
+            .then(|| chrono::DateTime::from_timestamp_millis(ms as i64))
+            .flatten()
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    }
+}
+
+/// The table of live registrations, keyed by id.
+#[derive(Default)]
+pub struct Registry {
+    map: Mutex<HashMap<String, Arc<RegistrationState>>>,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<RegistrationState>>> {
+        // A poisoned lock only means another thread panicked mid-update of a plain map insert
+        // or remove; the map itself is still consistent.
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<RegistrationState>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub(crate) fn insert(&self, state: Arc<RegistrationState>) {
+        self.lock().insert(state.id.clone(), state);
+    }
+
+    pub(crate) fn remove(&self, id: &str) -> Option<Arc<RegistrationState>> {
+        let mut map = self.lock();
+        let removed = map.remove(id);
+        if map.is_empty() {
+            map.shrink_to(0);
+        }
+        removed
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    pub fn all(&self) -> Vec<Arc<RegistrationState>> {
+        let mut v: Vec<_> = self.lock().values().cloned().collect();
+        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_tokens_are_long_and_distinct() {
+        let a = new_registration_id();
+        let b = new_registration_id();
+        assert_ne!(a, b);
+        assert_eq!(URL_SAFE_NO_PAD.decode(&a).map(|v| v.len()).ok(), Some(16));
+        let t = new_token();
+        assert_eq!(URL_SAFE_NO_PAD.decode(&t).map(|v| v.len()).ok(), Some(32));
+    }
+
+    #[test]
+    fn token_matches_only_itself() {
+        let spec = RegistrationSpec::new("a");
+        let t = new_token();
+        let st = RegistrationState::new(new_registration_id(), &t, &spec, ToolSet::default());
+        assert!(st.token_matches(&t));
+        assert!(!st.token_matches(&new_token()));
+        assert!(!st.token_matches(""));
+    }
+}

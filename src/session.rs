@@ -1,0 +1,282 @@
+//! The session table: every MCP session of every registration, on every transport.
+//!
+//! Each session's state lives in one `Session` value owned by the table. There is one close
+//! path (`SessionTable::close`), used by stream end, DELETE, release, the reaper and shutdown.
+//! Invariant: lookups are scoped by registration; a session id minted under registration A
+//! never resolves under B.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::SessionConfig;
+use crate::mcp::jsonrpc;
+use crate::registry::{random_b64, RegistrationState};
+
+/// The downstream transport a session or request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Legacy HTTP+SSE (2024-11-05).
+    Sse,
+    /// Streamable HTTP with `Mcp-Session-Id` (2025-03-26 … 2025-11-25).
+    StreamableHttp,
+    /// Stateless Streamable HTTP (2026-07-28).
+    Stateless,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Sse => "sse",
+            Transport::StreamableHttp => "streamable_http",
+            Transport::Stateless => "stateless",
+        }
+    }
+}
+
+/// Why a session could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("too many sessions: the gateway holds its maximum of {0}")]
+    GlobalCap(usize),
+    #[error("too many sessions for this registration (maximum {0})")]
+    RegistrationCap(usize),
+}
+
+/// One MCP session.
+pub struct Session {
+    pub id: String,
+    pub registration: Arc<RegistrationState>,
+    pub transport: Transport,
+    /// Fires when the session closes; a child of the registration's token.
+    pub cancel: CancellationToken,
+    protocol_version: Mutex<Option<String>>,
+    initialized: AtomicBool,
+    /// Where server-to-client messages for this session go (the SSE stream).
+    outbound: Mutex<Option<mpsc::Sender<Value>>>,
+    /// Downstream request id key -> the call's cancellation token.
+    in_flight: Mutex<HashMap<String, CancellationToken>>,
+    last_active: Mutex<Instant>,
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning means a panic elsewhere mid-update of a plain value; the value is usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Session {
+    pub fn protocol_version(&self) -> Option<String> {
+        relock(&self.protocol_version).clone()
+    }
+
+    pub fn set_protocol_version(&self, v: &str) {
+        *relock(&self.protocol_version) = Some(v.to_string());
+    }
+
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::Acquire)
+    }
+
+    pub fn mark_initialized(&self) {
+        self.initialized.store(true, Ordering::Release);
+    }
+
+    /// Marks activity (only after the request was authenticated).
+    pub fn touch(&self) {
+        *relock(&self.last_active) = Instant::now();
+    }
+
+    pub fn last_active(&self) -> Instant {
+        *relock(&self.last_active)
+    }
+
+    pub fn set_outbound(&self, tx: Option<mpsc::Sender<Value>>) {
+        *relock(&self.outbound) = tx;
+    }
+
+    pub fn outbound(&self) -> Option<mpsc::Sender<Value>> {
+        relock(&self.outbound).clone()
+    }
+
+    /// Tracks a call so `notifications/cancelled` can find it. Returns the call's token.
+    pub fn begin_call(&self, id: &Value) -> CancellationToken {
+        let token = self.cancel.child_token();
+        relock(&self.in_flight).insert(jsonrpc::id_key(id), token.clone());
+        token
+    }
+
+    pub fn end_call(&self, id: &Value) {
+        relock(&self.in_flight).remove(&jsonrpc::id_key(id));
+    }
+
+    /// Cancels the in-flight call with this downstream id, if any. Returns whether one was found.
+    pub fn cancel_call(&self, id: &Value) -> bool {
+        let token = relock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        match token {
+            Some(t) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        relock(&self.in_flight).len()
+    }
+}
+
+#[derive(Default)]
+struct Tables {
+    sessions: HashMap<String, Arc<Session>>,
+    by_registration: HashMap<String, HashSet<String>>,
+}
+
+/// All sessions, with caps.
+pub struct SessionTable {
+    config: SessionConfig,
+    tables: Mutex<Tables>,
+}
+
+impl SessionTable {
+    pub fn new(config: SessionConfig) -> Self {
+        SessionTable {
+            config,
+            tables: Mutex::new(Tables::default()),
+        }
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Mints a session for a registration. Caps are checked here.
+    pub fn create(
+        &self,
+        registration: &Arc<RegistrationState>,
+        transport: Transport,
+    ) -> Result<Arc<Session>, SessionError> {
+        let session = Arc::new(Session {
+            id: random_b64(16),
+            registration: registration.clone(),
+            transport,
+            cancel: registration.cancel.child_token(),
+            protocol_version: Mutex::new(None),
+            initialized: AtomicBool::new(false),
+            outbound: Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+            last_active: Mutex::new(Instant::now()),
+        });
+        let mut t = relock(&self.tables);
+        if t.sessions.len() >= self.config.max_sessions {
+            return Err(SessionError::GlobalCap(self.config.max_sessions));
+        }
+        let per = t
+            .by_registration
+            .get(&registration.id)
+            .map(HashSet::len)
+            .unwrap_or(0);
+        if per >= self.config.max_per_registration {
+            return Err(SessionError::RegistrationCap(
+                self.config.max_per_registration,
+            ));
+        }
+        t.sessions.insert(session.id.clone(), session.clone());
+        t.by_registration
+            .entry(registration.id.clone())
+            .or_default()
+            .insert(session.id.clone());
+        Ok(session)
+    }
+
+    /// Looks a session up under one registration; never crosses registrations.
+    pub fn get(&self, registration_id: &str, session_id: &str) -> Option<Arc<Session>> {
+        let t = relock(&self.tables);
+        t.sessions
+            .get(session_id)
+            .filter(|s| s.registration.id == registration_id)
+            .cloned()
+    }
+
+    /// The one close path: removes the session and cancels everything it started.
+    pub fn close(&self, session_id: &str) -> Option<Arc<Session>> {
+        let removed = {
+            let mut t = relock(&self.tables);
+            let removed = t.sessions.remove(session_id);
+            if let Some(s) = &removed {
+                if let Some(set) = t.by_registration.get_mut(&s.registration.id) {
+                    set.remove(session_id);
+                    if set.is_empty() {
+                        t.by_registration.remove(&s.registration.id);
+                    }
+                }
+            }
+            if t.sessions.is_empty() {
+                t.sessions.shrink_to(0);
+                t.by_registration.shrink_to(0);
+            }
+            removed
+        };
+        if let Some(s) = &removed {
+            s.cancel.cancel();
+            s.set_outbound(None);
+        }
+        removed
+    }
+
+    /// Closes every session of a registration.
+    pub fn close_registration(&self, registration_id: &str) -> usize {
+        let ids: Vec<String> = relock(&self.tables)
+            .by_registration
+            .get(registration_id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        ids.iter().filter(|id| self.close(id).is_some()).count()
+    }
+
+    /// Closes every session (shutdown).
+    pub fn close_all(&self) -> usize {
+        let ids: Vec<String> = relock(&self.tables).sessions.keys().cloned().collect();
+        ids.iter().filter(|id| self.close(id).is_some()).count()
+    }
+
+    pub fn len(&self) -> usize {
+        relock(&self.tables).sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn count_for(&self, registration_id: &str) -> usize {
+        relock(&self.tables)
+            .by_registration
+            .get(registration_id)
+            .map(HashSet::len)
+            .unwrap_or(0)
+    }
+
+    /// Sessions idle since before `cutoff` (for the reaper).
+    pub fn idle_since(&self, cutoff: Instant) -> Vec<String> {
+        relock(&self.tables)
+            .sessions
+            .values()
+            .filter(|s| s.in_flight() == 0 && s.last_active() <= cutoff)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// The earliest last-activity instant among sessions (the reaper's next deadline).
+    pub fn oldest_activity(&self) -> Option<Instant> {
+        relock(&self.tables)
+            .sessions
+            .values()
+            .map(|s| s.last_active())
+            .min()
+    }
+}

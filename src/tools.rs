@@ -1,0 +1,234 @@
+//! Tools as a registration sees them: in-process tools written in Rust, granted tool sets,
+//! and the `CallToolResult` values they produce.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::jsonrpc;
+
+/// The boxed future an in-process tool handler returns.
+pub type ToolFuture = Pin<Box<dyn Future<Output = Result<ToolResult, ToolError>> + Send>>;
+type Handler = dyn Fn(Value, ToolContext) -> ToolFuture + Send + Sync;
+
+/// A `CallToolResult` object, passed to the client as is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult(pub Value);
+
+impl ToolResult {
+    /// One text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        ToolResult(json!({"content": [{"type": "text", "text": text.into()}]}))
+    }
+
+    /// A tool execution error (`isError: true`) with one text block.
+    pub fn error(text: impl Into<String>) -> Self {
+        ToolResult(json!({"content": [{"type": "text", "text": text.into()}], "isError": true}))
+    }
+
+    /// Structured content, with its JSON text as a text block for older clients.
+    pub fn structured(value: Value) -> Self {
+        let text = value.to_string();
+        ToolResult(json!({"content": [{"type": "text", "text": text}], "structuredContent": value}))
+    }
+
+    /// Whether the result reports a tool execution error.
+    pub fn is_error(&self) -> bool {
+        self.0.get("isError").and_then(Value::as_bool) == Some(true)
+    }
+}
+
+/// A failure inside an in-process tool; reported to the client as a tool error (`isError`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+impl ToolError {
+    pub fn new(message: impl Into<String>) -> Self {
+        ToolError(message.into())
+    }
+}
+
+/// What a tool handler knows about the call it serves.
+#[derive(Clone)]
+pub struct ToolContext {
+    pub registration_id: Arc<str>,
+    pub agent_id: Arc<str>,
+    /// Fires when the call is cancelled (client cancel, release, timeout).
+    pub cancel: CancellationToken,
+    pub(crate) progress: Option<(Value, mpsc::Sender<Value>)>,
+}
+
+impl ToolContext {
+    /// Sends `notifications/progress` to the caller, if it asked for progress.
+    pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) {
+        let Some((token, tx)) = &self.progress else {
+            return;
+        };
+        let mut p = Map::new();
+        p.insert("progressToken".into(), token.clone());
+        p.insert("progress".into(), json!(progress));
+        if let Some(t) = total {
+            p.insert("total".into(), json!(t));
+        }
+        if let Some(m) = message {
+            p.insert("message".into(), json!(m));
+        }
+        let n = jsonrpc::notification("notifications/progress", Some(Value::Object(p)));
+        let _ = tx.send(n).await;
+    }
+}
+
+/// A tool implemented in the harness process.
+#[derive(Clone)]
+pub struct InProcessTool {
+    descriptor: Value,
+    handler: Arc<Handler>,
+}
+
+impl std::fmt::Debug for InProcessTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessTool")
+            .field("descriptor", &self.descriptor)
+            .finish()
+    }
+}
+
+impl InProcessTool {
+    /// A tool with a name, a description, a JSON Schema for its arguments and a handler.
+    pub fn new<F, Fut>(name: &str, description: &str, input_schema: Value, handler: F) -> Self
+    where
+        F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ToolResult, ToolError>> + Send + 'static,
+    {
+        InProcessTool {
+            descriptor: json!({
+                "name": name,
+                "description": description,
+                "inputSchema": input_schema,
+            }),
+            handler: Arc::new(move |args, ctx| Box::pin(handler(args, ctx))),
+        }
+    }
+
+    /// Adds `annotations` (e.g. `readOnlyHint`) to the tool's descriptor.
+    pub fn with_annotations(mut self, annotations: Value) -> Self {
+        if let Some(m) = self.descriptor.as_object_mut() {
+            m.insert("annotations".into(), annotations);
+        }
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        self.descriptor
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    pub fn descriptor(&self) -> &Value {
+        &self.descriptor
+    }
+
+    pub(crate) fn call(&self, args: Value, ctx: ToolContext) -> ToolFuture {
+        (self.handler)(args, ctx)
+    }
+}
+
+/// Where a granted tool runs.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    InProcess(InProcessTool),
+    Upstream {
+        upstream: String,
+        /// The tool's name at the upstream.
+        tool: String,
+    },
+}
+
+/// One tool granted to a registration, under the name its agent sees.
+#[derive(Debug, Clone)]
+pub struct GrantedTool {
+    pub name: String,
+    /// The `Tool` object served in `tools/list`, its `name` set to `name`.
+    pub descriptor: Value,
+    pub backend: Backend,
+}
+
+impl GrantedTool {
+    pub fn upstream(&self) -> Option<&str> {
+        match &self.backend {
+            Backend::InProcess(_) => None,
+            Backend::Upstream { upstream, .. } => Some(upstream),
+        }
+    }
+}
+
+/// The tools a registration may see and call, in deterministic (name) order.
+#[derive(Debug, Default)]
+pub struct ToolSet {
+    tools: Vec<GrantedTool>,
+    index: HashMap<String, usize>,
+}
+
+impl ToolSet {
+    pub fn new(mut tools: Vec<GrantedTool>) -> Self {
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools.dedup_by(|a, b| a.name == b.name);
+        let index = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        ToolSet { tools, index }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&GrantedTool> {
+        self.index.get(name).and_then(|i| self.tools.get(*i))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &GrantedTool> {
+        self.tools.iter()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.iter().map(|t| t.name.clone()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// The `tools` array of a `tools/list` result.
+    pub fn descriptors(&self) -> Vec<Value> {
+        self.tools.iter().map(|t| t.descriptor.clone()).collect()
+    }
+}
+
+/// Does `name` match the grant `pattern` (exact, or a `prefix*` glob)?
+pub fn grant_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+/// Is `pattern` a well-formed grant: tool-name characters, with at most one `*` at the end?
+pub fn valid_grant(pattern: &str) -> bool {
+    let body = pattern.strip_suffix('*').unwrap_or(pattern);
+    !pattern.is_empty()
+        && pattern.len() <= 128
+        && !body.contains('*')
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}

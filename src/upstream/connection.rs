@@ -1,0 +1,816 @@
+//! One upstream connection: the handshake, request ids, the pending map, cancellation, timeouts, progress-token mapping and inbound message routing.
+//!
+//! Transport specifics (child process, HTTP) live in `stdio.rs` and `http.rs`; this file only
+//! sees them through the closed [`TransportHandle`] enum.
+//!
+//! Invariants:
+//! - No std lock is held across `.await`: the pending map is locked, mutated and released.
+//! - A closed connection never leaves a waiter hanging: closing drains the pending map, which
+//!   drops every waiter's sender, and each waiter maps that to [`UpstreamError::Closed`].
+//! - A request future that is dropped before completing removes its pending entry and sends a
+//!   best-effort `notifications/cancelled` upstream ([`PendingGuard`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::http::HttpTransport;
+use super::stdio::StdioTransport;
+use super::{
+    ConnectOptions, IdCounter, RequestOptions, Response, Transport, UpstreamError, UpstreamEvent,
+    LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+};
+
+/// Upper bound for sending a `notifications/cancelled` after a cancel or timeout.
+const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upper bound on `tools/list` pages followed, against servers that loop on cursors.
+const MAX_LIST_PAGES: usize = 1000;
+
+static NULL: Value = Value::Null;
+
+/// Locks a std mutex, ignoring poisoning (the protected maps stay consistent on every path).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A cheap, cloneable handle to one live upstream connection.
+///
+/// Dropping the last clone tears the connection down (stdio: SIGKILL to the process group; the
+/// pending requests fail with [`UpstreamError::Closed`]). Prefer [`Connection::close`], which is
+/// graceful and idempotent.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("upstream_id", &self.inner.core.upstream_id)
+            .field("epoch", &self.inner.core.epoch)
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    core: Arc<Core>,
+    transport: TransportHandle,
+    request_timeout: Duration,
+    init: OnceLock<Value>,
+    teardown: tokio::sync::OnceCell<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The transport's own Drop kills what it owns; here we only make sure waiters and the
+        // gateway learn about it.
+        self.core.mark_closed("connection dropped".to_owned());
+    }
+}
+
+/// The closed set of transports, as seen by the connection.
+pub(crate) enum TransportHandle {
+    Stdio(StdioTransport),
+    Http(HttpTransport),
+}
+
+impl TransportHandle {
+    /// Sends a request and drives its delivery. For stdio the future never completes after a
+    /// successful write (the reader task dispatches the response); for HTTP it completes once
+    /// the POST response (JSON or SSE stream) has been consumed and dispatched.
+    async fn drive_request(
+        &self,
+        core: &Arc<Core>,
+        id: u64,
+        msg: &Value,
+    ) -> Result<(), UpstreamError> {
+        match self {
+            Self::Stdio(stdio) => {
+                stdio.send(msg).await?;
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+            Self::Http(http) => http.exchange(core, id, msg).await,
+        }
+    }
+
+    /// Sends a notification or response (no reply expected).
+    async fn send(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
+        match self {
+            Self::Stdio(stdio) => stdio.send(msg).await,
+            Self::Http(http) => http.post_accepted(core, msg).await,
+        }
+    }
+
+    /// Best-effort, non-blocking send (used from `Drop`).
+    fn try_send(&self, core: &Arc<Core>, msg: Value) {
+        match self {
+            Self::Stdio(stdio) => stdio.try_send(&msg),
+            Self::Http(http) => http.spawn_post(core, msg),
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            Self::Stdio(stdio) => stdio.shutdown().await,
+            Self::Http(http) => http.shutdown().await,
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Stdio(stdio) => Some(stdio.pid()),
+            Self::Http(_) => None,
+        }
+    }
+}
+
+impl Connection {
+    /// Opens the transport (spawns the child / prepares the HTTP client), performs `initialize`
+    /// (bounded by `opts.request_timeout`), checks the negotiated protocol version and sends
+    /// `notifications/initialized`.
+    ///
+    /// Events for this connection (tagged with `opts.epoch`) go to `events`. On failure the
+    /// transport is torn down before the error is returned.
+    pub async fn connect(
+        opts: ConnectOptions,
+        events: mpsc::UnboundedSender<UpstreamEvent>,
+    ) -> Result<Connection, UpstreamError> {
+        let core = Arc::new(Core::new(
+            opts.upstream_id.clone(),
+            opts.epoch,
+            opts.ids.clone(),
+            events,
+        ));
+        let transport = match &opts.transport {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => TransportHandle::Stdio(StdioTransport::spawn(
+                &core,
+                command,
+                args,
+                env,
+                cwd.as_deref(),
+                opts.shutdown_grace,
+            )?),
+            Transport::Http { url, headers } => {
+                TransportHandle::Http(HttpTransport::new(&opts.upstream_id, url, headers)?)
+            }
+        };
+        let conn = Connection {
+            inner: Arc::new(Inner {
+                core,
+                transport,
+                request_timeout: opts.request_timeout,
+                init: OnceLock::new(),
+                teardown: tokio::sync::OnceCell::new(),
+            }),
+        };
+        match conn.handshake(&opts).await {
+            Ok(()) => Ok(conn),
+            Err(err) => {
+                tracing::warn!(upstream = %opts.upstream_id, error = %err, "upstream initialize failed");
+                conn.inner
+                    .core
+                    .mark_closed(format!("initialize failed: {err}"));
+                conn.close().await;
+                Err(err)
+            }
+        }
+    }
+
+    async fn handshake(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
+        let params = json!({
+            "protocolVersion": opts.protocol_version,
+            "capabilities": opts.client_capabilities,
+            "clientInfo": opts.client_info,
+        });
+        // `initialize` must not be cancelled (MCP lifecycle), so it is sent non-cancellable.
+        let response = self
+            .call("initialize", params, RequestOptions::default(), false)
+            .await?;
+        let result = response
+            .outcome
+            .map_err(|error| UpstreamError::from_rpc_error(&error))?;
+        let version = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                UpstreamError::Protocol("initialize result lacks protocolVersion".to_owned())
+            })?;
+        if !SUPPORTED_PROTOCOL_VERSIONS.contains(&version) {
+            return Err(UpstreamError::UnsupportedProtocolVersion(
+                version.to_owned(),
+            ));
+        }
+        if let TransportHandle::Http(http) = &self.inner.transport {
+            http.set_protocol_version(version);
+        }
+        tracing::debug!(
+            upstream = %self.upstream_id(),
+            epoch = self.epoch(),
+            protocol_version = version,
+            "upstream initialized"
+        );
+        let _ = self.inner.init.set(result);
+        self.notify("notifications/initialized", Value::Null).await
+    }
+
+    /// The epoch the pool assigned to this connection.
+    pub fn epoch(&self) -> u64 {
+        self.inner.core.epoch
+    }
+
+    /// The child's pid (which is also its process-group id) for stdio; `None` for HTTP.
+    pub fn pid(&self) -> Option<u32> {
+        self.inner.transport.pid()
+    }
+
+    /// The upstream's configured id.
+    pub fn upstream_id(&self) -> &str {
+        &self.inner.core.upstream_id
+    }
+
+    /// The upstream's `InitializeResult` (protocolVersion, capabilities, serverInfo, …).
+    pub fn initialize_result(&self) -> &Value {
+        self.inner.init.get().unwrap_or(&NULL)
+    }
+
+    /// The negotiated protocol version.
+    pub fn protocol_version(&self) -> Option<&str> {
+        self.initialize_result()
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+    }
+
+    /// Whether the server advertised `capabilities.experimental["io.gatehouse/lease"]`.
+    pub fn supports_lease(&self) -> bool {
+        self.initialize_result()
+            .pointer("/capabilities/experimental")
+            .and_then(|experimental| experimental.get(LEASE_CAPABILITY))
+            .is_some_and(|lease| !lease.is_null())
+    }
+
+    /// Number of requests awaiting a response.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.inner.core.state).pending.len()
+    }
+
+    /// Whether the connection is closed (explicitly, or because the upstream went away).
+    pub fn is_closed(&self) -> bool {
+        self.inner.core.closed.is_cancelled()
+    }
+
+    /// Resolves once the connection is closed, for whatever reason.
+    pub async fn wait_closed(&self) {
+        self.inner.core.closed.cancelled().await;
+    }
+
+    /// The id source shared by this upstream slot (see [`IdCounter`]).
+    pub fn ids(&self) -> &IdCounter {
+        &self.inner.core.ids
+    }
+
+    /// Fetches all tools, following `nextCursor` until the last page.
+    pub async fn list_tools(&self) -> Result<Vec<Value>, UpstreamError> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<Value> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let params = match &cursor {
+                Some(cursor) => json!({ "cursor": cursor }),
+                None => json!({}),
+            };
+            let response = self
+                .request("tools/list", params, RequestOptions::default())
+                .await?;
+            let mut result = response
+                .outcome
+                .map_err(|error| UpstreamError::from_rpc_error(&error))?;
+            match result.get_mut("tools").map(Value::take) {
+                Some(Value::Array(page)) => tools.extend(page),
+                Some(Value::Null) | None => {}
+                Some(_) => {
+                    return Err(UpstreamError::Protocol(
+                        "tools/list result.tools is not an array".to_owned(),
+                    ))
+                }
+            }
+            match result.get_mut("nextCursor").map(Value::take) {
+                Some(next) if !next.is_null() => cursor = Some(next),
+                _ => return Ok(tools),
+            }
+        }
+        Err(UpstreamError::Protocol(format!(
+            "tools/list did not finish within {MAX_LIST_PAGES} pages"
+        )))
+    }
+
+    /// Sends a request and waits for its response.
+    ///
+    /// - The JSON-RPC id comes from the connection's [`IdCounter`] and is reported through
+    ///   `opts.started` before sending.
+    /// - `params` is forwarded as-is, except that `params._meta.progressToken`, if present, is
+    ///   replaced by a connection-unique token; progress is delivered per [`RequestOptions::progress`]
+    ///   with the original token restored, and stops once the response arrived.
+    /// - On `opts.cancel` or timeout, `notifications/cancelled {requestId, reason}` is sent
+    ///   upstream, the pending entry removed (a late response is dropped) and
+    ///   [`UpstreamError::Cancelled`] / [`UpstreamError::Timeout`] returned.
+    /// - If the connection closes meanwhile, this returns [`UpstreamError::Closed`] at once.
+    ///
+    /// An upstream JSON-RPC error is *not* an `Err`: it is `Ok(Response { outcome: Err(error) })`.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        opts: RequestOptions,
+    ) -> Result<Response, UpstreamError> {
+        self.call(method, params, opts, true).await
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        mut params: Value,
+        opts: RequestOptions,
+        cancellable: bool,
+    ) -> Result<Response, UpstreamError> {
+        let core = &self.inner.core;
+        if let Some(reason) = core.closed_reason() {
+            return Err(UpstreamError::Closed(reason));
+        }
+        let id = core.ids.next();
+        let progress = rewrite_progress_token(&mut params, core.epoch, id, opts.progress);
+        let mut rx = core.register(id, progress)?;
+        let guard = PendingGuard {
+            conn: self,
+            id,
+            cancellable,
+            armed: true,
+        };
+        if let Some(started) = opts.started {
+            let _ = started.send(id);
+        }
+        let mut msg = Map::new();
+        msg.insert("jsonrpc".to_owned(), json!("2.0"));
+        msg.insert("id".to_owned(), json!(id));
+        msg.insert("method".to_owned(), json!(method));
+        if !params.is_null() {
+            msg.insert("params".to_owned(), params);
+        }
+        let msg = Value::Object(msg);
+        let timeout = opts.timeout.unwrap_or(self.inner.request_timeout);
+        tracing::trace!(upstream = %core.upstream_id, epoch = core.epoch, jsonrpc.id = id, jsonrpc.method = method, "upstream request");
+
+        let drive = self.inner.transport.drive_request(core, id, &msg);
+        tokio::pin!(drive);
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let waited = tokio::select! {
+            biased;
+            received = &mut rx => match received {
+                Ok(outcome) => Waited::Done(outcome),
+                Err(_) => Waited::Closed,
+            },
+            () = opts.cancel.cancelled() => Waited::Cancelled,
+            () = &mut deadline => Waited::Timeout,
+            driven = &mut drive => match driven {
+                Err(err) => Waited::Failed(err),
+                // The transport finished delivering: the response must have been dispatched.
+                Ok(()) => match rx.try_recv() {
+                    Ok(outcome) => Waited::Done(outcome),
+                    Err(oneshot::error::TryRecvError::Closed) => Waited::Closed,
+                    Err(oneshot::error::TryRecvError::Empty) => Waited::Failed(
+                        UpstreamError::Protocol(
+                            "upstream ended the response stream without a response".to_owned(),
+                        ),
+                    ),
+                },
+            },
+        };
+        match waited {
+            Waited::Done(outcome) => {
+                guard.disarm();
+                Ok(Response {
+                    upstream_id: id,
+                    epoch: core.epoch,
+                    outcome,
+                })
+            }
+            Waited::Closed => {
+                guard.disarm();
+                Err(UpstreamError::Closed(core.close_reason()))
+            }
+            Waited::Cancelled => {
+                guard.disarm();
+                self.abandon(id, cancellable, "cancelled by client").await;
+                Err(UpstreamError::Cancelled)
+            }
+            Waited::Timeout => {
+                guard.disarm();
+                self.abandon(id, cancellable, "request timed out").await;
+                Err(UpstreamError::Timeout(timeout))
+            }
+            Waited::Failed(err) => {
+                guard.disarm();
+                core.remove(id);
+                Err(err)
+            }
+        }
+    }
+
+    /// Forgets a pending request and tells the upstream to stop working on it.
+    async fn abandon(&self, id: u64, cancellable: bool, reason: &str) {
+        let core = &self.inner.core;
+        let was_pending = core.remove(id);
+        if !(cancellable && was_pending) || core.closed.is_cancelled() {
+            return;
+        }
+        let msg = cancelled_notification(id, reason);
+        match tokio::time::timeout(CANCEL_SEND_TIMEOUT, self.inner.transport.send(core, &msg)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(upstream = %core.upstream_id, jsonrpc.id = id, error = %err, "could not send notifications/cancelled");
+            }
+            Err(_) => {
+                tracing::debug!(upstream = %core.upstream_id, jsonrpc.id = id, "timed out sending notifications/cancelled");
+            }
+        }
+    }
+
+    /// Sends a notification upstream. `params` is omitted when `Value::Null`.
+    pub async fn notify(&self, method: &str, params: Value) -> Result<(), UpstreamError> {
+        let core = &self.inner.core;
+        if let Some(reason) = core.closed_reason() {
+            return Err(UpstreamError::Closed(reason));
+        }
+        let mut msg = Map::new();
+        msg.insert("jsonrpc".to_owned(), json!("2.0"));
+        msg.insert("method".to_owned(), json!(method));
+        if !params.is_null() {
+            msg.insert("params".to_owned(), params);
+        }
+        self.inner.transport.send(core, &Value::Object(msg)).await
+    }
+
+    /// Answers a server → client request ([`UpstreamEvent::Request`]) with `Ok(result)` or
+    /// `Err(error object)`; `id` is passed back verbatim.
+    pub async fn respond(
+        &self,
+        id: Value,
+        outcome: Result<Value, Value>,
+    ) -> Result<(), UpstreamError> {
+        let core = &self.inner.core;
+        if let Some(reason) = core.closed_reason() {
+            return Err(UpstreamError::Closed(reason));
+        }
+        let msg = match outcome {
+            Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+            Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+        };
+        self.inner.transport.send(core, &msg).await
+    }
+
+    /// Tears the connection down; idempotent, and concurrent callers all wait for the same
+    /// teardown. Pending requests fail with [`UpstreamError::Closed`] immediately.
+    ///
+    /// stdio: close stdin, wait up to the grace period for exit, SIGTERM the process group,
+    /// wait again, SIGKILL the group, reap the child. HTTP: DELETE the session (if any).
+    pub async fn close(&self) {
+        let inner = &self.inner;
+        inner
+            .teardown
+            .get_or_init(|| async {
+                inner.core.mark_closed("closed by gateway".to_owned());
+                inner.transport.shutdown().await;
+            })
+            .await;
+    }
+}
+
+enum Waited {
+    Done(Result<Value, Value>),
+    Closed,
+    Cancelled,
+    Timeout,
+    Failed(UpstreamError),
+}
+
+/// Removes the pending entry and sends a best-effort `notifications/cancelled` if the request
+/// future is dropped before it finished.
+struct PendingGuard<'a> {
+    conn: &'a Connection,
+    id: u64,
+    cancellable: bool,
+    armed: bool,
+}
+
+impl PendingGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let inner = &self.conn.inner;
+        if inner.core.remove(self.id) && self.cancellable && !inner.core.closed.is_cancelled() {
+            tracing::debug!(upstream = %inner.core.upstream_id, jsonrpc.id = self.id, "request dropped; cancelling upstream");
+            inner.transport.try_send(
+                &inner.core,
+                cancelled_notification(self.id, "request abandoned"),
+            );
+        }
+    }
+}
+
+fn cancelled_notification(id: u64, reason: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": { "requestId": id, "reason": reason },
+    })
+}
+
+/// The connection-unique progress token for upstream request `id`.
+fn progress_token(epoch: u64, id: u64) -> String {
+    format!("gatehouse-{epoch}-{id}")
+}
+
+/// Replaces `params._meta.progressToken` (if present) with the connection's own token and
+/// returns how to route progress back.
+fn rewrite_progress_token(
+    params: &mut Value,
+    epoch: u64,
+    id: u64,
+    sink: Option<mpsc::Sender<Value>>,
+) -> Option<ProgressRoute> {
+    let slot = params
+        .get_mut("_meta")
+        .and_then(|meta| meta.get_mut("progressToken"))?;
+    let token = progress_token(epoch, id);
+    let original = std::mem::replace(slot, Value::String(token.clone()));
+    Some(ProgressRoute {
+        token,
+        original,
+        sink,
+    })
+}
+
+struct ProgressRoute {
+    /// The token we sent upstream.
+    token: String,
+    /// The caller's token, restored in what we deliver.
+    original: Value,
+    sink: Option<mpsc::Sender<Value>>,
+}
+
+struct PendingRequest {
+    tx: oneshot::Sender<Result<Value, Value>>,
+    progress: Option<ProgressRoute>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, PendingRequest>,
+    closed: Option<String>,
+}
+
+/// Transport-independent connection state, shared with the transport's background tasks.
+/// It owns no tasks itself, so tasks holding it never keep a connection alive.
+pub(crate) struct Core {
+    pub(crate) upstream_id: String,
+    pub(crate) epoch: u64,
+    ids: IdCounter,
+    state: Mutex<State>,
+    closed: CancellationToken,
+    events: mpsc::UnboundedSender<UpstreamEvent>,
+}
+
+impl Core {
+    fn new(
+        upstream_id: String,
+        epoch: u64,
+        ids: IdCounter,
+        events: mpsc::UnboundedSender<UpstreamEvent>,
+    ) -> Self {
+        Self {
+            upstream_id,
+            epoch,
+            ids,
+            state: Mutex::new(State::default()),
+            closed: CancellationToken::new(),
+            events,
+        }
+    }
+
+    fn register(
+        &self,
+        id: u64,
+        progress: Option<ProgressRoute>,
+    ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
+        let (tx, rx) = oneshot::channel();
+        let mut state = lock(&self.state);
+        if let Some(reason) = &state.closed {
+            return Err(UpstreamError::Closed(reason.clone()));
+        }
+        state.pending.insert(id, PendingRequest { tx, progress });
+        Ok(rx)
+    }
+
+    /// Removes a pending request; returns whether it was still pending.
+    fn remove(&self, id: u64) -> bool {
+        lock(&self.state).pending.remove(&id).is_some()
+    }
+
+    fn closed_reason(&self) -> Option<String> {
+        lock(&self.state).closed.clone()
+    }
+
+    fn close_reason(&self) -> String {
+        self.closed_reason()
+            .unwrap_or_else(|| "connection closed".to_owned())
+    }
+
+    /// Marks the connection closed (first caller wins): fails every pending request at once and
+    /// emits [`UpstreamEvent::Closed`].
+    pub(crate) fn mark_closed(&self, reason: String) {
+        let drained = {
+            let mut state = lock(&self.state);
+            if state.closed.is_some() {
+                return;
+            }
+            state.closed = Some(reason.clone());
+            std::mem::take(&mut state.pending)
+        };
+        let failed = drained.len();
+        // Dropping the senders wakes every waiter with `Closed`.
+        drop(drained);
+        self.closed.cancel();
+        tracing::info!(upstream = %self.upstream_id, epoch = self.epoch, failed_pending = failed, %reason, "upstream connection closed");
+        let _ = self.events.send(UpstreamEvent::Closed {
+            epoch: self.epoch,
+            reason,
+        });
+    }
+
+    /// Routes one inbound JSON-RPC message. Returns a message to send back upstream, if any
+    /// (the answer to a server `ping`).
+    ///
+    /// `related_hint` is the request whose response stream carried the message (HTTP), if known.
+    pub(crate) fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
+        let Value::Object(mut obj) = msg else {
+            tracing::warn!(upstream = %self.upstream_id, "ignoring non-object JSON-RPC message from upstream");
+            return None;
+        };
+        let method = match obj.remove("method") {
+            Some(Value::String(method)) => Some(method),
+            Some(_) => {
+                tracing::warn!(upstream = %self.upstream_id, "ignoring message with a non-string method");
+                return None;
+            }
+            None => None,
+        };
+        let id = obj.remove("id").filter(|id| !id.is_null());
+        let params = obj.remove("params");
+        match (method, id) {
+            (Some(method), Some(id)) => self.on_server_request(id, method, params, related_hint),
+            (Some(method), None) => {
+                self.on_notification(method, params);
+                None
+            }
+            (None, Some(id)) => {
+                self.on_response(id, obj);
+                None
+            }
+            (None, None) => {
+                if let Some(error) = obj.get("error") {
+                    tracing::warn!(upstream = %self.upstream_id, %error, "upstream sent an error without id");
+                } else {
+                    tracing::warn!(upstream = %self.upstream_id, "ignoring message that is neither request, notification nor response");
+                }
+                None
+            }
+        }
+    }
+
+    fn on_response(&self, id: Value, mut obj: Map<String, Value>) {
+        let outcome = if let Some(error) = obj.remove("error") {
+            Err(error)
+        } else if let Some(result) = obj.remove("result") {
+            Ok(result)
+        } else {
+            tracing::warn!(upstream = %self.upstream_id, %id, "ignoring response without result or error");
+            return;
+        };
+        let pending = id
+            .as_u64()
+            .and_then(|id| lock(&self.state).pending.remove(&id));
+        match pending {
+            Some(pending) => {
+                // The waiter may be gone already (it raced with cancel); nothing to do then.
+                let _ = pending.tx.send(outcome);
+            }
+            None => {
+                tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, %id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+            }
+        }
+    }
+
+    fn on_notification(&self, method: String, params: Option<Value>) {
+        if method == "notifications/progress" {
+            if let Some(params) = params {
+                self.on_progress(params);
+            }
+            return;
+        }
+        let _ = self.events.send(UpstreamEvent::Notification {
+            epoch: self.epoch,
+            method,
+            params,
+        });
+    }
+
+    fn on_progress(&self, mut params: Value) {
+        let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
+            tracing::debug!(upstream = %self.upstream_id, "dropping progress with a token we never issued");
+            return;
+        };
+        let Some(id) = token
+            .rsplit_once('-')
+            .and_then(|(_, id)| id.parse::<u64>().ok())
+        else {
+            tracing::debug!(upstream = %self.upstream_id, token, "dropping progress with a token we never issued");
+            return;
+        };
+        let route = {
+            let state = lock(&self.state);
+            state
+                .pending
+                .get(&id)
+                .and_then(|pending| pending.progress.as_ref())
+                .filter(|route| route.token == token)
+                .map(|route| (route.original.clone(), route.sink.clone()))
+        };
+        let Some((original, sink)) = route else {
+            tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");
+            return;
+        };
+        if let Some(slot) = params.get_mut("progressToken") {
+            *slot = original;
+        }
+        match sink {
+            Some(sink) => {
+                if let Err(mpsc::error::TrySendError::Full(_)) = sink.try_send(params) {
+                    tracing::debug!(upstream = %self.upstream_id, jsonrpc.id = id, "progress channel full; dropping update");
+                }
+            }
+            None => {
+                let _ = self.events.send(UpstreamEvent::Progress {
+                    epoch: self.epoch,
+                    upstream_request_id: id,
+                    params,
+                });
+            }
+        }
+    }
+
+    fn on_server_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        related_hint: Option<u64>,
+    ) -> Option<Value> {
+        if method == "ping" {
+            return Some(json!({ "jsonrpc": "2.0", "id": id, "result": {} }));
+        }
+        let related_request = related_hint.or_else(|| {
+            let state = lock(&self.state);
+            let mut ids = state.pending.keys();
+            match (ids.next(), ids.next()) {
+                (Some(only), None) => Some(*only),
+                _ => None,
+            }
+        });
+        let _ = self.events.send(UpstreamEvent::Request {
+            epoch: self.epoch,
+            id,
+            method,
+            params,
+            related_request,
+        });
+        None
+    }
+}

@@ -1,0 +1,355 @@
+//! Streamable HTTP upstream transport (legacy-handshake revisions, 2025-06-18): POSTs, JSON and SSE response parsing, the `Mcp-Session-Id` session and its DELETE.
+//!
+//! Every client message is one POST with `Accept: application/json, text/event-stream`. A
+//! request's answer is either one JSON body or an SSE stream that may carry progress,
+//! notifications and server → client requests before the final response; all of them are
+//! dispatched to the connection core as they arrive, tagged with the request that opened the
+//! stream. After `initialize` the `Mcp-Session-Id` (if the server assigned one) and
+//! `MCP-Protocol-Version` headers go on every request. Configured headers go on every request;
+//! the downstream client's bearer token never reaches this layer.
+//!
+//! Not implemented (caveats): the optional GET stream for unsolicited server messages, and SSE
+//! resumption (`Last-Event-ID`) — a stream that ends without a response fails that request.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use reqwest::{StatusCode, Url};
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use super::connection::{lock, Core};
+use super::UpstreamError;
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest SSE line accepted; longer lines are dropped.
+const MAX_SSE_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+pub(crate) struct HttpTransport {
+    shared: Arc<Shared>,
+    /// Fire-and-forget POSTs issued from `Drop` paths; aborted when the transport drops.
+    tasks: Mutex<JoinSet<()>>,
+}
+
+struct Shared {
+    upstream_id: String,
+    client: reqwest::Client,
+    url: Url,
+    headers: HeaderMap,
+    session: Mutex<Option<HeaderValue>>,
+    protocol_version: OnceLock<HeaderValue>,
+}
+
+impl HttpTransport {
+    /// Validates the URL and headers and builds the HTTP client. Opens no connection yet.
+    pub(crate) fn new(
+        upstream_id: &str,
+        url: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Result<Self, UpstreamError> {
+        let url = Url::parse(url)
+            .map_err(|err| UpstreamError::Config(format!("invalid upstream url {url:?}: {err}")))?;
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| UpstreamError::Config(format!("invalid header name {name:?}")))?;
+            // The value may be a secret: never echo it.
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| UpstreamError::Config(format!("invalid value for header {name}")))?;
+            map.insert(name, value);
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                upstream_id: upstream_id.to_owned(),
+                client,
+                url,
+                headers: map,
+                session: Mutex::new(None),
+                protocol_version: OnceLock::new(),
+            }),
+            tasks: Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// Records the negotiated version, sent as `MCP-Protocol-Version` from now on.
+    pub(crate) fn set_protocol_version(&self, version: &str) {
+        if let Ok(value) = HeaderValue::from_str(version) {
+            let _ = self.shared.protocol_version.set(value);
+        }
+    }
+
+    /// POSTs request `id` and dispatches everything in the answer (JSON or SSE) to `core`.
+    /// Returns once the response for `id` was dispatched or the answer ended.
+    pub(crate) async fn exchange(
+        &self,
+        core: &Arc<Core>,
+        id: u64,
+        msg: &Value,
+    ) -> Result<(), UpstreamError> {
+        let response = self.shared.post(core, msg).await?;
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if content_type.starts_with("text/event-stream") {
+            let mut body = response.bytes_stream();
+            let mut parser = SseParser::default();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                for data in parser.push(&chunk) {
+                    if self.shared.handle_payload(core, id, data.as_bytes()).await {
+                        // Our response arrived; the server should end the stream now anyway.
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        } else if content_type.starts_with("application/json") {
+            let body = response.bytes().await?;
+            self.shared.handle_payload(core, id, &body).await;
+            Ok(())
+        } else if response.status() == StatusCode::ACCEPTED {
+            Ok(())
+        } else {
+            Err(UpstreamError::Protocol(format!(
+                "unexpected content-type {content_type:?} in response to a request"
+            )))
+        }
+    }
+
+    /// POSTs a notification or response; expects a 2xx (normally 202 without body).
+    pub(crate) async fn post_accepted(
+        &self,
+        core: &Arc<Core>,
+        msg: &Value,
+    ) -> Result<(), UpstreamError> {
+        self.shared.post_accepted(core, msg).await
+    }
+
+    /// Posts `msg` in the background (for `Drop` paths, which cannot await).
+    pub(crate) fn spawn_post(&self, core: &Arc<Core>, msg: Value) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let core = core.clone();
+        let mut tasks = lock(&self.tasks);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn_on(
+            async move {
+                if let Err(err) = shared.post_accepted(&core, &msg).await {
+                    tracing::debug!(upstream = %shared.upstream_id, error = %err, "background POST failed");
+                }
+            },
+            &runtime,
+        );
+    }
+
+    /// Ends the session with DELETE (when the server assigned one) and aborts background posts.
+    pub(crate) async fn shutdown(&self) {
+        let session = lock(&self.shared.session).take();
+        if let Some(session) = session {
+            let mut headers = self.shared.headers.clone();
+            headers.insert(SESSION_HEADER, session);
+            if let Some(version) = self.shared.protocol_version.get() {
+                headers.insert(PROTOCOL_VERSION_HEADER, version.clone());
+            }
+            let deleted = self
+                .shared
+                .client
+                .delete(self.shared.url.clone())
+                .headers(headers)
+                .timeout(DELETE_TIMEOUT)
+                .send()
+                .await;
+            match deleted {
+                Ok(response) => {
+                    tracing::debug!(upstream = %self.shared.upstream_id, status = %response.status(), "deleted upstream session")
+                }
+                Err(err) => {
+                    tracing::debug!(upstream = %self.shared.upstream_id, error = %err, "could not delete upstream session")
+                }
+            }
+        }
+        lock(&self.tasks).abort_all();
+    }
+}
+
+impl Shared {
+    fn headers_for_post(&self) -> HeaderMap {
+        let mut headers = self.headers.clone();
+        headers.insert(ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(session) = lock(&self.session).clone() {
+            headers.insert(SESSION_HEADER, session);
+        }
+        if let Some(version) = self.protocol_version.get() {
+            headers.insert(PROTOCOL_VERSION_HEADER, version.clone());
+        }
+        headers
+    }
+
+    /// POSTs one message. A transport failure (no HTTP response at all) or a 404 for our
+    /// session closes the connection; another non-2xx status fails only this message.
+    async fn post(
+        &self,
+        core: &Arc<Core>,
+        msg: &Value,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let body = serde_json::to_vec(msg)?;
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers_for_post())
+            .body(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(err) => {
+                let reason = format!("http transport failure: {err}");
+                core.mark_closed(reason.clone());
+                return Err(UpstreamError::Closed(reason));
+            }
+        };
+        let had_session = {
+            let mut session = lock(&self.session);
+            if session.is_none() {
+                *session = response.headers().get(SESSION_HEADER).cloned();
+                false
+            } else {
+                true
+            }
+        };
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND && had_session {
+            let reason = "upstream session expired (404)".to_owned();
+            core.mark_closed(reason.clone());
+            return Err(UpstreamError::Closed(reason));
+        }
+        if !status.is_success() {
+            tracing::warn!(upstream = %self.upstream_id, %status, "upstream answered POST with an error status");
+            return Err(UpstreamError::HttpStatus {
+                status: status.as_u16(),
+            });
+        }
+        Ok(response)
+    }
+
+    async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
+        let response = self.post(core, msg).await?;
+        // Drain any body so the connection can be reused.
+        let _ = response.bytes().await;
+        Ok(())
+    }
+
+    /// Dispatches one JSON payload (a message or a batch). Returns whether it contained the
+    /// response to request `id`. Replies the core asks for (pings) are posted back.
+    async fn handle_payload(&self, core: &Arc<Core>, id: u64, payload: &[u8]) -> bool {
+        if payload.trim_ascii().is_empty() {
+            return false; // e.g. an SSE priming event
+        }
+        let messages = match serde_json::from_slice::<Value>(payload) {
+            Ok(Value::Array(batch)) => batch,
+            Ok(msg) => vec![msg],
+            Err(err) => {
+                tracing::warn!(upstream = %self.upstream_id, error = %err, "skipping non-JSON payload from upstream");
+                return false;
+            }
+        };
+        let mut answered = false;
+        for msg in messages {
+            let is_ours =
+                msg.get("method").is_none() && msg.get("id").and_then(Value::as_u64) == Some(id);
+            answered |= is_ours;
+            if let Some(reply) = core.dispatch(msg, Some(id)) {
+                if let Err(err) = self.post_accepted(core, &reply).await {
+                    tracing::debug!(upstream = %self.upstream_id, error = %err, "could not answer upstream ping");
+                }
+            }
+        }
+        answered
+    }
+}
+
+/// Incremental `text/event-stream` parser yielding the `data` of each complete event.
+#[derive(Default)]
+struct SseParser {
+    line: Vec<u8>,
+    line_too_long: bool,
+    data: String,
+    has_data: bool,
+}
+
+impl SseParser {
+    fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        let mut events = Vec::new();
+        for &byte in chunk {
+            if byte == b'\n' {
+                self.end_line(&mut events);
+            } else if self.line.len() < MAX_SSE_LINE_BYTES {
+                self.line.push(byte);
+            } else {
+                self.line_too_long = true;
+            }
+        }
+        events
+    }
+
+    fn end_line(&mut self, events: &mut Vec<String>) {
+        let mut line = std::mem::take(&mut self.line);
+        if std::mem::take(&mut self.line_too_long) {
+            return;
+        }
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if line.is_empty() {
+            if std::mem::take(&mut self.has_data) {
+                events.push(std::mem::take(&mut self.data));
+            }
+            return;
+        }
+        let line = String::from_utf8_lossy(&line);
+        if line.starts_with(':') {
+            return; // comment / keep-alive
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line.as_ref(), ""),
+        };
+        if field == "data" {
+            if self.has_data {
+                self.data.push('\n');
+            }
+            self.data.push_str(value);
+            self.has_data = true;
+        }
+        // `event`, `id` and `retry` are not needed without resumption.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SseParser;
+
+    #[test]
+    fn sse_events_split_across_chunks() {
+        let mut parser = SseParser::default();
+        let mut events = parser.push(b"id: 1\ndata:\n\n: keep\r\nevent: message\r\ndata: {\"a\"");
+        events.extend(parser.push(b":1}\r\n\r\ndata: x\ndata: y\n\n"));
+        assert_eq!(events, ["", "{\"a\":1}", "x\ny"]);
+    }
+}

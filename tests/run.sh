@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: installs the Python and Node peers the tests drive (into git-ignored
+# folders under tests/peers/), then runs every Rust test. A missing peer fails; nothing skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== peers (Python mcp SDK, TypeScript SDK, server-everything) =="
+bash tests/peers/setup.sh
+echo "== cargo test =="
+cargo test --locked --all-targets
