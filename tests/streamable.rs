@@ -471,6 +471,62 @@ async fn handshake_era_session_rules() {
     assert_eq!(s, 200, "{body}");
     let replies: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(replies.as_array().unwrap().len(), 2);
+    // Priming event on a POST's SSE response only for clients at >= 2025-11-25.
+    let tg2 = TestGateway::start();
+    let s = tg2
+        .gateway
+        .register(RegistrationSpec::new("s").with_tool(slow_tool("slow")))
+        .await
+        .unwrap();
+    for (version, primed) in [("2025-06-18", false), ("2025-11-25", true)] {
+        let c = HttpMcp::initialize(&s.mcp_url(), s.token(), version).await;
+        let (status, h, body) = c
+            .post(
+                json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{
+                "name":"slow","arguments":{"ms":100},"_meta":{"progressToken":"t"}}}),
+            )
+            .await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            h["content-type"], "text/event-stream",
+            "progress switches to SSE"
+        );
+        let events = parse_sse(&body);
+        let first_is_priming = events[0].2.is_some() && events[0].1.is_empty();
+        assert_eq!(first_is_priming, primed, "{version}: {body}");
+        assert_eq!(
+            events.iter().filter(|e| e.1.is_empty()).count(),
+            usize::from(primed)
+        );
+        assert!(
+            events.last().unwrap().1.contains("\"id\":4"),
+            "the response ends the stream"
+        );
+    }
+    // Handshake era: a dropped response stream is not a cancellation (the call completes).
+    let c = HttpMcp::initialize(&s.mcp_url(), s.token(), "2025-06-18").await;
+    let mut resp = c
+        .builder(reqwest::Method::POST)
+        .json(
+            &json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+            "name":"slow","arguments":{"ms":400},"_meta":{"progressToken":"d"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.chunk().await.unwrap().is_some());
+    drop(resp);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let outcomes: Vec<_> = tg2
+        .calls()
+        .iter()
+        .filter_map(|c| c.outcome.clone())
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec!["ok", "ok", "ok"],
+        "not cancelled by the disconnect"
+    );
     // Priming event on GET only for clients at >= 2025-11-25.
     for (version, primed) in [("2025-03-26", false), ("2025-11-25", true)] {
         let c = HttpMcp::initialize(&a.mcp_url(), a.token(), version).await;
