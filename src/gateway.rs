@@ -277,6 +277,12 @@ impl Gateway {
         self.inner
             .tasks
             .spawn(crate::server::serve(listener, router, stop.clone()));
+        // The idle reaper lives as long as the server (same stop token, same tracker).
+        let reaper_gw = self.clone();
+        let reaper_stop = stop.clone();
+        self.inner.tasks.spawn(async move {
+            reaper_gw.sessions().run_reaper(reaper_stop).await;
+        });
         lc.starts += 1;
         tracing::info!(%addr, "data server started");
         lc.server = Some(RunningServer {

@@ -19,6 +19,12 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/gw/{id}/sse", get(endpoint::sse::open))
         .route("/gw/{id}/messages/", post(endpoint::sse::message))
         .route("/gw/{id}/messages", post(endpoint::sse::message))
+        .route(
+            "/gw/{id}/mcp",
+            post(endpoint::streamable_http::post)
+                .get(endpoint::streamable_http::get)
+                .delete(endpoint::streamable_http::delete),
+        )
         .fallback(not_found)
         .with_state(gateway)
 }

@@ -6,8 +6,9 @@
 //! never resolves under B.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -48,6 +49,9 @@ pub enum SessionError {
     RegistrationCap(usize),
 }
 
+/// How many times `create` tries to make room by evicting before it gives up (503).
+const EVICTION_ATTEMPTS: usize = 8;
+
 /// One MCP session.
 pub struct Session {
     pub id: String,
@@ -61,6 +65,8 @@ pub struct Session {
     outbound: Mutex<Option<mpsc::Sender<Value>>>,
     /// Downstream request id key -> the call's cancellation token.
     in_flight: Mutex<HashMap<String, CancellationToken>>,
+    /// Open server-to-client streams (an SSE session's stream, a Streamable HTTP GET).
+    streams: AtomicUsize,
     last_active: Mutex<Instant>,
 }
 
@@ -110,8 +116,28 @@ impl Session {
         token
     }
 
+    /// Ends a call; its end counts as activity (the idle clock restarts).
     pub fn end_call(&self, id: &Value) {
         relock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        self.touch();
+    }
+
+    /// A server-to-client stream opened; a session with an open stream is not idle.
+    pub fn stream_opened(&self) {
+        self.streams.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A stream closed; the idle clock restarts from now.
+    pub fn stream_closed(&self) {
+        let _ = self
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        self.touch();
+    }
+
+    /// Idle: no call in flight and no open stream. Only idle sessions are reaped or evicted.
+    pub fn is_idle(&self) -> bool {
+        self.in_flight() == 0 && self.streams.load(Ordering::Acquire) == 0
     }
 
     /// Cancels the in-flight call with this downstream id, if any. Returns whether one was found.
@@ -170,28 +196,60 @@ impl SessionTable {
             initialized: AtomicBool::new(false),
             outbound: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
+            streams: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
         });
-        let mut t = relock(&self.tables);
-        if t.sessions.len() >= self.config.max_sessions {
-            return Err(SessionError::GlobalCap(self.config.max_sessions));
+        // At a cap, the oldest idle session (of the registration, or of the gateway) is
+        // evicted through `close`; when none is idle, the caller answers 503.
+        for _ in 0..EVICTION_ATTEMPTS {
+            let victim = {
+                let mut t = relock(&self.tables);
+                let per = t
+                    .by_registration
+                    .get(&registration.id)
+                    .map(HashSet::len)
+                    .unwrap_or(0);
+                if per >= self.config.max_per_registration {
+                    let ids = t.by_registration.get(&registration.id);
+                    match oldest_idle(&t.sessions, ids.into_iter().flatten()) {
+                        Some(v) => v,
+                        None => {
+                            return Err(SessionError::RegistrationCap(
+                                self.config.max_per_registration,
+                            ))
+                        }
+                    }
+                } else if t.sessions.len() >= self.config.max_sessions {
+                    match oldest_idle(&t.sessions, t.sessions.keys()) {
+                        Some(v) => v,
+                        None => return Err(SessionError::GlobalCap(self.config.max_sessions)),
+                    }
+                } else {
+                    t.sessions.insert(session.id.clone(), session.clone());
+                    t.by_registration
+                        .entry(registration.id.clone())
+                        .or_default()
+                        .insert(session.id.clone());
+                    return Ok(session);
+                }
+            };
+            tracing::info!(session = %victim, "session evicted: session cap reached");
+            self.close(&victim);
         }
-        let per = t
-            .by_registration
-            .get(&registration.id)
-            .map(HashSet::len)
-            .unwrap_or(0);
-        if per >= self.config.max_per_registration {
-            return Err(SessionError::RegistrationCap(
-                self.config.max_per_registration,
-            ));
-        }
-        t.sessions.insert(session.id.clone(), session.clone());
+        Err(SessionError::GlobalCap(self.config.max_sessions))
+    }
+
+    /// The sessions of one registration (to route registration-wide notifications).
+    pub fn sessions_of(&self, registration_id: &str) -> Vec<Arc<Session>> {
+        let t = relock(&self.tables);
         t.by_registration
-            .entry(registration.id.clone())
-            .or_default()
-            .insert(session.id.clone());
-        Ok(session)
+            .get(registration_id)
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| t.sessions.get(id).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Looks a session up under one registration; never crosses registrations.
@@ -266,7 +324,7 @@ impl SessionTable {
         relock(&self.tables)
             .sessions
             .values()
-            .filter(|s| s.in_flight() == 0 && s.last_active() <= cutoff)
+            .filter(|s| s.is_idle() && s.last_active() <= cutoff)
             .map(|s| s.id.clone())
             .collect()
     }
@@ -279,4 +337,43 @@ impl SessionTable {
             .map(|s| s.last_active())
             .min()
     }
+
+    /// The idle reaper: sleeps until the oldest session's deadline, closes every session
+    /// idle for `idle_timeout_s` through `close` (the one close path), and repeats until
+    /// `stop` fires. Activity only moves deadlines later, and a session that is busy at its
+    /// deadline gets a fresh one when its call or stream ends, so the sleep is never too long.
+    pub async fn run_reaper(&self, stop: CancellationToken) {
+        let idle = Duration::from_secs(self.config.idle_timeout_s.max(1));
+        loop {
+            let now = Instant::now();
+            if let Some(cutoff) = now.checked_sub(idle) {
+                for id in self.idle_since(cutoff) {
+                    tracing::debug!(session = %id, "session closed: idle");
+                    self.close(&id);
+                }
+            }
+            let next = relock(&self.tables)
+                .sessions
+                .values()
+                .map(|s| s.last_active() + idle)
+                .filter(|d| *d > now)
+                .min()
+                .unwrap_or(now + idle);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+}
+
+/// The least recently active idle session among `ids`.
+fn oldest_idle<'a>(
+    sessions: &HashMap<String, Arc<Session>>,
+    ids: impl Iterator<Item = &'a String>,
+) -> Option<String> {
+    ids.filter_map(|id| sessions.get(id))
+        .filter(|s| s.is_idle())
+        .min_by_key(|s| s.last_active())
+        .map(|s| s.id.clone())
 }

@@ -1,7 +1,10 @@
 //! Agent-facing endpoints: the checks every request passes (Origin, registration, token) and
-//! the transports (`sse`: legacy HTTP+SSE).
+//! the transports (`sse`: legacy HTTP+SSE; `streamable_http`: Streamable HTTP, both eras,
+//! with its stateless 2026-07-28 half in `stateless`).
 
 pub mod sse;
+pub mod stateless;
+pub mod streamable_http;
 
 use std::sync::Arc;
 

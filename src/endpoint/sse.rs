@@ -82,6 +82,7 @@ pub async fn open(
     };
     let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
     session.set_outbound(Some(tx));
+    session.stream_opened();
     let endpoint = format!("/gw/{}/messages/?session_id={}", reg.id, session.id);
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let state = StreamState {

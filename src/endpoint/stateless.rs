@@ -1,0 +1,288 @@
+//! Stateless 2026-07-28 requests on `/gw/<id>/mcp`: no session, the protocol version in
+//! `_meta`, mirrored headers validated against the body, `server/discover`, `resultType` on
+//! every result, cache fields on list results, and cancellation by closing the response.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde_json::{json, Map, Value};
+
+use super::json_response;
+use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_HEADER, VERSION_HEADER};
+use crate::gateway::Gateway;
+use crate::mcp::dispatch::{self, RequestCtx};
+use crate::mcp::jsonrpc::{self, Message, RpcError};
+use crate::mcp::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::registry::RegistrationState;
+use crate::session::Transport;
+
+pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// How long a client may cache `server/discover` (its content is fixed per build).
+const DISCOVER_TTL_MS: u64 = 60_000;
+/// `tools/list` may change when an upstream's tools change, and 2026-07-28 clients cannot be
+/// told (no `subscriptions/listen` yet): they must not cache it.
+const LIST_TTL_MS: u64 = 0;
+
+/// Methods served statelessly; anything else is 404 + -32601.
+const METHODS: &[&str] = &["server/discover", "tools/list", "tools/call"];
+
+fn meta(v: &Value) -> Option<&Map<String, Value>> {
+    v.get("params")?.get("_meta")?.as_object()
+}
+
+/// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has
+/// no session and its `MCP-Protocol-Version` header is not a handshake-era one.
+pub fn is_stateless(v: &Value, headers: &HeaderMap) -> bool {
+    if meta(v).is_some_and(|m| m.contains_key(META_VERSION)) {
+        return true;
+    }
+    let is_initialize = v.get("method").and_then(Value::as_str) == Some("initialize");
+    headers.get(SESSION_HEADER).is_none()
+        && !is_initialize
+        && header_str(headers, VERSION_HEADER).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
+}
+
+fn error(
+    status: StatusCode,
+    id: Option<Value>,
+    code: i64,
+    msg: &str,
+    data: Option<Value>,
+) -> Response {
+    let mut e = RpcError::new(id, code, msg);
+    e.data = data;
+    json_response(status, &e.to_value())
+}
+
+/// Decodes a mirrored header value (`=?base64?…?=` form included).
+pub fn decode_header_value(raw: &str) -> Option<String> {
+    if let Some(b64) = raw
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        return String::from_utf8(bytes).ok();
+    }
+    Some(raw.to_string())
+}
+
+/// Checks one mirrored header against the body value (-32020 when absent or different).
+fn mirror(headers: &HeaderMap, name: &str, expected: &str) -> Result<(), String> {
+    let Some(v) = headers.get(name) else {
+        return Err(format!("header mismatch: {name} is required"));
+    };
+    let decoded = std::str::from_utf8(v.as_bytes())
+        .ok()
+        .and_then(decode_header_value);
+    if decoded.as_deref() == Some(expected) {
+        Ok(())
+    } else {
+        Err(format!(
+            "header mismatch: {name} does not match the request body"
+        ))
+    }
+}
+
+/// Handles one stateless message.
+pub async fn handle(
+    gw: Gateway,
+    reg: Arc<RegistrationState>,
+    headers: HeaderMap,
+    value: Value,
+) -> Response {
+    let meta_version = meta(&value)
+        .and_then(|m| m.get(META_VERSION))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let has_caps = meta(&value)
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(Value::is_object);
+    let msg = match jsonrpc::classify(value) {
+        Ok(m) => m,
+        Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
+    };
+    let (id, method, params) = match msg {
+        Message::Request { id, method, params } => (Some(id), method, params),
+        Message::Notification { method, params } => (None, method, params),
+        Message::Response { .. } => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                "invalid request: 2026-07-28 clients do not send responses",
+                None,
+            )
+        }
+    };
+    let unsupported = |requested: &str| {
+        error(
+            StatusCode::BAD_REQUEST,
+            id.clone(),
+            jsonrpc::UNSUPPORTED_VERSION,
+            &format!("unsupported protocol version: {requested}"),
+            Some(json!({"supported": ALL_VERSIONS, "requested": requested})),
+        )
+    };
+    let Some(version) = meta_version else {
+        if let Some(h) = header_str(&headers, VERSION_HEADER) {
+            if h != MODERN_VERSION {
+                return unsupported(h);
+            }
+        }
+        return error(
+            StatusCode::BAD_REQUEST,
+            id,
+            jsonrpc::INVALID_PARAMS,
+            &format!("invalid params: _meta[\"{META_VERSION}\"] is required"),
+            None,
+        );
+    };
+    if version != MODERN_VERSION {
+        return unsupported(&version);
+    }
+    if id.is_some() && !has_caps {
+        return error(
+            StatusCode::BAD_REQUEST,
+            id,
+            jsonrpc::INVALID_PARAMS,
+            &format!("invalid params: _meta[\"{META_CAPABILITIES}\"] is required"),
+            None,
+        );
+    }
+    let mut checks = vec![(VERSION_HEADER, version.clone())];
+    if id.is_some() {
+        checks.push(("mcp-method", method.clone()));
+        let name_field = match method.as_str() {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            _ => None,
+        };
+        if let Some(field) = name_field {
+            let name = params
+                .as_ref()
+                .and_then(|p| p.get(field))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            checks.push(("mcp-name", name));
+        }
+    }
+    for (h, expected) in &checks {
+        if let Err(m) = mirror(&headers, h, expected) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                id,
+                jsonrpc::HEADER_MISMATCH,
+                &m,
+                None,
+            );
+        }
+    }
+    let Some(id) = id else {
+        // Notifications carry nothing the gateway acts on statelessly (cancellation is
+        // closing the response stream).
+        return StatusCode::ACCEPTED.into_response();
+    };
+    if !METHODS.contains(&method.as_str()) {
+        return error(
+            StatusCode::NOT_FOUND,
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("method not found: {method}"),
+            None,
+        );
+    }
+    if method == "server/discover" {
+        return json_response(
+            StatusCode::OK,
+            &finish(jsonrpc::success(id, discover(&reg)), &method),
+        );
+    }
+    let ctx = RequestCtx {
+        gateway: gw.clone(),
+        registration: reg.clone(),
+        session: None,
+        transport: Transport::Stateless,
+        protocol_version: MODERN_VERSION.into(),
+        notify: None,
+    };
+    let cancel = reg.cancel.child_token();
+    let opts = ReplyOpts {
+        priming: false,
+        cancel_on_drop: true,
+        method: method.clone(),
+        finish: Some(finish as fn(Value, &str) -> Value),
+    };
+    reply(ctx, id, method, params, cancel, opts).await
+}
+
+/// The `server/discover` result.
+fn discover(reg: &RegistrationState) -> Value {
+    json!({
+        "supportedVersions": ALL_VERSIONS,
+        "capabilities": {"tools": {}},
+        "serverInfo": dispatch::server_info(),
+        "instructions": format!("Tools granted to agent {}.", reg.agent_id),
+    })
+}
+
+/// Completes a 2026-07-28 result: `resultType`, server info, and cache fields on lists.
+fn finish(mut reply: Value, method: &str) -> Value {
+    if let Some(Value::Object(r)) = reply.get_mut("result") {
+        r.entry("resultType").or_insert_with(|| json!("complete"));
+        let meta = r.entry("_meta").or_insert_with(|| json!({}));
+        if let Value::Object(m) = meta {
+            m.entry(META_SERVER_INFO)
+                .or_insert_with(dispatch::server_info);
+        }
+        let ttl = match method {
+            "server/discover" => Some(DISCOVER_TTL_MS),
+            m if m.ends_with("/list") => Some(LIST_TTL_MS),
+            _ => None,
+        };
+        if let Some(ttl) = ttl {
+            r.insert("ttlMs".into(), json!(ttl));
+            r.insert("cacheScope".into(), json!("private"));
+        }
+    }
+    reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_base64_header_values() {
+        assert_eq!(
+            decode_header_value("tools/call").as_deref(),
+            Some("tools/call")
+        );
+        assert_eq!(
+            decode_header_value("=?base64?aMOpbGxv?=").as_deref(),
+            Some("héllo")
+        );
+        assert_eq!(decode_header_value("=?base64?!!?="), None);
+    }
+
+    #[test]
+    fn results_carry_result_type_and_cache_fields() {
+        let r = finish(
+            jsonrpc::success(json!(1), json!({"tools": []})),
+            "tools/list",
+        );
+        assert_eq!(r["result"]["resultType"], "complete");
+        assert_eq!(r["result"]["cacheScope"], "private");
+        assert!(r["result"]["ttlMs"].is_u64());
+        let r = finish(
+            jsonrpc::success(json!(1), json!({"content": []})),
+            "tools/call",
+        );
+        assert_eq!(r["result"]["resultType"], "complete");
+        assert!(r["result"].get("ttlMs").is_none());
+    }
+}
