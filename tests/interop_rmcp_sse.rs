@@ -70,7 +70,10 @@ async fn rmcp_legacy_sse_client_lists_and_calls() {
                 })
                 .await
                 .unwrap();
-            (i, serde_json::to_value(&r).unwrap()["content"][0]["text"].clone())
+            (
+                i,
+                serde_json::to_value(&r).unwrap()["content"][0]["text"].clone(),
+            )
         });
     }
     while let Some(res) = set.join_next().await {
@@ -95,5 +98,7 @@ async fn rmcp_legacy_sse_client_lists_and_calls() {
     client.cancel().await.unwrap();
     let calls = tg.calls();
     assert_eq!(calls.len(), 11);
-    assert!(calls.iter().all(|c| c.agent_id.as_deref() == Some("rmcp-agent")));
+    assert!(calls
+        .iter()
+        .all(|c| c.agent_id.as_deref() == Some("rmcp-agent")));
 }
