@@ -598,6 +598,13 @@ impl Pool {
                 }
             }
         };
+        // Progress sent before the response is still delivered, and before the reply.
+        if let (Some(rx), Some(n)) = (progress_rx.as_mut(), &call.notify) {
+            while let Ok(p) = rx.try_recv() {
+                let msg = crate::mcp::jsonrpc::notification("notifications/progress", Some(p));
+                let _ = n.try_send(msg);
+            }
+        }
         if let Some(id) = fwd.upstream_request_id {
             lock(&slot.pending).remove(&id);
         }
