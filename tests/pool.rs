@@ -669,3 +669,120 @@ async fn server_everything_echo_progress_and_cancel() {
     );
     gw.gateway.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Server → client requests
+// ---------------------------------------------------------------------------------------------
+
+fn mock(id: &str) -> UpstreamConfig {
+    let script = format!(
+        "{}/tests/fixtures/sampling_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{script}\"]\nsharing = \"shared\"\ncall_timeout_s = 10\n"
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn server_requests_reach_the_one_session_they_belong_to_else_are_refused() {
+    let gw = gateway(vec![mock("mock")]);
+    let a = gw
+        .gateway
+        .register(RegistrationSpec::new("a").grant("mock.*"))
+        .await
+        .unwrap();
+    let mut ca = client(&a).await;
+    ca.post(json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+                   "params":{"name":"mock.sample","arguments":{}}}))
+        .await;
+    // The upstream's sampling request arrives on this session's stream under a gateway id.
+    let req = ca.next_message(5).await.unwrap();
+    assert_eq!(req["method"], "sampling/createMessage", "{req}");
+    let down_id = req["id"].as_str().unwrap().to_string();
+    assert!(down_id.starts_with("gatehouse-"), "{req}");
+    let resp = ca
+        .post(json!({"jsonrpc":"2.0","id":down_id,
+                     "result":{"role":"assistant","content":{"type":"text","text":"hi"}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    let reply = ca.next_message(5).await.unwrap();
+    assert_eq!(reply["id"], 1);
+    let answer = &reply["result"]["answer"];
+    assert_eq!(
+        answer["id"], "srv-sample-1",
+        "the upstream got its own id back"
+    );
+    assert!(!answer.to_string().contains("gatehouse-"), "{answer}");
+    assert_eq!(answer["result"]["content"]["text"], "hi");
+
+    // With two calls pending on the stdio connection the request cannot be attributed: refused.
+    ca.post(json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+                   "params":{"name":"mock.hang","arguments":{}}}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ca.post(json!({"jsonrpc":"2.0","id":3,"method":"tools/call",
+                   "params":{"name":"mock.sample","arguments":{}}}))
+        .await;
+    let reply = ca.next_message(5).await.unwrap();
+    assert_eq!(reply["id"], 3, "{reply}");
+    assert_eq!(
+        reply["result"]["answer"]["error"]["code"], -32603,
+        "{reply}"
+    );
+    ca.notify("notifications/cancelled", json!({"requestId": 2}))
+        .await;
+    gw.gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn tools_list_changed_refreshes_the_catalog_and_reaches_granting_sessions_only() {
+    let gw = gateway(vec![mock("mock")]);
+    let a = gw
+        .gateway
+        .register(RegistrationSpec::new("a").grant("mock.*"))
+        .await
+        .unwrap();
+    let b = gw
+        .gateway
+        .register(RegistrationSpec::new("b").with_tool(common::echo_tool("local", "b")))
+        .await
+        .unwrap();
+    let (mut ca, mut cb) = (client(&a).await, client(&b).await);
+    let (reply, notes) = ca
+        .request_with_notes(
+            "tools/call",
+            json!({"name": "mock.change", "arguments": {}}),
+        )
+        .await;
+    assert!(reply.get("result").is_some(), "{reply}");
+    let is_changed = |m: &Value| m["method"] == "notifications/tools/list_changed";
+    let mut seen = notes.iter().any(is_changed);
+    while !seen {
+        match ca.next_message(3).await {
+            Some(m) => seen = is_changed(&m),
+            None => break,
+        }
+    }
+    assert!(seen, "list_changed not forwarded to the granting session");
+    assert!(
+        cb.next_message(1).await.is_none(),
+        "b does not grant mock tools"
+    );
+    // The refreshed catalog serves the next registration.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let c = loop {
+        match gw
+            .gateway
+            .register(RegistrationSpec::new("c").grant("mock.extra"))
+            .await
+        {
+            Ok(c) => break c,
+            Err(e) if Instant::now() > deadline => panic!("catalog not refreshed: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert_eq!(c.tools(), vec!["mock.extra"]);
+    gw.gateway.shutdown().await;
+}
