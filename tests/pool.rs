@@ -437,9 +437,19 @@ impl TapTimeout for UpstreamConfig {
 
 #[tokio::test]
 async fn no_child_process_remains_after_everything_is_released() {
+    // "forked" is launched npx-style: a shell that leaves a grandchild behind and execs the server.
+    let launcher = format!(
+        "sleep 1000 & exec {} demo-upstream",
+        env!("CARGO_BIN_EXE_gatehouse")
+    );
+    let forked: UpstreamConfig = toml::from_str(&format!(
+        "id = \"forked\"\ncommand = \"sh\"\nargs = [\"-c\", \"{launcher}\"]\n"
+    ))
+    .unwrap();
     let gw = gateway(vec![
         helpdesk("desk", "per_registration", &[], ""),
         helpdesk("shared_desk", "leased", &[], ""),
+        forked,
     ]);
     let mut regs = Vec::new();
     for i in 0..3 {
@@ -448,28 +458,33 @@ async fn no_child_process_remains_after_everything_is_released() {
             .register(
                 RegistrationSpec::new(format!("agent-{i}"))
                     .grant("desk.*")
-                    .grant("shared_desk.*"),
+                    .grant("shared_desk.*")
+                    .grant("forked.*"),
             )
             .await
             .unwrap();
         let mut c = client(&r).await;
         c.call("desk.open_case", json!({"title": "t"})).await;
         c.call("shared_desk.open_case", json!({"title": "t"})).await;
+        c.call("forked.open_case", json!({"title": "t"})).await;
         regs.push(r);
     }
-    assert_eq!(gw.gateway.pool().pids().len(), 4);
+    assert_eq!(gw.gateway.pool().pids().len(), 7);
     for r in regs {
         r.release().await;
     }
     // Per-registration children are gone with their registrations; the leased one stays warm.
     assert_eq!(gw.gateway.pool().pids().len(), 1);
     gw.gateway.shutdown().await;
+    // Every child led its own process group: no member of any group (grandchildren included) is left.
     let pids = spawned_pids(&gw);
-    assert!(pids.len() >= 4, "{pids:?}");
+    assert!(pids.len() >= 7, "{pids:?}");
+    let group_alive =
+        |p: &u32| killpg(Pid::from_raw(*p as i32), None::<Signal>) != Err(Errno::ESRCH);
     assert!(
-        wait_until(5, || pids.iter().all(|p| !alive(*p))).await,
-        "children left: {:?}",
-        pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+        wait_until(5, || !pids.iter().any(group_alive)).await,
+        "process groups left: {:?}",
+        pids.iter().filter(|p| group_alive(p)).collect::<Vec<_>>()
     );
     assert!(gw.gateway.pool().pids().is_empty());
 }
@@ -784,5 +799,50 @@ async fn tools_list_changed_refreshes_the_catalog_and_reaches_granting_sessions_
         }
     };
     assert_eq!(c.tools(), vec!["mock.extra"]);
+    gw.gateway.shutdown().await;
+}
+
+#[tokio::test]
+async fn closing_the_sse_session_cancels_its_upstream_call() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let gw = gateway(vec![helpdesk(
+        "helpdesk",
+        "shared",
+        &["--slow-ms", "20000"],
+        "env = { RUST_LOG = \"info\" }",
+    )]);
+    let a = gw
+        .gateway
+        .register(RegistrationSpec::new("a").grant("helpdesk.*"))
+        .await
+        .unwrap();
+    let mut ca = client(&a).await;
+    ca.call("helpdesk.open_case", json!({"title": "t"})).await;
+    ca.post(json!({"jsonrpc":"2.0","id":9,"method":"tools/call",
+                   "params":{"name":"helpdesk.add_note_slow","arguments":{"text":"x"}}}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(ca); // the client goes away: its SSE stream closes, and with it the session
+    assert!(
+        wait_until(5, || log
+            .text()
+            .contains("add_note_slow cancelled; no note written"))
+        .await,
+        "the upstream call outlived its session"
+    );
+    let rec = gw
+        .calls()
+        .into_iter()
+        .find(|r| r.tool.as_deref() == Some("helpdesk.add_note_slow"))
+        .unwrap();
+    assert_eq!(rec.outcome.as_deref(), Some("cancelled"));
+    a.release().await;
     gw.gateway.shutdown().await;
 }
