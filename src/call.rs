@@ -172,6 +172,7 @@ pub async fn run(
         .cloned()
         .zip(ctx.notify.clone());
 
+    let upstream_ids = std::sync::Mutex::new((None, None));
     let exec = async {
         match &tool.backend {
             Backend::InProcess(t) => {
@@ -205,18 +206,32 @@ pub async fn run(
                 upstream,
                 tool: upstream_tool,
             } => {
-                let _ = (upstream, upstream_tool);
-                Ended::Error(
-                    jsonrpc::INTERNAL_ERROR,
-                    format!("upstream for tool {name} is not available"),
-                    Outcome::UpstreamFailed,
-                )
+                let fwd = gw
+                    .pool()
+                    .forward(crate::upstream::pool::ForwardCall {
+                        registration: reg,
+                        session: ctx.session.clone(),
+                        downstream_id: id.clone(),
+                        upstream,
+                        tool: upstream_tool,
+                        params: params.clone(),
+                        arguments: args.clone(),
+                        cancel: cancel.clone(),
+                        notify: ctx.notify.clone(),
+                    })
+                    .await;
+                *upstream_ids.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (fwd.upstream_request_id, fwd.epoch);
+                upstream_ended(&name, fwd.outcome)
             }
         }
     };
+    // An upstream call handles its own cancellation (it must send `notifications/cancelled`
+    // upstream before the call ends), so only in-process calls are cut off here.
+    let is_upstream = matches!(tool.backend, Backend::Upstream { .. });
     let ended = tokio::select! {
         biased;
-        _ = cancel.cancelled() => Ended::Cancelled,
+        _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
         e = exec => e,
         _ = sleep_opt(timeout) => {
             let secs = timeout.map(|d| d.as_secs_f64()).unwrap_or_default();
@@ -227,6 +242,9 @@ pub async fn run(
             )
         }
     };
+    let (upstream_request_id, epoch) = *upstream_ids.lock().unwrap_or_else(|e| e.into_inner());
+    rec.upstream_request_id = upstream_request_id;
+    rec.epoch = epoch;
     // A call whose cancellation raced with its completion counts as cancelled: no reply.
     let ended = if cancel.is_cancelled() {
         Ended::Cancelled
@@ -234,6 +252,38 @@ pub async fn run(
         ended
     };
     finish(ctx, rec, started, id, Ok(()), ended).await
+}
+
+fn upstream_ended(name: &str, outcome: crate::upstream::pool::ForwardOutcome) -> Ended {
+    use crate::upstream::pool::ForwardOutcome as F;
+    match outcome {
+        F::Result(v) => {
+            let o = if ToolResult(v.clone()).is_error() {
+                Outcome::ToolError
+            } else {
+                Outcome::Ok
+            };
+            Ended::Result(v, o)
+        }
+        F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
+        F::Failed(why) => {
+            tracing::warn!(tool = name, error = %why, "upstream call failed");
+            Ended::Error(
+                jsonrpc::INTERNAL_ERROR,
+                format!("upstream for tool {name} failed: {why}"),
+                Outcome::UpstreamFailed,
+            )
+        }
+        F::Timeout(d) => Ended::Result(
+            ToolResult::error(format!(
+                "tool call timed out after {} s (upstream call_timeout)",
+                d.as_secs_f64()
+            ))
+            .0,
+            Outcome::Timeout,
+        ),
+        F::Cancelled => Ended::Cancelled,
+    }
 }
 
 async fn sleep_opt(d: Option<Duration>) {

@@ -20,6 +20,7 @@ use crate::registry::{
 };
 use crate::session::SessionTable;
 use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
+use crate::upstream::pool::Pool;
 
 /// Why a gateway operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +79,7 @@ pub(crate) struct Inner {
     registry: Registry,
     sessions: SessionTable,
     audit: Audit,
+    pool: Pool,
     catalog: Mutex<BTreeMap<String, InProcessTool>>,
     lifecycle: Mutex<Lifecycle>,
     /// Owns the server task and stop timers.
@@ -91,6 +93,16 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+/// A handle that does not keep the gateway alive (held by the upstream pool).
+#[derive(Clone)]
+pub(crate) struct WeakGateway(std::sync::Weak<Inner>);
+
+impl WeakGateway {
+    pub(crate) fn upgrade(&self) -> Option<Gateway> {
+        self.0.upgrade().map(|inner| Gateway { inner })
+    }
+}
+
 fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Poisoning means a panic elsewhere mid-update of plain data; it is still consistent.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -101,18 +113,31 @@ impl Gateway {
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
         config.validate()?;
         let audit = Audit::start(&config.audit)?;
-        Ok(Gateway {
+        let pool = Pool::new(&config.upstreams, audit.clone())
+            .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
+        let gateway = Gateway {
             inner: Arc::new(Inner {
                 sessions: SessionTable::new(config.sessions.clone()),
                 config: Arc::new(config),
                 registry: Registry::default(),
                 audit,
+                pool,
                 catalog: Mutex::new(BTreeMap::new()),
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),
-        })
+        };
+        gateway
+            .inner
+            .pool
+            .attach(WeakGateway(Arc::downgrade(&gateway.inner)));
+        Ok(gateway)
+    }
+
+    /// The upstream connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
     }
 
     pub fn config(&self) -> &Arc<Config> {
@@ -183,7 +208,13 @@ impl Gateway {
                 "agent_id must be at most 256 characters, without control characters".into(),
             ));
         }
-        let tools = self.resolve_grants(&spec)?;
+        let upstream_tools = self
+            .inner
+            .pool
+            .tools_for_grants(&spec.tools)
+            .await
+            .map_err(GatewayError::InvalidSpec)?;
+        let tools = self.resolve_grants(&spec, &upstream_tools)?;
         let id = new_registration_id();
         let token = new_token();
         let state = Arc::new(RegistrationState::new(id, &token, &spec, tools));
@@ -213,7 +244,11 @@ impl Gateway {
         })
     }
 
-    fn resolve_grants(&self, spec: &RegistrationSpec) -> Result<ToolSet, GatewayError> {
+    fn resolve_grants(
+        &self,
+        spec: &RegistrationSpec,
+        upstream_tools: &[GrantedTool],
+    ) -> Result<ToolSet, GatewayError> {
         let catalog = relock(&self.inner.catalog).clone();
         let mut granted: Vec<GrantedTool> = Vec::new();
         for t in &spec.local_tools {
@@ -243,10 +278,25 @@ impl Gateway {
                     backend: Backend::InProcess(t.clone()),
                 });
             }
+            granted.extend(
+                upstream_tools
+                    .iter()
+                    .filter(|t| grant_matches(pattern, &t.name))
+                    .cloned(),
+            );
             if granted.len() == before {
-                return Err(GatewayError::InvalidSpec(format!(
-                    "grant {pattern:?} matches no tool: no in-process tool or upstream tool has that name"
-                )));
+                let prefix = pattern.split_once('.').map(|(p, _)| p);
+                return Err(GatewayError::InvalidSpec(match prefix {
+                    Some(p) if self.inner.pool.has_upstream(p) => format!(
+                        "grant {pattern:?} matches no tool: upstream {p:?} has no tool by that name"
+                    ),
+                    Some(p) => format!(
+                        "grant {pattern:?} matches no tool: {p:?} is not a configured upstream and no in-process tool has that name"
+                    ),
+                    None => format!(
+                        "grant {pattern:?} matches no tool: no in-process tool or upstream tool has that name"
+                    ),
+                }));
             }
         }
         Ok(ToolSet::new(granted))
@@ -353,7 +403,14 @@ impl Gateway {
     }
 
     async fn finish_release(&self, state: &Arc<RegistrationState>, reason: ReleaseReason) {
+        // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
+        // `notifications/cancelled` before its task ends), then release leases and connections.
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.inner.pool.release_registration(&state.id),
+        )
+        .await;
         let rec = lifecycle_record(reason.event(), state);
         let _ = self.inner.audit.record(rec).await;
     }
@@ -365,6 +422,7 @@ impl Gateway {
         }
         self.inner.shutdown.cancel();
         self.inner.sessions.close_all();
+        self.inner.pool.shutdown().await;
         {
             let mut lc = relock(&self.inner.lifecycle);
             if let Some(s) = lc.server.take() {

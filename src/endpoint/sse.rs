@@ -208,8 +208,10 @@ pub async fn message(
         Message::Notification { method, params } => {
             dispatch::handle_notification(&ctx, &method, params.as_ref());
         }
-        Message::Response { .. } => {
-            tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+        Message::Response { id, body } => {
+            if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
+                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+            }
         }
     }
     (StatusCode::ACCEPTED, "Accepted").into_response()

@@ -25,6 +25,7 @@
 
 mod connection;
 mod http;
+pub mod pool;
 mod stdio;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use connection::Connection;
+pub use pool::Pool;
 
 /// Protocol version requested in `initialize` unless [`ConnectOptions::protocol_version`] says otherwise.
 pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";
