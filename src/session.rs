@@ -311,19 +311,6 @@ impl SessionTable {
         self.len() == 0
     }
 
-    /// The live sessions of one registration.
-    pub fn sessions_of(&self, registration_id: &str) -> Vec<Arc<Session>> {
-        let t = relock(&self.tables);
-        t.by_registration
-            .get(registration_id)
-            .map(|ids| {
-                ids.iter()
-                    .filter_map(|id| t.sessions.get(id).cloned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
     pub fn count_for(&self, registration_id: &str) -> usize {
         relock(&self.tables)
             .by_registration

@@ -195,7 +195,12 @@ async fn legacy_single(
             dispatch::handle_notification(&ctx, &method, params.as_ref());
             accepted()
         }
-        Message::Response { .. } => accepted(),
+        Message::Response { id, body } => {
+            if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
+                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+            }
+            accepted()
+        }
     }
 }
 
@@ -304,7 +309,11 @@ async fn legacy_batch(
             Ok(Message::Notification { method, params }) => {
                 dispatch::handle_notification(&ctx, &method, params.as_ref())
             }
-            Ok(Message::Response { .. }) => {}
+            Ok(Message::Response { id, body }) => {
+                ctx.gateway
+                    .pool()
+                    .client_response(&ctx.registration.id, &session.id, &id, &body);
+            }
         }
     }
     replies.extend(futures::future::join_all(calls).await.into_iter().flatten());
