@@ -17,7 +17,9 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> ExitCode {
     super::init_logging("info");
-    let path = a.config.unwrap_or_else(super::check_config::default_config_path);
+    let path = a
+        .config
+        .unwrap_or_else(super::check_config::default_config_path);
     let config = match Config::from_file(&path) {
         Ok(c) => c,
         Err(e) => {
