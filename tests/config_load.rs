@@ -53,7 +53,10 @@ fn shipped_config_is_valid_and_writes_every_default() {
         "redact_keys",
     ] {
         assert!(
-            text.lines().any(|l| l.trim_start().trim_start_matches("# ").starts_with(&format!("{key} ="))),
+            text.lines().any(|l| l
+                .trim_start()
+                .trim_start_matches("# ")
+                .starts_with(&format!("{key} ="))),
             "shipped config does not write {key}"
         );
     }
@@ -122,7 +125,10 @@ fn mcp_servers_json_becomes_upstreams() {
     assert_eq!(c.upstreams[0].args.len(), 3);
     assert_eq!(c.upstreams[0].call_timeout_s, 60, "upstream defaults apply");
     assert_eq!(c.upstreams[0].sharing, Sharing::PerRegistration);
-    assert_eq!(c.upstreams[1].url.as_deref(), Some("http://127.0.0.1:9/mcp"));
+    assert_eq!(
+        c.upstreams[1].url.as_deref(),
+        Some("http://127.0.0.1:9/mcp")
+    );
     let p = write(
         dir.path(),
         "bad.json",
@@ -140,13 +146,28 @@ fn check_config_binary_exits_non_zero_with_line_and_key() {
         .arg(shipped())
         .output()
         .unwrap();
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let dir = tempfile::tempdir().unwrap();
-    let p = write(dir.path(), "bad.toml", "listen = \"127.0.0.1:0\"\nlisten_typo = 1\n");
-    let out = Command::new(bin).arg("check-config").arg(&p).output().unwrap();
+    let p = write(
+        dir.path(),
+        "bad.toml",
+        "listen = \"127.0.0.1:0\"\nlisten_typo = 1\n",
+    );
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(&p)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("line 2") && err.contains("listen_typo"), "{err}");
+    assert!(
+        err.contains("line 2") && err.contains("listen_typo"),
+        "{err}"
+    );
     // serve refuses the same file before binding anything.
     let out = Command::new(bin)
         .args(["serve", "--config"])
@@ -160,7 +181,15 @@ fn check_config_binary_exits_non_zero_with_line_and_key() {
 #[test]
 fn every_verb_has_help() {
     let bin = env!("CARGO_BIN_EXE_gatehouse");
-    for verb in ["serve", "register", "renew", "release", "list", "check-config", "audit"] {
+    for verb in [
+        "serve",
+        "register",
+        "renew",
+        "release",
+        "list",
+        "check-config",
+        "audit",
+    ] {
         let out = Command::new(bin).args([verb, "--help"]).output().unwrap();
         assert!(out.status.success(), "{verb} --help");
         let text = String::from_utf8_lossy(&out.stdout);
