@@ -420,7 +420,10 @@ impl Gateway {
 
     async fn finish_release(&self, state: &Arc<RegistrationState>, reason: ReleaseReason) {
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
-        let rec = lifecycle_record(reason.event(), state);
+        let mut rec = lifecycle_record(reason.event(), state);
+        if reason == ReleaseReason::Shutdown {
+            rec.reason = Some("shutdown".into());
+        }
         let _ = self.inner.audit.record(rec).await;
     }
 

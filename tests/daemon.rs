@@ -519,9 +519,9 @@ async fn sigterm_mid_call_cancels_it_audits_every_call_and_exits() {
         .find(|r| r.tool.as_deref() == Some("demo.slow"))
         .unwrap();
     assert_eq!(slow.outcome.as_deref(), Some("cancelled"));
-    assert!(audit
-        .iter()
-        .any(|r| r.event == "registration_released" && r.registration_id.as_deref() == Some(&id)));
+    assert!(audit.iter().any(|r| r.event == "registration_released"
+        && r.registration_id.as_deref() == Some(&id)
+        && r.reason.as_deref() == Some("shutdown")));
     assert_eq!(
         audit.last().unwrap().event,
         "daemon_stopped",
@@ -594,4 +594,74 @@ async fn grace_period_bounds_shutdown() {
     assert_eq!(code, Some(2), "{}", d.stderr());
     assert!((0.9..4.0).contains(&secs), "{secs}");
     assert!(d.stderr().contains("grace period over: forced exit"));
+}
+
+#[tokio::test]
+async fn shipped_config_alone_serves_with_env_overrides() {
+    // `gatehouse serve` with no --config: GATEHOUSE_CONFIG names the shipped file; the
+    // listeners and audit path come from the environment (ports 0 so tests never collide),
+    // and the admin token from GATEHOUSE_ADMIN_TOKEN (so no token file is written).
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gatehouse.toml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("GATEHOUSE_CONFIG", &shipped)
+        .env("GATEHOUSE_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_AUDIT_PATH", dir.path().join("a.jsonl"))
+        .env("GATEHOUSE_ADMIN_TOKEN", "env-admin-token-123")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut admin = None;
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
+            admin = Some(u.to_string());
+        }
+        let ready = line == "gatehouse: ready";
+        seen.push(line);
+        if ready {
+            break;
+        }
+    }
+    let out = seen.join("\n");
+    assert!(
+        out.contains("gatehouse: data listener on http://127.0.0.1:"),
+        "{out}"
+    );
+    assert!(
+        out.contains("admin token from GATEHOUSE_ADMIN_TOKEN"),
+        "{out}"
+    );
+    assert!(!out.contains("env-admin-token-123"));
+    assert!(!dir.path().join("gatehouse-admin.token").exists());
+    let admin = admin.unwrap();
+    let resp = http()
+        .get(format!("{admin}/v1/upstreams"))
+        .bearer_auth("env-admin-token-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let ups: Value = resp.json().await.unwrap();
+    assert_eq!(ups[0]["id"], json!("helpdesk"), "the shipped demo upstream");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let audit = read_records(&dir.path().join("a.jsonl")).unwrap();
+    assert_eq!(audit.last().unwrap().event, "daemon_stopped");
 }
