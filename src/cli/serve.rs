@@ -37,7 +37,17 @@ pub fn run(a: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = match super::runtime() {
+    // At least two workers: a tool that blocks its thread must not also block the signal
+    // handling that would force the exit.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gatehouse: cannot start runtime: {e}");
