@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use gatehouse::{Config, Gateway, InProcessTool, RegistrationSpec, ToolResult};
 use rmcp_legacy_sse::model::{CallToolRequestParam, ClientInfo};
-use rmcp_legacy_sse::transport::{sse_client::SseClientConfig, SseClientTransport};
+use rmcp_legacy_sse::transport::{SseClientTransport, sse_client::SseClientConfig};
 use rmcp_legacy_sse::ServiceExt;
 use serde_json::{json, Value};
 
@@ -21,10 +21,7 @@ fn tool_for(i: usize) -> InProcessTool {
         json!({"type":"object","properties":{"text":{"type":"string"}}}),
         move |args, ctx| async move {
             let text = args.get("text").and_then(Value::as_str).unwrap_or("");
-            Ok(ToolResult::text(format!(
-                "gw {i} ({}) says {text}",
-                ctx.agent_id
-            )))
+            Ok(ToolResult::text(format!("gw {i} ({}) says {text}", ctx.agent_id)))
         },
     )
 }
@@ -80,9 +77,7 @@ async fn one(gw: &Gateway, i: usize) -> Result<(), String> {
         .unwrap_or_default();
     let expected = format!("gw {i} (demo-agent-{i}) says hello");
     if text != expected {
-        return Err(format!(
-            "tools/call answered {text:?}, expected {expected:?}"
-        ));
+        return Err(format!("tools/call answered {text:?}, expected {expected:?}"));
     }
     let _ = client.cancel().await;
     let url = reg.sse_url();
@@ -94,9 +89,7 @@ async fn one(gw: &Gateway, i: usize) -> Result<(), String> {
         .map_err(|e| format!("after release: {e}"))?
         .status();
     if status != 404 {
-        return Err(format!(
-            "after release the path answered {status}, expected 404"
-        ));
+        return Err(format!("after release the path answered {status}, expected 404"));
     }
     Ok(())
 }

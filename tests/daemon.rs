@@ -367,7 +367,10 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         .admin(M::DELETE, &format!("/v1/registrations/{id}"), None)
         .await;
     assert_eq!(s, 404);
-    assert!(!d.stderr().contains(&token), "registration tokens are never logged");
+    assert!(
+        !d.stderr().contains(&token),
+        "registration tokens are never logged"
+    );
 
     // Lease expiry with a short ttl: gone by itself, audited as expired.
     let short = d

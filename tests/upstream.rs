@@ -11,9 +11,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
-use gatehouse::upstream::{
-    ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
-};
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -21,6 +18,9 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 use tokio_util::sync::CancellationToken;
+use gatehouse::upstream::{
+    ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
