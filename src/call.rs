@@ -357,6 +357,16 @@ async fn finish(
             ))
         }
     };
+    let tool_label = match rec.tool.as_deref() {
+        Some(t) if ctx.registration.tools.get(t).is_some() => t,
+        Some(_) => "_unknown",
+        None => "_none",
+    };
+    ctx.gateway.metrics().observe_call(
+        tool_label,
+        rec.outcome.as_deref().unwrap_or("unknown"),
+        started.elapsed(),
+    );
     if let Err(e) = ctx.gateway.audit().record(rec).await {
         tracing::error!(error = %e, "audit record not written; reply withheld");
         return reply.map(|_| {

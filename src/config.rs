@@ -31,6 +31,9 @@ pub struct Config {
     pub listen: String,
     /// Admin listener (the daemon only).
     pub admin_listen: String,
+    /// Where the daemon writes a generated admin token (mode 0600) when
+    /// `GATEHOUSE_ADMIN_TOKEN` is not set; the CLI verbs read it from there.
+    pub admin_token_file: PathBuf,
     /// Base URL written into registration URLs; default `http://<bound address>`.
     pub public_url: Option<String>,
     /// How long the lazily started server stays up after the last registration, in ms.
@@ -55,6 +58,7 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:0".into(),
             admin_listen: "127.0.0.1:8788".into(),
+            admin_token_file: PathBuf::from("gatehouse-admin.token"),
             public_url: None,
             linger_ms: 1000,
             keepalive_s: 15,
@@ -142,6 +146,16 @@ pub enum Sharing {
     PerRegistration,
     Leased,
     Shared,
+}
+
+impl Sharing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sharing::PerRegistration => "per_registration",
+            Sharing::Leased => "leased",
+            Sharing::Shared => "shared",
+        }
+    }
 }
 
 /// One upstream MCP server.

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -15,6 +16,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::{Audit, AuditError, Record};
 use crate::config::Config;
+use crate::lease::Leases;
+use crate::metrics::Metrics;
 use crate::registry::{
     new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
 };
@@ -55,6 +58,15 @@ impl ReleaseReason {
             ReleaseReason::Expired => "registration_expired",
         }
     }
+
+    /// The metrics label of the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::Released => "released",
+            ReleaseReason::Expired => "expired",
+            ReleaseReason::Shutdown => "shutdown",
+        }
+    }
 }
 
 struct RunningServer {
@@ -85,6 +97,10 @@ pub(crate) struct Inner {
     /// Owns the server task and stop timers.
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// TTL deadlines; the sweep task expires them.
+    leases: Arc<Leases>,
+    sweeper_started: AtomicBool,
+    metrics: Metrics,
 }
 
 /// A cheap-to-clone handle to one gateway.
@@ -126,6 +142,9 @@ impl Gateway {
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
+                leases: Arc::new(Leases::default()),
+                sweeper_started: AtomicBool::new(false),
+                metrics: Metrics::new(),
             }),
         };
         gateway
@@ -154,6 +173,14 @@ impl Gateway {
 
     pub fn sessions(&self) -> &SessionTable {
         &self.inner.sessions
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn leases(&self) -> &Leases {
+        &self.inner.leases
     }
 
     /// Fires when the gateway shuts down.
@@ -234,6 +261,10 @@ impl Gateway {
             self.close_registration(&state.id, ReleaseReason::Released);
             return Err(e.into());
         }
+        if let Some(ttl) = state.ttl_s {
+            self.set_lease(&state, ttl);
+        }
+        self.inner.metrics.registration_created();
         tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
         Ok(Registration {
             gateway: self.clone(),
@@ -359,6 +390,8 @@ impl Gateway {
             removed
         };
         let state = removed?;
+        self.inner.leases.remove(id);
+        self.inner.metrics.registration_closed(reason.as_str());
         state.cancel.cancel();
         state.calls.close();
         let closed = self.inner.sessions.close_registration(id);
@@ -391,6 +424,45 @@ impl Gateway {
         });
     }
 
+    /// Starts (or moves) the lease of `state`: it expires `ttl_s` from now unless renewed.
+    fn set_lease(&self, state: &RegistrationState, ttl_s: u64) {
+        let ttl = Duration::from_secs(ttl_s);
+        let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
+        state.expires_at_ms.store(
+            wall.saturating_add(ttl_s.saturating_mul(1000)),
+            Ordering::Relaxed,
+        );
+        self.inner.leases.set(&state.id, ttl);
+        if !self.inner.sweeper_started.swap(true, Ordering::AcqRel) {
+            let leases = self.inner.leases.clone();
+            let weak = Arc::downgrade(&self.inner);
+            let stop = self.inner.shutdown.clone();
+            self.inner.tasks.spawn(sweep(weak, leases, stop));
+        }
+    }
+
+    /// Extends a registration's lease by `ttl_s` (default: its own `ttl_s`) from now and
+    /// records `registration_renewed`. `None` if the registration is gone; `Some(None)` if it
+    /// has no lease.
+    pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
+        let state = self.inner.registry.get(id)?;
+        let Some(ttl) = ttl_s.or(state.ttl_s) else {
+            return Some(None);
+        };
+        self.set_lease(&state, ttl);
+        // A release that raced with the renewal wins: do not leave a lease behind.
+        if self.inner.registry.get(id).is_none() {
+            self.inner.leases.remove(id);
+            return None;
+        }
+        let _ = self
+            .inner
+            .audit
+            .record(lifecycle_record("registration_renewed", &state))
+            .await;
+        Some(state.expires_at())
+    }
+
     /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
     pub async fn release_id(&self, id: &str, reason: ReleaseReason) -> bool {
         match self.close_registration(id, reason) {
@@ -411,7 +483,10 @@ impl Gateway {
             self.inner.pool.release_registration(&state.id),
         )
         .await;
-        let rec = lifecycle_record(reason.event(), state);
+        let mut rec = lifecycle_record(reason.event(), state);
+        if reason == ReleaseReason::Shutdown {
+            rec.reason = Some("shutdown".into());
+        }
         let _ = self.inner.audit.record(rec).await;
     }
 
@@ -432,6 +507,27 @@ impl Gateway {
         self.inner.tasks.close();
         let grace = Duration::from_secs(self.inner.config.shutdown_grace_s.max(1));
         let _ = tokio::time::timeout(grace, self.inner.tasks.wait()).await;
+    }
+}
+
+/// The lease sweep: sleeps until the earliest deadline, then expires through the one close
+/// path (`close_registration` + the same finish as an explicit release).
+async fn sweep(weak: std::sync::Weak<Inner>, leases: Arc<Leases>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = leases.wait_next() => {}
+        }
+        let expired = leases.take_expired(tokio::time::Instant::now());
+        if expired.is_empty() {
+            continue;
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        let gw = Gateway { inner };
+        for id in expired {
+            tracing::info!(registration = %id, "lease expired");
+            gw.release_id(&id, ReleaseReason::Expired).await;
+        }
     }
 }
 

@@ -7,14 +7,18 @@
 // error paths only, so their size does not matter on the hot path.
 #![allow(clippy::result_large_err)]
 
+pub mod admin;
 pub mod audit;
 pub mod call;
 pub mod cli;
 pub mod config;
+pub mod config_load;
 pub mod demo_upstream;
 pub mod endpoint;
 pub mod gateway;
+pub mod lease;
 pub mod mcp;
+pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod session;

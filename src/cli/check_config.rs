@@ -1,27 +1,31 @@
-//! `gatehouse check-config [FILE]`: validate before anything binds.
+//! `gatehouse check-config [FILE]`: validate before anything binds; on error, name the line
+//! and key at fault and exit non-zero.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config::Config;
+use crate::config_load;
 
 #[derive(Debug, Args)]
 pub struct CheckConfigArgs {
-    /// The config file (default: $GATEHOUSE_CONFIG or config/gatehouse.toml).
+    /// The config file: TOML or an `mcpServers` JSON file.
+    /// Default: $GATEHOUSE_CONFIG, else config/gatehouse.toml.
     pub file: Option<PathBuf>,
 }
 
 pub fn run(a: CheckConfigArgs) -> ExitCode {
-    let path = a.file.unwrap_or_else(default_config_path);
-    match Config::from_file(&path) {
+    let path = config_load::resolve_path(a.file);
+    match config_load::load(&path) {
         Ok(c) => {
             println!(
-                "{}: ok ({} upstream{})",
+                "{}: ok ({} upstream{}; listen {}, admin {})",
                 path.display(),
                 c.upstreams.len(),
-                if c.upstreams.len() == 1 { "" } else { "s" }
+                if c.upstreams.len() == 1 { "" } else { "s" },
+                c.listen,
+                c.admin_listen,
             );
             ExitCode::SUCCESS
         }
@@ -34,7 +38,5 @@ pub fn run(a: CheckConfigArgs) -> ExitCode {
 
 /// `$GATEHOUSE_CONFIG`, else `config/gatehouse.toml`.
 pub fn default_config_path() -> PathBuf {
-    std::env::var_os("GATEHOUSE_CONFIG")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("config/gatehouse.toml"))
+    config_load::resolve_path(None)
 }

@@ -1,9 +1,15 @@
 //! Command-line verbs, one file each. The library owns all behaviour; these parse and print.
 
+pub mod admin_client;
 pub mod audit;
 pub mod check_config;
 pub mod demo_upstream;
+pub mod list;
+pub mod register;
+pub mod release;
+pub mod renew;
 pub mod serve;
+pub mod test_tools;
 
 use std::process::ExitCode;
 
@@ -21,6 +27,14 @@ pub struct Cli {
 pub enum Command {
     /// Run the gateway daemon (data listener + admin API).
     Serve(serve::ServeArgs),
+    /// Create a registration through the admin API; prints its URLs and token.
+    Register(register::RegisterArgs),
+    /// Extend a registration's lease.
+    Renew(renew::RenewArgs),
+    /// Release a registration (cancel its calls, then release).
+    Release(release::ReleaseArgs),
+    /// List live registrations (never their tokens).
+    List(list::ListArgs),
     /// Read, filter and summarise an audit file.
     Audit(audit::AuditArgs),
     /// Validate a config file and exit (non-zero on error), before anything binds.
@@ -47,6 +61,10 @@ pub fn init_logging(default: &str) {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(a) => serve::run(a),
+        Command::Register(a) => register::run(a),
+        Command::Renew(a) => renew::run(a),
+        Command::Release(a) => release::run(a),
+        Command::List(a) => list::run(a),
         Command::Audit(a) => audit::run(a),
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),

@@ -1,56 +1,151 @@
-//! `gatehouse serve`: the daemon. Keeps the data server up with no registration.
+//! `gatehouse serve`: the daemon — the library, a permanent reference on the data server
+//! (`pin_server`), the admin API, and signal handling with a bounded graceful shutdown.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Args;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
+use crate::admin::{self, TokenSource};
+use crate::audit::Record;
 use crate::config::Config;
+use crate::config_load;
 use crate::gateway::Gateway;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Config file (TOML). Default: $GATEHOUSE_CONFIG or config/gatehouse.toml.
+    /// Config file: TOML, or an `mcpServers` JSON file.
+    /// Default: $GATEHOUSE_CONFIG, else config/gatehouse.toml.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Add the in-process test tools demo.echo, demo.slow, demo.block to the catalog.
+    #[arg(long, hide = true)]
+    pub test_tools: bool,
 }
 
 pub fn run(a: ServeArgs) -> ExitCode {
     super::init_logging("info");
-    let path = a
-        .config
-        .unwrap_or_else(super::check_config::default_config_path);
-    let config = match Config::from_file(&path) {
+    let path = config_load::resolve_path(a.config);
+    // Validated before anything binds.
+    let config = match config_load::load(&path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("gatehouse: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let rt = match super::runtime() {
+    // At least two workers: a tool that blocks its thread must not also block the signal
+    // handling that would force the exit.
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("cannot start runtime: {e}");
+            eprintln!("gatehouse: cannot start runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
-        let gw = match Gateway::new(config) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        match gw.pin_server() {
-            Ok(addr) => eprintln!("gatehouse: data listener on http://{addr}"),
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::FAILURE;
-            }
+    let code = rt.block_on(daemon(config, a.test_tools));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("gatehouse: {e}");
+    ExitCode::FAILURE
+}
+
+async fn daemon(config: Config, test_tools: bool) -> ExitCode {
+    // Installed first, so a signal during start-up is not the default (abrupt) death.
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        (Err(e), _) | (_, Err(e)) => return fail(format!("cannot handle signals: {e}")),
+    };
+    let grace = Duration::from_secs(config.shutdown_grace_s);
+    let admin_listen = config.admin_listen.clone();
+    let gw = match Gateway::new(config) {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    if test_tools {
+        for t in super::test_tools::all() {
+            gw.add_tool(t);
         }
-        let _ = tokio::signal::ctrl_c().await;
+    }
+    let data_addr = match gw.pin_server() {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let listener = match admin::bind(&admin_listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let admin_addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let (token, source) = match admin::admin_token(gw.config()) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let stop_admin = CancellationToken::new();
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        admin::router(gw.clone(), &token),
+        stop_admin.clone(),
+    ));
+    drop(token);
+    eprintln!("gatehouse: data listener on http://{data_addr}");
+    eprintln!("gatehouse: admin listener on http://{admin_addr}");
+    match source {
+        TokenSource::Env => eprintln!("gatehouse: admin token from GATEHOUSE_ADMIN_TOKEN"),
+        TokenSource::File(p) => eprintln!("gatehouse: admin token file {}", p.display()),
+    }
+    eprintln!("gatehouse: audit log {}", gw.audit().path().display());
+    eprintln!("gatehouse: ready");
+
+    let which = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    eprintln!(
+        "gatehouse: {which}: shutting down (grace {} s; a second signal forces)",
+        grace.as_secs()
+    );
+    // Stop accepting registrations first, then: cancel calls, end streams, release every
+    // registration (audited), stop the data listener, flush the audit.
+    stop_admin.cancel();
+    let graceful = async {
         gw.shutdown().await;
-        ExitCode::SUCCESS
-    })
+        let _ = admin_task.await;
+        // Records are written in order: once this one is, every earlier one is too.
+        let _ = gw.audit().record(Record::event("daemon_stopped")).await;
+    };
+    tokio::select! {
+        _ = graceful => {
+            eprintln!("gatehouse: stopped");
+            ExitCode::SUCCESS
+        }
+        _ = tokio::time::sleep(grace) => forced("grace period over"),
+        _ = term.recv() => forced("second signal"),
+        _ = int.recv() => forced("second signal"),
+    }
+}
+
+fn forced(why: &str) -> ExitCode {
+    eprintln!("gatehouse: {why}: forced exit");
+    // Leaves at once: a blocked worker thread would otherwise hold the runtime's shutdown.
+    std::process::exit(2)
 }

@@ -83,6 +83,27 @@ struct ClientRequest {
     upstream_request_id: Value,
 }
 
+/// One live upstream connection, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    pub epoch: u64,
+    pub pid: Option<u32>,
+    pub in_flight: usize,
+    /// Registrations using it (leases on a shared or leased connection; 1 otherwise).
+    pub registrations: usize,
+}
+
+/// One upstream's state, as the admin API shows it.
+#[derive(Debug, Clone)]
+pub struct UpstreamInfo {
+    pub id: String,
+    /// The sharing in effect once the server is known (None before its first use).
+    pub effective_sharing: Option<Sharing>,
+    /// Respawns after the first spawn, over all its connections.
+    pub restarts: u64,
+    pub connections: Vec<ConnectionInfo>,
+}
+
 /// An upstream's tools as fetched at its first use (refreshed on `list_changed`).
 #[derive(Debug, Clone)]
 pub struct Catalog {
@@ -725,6 +746,43 @@ impl Pool {
             }
         });
         true
+    }
+
+    /// Each upstream's live connections (admin API `/v1/upstreams` and metrics).
+    pub fn status(&self) -> Vec<UpstreamInfo> {
+        self.inner
+            .upstreams
+            .values()
+            .map(|up| {
+                let effective = lock(&up.slots).effective;
+                let mut restarts = 0;
+                let mut connections = Vec::new();
+                for slot in up.all_slots() {
+                    let epoch = slot.epoch.load(Ordering::Acquire);
+                    restarts += epoch.saturating_sub(1);
+                    let live = lock(&slot.current)
+                        .as_ref()
+                        .filter(|c| !c.is_closed())
+                        .cloned();
+                    if let Some(c) = live {
+                        let leases = lock(&slot.leases).len();
+                        connections.push(ConnectionInfo {
+                            epoch: c.epoch(),
+                            pid: c.pid(),
+                            in_flight: slot.in_flight.load(Ordering::Acquire),
+                            registrations: leases
+                                .max(usize::from(!slot.leased.load(Ordering::Acquire))),
+                        });
+                    }
+                }
+                UpstreamInfo {
+                    id: up.spec.id.clone(),
+                    effective_sharing: effective,
+                    restarts,
+                    connections,
+                }
+            })
+            .collect()
     }
 
     /// Live upstream processes (pids) — for tests and diagnostics.

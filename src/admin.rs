@@ -1,0 +1,415 @@
+//! The admin API of the daemon (DESIGN.md §4): its own axum router on the admin listener,
+//! behind a bearer admin token compared in constant time. Grants are plain strings handed
+//! to `Gateway::register`; every release goes through `Gateway::release_id`.
+//!
+//! Invariant: no response of this API ever carries a registration token except the 201 of
+//! the create call that minted it; the admin token is never logged.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::gateway::{Gateway, GatewayError, ReleaseReason};
+use crate::metrics::Snapshot;
+use crate::registry::{Limits, RegistrationSpec};
+
+/// Where the admin token came from (printed at start; the token itself never is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `GATEHOUSE_ADMIN_TOKEN`.
+    Env,
+    /// Generated and written, owner-only, to this file.
+    File(PathBuf),
+}
+
+/// Why the admin API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot write the admin token file {path}: {source}")]
+    TokenFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot bind the admin listener {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// The admin token: `GATEHOUSE_ADMIN_TOKEN` if set, else a fresh 256-bit token written to
+/// `config.admin_token_file` with mode 0600 (replacing any previous file).
+pub fn admin_token(config: &Config) -> Result<(String, TokenSource), AdminError> {
+    if let Some(t) = std::env::var("GATEHOUSE_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok((t.trim().to_string(), TokenSource::Env));
+    }
+    let token = crate::registry::new_token();
+    write_owner_only(&config.admin_token_file, &token).map_err(|source| AdminError::TokenFile {
+        path: config.admin_token_file.display().to_string(),
+        source,
+    })?;
+    Ok((token, TokenSource::File(config.admin_token_file.clone())))
+}
+
+/// Writes `text` to `path` readable by its owner only: a new file created 0600 beside it,
+/// then renamed over the old one, so the token is never readable by others, even briefly.
+fn write_owner_only(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[derive(Clone)]
+struct AdminState {
+    gw: Gateway,
+    token_digest: Arc<[u8; 32]>,
+}
+
+/// The admin router. Every route needs `Authorization: Bearer <admin token>`.
+pub fn router(gw: Gateway, admin_token: &str) -> Router {
+    let state = AdminState {
+        gw,
+        token_digest: Arc::new(Sha256::digest(admin_token.as_bytes()).into()),
+    };
+    Router::new()
+        .route("/v1/registrations", post(create).get(list))
+        .route(
+            "/v1/registrations/{id}",
+            axum::routing::delete(delete).get(show),
+        )
+        .route("/v1/registrations/{id}/renew", post(renew))
+        .route("/v1/upstreams", get(upstreams))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
+}
+
+/// Binds the admin listener (before anything is served, so a bad address fails early).
+pub async fn bind(addr: &str) -> Result<TcpListener, AdminError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Serves the admin API until `stop` fires.
+pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "admin server failed");
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn bad_request(message: impl Into<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = bearer(req.headers()).unwrap_or_default();
+    let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+    if presented.is_empty() || !bool::from(digest.ct_eq(st.token_digest.as_ref())) {
+        let mut r = error(StatusCode::UNAUTHORIZED, "admin token required");
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"gatehouse-admin\""),
+        );
+        return r;
+    }
+    next.run(req).await
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// Parses the body of `POST /v1/registrations`; errors name the field at fault.
+pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let Value::Object(mut m) = v else {
+        return Err("body must be a JSON object with agent_id and tools".into());
+    };
+    let agent_id = match m.remove("agent_id") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s,
+        Some(Value::String(_)) => return Err("agent_id: must not be empty".into()),
+        Some(_) => return Err("agent_id: must be a string".into()),
+        None => return Err("agent_id: required".into()),
+    };
+    let tools = match m.remove("tools") {
+        Some(Value::Array(a)) => a
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                Value::String(s) => Ok(s),
+                _ => Err(format!("tools[{i}]: must be a string")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err("tools: must be an array of tool names or globs".into()),
+        None => return Err("tools: required (an array of tool names or globs)".into()),
+    };
+    let label = match m.remove("label") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err("label: must be a string".into()),
+    };
+    let ttl_s = match m.remove("ttl_s") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Some(n),
+            _ => return Err("ttl_s: must be a positive integer (seconds)".into()),
+        },
+    };
+    let limits = match m.remove("limits") {
+        None | Some(Value::Null) => Limits::default(),
+        Some(v) => serde_json::from_value::<Limits>(v).map_err(|e| format!("limits: {e}"))?,
+    };
+    if let Some(k) = m.keys().next() {
+        return Err(format!(
+            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits)"
+        ));
+    }
+    Ok(RegistrationSpec {
+        agent_id,
+        tools,
+        label,
+        ttl_s,
+        limits,
+        local_tools: Vec::new(),
+    })
+}
+
+async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
+    let spec = match parse_spec(&body) {
+        Ok(s) => s,
+        Err(msg) => return bad_request(msg),
+    };
+    match st.gw.register(spec).await {
+        Ok(reg) => {
+            let body = json!({
+                "id": reg.id(),
+                "token": reg.token(),
+                "agent_id": reg.agent_id(),
+                "label": reg.label(),
+                "tools": reg.tools(),
+                "sse_url": reg.sse_url(),
+                "mcp_url": reg.mcp_url(),
+                "expires_at": reg.expires_at(),
+            });
+            // The daemon keeps it until DELETE, expiry or shutdown.
+            let _ = reg.detach();
+            (StatusCode::CREATED, Json(body)).into_response()
+        }
+        Err(GatewayError::InvalidSpec(msg)) => bad_request(msg),
+        Err(GatewayError::ShuttingDown) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the gateway is shutting down",
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "registration failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "registration failed")
+        }
+    }
+}
+
+async fn renew(
+    State(st): State<AdminState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    let ttl = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let v: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return bad_request(format!("body is not JSON: {e}")),
+        };
+        let Value::Object(mut m) = v else {
+            return bad_request("body must be a JSON object, e.g. {\"ttl_s\": 600}");
+        };
+        let ttl = match m.remove("ttl_s") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Some(n),
+                _ => return bad_request("ttl_s: must be a positive integer (seconds)"),
+            },
+        };
+        if let Some(k) = m.keys().next() {
+            return bad_request(format!("{k}: unknown field (expected ttl_s)"));
+        }
+        ttl
+    };
+    match st.gw.renew(&id, ttl).await {
+        Some(expires_at) => Json(json!({"id": id, "expires_at": expires_at})).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such registration"),
+    }
+}
+
+async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> Response {
+    if st.gw.release_id(&id, ReleaseReason::Released).await {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        error(StatusCode::NOT_FOUND, "no such registration")
+    }
+}
+
+/// One row of `GET /v1/registrations` (never a token).
+fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
+    json!({
+        "id": r.id,
+        "agent_id": &*r.agent_id,
+        "label": r.label,
+        "tools": r.tools.names(),
+        "created_at": r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "ttl_s": r.ttl_s,
+        "expires_at": r.expires_at(),
+        "sessions": gw.sessions().count_for(&r.id),
+        "calls_started": r.calls_started.load(Ordering::Relaxed),
+        "calls_in_flight": r.calls_in_flight.load(Ordering::Relaxed),
+    })
+}
+
+async fn list(State(st): State<AdminState>) -> Response {
+    let rows: Vec<Value> = st
+        .gw
+        .registry()
+        .all()
+        .iter()
+        .map(|r| describe(&st.gw, r))
+        .collect();
+    Json(Value::Array(rows)).into_response()
+}
+
+async fn show(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> Response {
+    match st.gw.registry().get(&id) {
+        Some(r) => Json(describe(&st.gw, &r)).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such registration"),
+    }
+}
+
+/// One upstream as `GET /v1/upstreams` shows it.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct UpstreamStatus {
+    pub id: String,
+    /// `stdio` or `http`.
+    pub transport: String,
+    pub sharing: String,
+    /// Connection (re)spawns after the first.
+    pub restarts: u64,
+    pub connections: Vec<ConnectionStatus>,
+}
+
+/// One live upstream connection.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ConnectionStatus {
+    pub epoch: u64,
+    pub pid: Option<u32>,
+    pub in_flight: usize,
+    /// Registrations holding a lease on (or owning) this connection.
+    pub registrations: usize,
+}
+
+/// The configured upstreams, with their live connections (from the pool).
+pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
+    let live: std::collections::HashMap<String, crate::upstream::pool::UpstreamInfo> = gw
+        .pool()
+        .status()
+        .into_iter()
+        .map(|u| (u.id.clone(), u))
+        .collect();
+    gw.config()
+        .upstreams
+        .iter()
+        .map(|u| {
+            let info = live.get(&u.id);
+            let sharing = info.and_then(|i| i.effective_sharing).unwrap_or(u.sharing);
+            UpstreamStatus {
+                id: u.id.clone(),
+                transport: if u.command.is_some() { "stdio" } else { "http" }.into(),
+                sharing: sharing.as_str().into(),
+                restarts: info.map(|i| i.restarts).unwrap_or(0),
+                connections: info
+                    .map(|i| {
+                        i.connections
+                            .iter()
+                            .map(|c| ConnectionStatus {
+                                epoch: c.epoch,
+                                pid: c.pid,
+                                in_flight: c.in_flight,
+                                registrations: c.registrations,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+async fn upstreams(State(st): State<AdminState>) -> Response {
+    Json(upstream_status(&st.gw)).into_response()
+}
+
+/// The gauges of one gateway, read now.
+pub fn snapshot(gw: &Gateway) -> Snapshot {
+    Snapshot {
+        registrations: gw.registry().len(),
+        sessions: gw.sessions().len(),
+        leases: gw.leases().len(),
+        audit_queue_depth: gw.audit().queue_depth(),
+        audit_healthy: gw.audit().is_healthy(),
+        upstreams: upstream_status(gw)
+            .into_iter()
+            .map(|u| {
+                let in_flight = u.connections.iter().map(|c| c.in_flight).sum();
+                (u.id, u.connections.len(), in_flight, u.restarts)
+            })
+            .collect(),
+    }
+}
+
+async fn metrics(State(st): State<AdminState>) -> Response {
+    let text = st.gw.metrics().render(&snapshot(&st.gw));
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}

@@ -1,0 +1,38 @@
+//! `gatehouse renew ID`: extend a registration's lease.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use reqwest::Method;
+use serde_json::json;
+
+use super::admin_client::{block_on, parse_ttl, AdminConn};
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// The registration id.
+    pub id: String,
+    /// New lease length from now (default: the registration's own ttl).
+    #[arg(long, value_parser = parse_ttl)]
+    pub ttl: Option<u64>,
+    #[command(flatten)]
+    pub conn: AdminConn,
+}
+
+pub fn run(a: RenewArgs) -> ExitCode {
+    block_on(async move {
+        let client = a.conn.client()?;
+        let body = a.ttl.map(|t| json!({"ttl_s": t}));
+        let path = format!("/v1/registrations/{}/renew", a.id);
+        let r = client.call(Method::POST, &path, body.as_ref()).await?;
+        if r.status != 200 {
+            return Err(format!("renew {}: {}", a.id, r.message()));
+        }
+        println!(
+            "{} expires at {}",
+            a.id,
+            r.body["expires_at"].as_str().unwrap_or("never (no ttl)")
+        );
+        Ok(())
+    })
+}

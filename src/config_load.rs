@@ -1,0 +1,185 @@
+//! Where a configuration comes from: the file named by `--config` or `GATEHOUSE_CONFIG` (TOML,
+//! or an `mcpServers` JSON file as desktop MCP clients write it), then `GATEHOUSE_*`
+//! environment overrides, then validation — all before anything binds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::{Config, ConfigError, UpstreamConfig};
+
+/// The shipped config, used when neither `--config` nor `GATEHOUSE_CONFIG` names one.
+pub const DEFAULT_CONFIG_PATH: &str = "config/gatehouse.toml";
+
+/// The daemon's data listener when a JSON `mcpServers` file gives none.
+pub const DAEMON_LISTEN: &str = "127.0.0.1:8787";
+
+/// `path`, else `$GATEHOUSE_CONFIG`, else `config/gatehouse.toml`.
+pub fn resolve_path(path: Option<PathBuf>) -> PathBuf {
+    path.or_else(|| std::env::var_os("GATEHOUSE_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+}
+
+/// Reads and validates a config file, applying the process environment's overrides.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_with_env(path, |k| std::env::var(k).ok())
+}
+
+/// Like [`load`], with the environment given as a function (tests).
+pub fn load_with_env(
+    path: &Path,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let shown = path.display().to_string();
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+        || text.trim_start().starts_with('{');
+    let mut config = if is_json {
+        from_mcp_servers_json(&text).map_err(|message| ConfigError::Parse {
+            path: shown.clone(),
+            message,
+        })?
+    } else {
+        toml::from_str::<Config>(&text).map_err(|e| ConfigError::Parse {
+            path: shown.clone(),
+            message: e.to_string(),
+        })?
+    };
+    apply_env(&mut config, env);
+    config.validate().map_err(|e| match e {
+        ConfigError::Invalid(msg) => ConfigError::Parse {
+            message: match line_of_key(&text, &msg) {
+                Some((line, key)) => format!("line {line}, key `{key}`: {msg}"),
+                None => msg,
+            },
+            path: shown.clone(),
+        },
+        other => other,
+    })?;
+    Ok(config)
+}
+
+/// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`.
+/// (`GATEHOUSE_ADMIN_TOKEN` is read by the admin API itself and never stored in the config.)
+pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
+    let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    if let Some(v) = get("GATEHOUSE_LISTEN") {
+        config.listen = v;
+    }
+    if let Some(v) = get("GATEHOUSE_ADMIN_LISTEN") {
+        config.admin_listen = v;
+    }
+    if let Some(v) = get("GATEHOUSE_AUDIT_PATH") {
+        config.audit.path = PathBuf::from(v);
+    }
+}
+
+/// Finds the line that sets the key a validation message is about (messages start with the
+/// key or quote an upstream id). Returns (1-based line, key).
+fn line_of_key(text: &str, msg: &str) -> Option<(usize, String)> {
+    let first = msg.split([' ', '=']).next()?.trim();
+    let quoted = msg.split('"').nth(1);
+    for (i, line) in text.lines().enumerate() {
+        let l = line.trim_start();
+        if l.starts_with('#') {
+            continue;
+        }
+        if !first.is_empty()
+            && l.starts_with(first)
+            && l[first.len()..].trim_start().starts_with('=')
+        {
+            return Some((i + 1, first.to_string()));
+        }
+    }
+    if let Some(id) = quoted {
+        for (i, line) in text.lines().enumerate() {
+            let l = line.trim_start();
+            if l.starts_with("id") && l.contains(&format!("\"{id}\"")) {
+                return Some((i + 1, "upstreams.id".to_string()));
+            }
+        }
+    }
+    None
+}
+
+/// One server of an `mcpServers` file. Keys that desktop clients add for their own UI are
+/// accepted and ignored; anything else is an error, as in the TOML config.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpServer {
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(rename = "type", alias = "transport")]
+    kind: Option<String>,
+    #[serde(default)]
+    disabled: bool,
+    #[serde(default, rename = "autoApprove", alias = "alwaysAllow")]
+    _auto_approve: Option<Value>,
+    #[serde(default, rename = "timeout")]
+    _timeout: Option<Value>,
+    #[serde(default, rename = "description")]
+    _description: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct McpServersFile {
+    #[serde(rename = "mcpServers")]
+    mcp_servers: BTreeMap<String, Value>,
+}
+
+/// Builds a config from an `mcpServers` JSON file: each server becomes an upstream with
+/// default settings; everything else is the daemon default.
+pub fn from_mcp_servers_json(text: &str) -> Result<Config, String> {
+    let file: McpServersFile = serde_json::from_str(text).map_err(|e| {
+        format!("not an mcpServers file ({e}); expected {{\"mcpServers\": {{\"name\": {{\"command\": ...}}}}}}")
+    })?;
+    let mut config = Config {
+        listen: DAEMON_LISTEN.to_string(),
+        ..Config::default()
+    };
+    for (name, raw) in file.mcp_servers {
+        let s: McpServer =
+            serde_json::from_value(raw).map_err(|e| format!("mcpServers.{name}: {e}"))?;
+        if s.disabled {
+            continue;
+        }
+        match s.kind.as_deref() {
+            None | Some("stdio") | Some("http") | Some("streamable-http") | Some("streamableHttp") => {}
+            Some(other) => {
+                return Err(format!(
+                    "mcpServers.{name}.type: {other:?} is not supported (use stdio or http; legacy SSE upstreams are not)"
+                ))
+            }
+        }
+        // Through serde, so the upstream defaults are the TOML ones.
+        let mut u = serde_json::json!({
+            "id": name, "args": s.args, "env": s.env, "headers": s.headers,
+        });
+        for (k, v) in [("command", s.command), ("url", s.url)] {
+            if let Some(v) = v {
+                u[k] = Value::String(v);
+            }
+        }
+        if let Some(cwd) = s.cwd {
+            u["cwd"] = Value::String(cwd.display().to_string());
+        }
+        let u: UpstreamConfig =
+            serde_json::from_value(u).map_err(|e| format!("mcpServers.{name}: {e}"))?;
+        config.upstreams.push(u);
+    }
+    Ok(config)
+}

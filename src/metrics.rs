@@ -1,0 +1,261 @@
+//! Prometheus metrics of one gateway: counters the call path increments, gauges read at
+//! scrape time. One `prometheus_client` registry per `Gateway`, so many gateways in one
+//! process (tests, embedders) never collide.
+//!
+//! Invariant: label values are bounded — a tool label is a granted tool name or `_unknown`
+//! (a client cannot mint label values by calling made-up tools).
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Content type of the text exposition produced by [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub tool: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabel {
+    pub tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    pub upstream: String,
+}
+
+type HistogramFamily = Family<ToolLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// What the gauges show; filled at scrape time by the admin API.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    pub registrations: usize,
+    pub sessions: usize,
+    pub leases: usize,
+    pub audit_queue_depth: usize,
+    pub audit_healthy: bool,
+    /// Per upstream: (id, live connections, in-flight calls, restarts).
+    pub upstreams: Vec<(String, usize, usize, u64)>,
+}
+
+/// The metrics of one gateway.
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    latency: HistogramFamily,
+    registrations_created: Counter,
+    registrations_closed: Family<ReasonLabel, Counter>,
+    registrations: Gauge,
+    sessions: Gauge,
+    leases: Gauge,
+    audit_queue_depth: Gauge,
+    audit_healthy: Gauge,
+    upstream_connections: Family<UpstreamLabel, Gauge>,
+    upstream_in_flight: Family<UpstreamLabel, Gauge>,
+    upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gatehouse");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls by tool and outcome",
+            calls.clone(),
+        );
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "tool_call_duration_seconds",
+            "Tool call latency, from request to audited reply",
+            latency.clone(),
+        );
+        let registrations_created = Counter::default();
+        registry.register(
+            "registrations_created",
+            "Registrations created",
+            registrations_created.clone(),
+        );
+        let registrations_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "registrations_closed",
+            "Registrations ended, by reason (released, expired, shutdown)",
+            registrations_closed.clone(),
+        );
+        let registrations = Gauge::default();
+        registry.register("registrations", "Live registrations", registrations.clone());
+        let sessions = Gauge::default();
+        registry.register("sessions", "Open MCP sessions", sessions.clone());
+        let leases = Gauge::default();
+        registry.register("leases", "Registrations with a TTL lease", leases.clone());
+        let audit_queue_depth = Gauge::default();
+        registry.register(
+            "audit_queue_depth",
+            "Audit records queued and not yet written",
+            audit_queue_depth.clone(),
+        );
+        let audit_healthy = Gauge::default();
+        registry.register(
+            "audit_healthy",
+            "1 if the last audit write succeeded (tool calls are refused otherwise)",
+            audit_healthy.clone(),
+        );
+        let upstream_connections = Family::<UpstreamLabel, Gauge>::default();
+        registry.register(
+            "upstream_connections",
+            "Live upstream connections",
+            upstream_connections.clone(),
+        );
+        let upstream_in_flight = Family::<UpstreamLabel, Gauge>::default();
+        registry.register(
+            "upstream_in_flight",
+            "Requests in flight to an upstream",
+            upstream_in_flight.clone(),
+        );
+        let upstream_restarts = Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "upstream_restarts",
+            "Upstream connection (re)spawns after the first",
+            upstream_restarts.clone(),
+        );
+        Metrics {
+            registry,
+            calls,
+            latency,
+            registrations_created,
+            registrations_closed,
+            registrations,
+            sessions,
+            leases,
+            audit_queue_depth,
+            audit_healthy,
+            upstream_connections,
+            upstream_in_flight,
+            upstream_restarts,
+        }
+    }
+
+    /// Counts a finished tool call. `tool` must already be bounded (see the module invariant).
+    pub fn observe_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
+        self.calls
+            .get_or_create(&CallLabels {
+                tool: tool.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&ToolLabel {
+                tool: tool.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn registration_created(&self) {
+        self.registrations_created.inc();
+    }
+
+    pub fn registration_closed(&self, reason: &str) {
+        self.registrations_closed
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Sets the gauges from `snap` and encodes everything as OpenMetrics text.
+    pub fn render(&self, snap: &Snapshot) -> String {
+        let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.registrations.set(g(snap.registrations));
+        self.sessions.set(g(snap.sessions));
+        self.leases.set(g(snap.leases));
+        self.audit_queue_depth.set(g(snap.audit_queue_depth));
+        self.audit_healthy.set(i64::from(snap.audit_healthy));
+        for (id, conns, in_flight, restarts) in &snap.upstreams {
+            let l = UpstreamLabel {
+                upstream: id.clone(),
+            };
+            self.upstream_connections.get_or_create(&l).set(g(*conns));
+            self.upstream_in_flight.get_or_create(&l).set(g(*in_flight));
+            let c = self.upstream_restarts.get_or_create(&l);
+            let seen = c.get();
+            if *restarts > seen {
+                c.inc_by(restarts - seen);
+            }
+        }
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_calls_latency_and_gauges() {
+        let m = Metrics::new();
+        m.observe_call("demo.echo", "ok", Duration::from_millis(3));
+        m.registration_created();
+        m.registration_closed("expired");
+        let text = m.render(&Snapshot {
+            registrations: 2,
+            audit_queue_depth: 5,
+            upstreams: vec![("helpdesk".into(), 1, 0, 3)],
+            ..Default::default()
+        });
+        assert!(
+            text.contains(r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("gatehouse_registrations 2"), "{text}");
+        assert!(text.contains("gatehouse_audit_queue_depth 5"), "{text}");
+        assert!(
+            text.contains(r#"gatehouse_registrations_closed_total{reason="expired"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gatehouse_upstream_restarts_total{upstream="helpdesk"} 3"#),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,198 @@
+//! Config sources: the shipped file stays valid, environment overrides apply, unknown keys
+//! and bad values are rejected with the line and key at fault, `mcpServers` JSON is accepted,
+//! and `gatehouse check-config` exits non-zero on a bad file.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gatehouse::config::Sharing;
+use gatehouse::config_load::{load_with_env, DEFAULT_CONFIG_PATH};
+
+fn shipped() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_CONFIG_PATH)
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn shipped_config_is_valid_and_writes_every_default() {
+    let c = load_with_env(&shipped(), no_env).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:8787");
+    assert_eq!(c.admin_listen, "127.0.0.1:8788");
+    assert_eq!(c.upstreams.len(), 1);
+    assert_eq!(c.upstreams[0].id, "helpdesk");
+    // Every top-level and table key of the built-in defaults is written in the shipped file.
+    let text = std::fs::read_to_string(shipped()).unwrap();
+    let d = gatehouse::Config::default();
+    for key in [
+        "listen",
+        "admin_listen",
+        "admin_token_file",
+        "public_url",
+        "linger_ms",
+        "keepalive_s",
+        "max_body_bytes",
+        "allowed_origins",
+        "allow_loopback_origins",
+        "shutdown_grace_s",
+        "idle_timeout_s",
+        "max_sessions",
+        "max_per_registration",
+        "queue",
+        "fsync_interval_ms",
+        "record_arguments",
+        "redact_keys",
+    ] {
+        assert!(
+            text.lines().any(|l| l
+                .trim_start()
+                .trim_start_matches("# ")
+                .starts_with(&format!("{key} ="))),
+            "shipped config does not write {key}"
+        );
+    }
+    assert!(text.contains(&format!("shutdown_grace_s = {}", d.shutdown_grace_s)));
+    assert!(text.contains(&format!("linger_ms = {}", d.linger_ms)));
+    assert!(text.contains(&format!(
+        "admin_token_file = \"{}\"",
+        d.admin_token_file.display()
+    )));
+}
+
+#[test]
+fn environment_overrides_win() {
+    let env = |k: &str| match k {
+        "GATEHOUSE_LISTEN" => Some("127.0.0.1:0".to_string()),
+        "GATEHOUSE_ADMIN_LISTEN" => Some("127.0.0.1:9999".to_string()),
+        "GATEHOUSE_AUDIT_PATH" => Some("/tmp/x-audit.jsonl".to_string()),
+        _ => None,
+    };
+    let c = load_with_env(&shipped(), env).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:0");
+    assert_eq!(c.admin_listen, "127.0.0.1:9999");
+    assert_eq!(c.audit.path, PathBuf::from("/tmp/x-audit.jsonl"));
+    // A bad override is rejected like a bad file value.
+    let bad = |k: &str| (k == "GATEHOUSE_LISTEN").then(|| "nowhere".to_string());
+    let e = load_with_env(&shipped(), bad).unwrap_err().to_string();
+    assert!(e.contains("listen"), "{e}");
+}
+
+#[test]
+fn unknown_keys_and_bad_values_name_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "a.toml",
+        "listen = \"127.0.0.1:0\"\n\n[sessions]\nidle_timeout_s = 5\nbogus_key = 1\n",
+    );
+    let e = load_with_env(&p, no_env).unwrap_err().to_string();
+    assert!(e.contains("line 5") && e.contains("bogus_key"), "{e}");
+    let p = write(
+        dir.path(),
+        "b.toml",
+        "linger_ms = 5\nadmin_listen = \"not an address\"\n",
+    );
+    let e = load_with_env(&p, no_env).unwrap_err().to_string();
+    assert!(e.contains("line 2") && e.contains("admin_listen"), "{e}");
+}
+
+#[test]
+fn mcp_servers_json_becomes_upstreams() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "claude_desktop_config.json",
+        r#"{"mcpServers": {
+            "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"], "env": {"A": "1"}},
+            "remote": {"type": "http", "url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "${TOKEN}"}},
+            "off": {"command": "x", "disabled": true}
+        }}"#,
+    );
+    let c = load_with_env(&p, no_env).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:8787");
+    let ids: Vec<&str> = c.upstreams.iter().map(|u| u.id.as_str()).collect();
+    assert_eq!(ids, ["files", "remote"]);
+    assert_eq!(c.upstreams[0].command.as_deref(), Some("npx"));
+    assert_eq!(c.upstreams[0].args.len(), 3);
+    assert_eq!(c.upstreams[0].call_timeout_s, 60, "upstream defaults apply");
+    assert_eq!(c.upstreams[0].sharing, Sharing::PerRegistration);
+    assert_eq!(
+        c.upstreams[1].url.as_deref(),
+        Some("http://127.0.0.1:9/mcp")
+    );
+    let p = write(
+        dir.path(),
+        "bad.json",
+        r#"{"mcpServers": {"x": {"command": "a", "colour": "red"}}}"#,
+    );
+    let e = load_with_env(&p, no_env).unwrap_err().to_string();
+    assert!(e.contains("mcpServers.x") && e.contains("colour"), "{e}");
+}
+
+#[test]
+fn check_config_binary_exits_non_zero_with_line_and_key() {
+    let bin = env!("CARGO_BIN_EXE_gatehouse");
+    let ok = Command::new(bin)
+        .args(["check-config"])
+        .arg(shipped())
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "bad.toml",
+        "listen = \"127.0.0.1:0\"\nlisten_typo = 1\n",
+    );
+    let out = Command::new(bin)
+        .arg("check-config")
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 2") && err.contains("listen_typo"),
+        "{err}"
+    );
+    // serve refuses the same file before binding anything.
+    let out = Command::new(bin)
+        .args(["serve", "--config"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("listener on"));
+}
+
+#[test]
+fn every_verb_has_help() {
+    let bin = env!("CARGO_BIN_EXE_gatehouse");
+    for verb in [
+        "serve",
+        "register",
+        "renew",
+        "release",
+        "list",
+        "check-config",
+        "audit",
+    ] {
+        let out = Command::new(bin).args([verb, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{verb} --help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Usage: gatehouse"), "{verb}: {text}");
+    }
+}

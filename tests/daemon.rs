@@ -1,0 +1,722 @@
+//! The real binary: `gatehouse serve` on ports 0 (addresses read back from its output),
+//! the admin API over HTTP, an MCP client on the registration's URL, lease expiry, the CLI
+//! verbs, and shutdown by SIGTERM mid-call (audit complete, no child left, bounded exit).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use gatehouse::audit::{read_records, Record};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+/// A `gatehouse serve --test-tools` process with its own config, audit and token file.
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    data: String,
+    admin: String,
+    token: String,
+    marker: String,
+    output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start(extra: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gatehouse.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n",
+                dir.path().join("admin.token").display().to_string(),
+                dir.path().join("audit.jsonl").display().to_string(),
+            ),
+        )
+        .unwrap();
+        let marker = gatehouse::registry::new_registration_id();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+            .args(["serve", "--test-tools", "--config"])
+            .arg(&config)
+            .env_remove("GATEHOUSE_ADMIN_TOKEN")
+            .env_remove("GATEHOUSE_LISTEN")
+            .env_remove("GATEHOUSE_ADMIN_LISTEN")
+            .env_remove("GATEHOUSE_AUDIT_PATH")
+            .env("GATEHOUSE_TEST_MARKER", &marker)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let out = output.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                out.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let (mut data, mut admin) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("daemon did not get ready");
+            if let Some(u) = line.strip_prefix("gatehouse: data listener on ") {
+                data = Some(u.to_string());
+            }
+            if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
+                admin = Some(u.to_string());
+            }
+            if line == "gatehouse: ready" {
+                break;
+            }
+        }
+        let token = std::fs::read_to_string(dir.path().join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            config,
+            data: data.unwrap(),
+            admin: admin.unwrap(),
+            token,
+            marker,
+            output,
+            dir,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.output.lock().unwrap().join("\n")
+    }
+
+    fn audit(&self) -> Vec<Record> {
+        read_records(&self.dir.path().join("audit.jsonl")).unwrap()
+    }
+
+    async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = http()
+            .request(method, format!("{}{path}", self.admin))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn register(&self, body: Value) -> Value {
+        let (s, v) = self
+            .admin(reqwest::Method::POST, "/v1/registrations", Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+
+    async fn metrics(&self) -> String {
+        let (s, v) = self.admin(reqwest::Method::GET, "/metrics", None).await;
+        assert_eq!(s, 200);
+        v.as_str().unwrap().to_string()
+    }
+
+    /// Runs a CLI verb against this daemon (admin URL from the env, token from the config's
+    /// token file).
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .env("GATEHOUSE_ADMIN_URL", &self.admin)
+            .env_remove("GATEHOUSE_ADMIN_TOKEN")
+            .output()
+            .unwrap()
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Waits for exit; returns (exit code, seconds taken).
+    fn wait_exit(&mut self, limit: Duration) -> (Option<i32>, f64) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (st.code(), t0.elapsed().as_secs_f64());
+            }
+            assert!(t0.elapsed() < limit, "daemon still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Processes (other than ourselves) that inherited this daemon's marker.
+    fn marked_processes(&self) -> Vec<u32> {
+        let needle = format!("GATEHOUSE_TEST_MARKER={}", self.marker);
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            if let Ok(env) = std::fs::read(e.path().join("environ")) {
+                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+                    found.push(pid);
+                }
+            }
+        }
+        found
+    }
+
+    /// Waits until the registration reports `n` calls in flight.
+    async fn wait_in_flight(&self, id: &str, n: u64) {
+        for _ in 0..200 {
+            let (_, v) = self
+                .admin(
+                    reqwest::Method::GET,
+                    &format!("/v1/registrations/{id}"),
+                    None,
+                )
+                .await;
+            if v["calls_in_flight"] == json!(n) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("registration {id} never had {n} calls in flight");
+    }
+}
+
+/// The shipped demo upstream, as in config/gatehouse.toml (TOML tables go last).
+const HELPDESK: &str = "[[upstreams]]\nid = \"helpdesk\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\nsharing = \"leased\"\n";
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn admin_api_mcp_client_cli_and_lease_expiry() {
+    // A declared upstream (the built-in helpdesk): listed by /v1/upstreams and in metrics.
+    let d = Daemon::start(&format!("shutdown_grace_s = 5\n{HELPDESK}"));
+    assert!(d.data.starts_with("http://127.0.0.1:") && !d.data.ends_with(":0"));
+    assert!(d.admin.starts_with("http://127.0.0.1:") && d.admin != d.data);
+    // The admin token: in an owner-only file whose path is printed; the token never is.
+    assert_eq!(mode_of(&d.dir.path().join("admin.token")), 0o600);
+    assert!(d.stderr().contains("admin token file"));
+    assert!(!d.stderr().contains(&d.token));
+
+    // Auth.
+    let resp = http()
+        .get(format!("{}/v1/registrations", d.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = http()
+        .get(format!("{}/v1/registrations", d.admin))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+
+    // Bad bodies: 400 naming the field.
+    use reqwest::Method as M;
+    for (body, field) in [
+        (json!({"tools": ["demo.echo"]}), "agent_id"),
+        (json!({"agent_id": "", "tools": ["demo.echo"]}), "agent_id"),
+        (json!({"agent_id": "a", "tools": "demo.echo"}), "tools"),
+        (json!({"agent_id": "a", "tools": [1]}), "tools[0]"),
+        (
+            json!({"agent_id": "a", "tools": ["demo.echo"], "ttl_s": -1}),
+            "ttl_s",
+        ),
+        (
+            json!({"agent_id": "a", "tools": ["demo.echo"], "colour": 1}),
+            "colour",
+        ),
+        (
+            json!({"agent_id": "a", "tools": ["demo.echo"], "limits": {"max_cals": 1}}),
+            "limits",
+        ),
+        (json!({"agent_id": "a", "tools": ["nope.*"]}), "nope.*"),
+        (json!({"agent_id": "a", "tools": ["a*b"]}), "a*b"),
+    ] {
+        let (s, v) = d
+            .admin(M::POST, "/v1/registrations", Some(body.clone()))
+            .await;
+        assert_eq!(s, 400, "{body} -> {v}");
+        let msg = v["error"].as_str().unwrap();
+        assert!(msg.contains(field), "{body}: {msg:?} does not name {field}");
+    }
+
+    // Create.
+    let reg = d
+        .register(json!({"agent_id": "agent-1", "tools": ["demo.echo"], "label": "run-7"}))
+        .await;
+    for k in [
+        "id",
+        "token",
+        "agent_id",
+        "tools",
+        "sse_url",
+        "mcp_url",
+        "expires_at",
+    ] {
+        assert!(reg.get(k).is_some(), "create reply lacks {k}: {reg}");
+    }
+    assert_eq!(reg["tools"], json!(["demo.echo"]));
+    assert_eq!(reg["expires_at"], Value::Null);
+    let id = reg["id"].as_str().unwrap().to_string();
+    let token = reg["token"].as_str().unwrap().to_string();
+    assert!(reg["sse_url"].as_str().unwrap().starts_with(&d.data));
+
+    // List: never tokens.
+    let (s, list) = d.admin(M::GET, "/v1/registrations", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(list[0]["id"], json!(id));
+    assert_eq!(list[0]["label"], json!("run-7"));
+    assert!(!list.to_string().contains(&token));
+
+    // An MCP client calls a tool through the daemon.
+    let mut c = SseClient::connect(reg["sse_url"].as_str().unwrap(), &token).await;
+    c.initialize().await;
+    assert_eq!(c.tool_names().await, vec!["demo.echo"]);
+    let r = c.call("demo.echo", json!({"text": "hi"})).await;
+    assert_eq!(text_of(&r), "agent-1:hi");
+    c.call("made_up", json!({})).await;
+
+    // Metrics in Prometheus text format.
+    let m = d.metrics().await;
+    for needle in [
+        r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 1"#,
+        r#"gatehouse_tool_calls_total{tool="_unknown",outcome="denied"} 1"#,
+        r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 1"#,
+        "gatehouse_registrations 1",
+        "gatehouse_sessions 1",
+        "gatehouse_registrations_created_total 1",
+        "# TYPE gatehouse_audit_queue_depth gauge",
+        r#"gatehouse_upstream_connections{upstream="helpdesk"} "#,
+        r#"gatehouse_upstream_in_flight{upstream="helpdesk"} "#,
+        r#"gatehouse_upstream_restarts_total{upstream="helpdesk"} "#,
+    ] {
+        assert!(m.contains(needle), "metrics lack {needle}:\n{m}");
+    }
+    let (s, ups) = d.admin(M::GET, "/v1/upstreams", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(ups[0]["id"], json!("helpdesk"));
+    assert_eq!(ups[0]["transport"], json!("stdio"));
+    assert!(ups[0]["connections"].is_array(), "{ups}");
+
+    // Renew: a lease from now; 404 when gone.
+    let (s, v) = d
+        .admin(
+            M::POST,
+            &format!("/v1/registrations/{id}/renew"),
+            Some(json!({"ttl_s": 600})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["expires_at"].is_string());
+    let (s, _) = d.admin(M::POST, "/v1/registrations/nope/renew", None).await;
+    assert_eq!(s, 404);
+
+    // Delete: 204, then every path 404, then 404 again.
+    let (s, _) = d
+        .admin(M::DELETE, &format!("/v1/registrations/{id}"), None)
+        .await;
+    assert_eq!(s, 204);
+    assert!(c.next_message(5).await.is_none(), "stream ended on release");
+    let resp = http()
+        .get(reg["sse_url"].as_str().unwrap())
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let (s, _) = d
+        .admin(M::DELETE, &format!("/v1/registrations/{id}"), None)
+        .await;
+    assert_eq!(s, 404);
+    assert!(
+        !d.stderr().contains(&token),
+        "registration tokens are never logged"
+    );
+
+    // Lease expiry with a short ttl: gone by itself, audited as expired.
+    let short = d
+        .register(json!({"agent_id": "agent-2", "tools": ["demo.*"], "ttl_s": 1}))
+        .await;
+    assert!(short["expires_at"].is_string());
+    let sid = short["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    loop {
+        let (s, _) = d
+            .admin(M::GET, &format!("/v1/registrations/{sid}"), None)
+            .await;
+        if s == 404 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "lease never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let expired_after = t0.elapsed();
+    assert!(
+        expired_after > Duration::from_millis(500),
+        "{expired_after:?}"
+    );
+    let resp = http()
+        .get(short["sse_url"].as_str().unwrap())
+        .bearer_auth(short["token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let (s, _) = d
+        .admin(M::POST, &format!("/v1/registrations/{sid}/renew"), None)
+        .await;
+    assert_eq!(s, 404);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(d
+        .audit()
+        .iter()
+        .any(|r| r.event == "registration_expired" && r.registration_id.as_deref() == Some(&sid)));
+    assert!(d
+        .metrics()
+        .await
+        .contains(r#"gatehouse_registrations_closed_total{reason="expired"} 1"#));
+
+    // CLI verbs (token read from the config's token file).
+    let out = d.cli(&[
+        "register",
+        "--agent-id",
+        "cli-agent",
+        "--tool",
+        "demo.echo",
+        "--ttl",
+        "10m",
+        "--label",
+        "L",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cid = v["id"].as_str().unwrap().to_string();
+    assert!(v["token"].is_string() && v["expires_at"].is_string());
+    let out = d.cli(&[
+        "register",
+        "--agent-id",
+        "sh",
+        "--tool",
+        "demo.echo",
+        "--export",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    for var in [
+        "GATEHOUSE_REGISTRATION_ID",
+        "GATEHOUSE_TOKEN",
+        "GATEHOUSE_SSE_URL",
+        "GATEHOUSE_MCP_URL",
+    ] {
+        assert!(text.contains(&format!("export {var}='")), "{text}");
+    }
+    let out = d.cli(&["register", "--agent-id", "x", "--tool", "nope.*"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.*"));
+    let out = d.cli(&["list"]);
+    let listing = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && listing.contains(&cid) && listing.contains("cli-agent"),
+        "{listing}"
+    );
+    assert!(!listing.contains(v["token"].as_str().unwrap()));
+    assert!(d.cli(&["renew", &cid, "--ttl", "5m"]).status.success());
+    assert!(d.cli(&["release", &cid]).status.success());
+    let again = d.cli(&["release", &cid]);
+    assert!(!again.status.success());
+    assert!(!d.cli(&["renew", &cid]).status.success());
+}
+
+#[tokio::test]
+async fn sigterm_mid_call_cancels_it_audits_every_call_and_exits() {
+    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    let reg = d
+        .register(json!({"agent_id": "agent-t", "tools": ["demo.*"]}))
+        .await;
+    let id = reg["id"].as_str().unwrap().to_string();
+    let mut c = SseClient::connect(
+        reg["sse_url"].as_str().unwrap(),
+        reg["token"].as_str().unwrap(),
+    )
+    .await;
+    c.initialize().await;
+    for i in 0..3 {
+        let r = c.call("demo.echo", json!({"text": i.to_string()})).await;
+        assert_eq!(text_of(&r), format!("agent-t:{i}"));
+    }
+    let resp = c
+        .post(json!({"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"demo.slow","arguments":{"ms":60000}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    d.wait_in_flight(&id, 1).await;
+    assert!(
+        !d.marked_processes().is_empty(),
+        "the marker scan sees the daemon"
+    );
+
+    d.signal(Signal::SIGTERM);
+    let (code, secs) = d.wait_exit(Duration::from_secs(10));
+    eprintln!("graceful shutdown with a call in flight took {secs:.3} s");
+    assert_eq!(code, Some(0), "{}", d.stderr());
+    assert!(secs < 5.0, "shutdown took {secs} s");
+    // The stream ended; the cancelled call got no reply.
+    assert!(c.next_message(2).await.is_none());
+
+    let audit = d.audit();
+    let calls: Vec<&Record> = audit
+        .iter()
+        .filter(|r| r.event == "governed_mcp_call")
+        .collect();
+    assert_eq!(calls.len(), 4, "every call is audited: {calls:?}");
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|r| r.outcome.as_deref() == Some("ok"))
+            .count(),
+        3
+    );
+    let slow = calls
+        .iter()
+        .find(|r| r.tool.as_deref() == Some("demo.slow"))
+        .unwrap();
+    assert_eq!(slow.outcome.as_deref(), Some("cancelled"));
+    assert!(audit.iter().any(|r| r.event == "registration_released"
+        && r.registration_id.as_deref() == Some(&id)
+        && r.reason.as_deref() == Some("shutdown")));
+    assert_eq!(
+        audit.last().unwrap().event,
+        "daemon_stopped",
+        "audit flushed to the end"
+    );
+    // The chain is intact.
+    let verify = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["audit", "--json", "--file"])
+        .arg(d.dir.path().join("audit.jsonl"))
+        .output()
+        .unwrap();
+    assert!(verify.status.success());
+    // No process of this daemon remains (children inherit the marker).
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.marked_processes(), Vec::<u32>::new());
+}
+
+#[tokio::test]
+async fn second_signal_forces_exit() {
+    let mut d = Daemon::start("shutdown_grace_s = 60");
+    let reg = d
+        .register(json!({"agent_id": "stuck", "tools": ["demo.block"]}))
+        .await;
+    let id = reg["id"].as_str().unwrap().to_string();
+    let mut c = SseClient::connect(
+        reg["sse_url"].as_str().unwrap(),
+        reg["token"].as_str().unwrap(),
+    )
+    .await;
+    c.initialize().await;
+    let resp = c
+        .post(json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"demo.block","arguments":{"ms":20000}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    d.wait_in_flight(&id, 1).await;
+    d.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "still draining after one signal"
+    );
+    d.signal(Signal::SIGTERM);
+    let (code, secs) = d.wait_exit(Duration::from_secs(5));
+    eprintln!("second signal: exit {secs:.3} s after it");
+    assert_eq!(code, Some(2), "{}", d.stderr());
+    assert!(d.stderr().contains("second signal: forced exit"));
+}
+
+#[tokio::test]
+async fn grace_period_bounds_shutdown() {
+    let mut d = Daemon::start("shutdown_grace_s = 1");
+    let reg = d
+        .register(json!({"agent_id": "stuck", "tools": ["demo.block"]}))
+        .await;
+    let id = reg["id"].as_str().unwrap().to_string();
+    let mut c = SseClient::connect(
+        reg["sse_url"].as_str().unwrap(),
+        reg["token"].as_str().unwrap(),
+    )
+    .await;
+    c.initialize().await;
+    let resp = c
+        .post(json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"demo.block","arguments":{"ms":20000}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    d.wait_in_flight(&id, 1).await;
+    d.signal(Signal::SIGTERM);
+    let (code, secs) = d.wait_exit(Duration::from_secs(8));
+    eprintln!("grace 1 s with a stuck call: exit after {secs:.3} s");
+    assert_eq!(code, Some(2), "{}", d.stderr());
+    assert!((0.9..4.0).contains(&secs), "{secs}");
+    assert!(d.stderr().contains("grace period over: forced exit"));
+}
+
+#[tokio::test]
+async fn shipped_config_alone_serves_with_env_overrides() {
+    // `gatehouse serve` with no --config: GATEHOUSE_CONFIG names the shipped file; the
+    // listeners and audit path come from the environment (ports 0 so tests never collide),
+    // and the admin token from GATEHOUSE_ADMIN_TOKEN (so no token file is written).
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gatehouse.toml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("GATEHOUSE_CONFIG", &shipped)
+        .env("GATEHOUSE_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_AUDIT_PATH", dir.path().join("a.jsonl"))
+        .env("GATEHOUSE_ADMIN_TOKEN", "env-admin-token-123")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut admin = None;
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
+            admin = Some(u.to_string());
+        }
+        let ready = line == "gatehouse: ready";
+        seen.push(line);
+        if ready {
+            break;
+        }
+    }
+    let out = seen.join("\n");
+    assert!(
+        out.contains("gatehouse: data listener on http://127.0.0.1:"),
+        "{out}"
+    );
+    assert!(
+        out.contains("admin token from GATEHOUSE_ADMIN_TOKEN"),
+        "{out}"
+    );
+    assert!(!out.contains("env-admin-token-123"));
+    assert!(!dir.path().join("gatehouse-admin.token").exists());
+    let admin = admin.unwrap();
+    let resp = http()
+        .get(format!("{admin}/v1/upstreams"))
+        .bearer_auth("env-admin-token-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let ups: Value = resp.json().await.unwrap();
+    assert_eq!(ups[0]["id"], json!("helpdesk"), "the shipped demo upstream");
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let audit = read_records(&dir.path().join("a.jsonl")).unwrap();
+    assert_eq!(audit.last().unwrap().event, "daemon_stopped");
+}
+
+/// The shipped demo upstream through the daemon: pids listed, no child left after SIGTERM.
+#[tokio::test]
+async fn helpdesk_call_through_the_daemon_and_no_child_after_sigterm() {
+    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    let reg = d
+        .register(json!({"agent_id": "agent-h", "tools": ["helpdesk.*"]}))
+        .await;
+    let id = reg["id"].as_str().unwrap().to_string();
+    let mut c = SseClient::connect(
+        reg["sse_url"].as_str().unwrap(),
+        reg["token"].as_str().unwrap(),
+    )
+    .await;
+    c.initialize().await;
+    let names = c.tool_names().await;
+    assert!(
+        names.contains(&"helpdesk.open_case".to_string()),
+        "{names:?}"
+    );
+    let r = c
+        .call("helpdesk.open_case", json!({"title": "printer on fire"}))
+        .await;
+    assert!(r["result"].is_object(), "{r}");
+    let resp = c
+        .post(json!({"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"helpdesk.add_note_slow","arguments":{"text":"slow"}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    d.wait_in_flight(&id, 1).await;
+    assert!(
+        d.marked_processes().len() >= 2,
+        "the daemon and its helpdesk child"
+    );
+    let (s, ups) = d.admin(reqwest::Method::GET, "/v1/upstreams", None).await;
+    assert_eq!(s, 200);
+    assert!(ups[0]["connections"][0]["pid"].is_u64(), "{ups}");
+    d.signal(Signal::SIGTERM);
+    let (code, secs) = d.wait_exit(Duration::from_secs(15));
+    eprintln!("shutdown with a helpdesk call in flight took {secs:.3} s");
+    assert_eq!(code, Some(0), "{}", d.stderr());
+    let audit = d.audit();
+    let calls: Vec<&Record> = audit
+        .iter()
+        .filter(|r| r.event == "governed_mcp_call")
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[0].outcome.as_deref(), Some("ok"));
+    assert_eq!(calls[1].outcome.as_deref(), Some("cancelled"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(d.marked_processes(), Vec::<u32>::new(), "no child remains");
+}
