@@ -22,7 +22,7 @@ pub enum Command {
     /// Run the gateway daemon (data listener + admin API).
     Serve(serve::ServeArgs),
     /// Read, filter and summarise an audit file.
-    Audit(audit::AuditArgs),
+    Audit(Box<audit::AuditArgs>),
     /// Validate a config file and exit (non-zero on error), before anything binds.
     CheckConfig(check_config::CheckConfigArgs),
     /// The built-in "helpdesk" demo MCP server on stdio (used as an upstream).
@@ -47,7 +47,7 @@ pub fn init_logging(default: &str) {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(a) => serve::run(a),
-        Command::Audit(a) => audit::run(a),
+        Command::Audit(a) => audit::run(*a),
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),
         Command::EchoUpstream => demo_upstream::run_echo(),
