@@ -55,6 +55,16 @@ fn write_lines(path: &Path, lines: &[String]) {
     std::fs::write(path, s).unwrap();
 }
 
+/// Kills a child process on drop, so a failing test leaves none behind.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gatehouse"))
 }
@@ -599,8 +609,91 @@ async fn arguments_are_recorded_only_when_configured_with_keys_redacted() {
             json!({"text":"hi","auth":{"password":"[redacted]","user":"u"},"list":[{"password":"[redacted]"}]})
         )
     );
+    // The digest leaves redacted values out too (a digest of a short secret can be guessed).
+    assert_eq!(
+        rec.args_digest,
+        Some(digest_value(rec.arguments.as_ref().unwrap()))
+    );
     let text = std::fs::read_to_string(tg.audit_path()).unwrap();
     assert!(!text.contains("s3cret") && !text.contains("pw-two-secret"));
+}
+
+#[tokio::test]
+async fn follow_keeps_up_across_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let mut cfg = audit_config(&path);
+    cfg.rotate_bytes = 1500;
+    write_records(&cfg, 3).await;
+    let mut child = bin()
+        .args(["audit", "--follow", "--json", "--event", "burst", "--file"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _guard = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    {
+        let audit = Audit::start(&cfg).unwrap();
+        for _ in 0..60 {
+            audit.record(Record::event("burst")).await.unwrap();
+        }
+    }
+    assert!(segments(&path).unwrap().len() >= 4);
+    let mut seqs = Vec::new();
+    while seqs.len() < 60 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("follow stopped after {seqs:?}"));
+        seqs.push(serde_json::from_str::<Record>(&line).unwrap().seq);
+    }
+    assert_eq!(seqs, (4..=63).collect::<Vec<_>>());
+    drop(_guard);
+    reader.join().unwrap();
+}
+
+#[tokio::test]
+async fn verify_a_directory_checks_each_chain_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one.jsonl"), dir.path().join("two.jsonl"));
+    let mut cfg = audit_config(&one);
+    cfg.rotate_bytes = 1000;
+    write_records(&cfg, 20).await;
+    write_records(&audit_config(&two), 5).await;
+    let out = bin()
+        .args(["audit", "verify"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("OK: 20 record(s)") && stdout.contains("OK: 5 record(s)"),
+        "{stdout}"
+    );
+    let mut t = lines(&two);
+    t.remove(2);
+    write_lines(&two, &t);
+    let out = bin()
+        .args(["audit", "verify"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("OK: 20 record(s)") && stdout.contains("two.jsonl:3: seq 4: deleted"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -818,6 +911,7 @@ async fn cli_filters_summary_and_follow() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let _guard = Kill(child);
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -836,8 +930,7 @@ async fn cli_filters_summary_and_follow() {
         .expect("follow printed nothing");
     let r: Record = serde_json::from_str(&line).unwrap();
     assert_eq!((r.event.as_str(), r.seq), ("later", 6));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(_guard);
     reader.join().unwrap();
 }
 
@@ -904,6 +997,7 @@ fn kill_9_under_load_loses_no_acknowledged_call() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
+    let mut child = Kill(child);
     let mut reader = BufReader::new(stdout);
     let mut acks: Vec<String> = Vec::new();
     let mut sink: Vec<String> = Vec::new();
@@ -928,8 +1022,8 @@ fn kill_9_under_load_loses_no_acknowledged_call() {
         }
         assert!(started.elapsed() < Duration::from_secs(30), "no load");
     }
-    child.kill().unwrap(); // SIGKILL
-                           // Whatever was already in the pipe was received by "the client" too.
+    child.0.kill().unwrap(); // SIGKILL
+                             // Whatever was already in the pipe was received by "the client" too.
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
     for l in rest.lines() {
@@ -939,7 +1033,7 @@ fn kill_9_under_load_loses_no_acknowledged_call() {
             sink.push(l.to_string());
         }
     }
-    child.wait().unwrap();
+    child.0.wait().unwrap();
 
     let report = verify(&path);
     assert!(report.is_ok(), "{:?}", report.error);

@@ -2,7 +2,7 @@
 //! (`--follow` keeps printing new ones); `audit verify FILE…` checks the hash chain;
 //! `audit summary` prints calls, errors and latency per agent and per tool.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -161,39 +161,64 @@ fn print_record(r: &Record, json: bool) {
     }
 }
 
-/// Polls the live file for new complete lines, forever (until the process is stopped).
-/// A rotation (the path names a new file, or the file shrank) restarts from its beginning;
-/// records at or below `after_seq` are skipped so none is printed twice.
+/// Polls the live file for new complete lines, forever (until the process is stopped), like
+/// `tail -F`: the open file is read to its end before switching to a new file at the path
+/// (rotation), so no line written just before a rotation is missed. Records at or below
+/// `after_seq` are skipped, so none is printed twice.
 fn follow(path: &Path, filter: &Filter, json: bool, mut after_seq: u64) {
     use std::os::unix::fs::MetadataExt;
-    let mut ident: Option<u64> = None;
-    let mut offset: u64 = 0;
+    let mut open: Option<(std::fs::File, u64)> = None;
     let mut partial = String::new();
-    loop {
-        if let Ok(meta) = std::fs::metadata(path) {
-            if ident != Some(meta.ino()) || meta.len() < offset {
-                ident = Some(meta.ino());
-                offset = 0;
-                partial.clear();
+    let mut emit = |buf: &[u8], partial: &mut String| {
+        partial.push_str(&String::from_utf8_lossy(buf));
+        while let Some(pos) = partial.find('\n') {
+            let line: String = partial.drain(..=pos).collect();
+            if let Ok(r) = serde_json::from_str::<Record>(line.trim_end()) {
+                if r.seq > after_seq {
+                    after_seq = r.seq;
+                    if filter.matches(&r) {
+                        print_record(&r, json);
+                    }
+                }
             }
-            if meta.len() > offset {
-                if let Ok(mut f) = std::fs::File::open(path) {
-                    let mut buf = Vec::new();
-                    if f.seek(SeekFrom::Start(offset)).is_ok() && f.read_to_end(&mut buf).is_ok() {
-                        offset += buf.len() as u64;
-                        partial.push_str(&String::from_utf8_lossy(&buf));
-                        while let Some(pos) = partial.find('\n') {
-                            let line: String = partial.drain(..=pos).collect();
-                            if let Ok(r) = serde_json::from_str::<Record>(line.trim_end()) {
-                                if r.seq > after_seq {
-                                    after_seq = r.seq;
-                                    if filter.matches(&r) {
-                                        print_record(&r, json);
-                                    }
-                                }
-                            }
+        }
+    };
+    loop {
+        if let Some((f, _)) = open.as_mut() {
+            let mut buf = Vec::new();
+            if f.read_to_end(&mut buf).is_ok() && !buf.is_empty() {
+                emit(&buf, &mut partial);
+            }
+        }
+        let now = std::fs::metadata(path).ok().map(|m| (m.ino(), m.len()));
+        let switch = match (&mut open, now) {
+            (None, Some(_)) => true,
+            (Some((f, ino)), Some((new_ino, len))) => {
+                let pos = f.stream_position().unwrap_or(0);
+                *ino != new_ino || len < pos
+            }
+            _ => false,
+        };
+        if switch {
+            if let Some((mut f, _)) = open.take() {
+                let mut buf = Vec::new();
+                if f.read_to_end(&mut buf).is_ok() && !buf.is_empty() {
+                    emit(&buf, &mut partial);
+                }
+            }
+            partial.clear();
+            if let Ok(f) = std::fs::File::open(path) {
+                if let Ok(m) = f.metadata() {
+                    open = Some((f, m.ino()));
+                    // Several rotations may have happened since the last poll: the files in
+                    // between are segments now. Emit what they hold beyond `after_seq`.
+                    for seg in crate::audit::segments(path).unwrap_or_default() {
+                        if let Ok(bytes) = std::fs::read(&seg) {
+                            let mut p = String::new();
+                            emit(&bytes, &mut p);
                         }
                     }
+                    continue;
                 }
             }
         }
@@ -230,45 +255,41 @@ fn summary(a: QueryArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The files to verify: each argument as given, except that a live file brings its rotated
-/// segments before it and a directory brings every audit chain in it.
-fn expand(args: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
-    if args.len() > 1 {
-        return Ok(args.to_vec());
+/// The chains to verify: several arguments are one chain in the order given; one live file
+/// brings its rotated segments before it; a directory holds one chain per live file in it.
+fn expand(args: &[PathBuf]) -> std::io::Result<Vec<Vec<PathBuf>>> {
+    use crate::audit::verify::base_of;
+    if args.len() != 1 {
+        return Ok(vec![args.to_vec()]);
     }
-    let Some(one) = args.first() else {
-        return Ok(Vec::new());
-    };
+    let one = &args[0];
     if one.is_dir() {
         let mut live: Vec<PathBuf> = std::fs::read_dir(one)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 let s = p.to_string_lossy();
-                p.is_file()
-                    && !s.ends_with(".head")
-                    && !s.ends_with(".tmp")
-                    && crate::audit::verify::base_of(p) == *p
+                p.is_file() && !s.ends_with(".head") && !s.ends_with(".tmp") && base_of(p) == *p
             })
             .collect();
         live.sort();
-        let mut out = Vec::new();
-        for l in live {
-            out.extend(chain_files(&l)?);
-        }
-        return Ok(out);
+        return live.iter().map(|l| chain_files(l)).collect();
     }
-    if crate::audit::verify::base_of(one) == *one {
+    if base_of(one) == *one {
         let files = chain_files(one)?;
         if !files.is_empty() {
-            return Ok(files);
+            return Ok(vec![files]);
         }
     }
-    Ok(vec![one.clone()])
+    Ok(vec![vec![one.clone()]])
 }
 
 fn verify(v: VerifyArgs) -> ExitCode {
-    let files = match expand(&v.files) {
-        Ok(f) => f,
+    let chains = match expand(&v.files) {
+        Ok(c) if !c.is_empty() => c,
+        Ok(_) => {
+            eprintln!("no audit files found");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!("cannot list audit files: {e}");
             return ExitCode::from(2);
@@ -278,42 +299,53 @@ fn verify(v: VerifyArgs) -> ExitCode {
         allow_partial_start: v.allow_partial_start,
         head: v.head,
     };
-    let report = match verify_files(&files, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot read audit files: {e}");
-            return ExitCode::from(2);
+    let mut failed = false;
+    for files in chains {
+        let report = match verify_files(&files, &opts) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("cannot read audit files: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        for w in &report.warnings {
+            eprintln!("warning: {w}");
         }
-    };
-    for w in &report.warnings {
-        eprintln!("warning: {w}");
+        let range = match (report.first_seq, report.last_seq) {
+            (Some(a), Some(b)) => format!("seq {a}..{b}"),
+            _ => "no records".into(),
+        };
+        match &report.error {
+            Some(e) => {
+                failed = true;
+                println!("FAILED: {e}");
+                println!(
+                    "({} record(s) verified before it, {range}, in {} file(s))",
+                    report.records,
+                    files.len()
+                );
+            }
+            None => {
+                let head = match &report.head {
+                    Some(h) => format!("; head at seq {} matches", h.seq),
+                    None => "; no head checked".into(),
+                };
+                let name = files
+                    .last()
+                    .map(|f| f.display().to_string())
+                    .unwrap_or_default();
+                println!(
+                    "OK: {} record(s), {range}, {} file(s), chain intact{head} ({name})",
+                    report.records,
+                    files.len()
+                );
+            }
+        }
     }
-    let range = match (report.first_seq, report.last_seq) {
-        (Some(a), Some(b)) => format!("seq {a}..{b}"),
-        _ => "no records".into(),
-    };
-    match &report.error {
-        Some(e) => {
-            println!("FAILED: {e}");
-            println!(
-                "({} record(s) verified before it, {range}, in {} file(s))",
-                report.records,
-                files.len()
-            );
-            ExitCode::FAILURE
-        }
-        None => {
-            let head = match &report.head {
-                Some(h) => format!("; head at seq {} matches", h.seq),
-                None => "; no head checked".into(),
-            };
-            println!(
-                "OK: {} record(s), {range}, {} file(s), chain intact{head}",
-                report.records,
-                files.len()
-            );
-            ExitCode::SUCCESS
-        }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
