@@ -8,14 +8,14 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::config::{AuditConfig, FsyncPolicy};
 
@@ -124,29 +124,72 @@ pub fn line_hash(line: &str) -> String {
 /// The genesis `prev` value of a new chain.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
+pub mod summary;
+pub mod verify;
+
 struct Job {
     record: Record,
     ack: Option<oneshot::Sender<Result<(), AuditError>>>,
 }
 
+/// Counters of the writer, for tests and metrics.
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    syncs: AtomicU64,
+    failures: AtomicU64,
+    rotations: AtomicU64,
+}
+
+/// A snapshot of the writer's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditStats {
+    /// Batches written successfully.
+    pub batches: u64,
+    /// `fsync` (sync_data) calls on the audit file.
+    pub syncs: u64,
+    /// Batches (or recovery probes) that failed to write.
+    pub failures: u64,
+    /// Files rotated away.
+    pub rotations: u64,
+}
+
+/// Owns the writer thread: when the last `Audit` handle goes, its sender (a field declared
+/// before this one) has closed the channel, so the writer drains, syncs and ends; this joins it.
+struct WriterThread(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A cheap handle to the audit writer.
 #[derive(Clone)]
 pub struct Audit {
-    tx: mpsc::UnboundedSender<Job>,
+    tx: std::sync::mpsc::Sender<Job>,
     healthy: Arc<AtomicBool>,
     depth: Arc<AtomicUsize>,
+    counters: Arc<Counters>,
     path: Arc<PathBuf>,
+    _thread: Arc<WriterThread>,
 }
+
+/// How long a failed writer waits between attempts to write again when no record is queued.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
 
 impl Audit {
     /// Starts the writer thread; the file is created if absent and the chain continued.
     pub fn start(config: &AuditConfig) -> Result<Audit, AuditError> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = std::sync::mpsc::channel();
         let healthy = Arc::new(AtomicBool::new(true));
         let depth = Arc::new(AtomicUsize::new(0));
-        let mut writer = Writer::open(config)?;
+        let counters = Arc::new(Counters::default());
+        let mut writer = Writer::open(config, counters.clone())?;
         let (h, d) = (healthy.clone(), depth.clone());
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("gatehouse-audit".into())
             .spawn(move || writer.run(rx, h, d))
             .map_err(|e| AuditError::Unavailable(format!("cannot start writer: {e}")))?;
@@ -154,7 +197,9 @@ impl Audit {
             tx,
             healthy,
             depth,
+            counters,
             path: Arc::new(config.path.clone()),
+            _thread: Arc::new(WriterThread(Some(handle))),
         })
     }
 
@@ -177,7 +222,8 @@ impl Audit {
         let _ = self.tx.send(Job { record, ack: None });
     }
 
-    /// False after a failed write, until a write succeeds again.
+    /// False after a failed write, until a write succeeds again. The writer retries by
+    /// itself (every 200 ms) while it is unhealthy, so service resumes without a caller.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire)
     }
@@ -187,50 +233,200 @@ impl Audit {
         self.depth.load(Ordering::Relaxed)
     }
 
+    /// The writer's counters.
+    pub fn stats(&self) -> AuditStats {
+        let c = &self.counters;
+        AuditStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            syncs: c.syncs.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            rotations: c.rotations.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
 }
 
+/// The chain head sidecar of an audit file: `<path>.head`.
+pub fn head_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(".head");
+    PathBuf::from(s)
+}
+
+/// The `(seq, hash)` of the last record written, as kept in the head sidecar.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// Reads the head sidecar of `path` (`Ok(None)` when there is none).
+pub fn read_head(path: &Path) -> std::io::Result<Option<Head>> {
+    match std::fs::read_to_string(head_path(path)) {
+        Ok(s) => serde_json::from_str(s.trim())
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the head sidecar atomically: a temporary file renamed over the old one.
+fn write_head(path: &Path, head: &Head) -> std::io::Result<()> {
+    let target = head_path(path);
+    let mut tmp = target.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let body = serde_json::to_string(head)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    std::fs::write(&tmp, format!("{body}\n"))?;
+    std::fs::rename(&tmp, &target)
+}
+
+/// Rotated files of `path`: `<path>.000001`, `<path>.000002`, … in chain order.
+pub fn segments(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(Vec::new());
+    };
+    let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let prefix = format!("{name}.");
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in rd {
+        let entry = entry?;
+        let fname = entry.file_name();
+        let Some(fname) = fname.to_str() else {
+            continue;
+        };
+        if let Some(n) = fname.strip_prefix(&prefix) {
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                if let Ok(k) = n.parse::<u64>() {
+                    found.push((k, dir.join(fname)));
+                }
+            }
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+/// The rotated segments of `path` followed by `path` itself (if it exists): the whole chain.
+pub fn chain_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = segments(path)?;
+    if path.exists() {
+        files.push(path.to_path_buf());
+    }
+    Ok(files)
+}
+
 struct Writer {
     path: PathBuf,
     file: Option<File>,
+    /// (dev, ino) of the open file, to notice that the path now names another file.
+    identity: Option<(u64, u64)>,
+    regular: bool,
     seq: u64,
     prev: String,
     fsync: FsyncPolicy,
     fsync_interval: Duration,
     last_sync: Instant,
+    unsynced: bool,
     stdout: bool,
+    rotate_bytes: u64,
+    counters: Arc<Counters>,
+    last_error: Option<(String, Instant)>,
 }
 
 impl Writer {
-    fn open(config: &AuditConfig) -> Result<Writer, AuditError> {
-        let (seq, prev) = chain_tail(&config.path)
-            .map_err(|e| AuditError::Unavailable(format!("{}: {e}", config.path.display())))?;
+    fn open(config: &AuditConfig, counters: Arc<Counters>) -> Result<Writer, AuditError> {
+        let unavailable =
+            |e: std::io::Error| AuditError::Unavailable(format!("{}: {e}", config.path.display()));
+        let (mut seq, mut prev) = chain_tail(&config.path).map_err(unavailable)?;
+        // The head sidecar is ahead of the file: records were cut. Continue from the head so
+        // the gap stays visible to `verify` instead of being papered over.
+        if let Ok(Some(head)) = read_head(&config.path) {
+            if head.seq > seq {
+                tracing::error!(
+                    file_seq = seq,
+                    head_seq = head.seq,
+                    "audit file ends before its recorded head: records were cut; continuing the chain from the head"
+                );
+                seq = head.seq;
+                prev = head.hash;
+            }
+        }
         let mut w = Writer {
             path: config.path.clone(),
             file: None,
+            identity: None,
+            regular: false,
             seq,
             prev,
             fsync: config.fsync,
             fsync_interval: Duration::from_millis(config.fsync_interval_ms),
             last_sync: Instant::now(),
+            unsynced: false,
             stdout: config.stdout,
+            rotate_bytes: config.rotate_bytes,
+            counters,
+            last_error: None,
         };
         w.ensure_open()?;
         Ok(w)
     }
 
+    fn unavailable(&self, e: impl std::fmt::Display) -> AuditError {
+        AuditError::Unavailable(format!("{}: {e}", self.path.display()))
+    }
+
+    /// Opens the file if needed, or again if the path now names another file (moved away,
+    /// replaced). A torn last line (crash, failed write) is terminated first, so the next
+    /// record starts on a line of its own.
     fn ensure_open(&mut self) -> Result<&mut File, AuditError> {
+        use std::os::unix::fs::MetadataExt;
+        if self.file.is_some() {
+            let now = std::fs::metadata(&self.path)
+                .ok()
+                .map(|m| (m.dev(), m.ino()));
+            if now != self.identity {
+                tracing::warn!(path = %self.path.display(), "audit path names another file now; reopening");
+                self.file = None;
+            }
+        }
         if self.file.is_none() {
             if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 let _ = std::fs::create_dir_all(dir);
             }
-            let f = OpenOptions::new()
+            let mut f = OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&self.path)
-                .map_err(|e| AuditError::Unavailable(format!("{}: {e}", self.path.display())))?;
+                .map_err(|e| self.unavailable(e))?;
+            let meta = f.metadata().map_err(|e| self.unavailable(e))?;
+            self.regular = meta.is_file();
+            if self.regular {
+                if meta.len() > 0 && !ends_with_newline(&self.path, meta.len()) {
+                    f.write_all(b"\n").map_err(|e| self.unavailable(e))?;
+                }
+                // Lines that reached the file although their batch failed (the truncation
+                // back failed too) are on the chain: continue after them.
+                let (seq, prev) = chain_tail(&self.path).map_err(|e| self.unavailable(e))?;
+                if seq > self.seq {
+                    self.seq = seq;
+                    self.prev = prev;
+                }
+            }
+            self.identity = Some((meta.dev(), meta.ino()));
             self.file = Some(f);
         }
         self.file
@@ -240,11 +436,37 @@ impl Writer {
 
     fn run(
         &mut self,
-        mut rx: mpsc::UnboundedReceiver<Job>,
+        rx: std::sync::mpsc::Receiver<Job>,
         healthy: Arc<AtomicBool>,
         depth: Arc<AtomicUsize>,
     ) {
-        while let Some(first) = rx.blocking_recv() {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            let wait = if !healthy.load(Ordering::Acquire) {
+                Some(RETRY_EVERY)
+            } else if self.unsynced && self.fsync == FsyncPolicy::Interval {
+                Some(self.fsync_interval.saturating_sub(self.last_sync.elapsed()))
+            } else {
+                None
+            };
+            let first = match wait {
+                None => match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                },
+                Some(t) => match rx.recv_timeout(t) {
+                    Ok(j) => j,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if healthy.load(Ordering::Acquire) {
+                            self.sync_now();
+                        } else {
+                            self.probe(&healthy);
+                        }
+                        continue;
+                    }
+                },
+            };
             let mut batch = vec![first];
             while batch.len() < 512 {
                 match rx.try_recv() {
@@ -254,10 +476,7 @@ impl Writer {
             }
             let n = batch.len();
             let result = self.write_batch(&mut batch);
-            healthy.store(result.is_ok(), Ordering::Release);
-            if let Err(e) = &result {
-                tracing::error!(error = %e, records = n, "audit write failed; tool calls are refused until it works again");
-            }
+            self.note(&result, &healthy, n);
             depth.fetch_sub(n, Ordering::Relaxed);
             for job in batch {
                 if let Some(ack) = job.ack {
@@ -265,12 +484,61 @@ impl Writer {
                 }
             }
         }
-        if let Some(f) = &self.file {
-            let _ = f.sync_data();
+        self.sync_now();
+    }
+
+    fn note(&mut self, result: &Result<(), AuditError>, healthy: &AtomicBool, n: usize) {
+        match result {
+            Ok(()) => {
+                self.counters.batches.fetch_add(1, Ordering::Relaxed);
+                healthy.store(true, Ordering::Release);
+                self.last_error = None;
+            }
+            Err(e) => {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                healthy.store(false, Ordering::Release);
+                if self.last_error.is_none() {
+                    tracing::error!(error = %e, records = n, "audit write failed; tool calls are refused until it works again");
+                    self.last_error = Some((e.to_string(), Instant::now()));
+                }
+            }
+        }
+    }
+
+    /// While unhealthy and idle: try to write an `audit_resumed` record, which states the
+    /// outage. Success makes the audit healthy again without waiting for a tool call.
+    fn probe(&mut self, healthy: &AtomicBool) {
+        let mut rec = Record::event("audit_resumed");
+        if let Some((err, since)) = &self.last_error {
+            rec.reason = Some(format!("audit was unavailable: {err}"));
+            rec.duration_ms = Some(since.elapsed().as_secs_f64() * 1000.0);
+        }
+        let mut batch = [Job {
+            record: rec,
+            ack: None,
+        }];
+        let result = self.write_batch(&mut batch);
+        if result.is_ok() {
+            tracing::info!("audit writable again; tool calls resume");
+        }
+        self.note(&result, healthy, 1);
+    }
+
+    fn sync_now(&mut self) {
+        if self.unsynced {
+            if let Some(f) = &self.file {
+                if f.sync_data().is_ok() {
+                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.unsynced = false;
+            self.last_sync = Instant::now();
         }
     }
 
     fn write_batch(&mut self, batch: &mut [Job]) -> Result<(), AuditError> {
+        // Open (or reopen) first: reopening may move the chain past lines already on file.
+        self.ensure_open()?;
         let mut buf = String::new();
         let (mut seq, mut prev) = (self.seq, self.prev.clone());
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
@@ -288,65 +556,139 @@ impl Writer {
             buf.push_str(&line);
             buf.push('\n');
         }
-        let policy = self.fsync;
-        let due = match policy {
+        let due = match self.fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Interval => self.last_sync.elapsed() >= self.fsync_interval,
             FsyncPolicy::Never => false,
         };
-        let res = (|| {
-            let f = self.ensure_open()?;
-            f.write_all(buf.as_bytes())
-                .and_then(|_| f.flush())
-                .and_then(|_| if due { f.sync_data() } else { Ok(()) })
-                .map_err(|e| AuditError::Unavailable(format!("write: {e}")))
-        })();
-        if res.is_err() {
-            // Reopen next time; the chain does not advance past records not written.
+        let regular = self.regular;
+        let f = self.ensure_open()?;
+        let before = if regular {
+            f.metadata().map(|m| m.len()).ok()
+        } else {
+            None
+        };
+        let res = f
+            .write_all(buf.as_bytes())
+            .and_then(|_| f.flush())
+            .and_then(|_| if due { f.sync_data() } else { Ok(()) });
+        if let Err(e) = res {
+            // Take back what part of the batch reached the file: its callers are told it was
+            // not written. If that fails too, the reopen continues the chain after it.
+            if let Some(len) = before {
+                let _ = f.set_len(len);
+            }
             self.file = None;
-            return res;
+            return Err(self.unavailable(format!("write: {e}")));
         }
         if due {
+            self.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.last_sync = Instant::now();
+            self.unsynced = false;
+        } else {
+            self.unsynced = self.fsync != FsyncPolicy::Never;
         }
         self.seq = seq;
         self.prev = prev;
+        if self.regular {
+            let head = Head {
+                seq: self.seq,
+                hash: self.prev.clone(),
+            };
+            if let Err(e) = write_head(&self.path, &head) {
+                tracing::warn!(error = %e, "audit head not written; a cut tail may go unnoticed until it is");
+            }
+        }
         if self.stdout {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(buf.as_bytes());
             let _ = out.flush();
         }
+        self.maybe_rotate();
         Ok(())
+    }
+
+    /// Moves a full file to the next `<path>.NNNNNN`; the next record opens a new file and
+    /// continues the chain (its `prev` is the hash of the rotated file's last line).
+    fn maybe_rotate(&mut self) {
+        if self.rotate_bytes == 0 || !self.regular {
+            return;
+        }
+        let Some(f) = &self.file else { return };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < self.rotate_bytes {
+            return;
+        }
+        let _ = f.sync_data();
+        let next = segments(&self.path)
+            .ok()
+            .and_then(|s| s.last().cloned())
+            .and_then(|p| {
+                p.extension()
+                    .and_then(|e| e.to_str())
+                    .and_then(|e| e.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+            + 1;
+        let mut target = self.path.as_os_str().to_os_string();
+        target.push(format!(".{next:06}"));
+        match std::fs::rename(&self.path, PathBuf::from(target)) {
+            Ok(()) => {
+                self.counters.rotations.fetch_add(1, Ordering::Relaxed);
+                self.file = None;
+                self.identity = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "audit rotation failed; continuing in the same file")
+            }
+        }
     }
 }
 
-/// The (seq, hash) of the last complete record of a file, to continue its chain.
+fn ends_with_newline(path: &Path, len: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = File::open(path) else {
+        return true;
+    };
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(len - 1))
+        .and_then(|_| f.read_exact(&mut b))
+        .map(|_| b[0] == b'\n')
+        .unwrap_or(true)
+}
+
+/// The (seq, hash) of the last complete record of a chain (the file, or if it holds no
+/// record yet, its newest rotated segment), to continue it.
 pub fn chain_tail(path: &Path) -> std::io::Result<(u64, String)> {
+    if let Some(t) = file_tail(path)? {
+        return Ok(t);
+    }
+    for seg in segments(path)?.iter().rev() {
+        if let Some(t) = file_tail(seg)? {
+            return Ok(t);
+        }
+    }
+    Ok((0, GENESIS.into()))
+}
+
+fn file_tail(path: &Path) -> std::io::Result<Option<(u64, String)>> {
     let f = match File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, GENESIS.into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     if !f.metadata()?.is_file() {
         // A device or pipe (e.g. /dev/full in tests): nothing to continue.
-        return Ok((0, GENESIS.into()));
+        return Ok(None);
     }
-    let mut last: Option<String> = None;
+    let mut last: Option<(u64, String)> = None;
     for line in BufReader::new(f).lines() {
         let line = line?;
-        if serde_json::from_str::<Value>(&line).is_ok() {
-            last = Some(line);
+        if let Ok(r) = serde_json::from_str::<Record>(&line) {
+            last = Some((r.seq, line_hash(&line)));
         }
     }
-    Ok(match last {
-        Some(line) => {
-            let seq = serde_json::from_str::<Record>(&line)
-                .map(|r| r.seq)
-                .unwrap_or(0);
-            (seq, line_hash(&line))
-        }
-        None => (0, GENESIS.into()),
-    })
+    Ok(last)
 }
 
 /// Reads every record of an audit file (lines that do not parse are skipped).
@@ -362,6 +704,15 @@ pub fn read_records(path: &Path) -> std::io::Result<Vec<Record>> {
     Ok(out)
 }
 
+/// Reads every record of a chain: the rotated segments of `path`, then `path`.
+pub fn read_chain(path: &Path) -> std::io::Result<Vec<Record>> {
+    let mut out = Vec::new();
+    for f in chain_files(path)? {
+        out.extend(read_records(&f)?);
+    }
+    Ok(out)
+}
+
 /// Filters for `gatehouse audit`.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
@@ -371,6 +722,10 @@ pub struct Filter {
     pub outcome: Option<String>,
     pub label: Option<String>,
     pub event: Option<String>,
+    /// Records at or after this time.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Records strictly before this time.
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Filter {
@@ -378,11 +733,18 @@ impl Filter {
         fn eq(want: &Option<String>, have: &Option<String>) -> bool {
             want.as_ref().is_none_or(|w| have.as_deref() == Some(w))
         }
+        let ts = || {
+            chrono::DateTime::parse_from_rfc3339(&r.ts)
+                .ok()
+                .map(|t| t.with_timezone(&chrono::Utc))
+        };
         eq(&self.agent_id, &r.agent_id)
             && eq(&self.registration_id, &r.registration_id)
             && eq(&self.tool, &r.tool)
             && eq(&self.outcome, &r.outcome)
             && eq(&self.label, &r.label)
             && self.event.as_ref().is_none_or(|e| &r.event == e)
+            && self.since.is_none_or(|s| ts().is_some_and(|t| t >= s))
+            && self.until.is_none_or(|u| ts().is_some_and(|t| t < u))
     }
 }

@@ -100,9 +100,13 @@ pub async fn run(
         }
     };
     let mut rec = base_record(ctx, Some(&name));
-    rec.args_digest = Some(digest_value(&args));
+    // Redacted keys are left out of the digest too: a digest of a low-entropy secret could be
+    // brute-forced offline.
+    let redact_keys = &gw.config().audit.redact_keys;
+    let redacted = (!redact_keys.is_empty()).then(|| redact(&args, redact_keys));
+    rec.args_digest = Some(digest_value(redacted.as_ref().unwrap_or(&args)));
     if gw.config().audit.record_arguments {
-        rec.arguments = Some(redact(&args, &gw.config().audit.redact_keys));
+        rec.arguments = Some(redacted.unwrap_or_else(|| args.clone()));
     }
     let reg = &ctx.registration;
     let Some(tool) = reg.tools.get(&name) else {

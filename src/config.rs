@@ -123,6 +123,9 @@ pub struct AuditConfig {
     /// Record tool arguments (with `redact_keys` masked), not only their digest.
     pub record_arguments: bool,
     pub redact_keys: Vec<String>,
+    /// Rotate the file when it reaches this many bytes (0 = never, the default); the chain
+    /// continues into the next file.
+    pub rotate_bytes: u64,
 }
 
 impl Default for AuditConfig {
@@ -134,6 +137,7 @@ impl Default for AuditConfig {
             stdout: false,
             record_arguments: false,
             redact_keys: Vec::new(),
+            rotate_bytes: 0,
         }
     }
 }

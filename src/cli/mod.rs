@@ -36,7 +36,7 @@ pub enum Command {
     /// List live registrations (never their tokens).
     List(list::ListArgs),
     /// Read, filter and summarise an audit file.
-    Audit(audit::AuditArgs),
+    Audit(Box<audit::AuditArgs>),
     /// Validate a config file and exit (non-zero on error), before anything binds.
     CheckConfig(check_config::CheckConfigArgs),
     /// The built-in "helpdesk" demo MCP server on stdio (used as an upstream).
@@ -65,7 +65,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Renew(a) => renew::run(a),
         Command::Release(a) => release::run(a),
         Command::List(a) => list::run(a),
-        Command::Audit(a) => audit::run(a),
+        Command::Audit(a) => audit::run(*a),
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),
         Command::EchoUpstream => demo_upstream::run_echo(),
