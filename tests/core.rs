@@ -693,3 +693,19 @@ async fn server_restarts_immediately_with_zero_linger() {
     }
     assert_eq!(tg.gateway.server_starts(), 5);
 }
+
+#[tokio::test]
+async fn sse_streams_send_keepalive_comments() {
+    let tg = TestGateway::with(|c| c.keepalive_s = 1);
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").with_tool(echo_tool("echo", "e")))
+        .await
+        .unwrap();
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let ev = tokio::time::timeout(Duration::from_secs(5), c.events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ev, ("comment".to_string(), "keepalive".to_string()));
+}
