@@ -29,7 +29,7 @@ enum Client {
     Rmcp010Sse,
     PySse,
     PyStreamable,
-    PyClient,
+    PyHighLevel,
     TsSse,
     TsStreamable,
     InspectorCli,
@@ -41,7 +41,7 @@ impl Client {
         Client::Rmcp010Sse,
         Client::PySse,
         Client::PyStreamable,
-        Client::PyClient,
+        Client::PyHighLevel,
         Client::TsSse,
         Client::TsStreamable,
         Client::InspectorCli,
@@ -52,7 +52,7 @@ impl Client {
             Client::Rmcp010Sse => "rmcp 0.10 (legacy SSE)",
             Client::PySse => "Python SDK `sse_client`",
             Client::PyStreamable => "Python SDK `streamable_http_client`",
-            Client::PyClient => "Python SDK `Client` (`server/discover`)",
+            Client::PyHighLevel => "Python SDK `Client` (`server/discover`)",
             Client::TsSse => "TypeScript SDK SSE",
             Client::TsStreamable => "TypeScript SDK Streamable HTTP",
             Client::InspectorCli => "MCP Inspector CLI",
@@ -220,7 +220,7 @@ async fn peer(
     extra: &[&str],
 ) -> Result<Value, String> {
     let (mut cmd, transport, url) = match client {
-        Client::PySse | Client::PyStreamable | Client::PyClient => {
+        Client::PySse | Client::PyStreamable | Client::PyHighLevel => {
             let mut c = tokio::process::Command::new(root().join("tests/peers/.venv/bin/python"));
             c.arg(root().join("tests/peers/py_client.py"));
             let (t, u) = match client {
@@ -302,7 +302,7 @@ async fn peer_cell(tg: &TestGateway, client: Client, up: Up) -> Cell {
     match peer(client, &reg, plan.call.0, &plan.call.1, &[]).await {
         Ok(v) => {
             let pv = v["protocol_version"].as_str().unwrap_or("").to_string();
-            let want_modern = client == Client::PyClient;
+            let want_modern = client == Client::PyHighLevel;
             cell.insert(
                 "init",
                 if pv.is_empty() || (want_modern && pv != "2026-07-28") {
