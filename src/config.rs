@@ -46,6 +46,10 @@ pub struct Config {
     pub allowed_origins: Vec<String>,
     /// Allow `http(s)://localhost|127.0.0.1|[::1][:port]` origins.
     pub allow_loopback_origins: bool,
+    /// `Host` values allowed besides loopback ones (`localhost`, `127.0.0.1`, `[::1]`, any
+    /// port) and the host of `public_url`: `host` (any port) or `host:port`. Any other Host
+    /// is refused with 403 (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
     /// Grace period of a graceful shutdown, in seconds.
     pub shutdown_grace_s: u64,
     pub sessions: SessionConfig,
@@ -65,6 +69,7 @@ impl Default for Config {
             max_body_bytes: 4 * 1024 * 1024,
             allowed_origins: Vec::new(),
             allow_loopback_origins: true,
+            allowed_hosts: Vec::new(),
             shutdown_grace_s: 10,
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
@@ -191,6 +196,10 @@ pub struct UpstreamConfig {
     /// Renames: upstream tool name -> name agents see (without the `<id>.` prefix).
     #[serde(default)]
     pub rename: BTreeMap<String, String>,
+    /// Expose this upstream's tools (renamed or not) without the `<id>.` prefix, e.g. for
+    /// clients that call fixed tool names. Grants still name them `<id>.<tool>` or `<id>.*`.
+    #[serde(default)]
+    pub bare_names: bool,
 }
 
 fn default_call_timeout() -> u64 {

@@ -312,7 +312,7 @@ impl Gateway {
             granted.extend(
                 upstream_tools
                     .iter()
-                    .filter(|t| grant_matches(pattern, &t.name))
+                    .filter(|t| grant_matches(pattern, &t.name) || grant_matches_bare(pattern, t))
                     .cloned(),
             );
             if granted.len() == before {
@@ -643,5 +643,16 @@ impl Drop for Registration {
                     .record_detached(lifecycle_record("registration_released", &state)),
             }
         }
+    }
+}
+
+/// A tool exposed without its `<upstream>.` prefix (`bare_names`) is still granted by
+/// `<upstream>.<name>` and `<upstream>.*`.
+fn grant_matches_bare(pattern: &str, t: &GrantedTool) -> bool {
+    match &t.backend {
+        Backend::Upstream { upstream, .. } if !t.name.starts_with(&format!("{upstream}.")) => {
+            grant_matches(pattern, &format!("{upstream}.{}", t.name))
+        }
+        _ => false,
     }
 }

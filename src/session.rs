@@ -6,7 +6,7 @@
 //! never resolves under B.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,6 +68,28 @@ pub struct Session {
     /// Open server-to-client streams (an SSE session's stream, a Streamable HTTP GET).
     streams: AtomicUsize,
     last_active: Mutex<Instant>,
+    /// `logging/setLevel`: 0 = not set (every log passes), else severity index + 1.
+    log_level: AtomicU8,
+}
+
+/// RFC 5424 severities as MCP names them, least severe first.
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// The index of a log level in [`LOG_LEVELS`].
+pub fn log_level_index(level: &str) -> Option<u8> {
+    LOG_LEVELS
+        .iter()
+        .position(|l| *l == level)
+        .and_then(|i| u8::try_from(i).ok())
 }
 
 fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,6 +104,29 @@ impl Session {
 
     pub fn set_protocol_version(&self, v: &str) {
         *relock(&self.protocol_version) = Some(v.to_string());
+    }
+
+    /// Records the session's `logging/setLevel`; false for an unknown level.
+    pub fn set_log_level(&self, level: &str) -> bool {
+        match log_level_index(level) {
+            Some(i) => {
+                self.log_level.store(i + 1, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Does a `notifications/message` at `level` reach this session? Yes unless the client
+    /// set a higher minimum (an unknown level passes).
+    pub fn wants_log(&self, level: &str) -> bool {
+        match (
+            self.log_level.load(Ordering::Acquire),
+            log_level_index(level),
+        ) {
+            (0, _) | (_, None) => true,
+            (min, Some(i)) => i + 1 >= min,
+        }
     }
 
     pub fn is_initialized(&self) -> bool {
@@ -198,6 +243,7 @@ impl SessionTable {
             in_flight: Mutex::new(HashMap::new()),
             streams: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
+            log_level: AtomicU8::new(0),
         });
         // At a cap, the oldest idle session (of the registration, or of the gateway) is
         // evicted through `close`; when none is idle, the caller answers 503.

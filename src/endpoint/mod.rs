@@ -82,6 +82,47 @@ fn valid_port(p: &str) -> bool {
         .is_ok_and(|_| !p.is_empty())
 }
 
+/// Splits `host[:port]` (IPv6 in brackets); `None` if malformed.
+fn split_host(hostport: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, rest) = v6.split_once(']')?;
+        return match rest.strip_prefix(':') {
+            None if rest.is_empty() => Some((h, None)),
+            Some(p) if valid_port(p) => Some((h, Some(p))),
+            _ => None,
+        };
+    }
+    match hostport.split_once(':') {
+        Some((h, p)) if valid_port(p) && !h.is_empty() => Some((h, Some(p))),
+        Some(_) => None,
+        None if !hostport.is_empty() => Some((hostport, None)),
+        None => None,
+    }
+}
+
+/// Is a `Host` header allowed? Loopback hosts (any port), the host of `public_url`, and
+/// `allowed_hosts` entries (`host` for any port, or exact `host:port`). DNS rebinding makes
+/// a hostile name resolve to this listener; its Host header gives it away.
+pub fn host_allowed(config: &Config, host: &str) -> bool {
+    let Some((name, port)) = split_host(host) else {
+        return false;
+    };
+    if name.eq_ignore_ascii_case("localhost") || name == "127.0.0.1" || name == "::1" {
+        return true;
+    }
+    let public = config.public_url.as_deref().and_then(|u| {
+        let rest = u
+            .strip_prefix("http://")
+            .or_else(|| u.strip_prefix("https://"))?;
+        rest.split('/').next()
+    });
+    public
+        .into_iter()
+        .chain(config.allowed_hosts.iter().map(String::as_str))
+        .filter_map(split_host)
+        .any(|(h, p)| h.eq_ignore_ascii_case(name) && (p.is_none() || p == port))
+}
+
 /// The bearer token of a request, if it has one.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
@@ -92,13 +133,23 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The checks every agent request passes, in order: Origin (403), registration (404),
-/// token (401). The token is compared with this registration's token only.
+/// The checks every agent request passes, in order: Host and Origin (403), registration
+/// (404), token (401). The token is compared with this registration's token only.
 pub fn authorize(
     gw: &Gateway,
     id: &str,
     headers: &HeaderMap,
 ) -> Result<Arc<RegistrationState>, Response> {
+    if let Some(host) = headers.get(header::HOST) {
+        let ok = host.to_str().is_ok_and(|h| host_allowed(gw.config(), h));
+        if !ok {
+            return Err(http_error(
+                StatusCode::FORBIDDEN,
+                jsonrpc::INVALID_REQUEST,
+                "forbidden: Host not allowed",
+            ));
+        }
+    }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let ok = origin
             .to_str()
@@ -178,5 +229,40 @@ mod tests {
         ] {
             assert!(!origin_allowed(&c, bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn hosts() {
+        let mut c = Config {
+            public_url: Some("https://gw.example:8443/base".into()),
+            allowed_hosts: vec!["mcp.internal".into(), "other.internal:99".into()],
+            ..Config::default()
+        };
+        for ok in [
+            "localhost",
+            "localhost:8787",
+            "127.0.0.1:1",
+            "[::1]:80",
+            "gw.example:8443",
+            "mcp.internal",
+            "mcp.internal:1234",
+            "other.internal:99",
+        ] {
+            assert!(host_allowed(&c, ok), "{ok}");
+        }
+        for bad in [
+            "evil.example.com",
+            "evil.example.com:8787",
+            "gw.example:1",
+            "other.internal:98",
+            "127.0.0.1.nip.io",
+            "localhost:99999",
+            "",
+            "[::1",
+        ] {
+            assert!(!host_allowed(&c, bad), "{bad}");
+        }
+        c.public_url = None;
+        assert!(!host_allowed(&c, "gw.example:8443"));
     }
 }

@@ -33,7 +33,7 @@ impl RequestCtx {
 
 /// The server capabilities the gateway advertises.
 pub fn server_capabilities() -> Value {
-    json!({"tools": {"listChanged": true}})
+    json!({"tools": {"listChanged": true}, "logging": {}})
 }
 
 /// The gateway's `Implementation`.
@@ -100,6 +100,7 @@ pub async fn handle_request(
         "ping" => Some(jsonrpc::success(id, json!({}))),
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "tools/call" => call::run(ctx, id, params, cancel).await,
+        "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
         _ => Some(
             RpcError::new(
                 Some(id),
@@ -109,6 +110,25 @@ pub async fn handle_request(
             .to_value(),
         ),
     }
+}
+
+/// `logging/setLevel`: the gateway filters the upstream logs it forwards to this session (an
+/// upstream connection may be shared, so the level is not passed on). Without a session
+/// (stateless requests) there is nothing to remember; the request is acknowledged.
+fn set_log_level(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
+    let level = params.and_then(|p| p.get("level")).and_then(Value::as_str);
+    let Some(level) = level.filter(|l| crate::session::log_level_index(l).is_some()) else {
+        return RpcError::new(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            "logging/setLevel: \"level\" must be one of debug, info, notice, warning, error, critical, alert, emergency",
+        )
+        .to_value();
+    };
+    if let Some(s) = &ctx.session {
+        s.set_log_level(level);
+    }
+    jsonrpc::success(id, json!({}))
 }
 
 fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {

@@ -348,7 +348,7 @@ impl Connection {
         }
         let id = core.ids.next();
         let progress = rewrite_progress_token(&mut params, core.epoch, id, opts.progress);
-        let mut rx = core.register(id, progress)?;
+        let mut rx = core.register(id, progress, opts.notifications)?;
         let guard = PendingGuard {
             conn: self,
             id,
@@ -579,6 +579,7 @@ struct ProgressRoute {
 struct PendingRequest {
     tx: oneshot::Sender<Result<Value, Value>>,
     progress: Option<ProgressRoute>,
+    notifications: Option<mpsc::Sender<Value>>,
 }
 
 #[derive(Default)]
@@ -619,13 +620,21 @@ impl Core {
         &self,
         id: u64,
         progress: Option<ProgressRoute>,
+        notifications: Option<mpsc::Sender<Value>>,
     ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
         let (tx, rx) = oneshot::channel();
         let mut state = lock(&self.state);
         if let Some(reason) = &state.closed {
             return Err(UpstreamError::Closed(reason.clone()));
         }
-        state.pending.insert(id, PendingRequest { tx, progress });
+        state.pending.insert(
+            id,
+            PendingRequest {
+                tx,
+                progress,
+                notifications,
+            },
+        );
         Ok(rx)
     }
 
@@ -687,7 +696,7 @@ impl Core {
         match (method, id) {
             (Some(method), Some(id)) => self.on_server_request(id, method, params, related_hint),
             (Some(method), None) => {
-                self.on_notification(method, params);
+                self.on_notification(method, params, related_hint);
                 None
             }
             (None, Some(id)) => {
@@ -728,12 +737,41 @@ impl Core {
         }
     }
 
-    fn on_notification(&self, method: String, params: Option<Value>) {
+    fn on_notification(&self, method: String, params: Option<Value>, related_hint: Option<u64>) {
         if method == "notifications/progress" {
             if let Some(params) = params {
                 self.on_progress(params);
             }
             return;
+        }
+        if method == "notifications/message" {
+            // A log belongs to the request it can be attributed to (HTTP: the POST stream that
+            // carried it; stdio: the only pending request), and goes to that request's sink.
+            let sink = {
+                let state = lock(&self.state);
+                let related = related_hint.or_else(|| {
+                    let mut ids = state.pending.keys();
+                    match (ids.next(), ids.next()) {
+                        (Some(only), None) => Some(*only),
+                        _ => None,
+                    }
+                });
+                related
+                    .and_then(|id| state.pending.get(&id))
+                    .and_then(|p| p.notifications.clone())
+            };
+            if let Some(sink) = sink {
+                let mut msg = Map::new();
+                msg.insert("jsonrpc".into(), Value::String("2.0".into()));
+                msg.insert("method".into(), Value::String(method));
+                if let Some(p) = params {
+                    msg.insert("params".into(), p);
+                }
+                if sink.try_send(Value::Object(msg)).is_err() {
+                    tracing::debug!(upstream = %self.upstream_id, "log channel full or closed; dropping notifications/message");
+                }
+                return;
+            }
         }
         let _ = self.events.send(UpstreamEvent::Notification {
             epoch: self.epoch,

@@ -159,6 +159,10 @@ pub struct RequestOptions {
     pub progress: Option<tokio::sync::mpsc::Sender<Value>>,
     /// Receives the upstream request id as soon as it is assigned (before sending), for audit.
     pub started: Option<tokio::sync::oneshot::Sender<u64>>,
+    /// Receives `notifications/message` (logs) attributable to this request, as whole JSON-RPC
+    /// notifications, before its response (attribution as for [`UpstreamEvent::Request`]).
+    /// Without a sender they are emitted as [`UpstreamEvent::Notification`].
+    pub notifications: Option<tokio::sync::mpsc::Sender<Value>>,
 }
 
 /// A completed upstream request.

@@ -273,7 +273,11 @@ pub fn transport_for(config: &UpstreamConfig) -> Result<Transport, String> {
 /// The name agents see for an upstream tool.
 pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
     let local = config.rename.get(tool).map(String::as_str).unwrap_or(tool);
-    format!("{}.{}", config.id, local)
+    if config.bare_names {
+        local.to_string()
+    } else {
+        format!("{}.{}", config.id, local)
+    }
 }
 
 fn backoff(crashes: u32) -> Duration {
@@ -582,12 +586,35 @@ impl Pool {
             }
             None => (None, None),
         };
+        let (logs_tx, mut logs_rx) = match &call.notify {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel(64);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        // Upstream logs pass the session's `logging/setLevel` filter on their way to the client.
+        let session = call.session.clone();
+        let forward_log = |msg: Value| {
+            let level = msg
+                .get("params")
+                .and_then(|p| p.get("level"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if let (Some(n), true) = (
+                &call.notify,
+                session.as_ref().is_none_or(|s| s.wants_log(level)),
+            ) {
+                let _ = n.try_send(msg);
+            }
+        };
         let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
         let opts = RequestOptions {
             timeout: Some(timeout),
             cancel: call.cancel.clone(),
             progress: progress_tx,
             started: Some(started_tx),
+            notifications: logs_tx,
         };
         let request = conn.request("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
@@ -608,6 +635,12 @@ impl Pool {
                         });
                     }
                 }
+                l = async { match logs_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match l {
+                        Some(l) => forward_log(l),
+                        None => logs_rx = None,
+                    }
+                }
                 p = async { match progress_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
                     match (p, &call.notify) {
                         (Some(p), Some(n)) => {
@@ -619,7 +652,12 @@ impl Pool {
                 }
             }
         };
-        // Progress sent before the response is still delivered, and before the reply.
+        // Logs and progress sent before the response are still delivered, and before the reply.
+        if let Some(rx) = logs_rx.as_mut() {
+            while let Ok(l) = rx.try_recv() {
+                forward_log(l);
+            }
+        }
         if let (Some(rx), Some(n)) = (progress_rx.as_mut(), &call.notify) {
             while let Ok(p) = rx.try_recv() {
                 let msg = crate::mcp::jsonrpc::notification("notifications/progress", Some(p));

