@@ -113,7 +113,8 @@ async fn crash_loop_backs_off_between_spawns_fails_calls_clearly_and_recovers() 
             "gap {i} below its backoff {backoff}: {gaps:?}"
         );
     }
-    assert!(gaps[3] > gaps[0] + 0.45, "backoff grows: {gaps:?}");
+    // (Expected +0.7 s; python start times vary a lot on a loaded machine, hence the margin.)
+    assert!(gaps[3] > gaps[0] + 0.2, "backoff grows: {gaps:?}");
     assert!(
         gaps.iter().all(|g| *g < 5.5),
         "backoff is bounded: {gaps:?}"
