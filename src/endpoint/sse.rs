@@ -122,15 +122,22 @@ pub async fn open(
 }
 
 /// Sends a message on a session's stream; a reader stuck past the grace loses its session.
-pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) {
-    let Some(tx) = session.outbound() else { return };
+/// Returns whether the message was queued on the stream.
+pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) -> bool {
+    let Some(tx) = session.outbound() else {
+        return false;
+    };
     if session.cancel.is_cancelled() {
-        return;
+        return false;
     }
-    if let Err(e) = tx.send_timeout(msg, SLOW_READER_GRACE).await {
-        if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
-            tracing::warn!(session = %session.id, "slow SSE reader: session closed");
-            gw.sessions().close(&session.id);
+    match tx.send_timeout(msg, SLOW_READER_GRACE).await {
+        Ok(()) => true,
+        Err(e) => {
+            if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
+                tracing::warn!(session = %session.id, "slow SSE reader: session closed");
+                gw.sessions().close(&session.id);
+            }
+            false
         }
     }
 }

@@ -57,6 +57,8 @@ pub const SELF_EXE_ENV: &str = "GATEHOUSE_SELF_EXE";
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
 /// JSON-RPC error code for server → client requests the gateway refuses.
 const REFUSED: i64 = -32603;
+/// How long a server → client request may wait for room on a client stream.
+const CLIENT_REQUEST_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The pool of upstream connections of one gateway. Cheap to clone.
 #[derive(Clone)]
@@ -141,6 +143,9 @@ struct PendingCall {
     #[allow(dead_code)]
     downstream_id: Value,
     epoch: u64,
+    /// The call's own downstream sink (Streamable HTTP: its POST's SSE response stream; legacy
+    /// SSE: the session stream). Server → client requests related to the call go here first.
+    notify: Option<mpsc::Sender<Value>>,
 }
 
 /// One logical connection: survives respawns, keeps its id counter and epochs.
@@ -159,6 +164,9 @@ struct Slot {
     crashes: AtomicU32,
     /// Epoch the gateway itself tore down last (its `Closed` event is not a crash).
     killed_epoch: AtomicU64,
+    /// Last epoch counted in `crashes` (a failed spawn is seen twice: as the connect error and
+    /// as its `Closed` event; it counts once).
+    crash_epoch: AtomicU64,
     in_flight: AtomicUsize,
     permits: Arc<Semaphore>,
     last_used: Mutex<Instant>,
@@ -457,6 +465,7 @@ impl Pool {
             events_tx: tx,
             crashes: AtomicU32::new(0),
             killed_epoch: AtomicU64::new(0),
+            crash_epoch: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
             last_used: Mutex::new(Instant::now()),
@@ -632,6 +641,7 @@ impl Pool {
                             session: call.session.clone(),
                             downstream_id: call.downstream_id.clone(),
                             epoch: conn.epoch(),
+                            notify: call.notify.clone(),
                         });
                     }
                 }
@@ -971,9 +981,16 @@ impl Slot {
                 Ok(c)
             }
             Err(e) => {
-                self.crashes.fetch_add(1, Ordering::Relaxed);
+                self.count_crash(epoch);
                 Err(e)
             }
+        }
+    }
+
+    /// Counts one failure of `epoch` towards the respawn backoff (at most once per epoch).
+    fn count_crash(&self, epoch: u64) {
+        if self.crash_epoch.swap(epoch, Ordering::SeqCst) != epoch {
+            self.crashes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1042,7 +1059,7 @@ impl Slot {
                 };
                 lock(&self.pending).retain(|_, p| p.epoch != epoch);
                 if self.killed_epoch.load(Ordering::SeqCst) != epoch {
-                    self.crashes.fetch_add(1, Ordering::Relaxed);
+                    self.count_crash(epoch);
                     tracing::warn!(upstream = %self.spec.id, epoch, ?pid, %reason, "upstream connection died; the next call respawns it");
                     self.record("upstream_exited", epoch, pid, Some(reason));
                 }
@@ -1107,6 +1124,13 @@ impl Slot {
     }
 
     /// Routes a server → client request to the one session it belongs to, or refuses it.
+    ///
+    /// The request must be attributable to one pending call of a session. It goes on that
+    /// call's own sink first (Streamable HTTP: the POST's SSE response stream, as MCP asks for
+    /// requests related to a client request), else on the session's server-to-client stream
+    /// (legacy SSE stream / Streamable HTTP GET stream). If neither takes it, or the call has no
+    /// session (stateless 2026-07-28: MRTR is not implemented), the upstream gets an error at
+    /// once: never a silent drop that leaves it waiting.
     async fn client_request(
         &self,
         epoch: u64,
@@ -1118,34 +1142,46 @@ impl Slot {
         let Some(conn) = lock(&self.current).clone().filter(|c| c.epoch() == epoch) else {
             return;
         };
-        let target = related
-            .and_then(|r| lock(&self.pending).get(&r).cloned())
-            .and_then(|p| {
-                p.session
-                    .filter(|s| s.outbound().is_some())
-                    .map(|s| (p.registration_id, s))
-            });
+        let call = related.and_then(|r| lock(&self.pending).get(&r).cloned());
         let gw = self
             .pool
             .upgrade()
             .and_then(|p| p.gateway.get().and_then(WeakGateway::upgrade));
-        let (Some((registration_id, session)), Some(gw), Some(pool)) =
-            (target, gw, self.pool.upgrade())
-        else {
-            tracing::warn!(upstream = %self.spec.id, method, "server → client request refused: not attributable to one client session");
-            let err = json!({"code": REFUSED, "message": format!("gatehouse: {method} cannot be attributed to one client session; refused")});
-            let _ = conn.respond(id, Err(err)).await;
-            return;
+        let refuse = |why: &str| {
+            tracing::warn!(upstream = %self.spec.id, method, why, "server → client request refused");
+            json!({"code": REFUSED, "message": format!("gatehouse: {method} refused: {why}")})
+        };
+        let (call, session, gw, pool) = match (call, gw, self.pool.upgrade()) {
+            (Some(c), Some(gw), Some(pool)) => match c.session.clone() {
+                Some(s) if !s.cancel.is_cancelled() => (c, s, gw, pool),
+                Some(_) => {
+                    let err = refuse("the client session is closed");
+                    let _ = conn.respond(id, Err(err)).await;
+                    return;
+                }
+                None => {
+                    let err = refuse(
+                        "the call has no client session (stateless 2026-07-28 requests cannot take server requests: MRTR is not implemented)",
+                    );
+                    let _ = conn.respond(id, Err(err)).await;
+                    return;
+                }
+            },
+            _ => {
+                let err = refuse("not attributable to one client session");
+                let _ = conn.respond(id, Err(err)).await;
+                return;
+            }
         };
         let n = pool.next_client_request.fetch_add(1, Ordering::Relaxed);
         let down_id = format!("gatehouse-{}-{n}", self.spec.id);
         lock(&pool.client_requests).insert(
             down_id.clone(),
             ClientRequest {
-                registration_id,
+                registration_id: call.registration_id.clone(),
                 session_id: session.id.clone(),
-                conn,
-                upstream_request_id: id,
+                conn: conn.clone(),
+                upstream_request_id: id.clone(),
             },
         );
         let mut msg = Map::new();
@@ -1155,7 +1191,24 @@ impl Slot {
         if let Some(p) = params {
             msg.insert("params".into(), p);
         }
-        crate::endpoint::sse::deliver(&gw, &session, Value::Object(msg)).await;
+        let msg = Value::Object(msg);
+        let on_call_stream = match &call.notify {
+            Some(tx) => tx
+                .send_timeout(msg.clone(), CLIENT_REQUEST_SEND_TIMEOUT)
+                .await
+                .is_ok(),
+            None => false,
+        };
+        // (Legacy SSE: the call's sink *is* the session stream; the fallback then fails alike.)
+        let delivered = on_call_stream
+            || (session.outbound().is_some()
+                && crate::endpoint::sse::deliver(&gw, &session, msg).await);
+        if delivered {
+            return;
+        }
+        lock(&pool.client_requests).remove(&down_id);
+        let err = refuse("the client has no open stream to receive it");
+        let _ = conn.respond(id, Err(err)).await;
     }
 }
 
