@@ -561,8 +561,10 @@ async fn rmcp3_cell(tg: &TestGateway, up: Up) -> Cell {
     )
     .await
     .map_err(|_| "timed out".to_string())
-    .and_then(result)
-    .and_then(|_| progress_note(log.take().len()));
+    .and_then(result);
+    // rmcp runs notification handlers in their own tasks: let the last one land.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = r.and_then(|_| progress_note(log.take().len()));
     cell.insert("progress", step(r));
     let r = match client
         .send_cancellable_request(call(plan.cancel), PeerRequestOptions::no_options())
@@ -673,8 +675,10 @@ async fn rmcp010_cell(tg: &TestGateway, up: Up) -> Cell {
     )
     .await
     .map_err(|_| "timed out".to_string())
-    .and_then(result)
-    .and_then(|_| progress_note(log.take().len()));
+    .and_then(result);
+    // rmcp runs notification handlers in their own tasks: let the last one land.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = r.and_then(|_| progress_note(log.take().len()));
     cell.insert("progress", step(r));
     let r = match client
         .send_cancellable_request(call(plan.cancel), PeerRequestOptions::no_options())
