@@ -115,84 +115,155 @@ async def list_all_tools(lister: Any) -> list[str]:
     return names
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {args.token}"}
-    rec = Recorder()
-    out: dict[str, Any] = {"transport": args.transport}
-    callbacks = dict(
+def make_callbacks(rec: Recorder) -> dict[str, Any]:
+    return dict(
         sampling_callback=rec.on_sampling,
         elicitation_callback=rec.on_elicitation,
         logging_callback=rec.on_log,
         client_info=CLIENT_INFO,
     )
 
-    async with AsyncExitStack() as stack:
-        if args.transport == "client":
-            http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
-            )
-            client = Client(
-                streamable_http_client(args.url, http_client=http),
-                mode=args.mode,
-                log_level="debug",  # opt in to notifications/message on 2026-07-28 connections
-                **callbacks,
-            )
-            client = await stack.enter_async_context(client)
-            session: Any = client
-            out["protocol_version"] = client.protocol_version
-            out["server_name"] = client.server_info.name if client.server_info else None
-            out["tools"] = await list_all_tools(client.session.list_tools)
-        else:
-            if args.transport == "sse":
-                read, write = await stack.enter_async_context(sse_client(args.url, headers=headers, timeout=30.0))
-            else:
-                http = await stack.enter_async_context(
-                    httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
-                )
-                read, write = await stack.enter_async_context(streamable_http_client(args.url, http_client=http))
-            session = await stack.enter_async_context(ClientSession(read, write, **callbacks))
-            init = await session.initialize()
-            out["protocol_version"] = init.protocol_version
-            out["server_name"] = init.server_info.name
-            out["tools"] = await list_all_tools(session.list_tools)
 
+async def open_session(
+    stack: AsyncExitStack, transport: str, url: str, token: str, mode: str, rec: Recorder, out: dict[str, Any]
+) -> Any:
+    """Connect, handshake (or discover) and list tools; fills out[protocol_version, server_name, tools]."""
+    headers = {"Authorization": f"Bearer {token}"}
+    callbacks = make_callbacks(rec)
+    if transport == "client":
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        )
+        client = Client(
+            streamable_http_client(url, http_client=http),
+            mode=mode,
+            log_level="debug",  # opt in to notifications/message on 2026-07-28 connections
+            **callbacks,
+        )
+        client = await stack.enter_async_context(client)
+        out["protocol_version"] = client.protocol_version
+        out["server_name"] = client.server_info.name if client.server_info else None
+        out["tools"] = await list_all_tools(client.session.list_tools)
+        return client
+    if transport == "sse":
+        read, write = await stack.enter_async_context(sse_client(url, headers=headers, timeout=30.0))
+    else:
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        )
+        read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+    session = await stack.enter_async_context(ClientSession(read, write, **callbacks))
+    init = await session.initialize()
+    out["protocol_version"] = init.protocol_version
+    out["server_name"] = init.server_info.name
+    out["tools"] = await list_all_tools(session.list_tools)
+    return session
+
+
+async def call_tool(
+    session: Any, rec: Recorder, tool: str, call_args: Any, progress: bool, cancel_after: float | None
+) -> dict[str, Any]:
+    """One tools/call; returns {"call": result | None, "cancelled": bool}."""
+    if not isinstance(call_args, dict):
+        raise ValueError("tool arguments must be a JSON object")
+    progress_cb = rec.on_progress if progress else None
+    out: dict[str, Any] = {"call": None, "cancelled": False}
+    if cancel_after is not None:
+        with anyio.move_on_after(cancel_after) as scope:
+            result = await session.call_tool(tool, call_args, progress_callback=progress_cb)
+        if scope.cancelled_caught:
+            out["cancelled"] = True
+            await anyio.sleep(CANCEL_FLUSH_SECONDS)
+        else:
+            out["call"] = dump_call_result(result)
+    else:
+        result = await session.call_tool(tool, call_args, progress_callback=progress_cb)
+        out["call"] = dump_call_result(result)
+    await anyio.sleep(0.05)  # let trailing notifications (logs, progress) be dispatched
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rec = Recorder()
+    out: dict[str, Any] = {"transport": args.transport}
+    async with AsyncExitStack() as stack:
+        session = await open_session(stack, args.transport, args.url, args.token, args.mode, rec, out)
         out["call"] = None
         out["cancelled"] = False
         if args.call:
             call_args = json.loads(args.args) if args.args else {}
-            if not isinstance(call_args, dict):
-                raise ValueError("--args must be a JSON object")
-            progress_cb = rec.on_progress if args.progress else None
-            if args.cancel_after is not None:
-                with anyio.move_on_after(args.cancel_after) as scope:
-                    result = await session.call_tool(args.call, call_args, progress_callback=progress_cb)
-                if scope.cancelled_caught:
-                    out["cancelled"] = True
-                    await anyio.sleep(CANCEL_FLUSH_SECONDS)
-                else:
-                    out["call"] = dump_call_result(result)
-            else:
-                result = await session.call_tool(args.call, call_args, progress_callback=progress_cb)
-                out["call"] = dump_call_result(result)
-            await anyio.sleep(0.05)  # let trailing notifications (logs) be dispatched
+            out.update(await call_tool(session, rec, args.call, call_args, args.progress, args.cancel_after))
         out["progress"] = rec.progress
         out["logs"] = rec.logs
     return out
 
 
+async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """--batch: one connection, then each step in `cell["steps"]` in order, each step's outcome
+    recorded separately ({"ok": ...} or {"error": ...}); a failed step does not stop the next."""
+    rec = Recorder()
+    out: dict[str, Any] = {"transport": cell["transport"], "steps": {}}
+    async with AsyncExitStack() as stack:
+        session = await open_session(
+            stack, cell["transport"], cell["url"], cell["token"], cell.get("mode", "auto"), rec, out
+        )
+        for step in cell.get("steps", []):
+            rec.progress = []
+            try:
+                with anyio.fail_after(step.get("timeout", 20)):
+                    r = await call_tool(
+                        session,
+                        rec,
+                        step["tool"],
+                        step.get("args", {}),
+                        bool(step.get("progress")),
+                        step.get("cancel_after"),
+                    )
+                r["progress"] = rec.progress
+                out["steps"][step["name"]] = {"ok": r}
+            except BaseException as exc:  # noqa: BLE001
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                out["steps"][step["name"]] = {"error": f"{type(exc).__name__}: {describe(exc)}"}
+        out["logs"] = rec.logs
+    return out
+
+
+async def run_batch(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs the cells one after another in this interpreter (saves its start-up per cell)."""
+    results: list[dict[str, Any]] = []
+    for cell in cells:
+        try:
+            with anyio.fail_after(cell.get("timeout", 30)):
+                results.append({"ok": await run_cell(cell)})
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            results.append({"error": f"{type(exc).__name__}: {describe(exc)}"})
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--transport", required=True, choices=["sse", "streamable", "client"])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--token", required=True)
+    parser.add_argument("--transport", choices=["sse", "streamable", "client"])
+    parser.add_argument("--url")
+    parser.add_argument("--token")
     parser.add_argument("--call", default=None, help="tool to call after tools/list")
     parser.add_argument("--args", default="{}", help="JSON object of tool arguments")
     parser.add_argument("--progress", action="store_true", help="ask for progress (progressToken) and record it")
     parser.add_argument("--cancel-after", type=float, default=None, help="cancel the call after SECONDS")
     parser.add_argument("--mode", default="auto", help="--transport client only: auto | legacy | 2026-07-28")
     parser.add_argument("--timeout", type=float, default=30.0, help="hard overall timeout in seconds")
+    parser.add_argument("--batch", default=None, help="JSON list of cells (see run_cell); prints a JSON list")
     args = parser.parse_args()
 
+    if args.batch is not None:
+        cells = json.loads(args.batch)
+        start_watchdog(sum(float(c.get("timeout", 30)) for c in cells) + 10)
+        print(json.dumps(anyio.run(run_batch, cells)), flush=True)
+        sys.exit(0)
+    if not (args.transport and args.url and args.token is not None):
+        parser.error("--transport, --url and --token are required (unless --batch)")
     start_watchdog(args.timeout + 5)
 
     async def guarded() -> dict[str, Any]:

@@ -53,6 +53,7 @@ try {
       progress: { type: 'boolean', default: false },
       'cancel-after': { type: 'string' },
       timeout: { type: 'string', default: '30' },
+      batch: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
     strict: true,
@@ -63,9 +64,17 @@ try {
 if (opts.help) {
   process.stdout.write(
     'usage: ts_client.mjs --transport {sse,streamable,client} --url URL --token TOKEN ' +
-      '[--call TOOL --args JSON] [--progress] [--cancel-after SECONDS] [--timeout SECONDS]\n',
+      '[--call TOOL --args JSON] [--progress] [--cancel-after SECONDS] [--timeout SECONDS]\n' +
+      '       ts_client.mjs --batch JSON   (a list of cells, run one after another; see runCell)\n',
   );
   process.exit(0);
+}
+const batch = opts.batch !== undefined ? JSON.parse(opts.batch) : undefined;
+if (batch !== undefined) {
+  opts.transport = 'sse';
+  opts.url = 'http://batch.invalid/';
+  opts.token = '';
+  opts.timeout = String(batch.reduce((t, c) => t + Number(c.timeout ?? 30), 0) + 10);
 }
 if (!['sse', 'streamable', 'client'].includes(opts.transport)) fail('--transport must be sse, streamable or client');
 if (!opts.url) fail('--url is required');
@@ -78,9 +87,9 @@ if (cancelAfterMs !== undefined && !(cancelAfterMs >= 0)) fail('--cancel-after m
 const watchdog = setTimeout(() => fail(`hard timeout after ${opts.timeout}s`), timeoutMs);
 watchdog.unref();
 
-const headers = { Authorization: `Bearer ${opts.token}` };
-const progress = [];
-const logs = [];
+let headers = { Authorization: `Bearer ${opts.token}` };
+let progress = [];
+let logs = [];
 let negotiatedVersion = null;
 
 function makeClient() {
@@ -118,13 +127,13 @@ function makeTransport(kind, url) {
   return transport;
 }
 
-async function connect() {
-  const url = new URL(opts.url);
+async function connect(transport = opts.transport, rawUrl = opts.url) {
+  const url = new URL(rawUrl);
   const requestOptions = { timeout: timeoutMs };
-  if (opts.transport !== 'client') {
+  if (transport !== 'client') {
     const client = makeClient();
-    await client.connect(makeTransport(opts.transport, url), requestOptions);
-    return { client, used: opts.transport };
+    await client.connect(makeTransport(transport, url), requestOptions);
+    return { client, used: transport };
   }
   try {
     const client = makeClient();
@@ -154,12 +163,45 @@ function deferResponses(transport) {
   };
 }
 
-async function main() {
-  const { client, used } = await connect();
+// One tools/call: {call: result | null, cancelled}. Progress goes to the global `progress`.
+async function callTool(client, name, callArgs, wantProgress, cancelAfter) {
+  const out = { call: null, cancelled: false };
+  const controller = new AbortController();
+  const requestOptions = { timeout: timeoutMs, signal: controller.signal };
+  if (wantProgress) {
+    requestOptions.onprogress = (p) => {
+      progress.push({ progress: p.progress, total: p.total ?? null, message: p.message ?? null });
+    };
+    requestOptions.resetTimeoutOnProgress = true;
+  }
+  let cancelTimer;
+  if (cancelAfter !== undefined) {
+    cancelTimer = setTimeout(() => controller.abort('cancelled by ts_client --cancel-after'), cancelAfter);
+  }
+  try {
+    const result = await client.callTool({ name: name, arguments: callArgs }, CallToolResultSchema, requestOptions);
+    out.call = {
+      content: result.content ?? [],
+      isError: result.isError === true,
+      structuredContent: result.structuredContent ?? null,
+    };
+  } catch (e) {
+    if (!controller.signal.aborted) throw e;
+    out.cancelled = true;
+    await new Promise((r) => setTimeout(r, CANCEL_FLUSH_MS));
+  } finally {
+    clearTimeout(cancelTimer);
+  }
+  await new Promise((r) => setTimeout(r, 50)); // let trailing notifications arrive
+  return out;
+}
+
+async function openSession(transport, url) {
+  const { client, used } = await connect(transport, url);
   if (process.env.TS_CLIENT_DEBUG) client.onerror = (e) => process.stderr.write(`ts_client: sdk: ${e}\n`);
   deferResponses(client.transport);
-  const out = { transport: opts.transport };
-  if (opts.transport === 'client') out.used_transport = used;
+  const out = { transport };
+  if (transport === 'client') out.used_transport = used;
   out.protocol_version = negotiatedVersion;
   out.server_name = client.getServerVersion()?.name ?? null;
 
@@ -172,6 +214,11 @@ async function main() {
     if (!cursor) break;
   }
   out.tools = tools;
+  return { client, out };
+}
+
+async function main() {
+  const { client, out } = await openSession(opts.transport, opts.url);
   out.call = null;
   out.cancelled = false;
 
@@ -185,33 +232,7 @@ async function main() {
     if (callArgs === null || typeof callArgs !== 'object' || Array.isArray(callArgs)) {
       throw new Error('--args must be a JSON object');
     }
-    const controller = new AbortController();
-    const requestOptions = { timeout: timeoutMs, signal: controller.signal };
-    if (opts.progress) {
-      requestOptions.onprogress = (p) => {
-        progress.push({ progress: p.progress, total: p.total ?? null, message: p.message ?? null });
-      };
-      requestOptions.resetTimeoutOnProgress = true;
-    }
-    let cancelTimer;
-    if (cancelAfterMs !== undefined) {
-      cancelTimer = setTimeout(() => controller.abort('cancelled by ts_client --cancel-after'), cancelAfterMs);
-    }
-    try {
-      const result = await client.callTool({ name: opts.call, arguments: callArgs }, CallToolResultSchema, requestOptions);
-      out.call = {
-        content: result.content ?? [],
-        isError: result.isError === true,
-        structuredContent: result.structuredContent ?? null,
-      };
-    } catch (e) {
-      if (!controller.signal.aborted) throw e;
-      out.cancelled = true;
-      await new Promise((r) => setTimeout(r, CANCEL_FLUSH_MS));
-    } finally {
-      clearTimeout(cancelTimer);
-    }
-    await new Promise((r) => setTimeout(r, 50)); // let trailing notifications arrive
+    Object.assign(out, await callTool(client, opts.call, callArgs, opts.progress, cancelAfterMs));
   }
   out.progress = progress;
   out.logs = logs;
@@ -223,7 +244,61 @@ async function main() {
   return out;
 }
 
-main().then(
+function withTimeout(promise, ms, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms / 1000}s`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// --batch: one connection per cell, then each step of `cell.steps` in order
+// ({name, tool, args, progress?, cancel_after?, timeout?}); each step's outcome is recorded
+// separately ({ok} or {error}) and a failed step does not stop the next.
+async function runCell(cell) {
+  headers = { Authorization: `Bearer ${cell.token}` };
+  progress = [];
+  logs = [];
+  negotiatedVersion = null;
+  const { client, out } = await openSession(cell.transport, cell.url);
+  out.steps = {};
+  for (const step of cell.steps ?? []) {
+    progress = [];
+    try {
+      const cancelAfter = step.cancel_after !== undefined ? step.cancel_after * 1000 : undefined;
+      const r = await withTimeout(
+        callTool(client, step.tool, step.args ?? {}, Boolean(step.progress), cancelAfter),
+        (step.timeout ?? 20) * 1000,
+        step.name,
+      );
+      r.progress = progress;
+      out.steps[step.name] = { ok: r };
+    } catch (e) {
+      out.steps[step.name] = { error: `${e?.name ?? 'Error'}: ${e?.message ?? e}` };
+    }
+  }
+  out.logs = logs;
+  try {
+    await client.close();
+  } catch {
+    // best effort
+  }
+  return out;
+}
+
+async function runBatch(cells) {
+  const results = [];
+  for (const cell of cells) {
+    try {
+      results.push({ ok: await withTimeout(runCell(cell), (cell.timeout ?? 30) * 1000, 'cell') });
+    } catch (e) {
+      results.push({ error: `${e?.name ?? 'Error'}: ${e?.message ?? e}` });
+    }
+  }
+  return results;
+}
+
+(batch !== undefined ? runBatch(batch) : main()).then(
   (out) => {
     process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
   },
