@@ -21,10 +21,6 @@ use crate::mcp::dispatch::{self, RequestCtx};
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::session::{Session, Transport};
 
-/// How long a reply may wait for room in a session's queue before the reader counts as stuck
-/// and its session is closed.
-const SLOW_READER_GRACE: Duration = Duration::from_secs(10);
-
 /// Closes the session when the stream is dropped (client gone, release, shutdown).
 struct SessionGuard {
     gateway: Gateway,
@@ -121,13 +117,15 @@ pub async fn open(
     resp
 }
 
-/// Sends a message on a session's stream; a reader stuck past the grace loses its session.
+/// Sends a message on a session's stream; a reader stuck past the grace
+/// (`sessions.slow_reader_grace_ms`) loses its session.
 pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) {
     let Some(tx) = session.outbound() else { return };
     if session.cancel.is_cancelled() {
         return;
     }
-    if let Err(e) = tx.send_timeout(msg, SLOW_READER_GRACE).await {
+    let grace = Duration::from_millis(gw.sessions().config().slow_reader_grace_ms);
+    if let Err(e) = tx.send_timeout(msg, grace).await {
         if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
             tracing::warn!(session = %session.id, "slow SSE reader: session closed");
             gw.sessions().close(&session.id);
@@ -227,10 +225,36 @@ fn spawn_request(
 ) {
     let calls = ctx.registration.calls.clone();
     calls.spawn(async move {
-        let reply = dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
+        // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
+        // reader closes the session instead of blocking the call forever on a full queue.
+        // They are delivered in order, before the reply.
+        let (ntx, mut nrx) = mpsc::channel::<Value>(1);
+        let mut ctx = ctx;
+        ctx.notify = Some(ntx);
+        let gw = ctx.gateway.clone();
+        let call_id = id.clone();
+        let work = async move {
+            dispatch::handle_request(&ctx, call_id, &method, params, cancel).await
+            // `ctx` (and its sender) is dropped here.
+        };
+        tokio::pin!(work);
+        let mut notes_open = true;
+        let reply = loop {
+            tokio::select! {
+                biased;
+                n = nrx.recv(), if notes_open => match n {
+                    Some(n) => deliver(&gw, &session, n).await,
+                    None => notes_open = false,
+                },
+                r = &mut work => break r,
+            }
+        };
+        while let Ok(n) = nrx.try_recv() {
+            deliver(&gw, &session, n).await;
+        }
         session.end_call(&id);
         if let Some(r) = reply {
-            deliver(&ctx.gateway, &session, r).await;
+            deliver(&gw, &session, r).await;
         }
     });
 }
