@@ -47,10 +47,23 @@ pub fn sse_event(event: &str, data: &str) -> Bytes {
     s.push_str("event: ");
     s.push_str(event);
     s.push('\n');
-    for line in data.split('\n') {
+    // Every line ending SSE knows (CRLF, LF, lone CR) starts a new `data:` line, so no text
+    // can end the event early or inject a field.
+    let mut rest = data;
+    loop {
+        let end = rest.find(['\r', '\n']).unwrap_or(rest.len());
         s.push_str("data: ");
-        s.push_str(line.strip_suffix('\r').unwrap_or(line));
+        s.push_str(&rest[..end]);
         s.push('\n');
+        if end == rest.len() {
+            break;
+        }
+        let skip = if rest[end..].starts_with("\r\n") {
+            2
+        } else {
+            1
+        };
+        rest = &rest[end + skip..];
     }
     s.push('\n');
     Bytes::from(s)
