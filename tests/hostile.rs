@@ -286,10 +286,7 @@ fn corpus(cx: &Ctx) -> Vec<Case> {
     }
     for (n, b, code) in sem {
         // A fresh streamable session answers with 200 and the error in the body.
-        v.push(
-            case(format!("Mcp: {n}"), Mcp, b.clone())
-                .expect(if n == "second initialize" { 200 } else { 200 }, code),
-        );
+        v.push(case(format!("Mcp: {n}"), Mcp, b.clone()).expect(200, code));
         // Legacy SSE: 202, and the error travels on the stream.
         let c = case(format!("SseMsg: {n}"), SseMsg, b);
         let code = if n == "second initialize" {
