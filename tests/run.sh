@@ -7,3 +7,5 @@ echo "== peers (Python mcp SDK, TypeScript SDK, server-everything) =="
 bash tests/peers/setup.sh
 echo "== cargo test =="
 cargo test --locked --all-targets
+echo "== RELIABILITY.md =="
+python3 tests/reliability.py
