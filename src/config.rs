@@ -90,6 +90,9 @@ pub struct SessionConfig {
     pub max_per_registration: usize,
     /// Messages queued for one session's stream before the session counts as a slow reader.
     pub queue: usize,
+    /// How long a message may wait for room in a full session queue before the reader counts
+    /// as stuck and its session is closed, milliseconds.
+    pub slow_reader_grace_ms: u64,
 }
 
 impl Default for SessionConfig {
@@ -99,6 +102,7 @@ impl Default for SessionConfig {
             max_sessions: 100_000,
             max_per_registration: 64,
             queue: 256,
+            slow_reader_grace_ms: 10_000,
         }
     }
 }

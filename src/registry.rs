@@ -160,6 +160,23 @@ impl RegistrationState {
         bool::from(token_digest(presented).ct_eq(&self.token_digest))
     }
 
+    /// Does any string in `v` (keys and values, at any depth) contain this registration's
+    /// token as a word, e.g. `"Bearer <token>"`? Words are runs of base64url characters, so
+    /// the cost is one digest per word, not per offset.
+    pub fn token_in(&self, v: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        let in_str = |s: &str| {
+            s.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .any(|w| !w.is_empty() && self.token_matches(w))
+        };
+        match v {
+            Value::String(s) => in_str(s),
+            Value::Array(a) => a.iter().any(|x| self.token_in(x)),
+            Value::Object(m) => m.iter().any(|(k, x)| in_str(k) || self.token_in(x)),
+            _ => false,
+        }
+    }
+
     /// The lease end as RFC 3339, if the registration has a TTL.
     pub fn expires_at(&self) -> Option<String> {
         let ms = self.expires_at_ms.load(Ordering::Relaxed);

@@ -9,3 +9,5 @@ echo "== cargo test =="
 cargo test --locked --all-targets
 echo "== official MCP conformance suite, directly and through the gateway =="
 bash tests/conformance/run.sh current  # `next` (2026-07-28) still fails through the gateway: docs/conformance.md
+echo "== RELIABILITY.md =="
+python3 tests/reliability.py

@@ -21,10 +21,6 @@ use crate::mcp::dispatch::{self, RequestCtx};
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::session::{Session, Transport};
 
-/// How long a reply may wait for room in a session's queue before the reader counts as stuck
-/// and its session is closed.
-const SLOW_READER_GRACE: Duration = Duration::from_secs(10);
-
 /// Closes the session when the stream is dropped (client gone, release, shutdown).
 struct SessionGuard {
     gateway: Gateway,
@@ -51,10 +47,23 @@ pub fn sse_event(event: &str, data: &str) -> Bytes {
     s.push_str("event: ");
     s.push_str(event);
     s.push('\n');
-    for line in data.split('\n') {
+    // Every line ending SSE knows (CRLF, LF, lone CR) starts a new `data:` line, so no text
+    // can end the event early or inject a field.
+    let mut rest = data;
+    loop {
+        let end = rest.find(['\r', '\n']).unwrap_or(rest.len());
         s.push_str("data: ");
-        s.push_str(line.strip_suffix('\r').unwrap_or(line));
+        s.push_str(&rest[..end]);
         s.push('\n');
+        if end == rest.len() {
+            break;
+        }
+        let skip = if rest[end..].starts_with("\r\n") {
+            2
+        } else {
+            1
+        };
+        rest = &rest[end + skip..];
     }
     s.push('\n');
     Bytes::from(s)
@@ -121,8 +130,8 @@ pub async fn open(
     resp
 }
 
-/// Sends a message on a session's stream; a reader stuck past the grace loses its session.
-/// Returns whether the message was queued on the stream.
+/// Sends a message on a session's stream; a reader stuck past the grace
+/// (`sessions.slow_reader_grace_ms`) loses its session. Returns whether the message was queued.
 pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) -> bool {
     let Some(tx) = session.outbound() else {
         return false;
@@ -130,7 +139,8 @@ pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) -> bool {
     if session.cancel.is_cancelled() {
         return false;
     }
-    match tx.send_timeout(msg, SLOW_READER_GRACE).await {
+    let grace = Duration::from_millis(gw.sessions().config().slow_reader_grace_ms);
+    match tx.send_timeout(msg, grace).await {
         Ok(()) => true,
         Err(e) => {
             if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
@@ -234,10 +244,38 @@ fn spawn_request(
 ) {
     let calls = ctx.registration.calls.clone();
     calls.spawn(async move {
-        let reply = dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
+        // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
+        // reader closes the session instead of blocking the call forever on a full queue.
+        // They are delivered in order, before the reply.
+        let (ntx, mut nrx) = mpsc::channel::<Value>(1);
+        let mut ctx = ctx;
+        ctx.notify = Some(ntx);
+        let gw = ctx.gateway.clone();
+        let call_id = id.clone();
+        let work = async move {
+            dispatch::handle_request(&ctx, call_id, &method, params, cancel).await
+            // `ctx` (and its sender) is dropped here.
+        };
+        tokio::pin!(work);
+        let mut notes_open = true;
+        let reply = loop {
+            tokio::select! {
+                biased;
+                n = nrx.recv(), if notes_open => match n {
+                    Some(n) => {
+                        deliver(&gw, &session, n).await;
+                    }
+                    None => notes_open = false,
+                },
+                r = &mut work => break r,
+            }
+        };
+        while let Ok(n) = nrx.try_recv() {
+            deliver(&gw, &session, n).await;
+        }
         session.end_call(&id);
         if let Some(r) = reply {
-            deliver(&ctx.gateway, &session, r).await;
+            deliver(&gw, &session, r).await;
         }
     });
 }

@@ -574,10 +574,10 @@ impl Pool {
             Some(Value::Object(m)) => m,
             _ => Map::new(),
         };
-        // Nothing the caller sends may carry its own bearer token upstream.
-        meta.retain(|_, v| {
-            !v.as_str()
-                .is_some_and(|s| call.registration.token_matches(s))
+        // Nothing the caller sends in `_meta` may carry its own bearer token upstream, however
+        // it is wrapped ("Bearer <token>", nested objects, keys).
+        meta.retain(|k, v| {
+            !call.registration.token_in(v) && !call.registration.token_in(&Value::from(k.as_str()))
         });
         meta.remove(LEASE_META_KEY);
         if slot.leased.load(Ordering::SeqCst) {
