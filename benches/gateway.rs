@@ -83,6 +83,12 @@ fn opts() -> Opts {
                     }
                 }
             }
+            "--clients" => {
+                i += 1;
+                if let Some(v) = args.get(i) {
+                    o.concurrency = v.split(',').filter_map(|c| c.parse().ok()).collect();
+                }
+            }
             "--duration-ms" => {
                 i += 1;
                 if let Some(ms) = args.get(i).and_then(|s| s.parse().ok()) {
@@ -164,6 +170,8 @@ struct Stats {
     p50_us: f64,
     p99_us: f64,
     errors: u64,
+    /// Server-side CPU (threads `server*` and `gatehouse-audit`) per call, µs.
+    cpu_us: f64,
 }
 
 async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
@@ -578,8 +586,10 @@ async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
     tokio::time::sleep(o.warmup).await;
     measuring.store(true, Ordering::Relaxed);
     let t0 = Instant::now();
+    let cpu0 = server_cpu_ticks();
     tokio::time::sleep(o.duration).await;
     measuring.store(false, Ordering::Relaxed);
+    let cpu1 = server_cpu_ticks();
     let elapsed = t0.elapsed();
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
@@ -591,7 +601,40 @@ async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
     if let Some(e) = first_error.lock().unwrap().take() {
         eprintln!("  first error: {e}");
     }
-    Ok(summarize(all, elapsed, errors.load(Ordering::Relaxed)))
+    let mut st = summarize(all, elapsed, errors.load(Ordering::Relaxed));
+    let calls = st.rps * elapsed.as_secs_f64();
+    st.cpu_us = (cpu1 - cpu0) as f64 * 1e6 / ticks_per_sec() / calls.max(1.0);
+    Ok(st)
+}
+
+fn ticks_per_sec() -> f64 {
+    100.0 // USER_HZ on Linux
+}
+
+/// CPU ticks (utime + stime) of this process's server-side threads.
+fn server_cpu_ticks() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(l), Some(r)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[l + 1..r];
+        if !(comm.starts_with("server") || comm.starts_with("gatehouse-audit")) {
+            continue;
+        }
+        let f: Vec<&str> = stat[r + 2..].split_whitespace().collect();
+        // fields after comm: state(0) ... utime(11) stime(12)
+        let ut: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let stt: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        total += ut + stt;
+    }
+    total
 }
 
 fn summarize(mut all: Vec<u32>, elapsed: Duration, errors: u64) -> Stats {
@@ -608,6 +651,7 @@ fn summarize(mut all: Vec<u32>, elapsed: Duration, errors: u64) -> Stats {
         p50_us: pct(0.50),
         p99_us: pct(0.99),
         errors,
+        cpu_us: f64::NAN,
     }
 }
 
@@ -811,12 +855,12 @@ fn row(r: &mut Report, name: &str, c: usize, s: &Stats, base: Option<&Stats>) {
         .map(|b| format!("{:+.0}", s.p50_us - b.p50_us))
         .unwrap_or_else(|| "—".into());
     r.line(&format!(
-        "| {name} | {c} | {:.0} | {:.0} | {:.0} | {ratio} | {dp50} | {} |",
-        s.rps, s.p50_us, s.p99_us, s.errors
+        "| {name} | {c} | {:.0} | {:.0} | {:.0} | {ratio} | {dp50} | {:.1} | {} |",
+        s.rps, s.p50_us, s.p99_us, s.cpu_us, s.errors
     ));
 }
 
-const TABLE_HEAD: &str = "| target | clients | calls/s | p50 µs | p99 µs | vs baseline (calls/s) | Δp50 µs vs baseline | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|";
+const TABLE_HEAD: &str = "| target | clients | calls/s | p50 µs | p99 µs | vs baseline (calls/s) | Δp50 µs vs baseline | server CPU µs/call | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 // ------------------------------------------------------------------------------------------
 // Sections
@@ -973,7 +1017,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             let s = match cli.block_on(load(t, c, o)) {
                 Ok(s) => s,
                 Err(e) => {
-                    r.line(&format!("| {name} | {c} | failed: {e:#} | | | | | |"));
+                    r.line(&format!("| {name} | {c} | failed: {e:#} | | | | | | |"));
                     continue;
                 }
             };
