@@ -10,7 +10,7 @@ QUICK=""
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
 echo "== build (release)"
-cargo build --release --bin gatehouse
+# `cargo bench` builds the gatehouse binary too (same features as the bench, so no second build).
 cargo bench --no-run --bench gateway --bench micro
 BIN="$PWD/target/release/gatehouse"
 
