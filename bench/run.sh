@@ -3,7 +3,7 @@
 #   bench/run.sh            full run (~10 min on 2 cores)
 #   bench/run.sh --quick    short run (~2-3 min), smaller scale figures
 #   SKIP_EXTERNAL=1 bench/run.sh   skip supergateway and mcp-proxy
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=""
 [[ "${1:-}" == "--quick" ]] && QUICK="--quick"

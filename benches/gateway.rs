@@ -1187,9 +1187,15 @@ fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         );
         srv.block_on(gw.shutdown());
     }
+    Ok(())
+}
+
+fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
     // Idle registrations and idle SSE sessions held at once.
     {
-        let n: usize = if o.quick { 2_000 } else { 10_000 };
+        let want: usize = if o.quick { 2_000 } else { 10_000 };
+        // Two descriptors per session (client and server end, both in this process).
+        let n = want.min(fd_limit().saturating_sub(2_000) / 2);
         let dir = tempfile::tempdir()?;
         let mut cfg = gateway_config(dir.path());
         cfg.sessions.max_per_registration = n;
@@ -1214,9 +1220,10 @@ fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
                 token: Some(regs[0].token().to_string()),
                 tool: "echo".into(),
             };
+            let _ = target;
             let mut held = Vec::with_capacity(n);
             for _ in 0..n {
-                held.push(open(&target).await?);
+                held.push(open_idle_sse(addr, regs[0].id(), regs[0].token()).await?);
             }
             let after_sess = rss_kib();
             let sessions = gw.sessions().len();
@@ -1228,7 +1235,7 @@ fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
             ))
         })?;
         r.line(&format!(
-            "- {n} idle registrations: {:.2} KiB each; {n} idle SSE sessions (initialized, both ends in this process): {:.2} KiB each",
+            "- {n} idle registrations: {:.2} KiB each; {n} idle SSE sessions (stream open, endpoint event read; both ends in this process): {:.2} KiB each",
             per_reg / 1024.0,
             per_sess / 1024.0
         ));
@@ -1245,6 +1252,41 @@ fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         srv.block_on(gw.shutdown());
     }
     Ok(())
+}
+
+fn fd_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+/// An idle legacy SSE session: the stream is open and its endpoint event read.
+async fn open_idle_sse(addr: SocketAddr, id: &str, token: &str) -> Result<SseReader> {
+    let mut g = connect(addr).await?;
+    g.ready().await?;
+    let req = Request::builder()
+        .method("GET")
+        .uri(format!("/gw/{id}/sse"))
+        .header("host", addr.to_string())
+        .header("accept", "text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))?;
+    let resp = g.send_request(req).await?;
+    if !resp.status().is_success() {
+        bail!("GET sse: {}", resp.status());
+    }
+    let mut s = SseReader {
+        _get: g,
+        body: resp.into_body(),
+        buf: Vec::new(),
+    };
+    s.next().await?;
+    Ok(s)
 }
 
 fn machine() -> String {
@@ -1312,6 +1354,9 @@ fn main() -> Result<()> {
     }
     if want("scale") {
         scale(&mut r, &o, &srv)?;
+    }
+    if want("idle") {
+        idle(&mut r, &o, &srv)?;
     }
     r.line(&format!("\n- Load average at end: {}", loadavg()));
     let mut md = String::new();
