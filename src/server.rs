@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -31,6 +32,13 @@ pub fn router(gateway: Gateway) -> Router {
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
+    // TCP_NODELAY: replies and SSE events are small writes; with Nagle on, an event written
+    // while the previous one is unacknowledged waits for the peer's delayed ACK (tens of ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await;

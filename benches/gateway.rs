@@ -1,0 +1,1379 @@
+//! The gateway benchmark: one run measures the gateway and its baselines side by side, on
+//! loopback, with our own load client (hyper, one keep-alive connection per worker) that speaks
+//! every transport, including legacy SSE (POST -> 202, reply on the stream).
+//!
+//! `cargo bench --bench gateway -- [--quick] [--out BENCHMARKS.md] [--only transports,proxy,scale]
+//!  [--external NAME=KIND:URL ...]`
+//!
+//! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use gatehouse::config::UpstreamConfig;
+use gatehouse::{Config, Gateway, InProcessTool, RegistrationSpec, ToolResult};
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, oneshot};
+
+const GATEHOUSE_BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
+
+// ------------------------------------------------------------------------------------------
+// Options
+// ------------------------------------------------------------------------------------------
+
+struct Opts {
+    quick: bool,
+    out: Option<String>,
+    only: Vec<String>,
+    external: Vec<(String, Target)>,
+    duration: Duration,
+    warmup: Duration,
+    concurrency: Vec<usize>,
+}
+
+fn opts() -> Opts {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut o = Opts {
+        quick: false,
+        out: None,
+        only: Vec::new(),
+        external: Vec::new(),
+        duration: Duration::from_secs(3),
+        warmup: Duration::from_millis(500),
+        concurrency: vec![1, 8, 64],
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--quick" => o.quick = true,
+            "--out" => {
+                i += 1;
+                o.out = args.get(i).cloned();
+            }
+            "--only" => {
+                i += 1;
+                o.only = args
+                    .get(i)
+                    .map(|s| s.split(',').map(str::to_string).collect())
+                    .unwrap_or_default();
+            }
+            "--external" => {
+                // NAME=sse:http://host:port/sse  or  NAME=streamable:http://host:port/mcp
+                i += 1;
+                if let Some(spec) = args.get(i) {
+                    if let Some(t) = parse_external(spec) {
+                        o.external.push(t);
+                    } else {
+                        eprintln!("ignoring bad --external {spec}");
+                    }
+                }
+            }
+            "--clients" => {
+                i += 1;
+                if let Some(v) = args.get(i) {
+                    o.concurrency = v.split(',').filter_map(|c| c.parse().ok()).collect();
+                }
+            }
+            "--duration-ms" => {
+                i += 1;
+                if let Some(ms) = args.get(i).and_then(|s| s.parse().ok()) {
+                    o.duration = Duration::from_millis(ms);
+                }
+            }
+            _ => {} // `cargo bench` passes `--bench`
+        }
+        i += 1;
+    }
+    if o.quick {
+        o.duration = Duration::from_millis(1000);
+        o.warmup = Duration::from_millis(200);
+    }
+    o
+}
+
+fn parse_external(spec: &str) -> Option<(String, Target)> {
+    let (name, rest) = spec.split_once('=')?;
+    let (kind, url) = rest.split_once(':')?;
+    let url = url.strip_prefix("//").map(|_| url).unwrap_or(url);
+    let u: http::Uri = url.parse().ok()?;
+    let host = u.authority()?.as_str().to_string();
+    let addr: SocketAddr = host.replace("localhost", "127.0.0.1").parse().ok()?;
+    let path = u.path().to_string();
+    let target = match kind {
+        "sse" => Target::Sse {
+            addr,
+            sse_path: path,
+            token: None,
+            tool: "echo".into(),
+        },
+        "streamable" => Target::Streamable {
+            addr,
+            path,
+            token: None,
+            tool: "echo".into(),
+            version: "2025-03-26",
+        },
+        _ => return None,
+    };
+    Some((name.to_string(), target))
+}
+
+// ------------------------------------------------------------------------------------------
+// Targets and the load client
+// ------------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+enum Target {
+    /// A bare hyper server answering the canned reply.
+    Ceiling { addr: SocketAddr, body: Bytes },
+    Sse {
+        addr: SocketAddr,
+        sse_path: String,
+        token: Option<String>,
+        tool: String,
+    },
+    Streamable {
+        addr: SocketAddr,
+        path: String,
+        token: Option<String>,
+        tool: String,
+        version: &'static str,
+    },
+    Stateless {
+        addr: SocketAddr,
+        path: String,
+        token: String,
+        tool: String,
+    },
+    /// The stdio upstream called directly (one child, requests multiplexed by id).
+    Stdio(StdioMux),
+}
+
+#[derive(Clone, Debug, Default)]
+struct Stats {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+    /// Server-side CPU (threads `server*` and `gatehouse-audit`) per call, µs.
+    cpu_us: f64,
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn post(addr: SocketAddr, path: &str, body: Bytes) -> http::request::Builder {
+    let _ = body;
+    Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+}
+
+async fn roundtrip(
+    sender: &mut SendRequest<Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Result<(http::StatusCode, http::HeaderMap, Bytes)> {
+    sender.ready().await?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, headers, body))
+}
+
+fn call_body(id: u64, tool: &str, meta: Option<Value>) -> Bytes {
+    let mut params = json!({"name": tool, "arguments": {"message": "hello", "text": "hello"}});
+    if let Some(m) = meta {
+        params["_meta"] = m;
+    }
+    Bytes::from(json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":params}).to_string())
+}
+
+fn init_body(version: &str) -> Bytes {
+    Bytes::from(
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":version,"capabilities":{},"clientInfo":{"name":"gatehouse-bench","version":"0"}}})
+        .to_string(),
+    )
+}
+
+const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+
+/// One worker's connection state, per transport.
+enum Conn {
+    Ceiling {
+        s: SendRequest<Full<Bytes>>,
+        addr: SocketAddr,
+        body: Bytes,
+    },
+    Sse {
+        s: SendRequest<Full<Bytes>>,
+        addr: SocketAddr,
+        post_path: String,
+        token: Option<String>,
+        tool: String,
+        stream: SseReader,
+    },
+    Streamable {
+        s: SendRequest<Full<Bytes>>,
+        addr: SocketAddr,
+        path: String,
+        token: Option<String>,
+        tool: String,
+        session: Option<String>,
+        version: &'static str,
+    },
+    Stateless {
+        s: SendRequest<Full<Bytes>>,
+        addr: SocketAddr,
+        path: String,
+        token: String,
+        tool: String,
+    },
+    Stdio(StdioMux),
+}
+
+fn auth(b: http::request::Builder, token: &Option<String>) -> http::request::Builder {
+    match token {
+        Some(t) => b.header("authorization", format!("Bearer {t}")),
+        None => b,
+    }
+}
+
+struct SseReader {
+    _get: SendRequest<Full<Bytes>>,
+    body: Incoming,
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    /// The next event (name, data).
+    async fn next(&mut self) -> Result<(String, String)> {
+        loop {
+            if let Some(pos) = find_event_end(&self.buf) {
+                let block: Vec<u8> = self.buf.drain(..pos).collect();
+                let text = String::from_utf8_lossy(&block);
+                let mut event = "message".to_string();
+                let mut data = Vec::new();
+                for line in text.lines() {
+                    let line = line.trim_end_matches('\r');
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                return Ok((event, data.join("\n")));
+            }
+            let frame = self
+                .body
+                .frame()
+                .await
+                .ok_or_else(|| anyhow!("SSE stream ended"))??;
+            if let Ok(d) = frame.into_data() {
+                self.buf.extend_from_slice(&d);
+            }
+        }
+    }
+}
+
+/// End (exclusive, past the blank line) of the first complete SSE event in `buf`.
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+async fn open(target: &Target) -> Result<Conn> {
+    match target {
+        Target::Ceiling { addr, body } => Ok(Conn::Ceiling {
+            s: connect(*addr).await?,
+            addr: *addr,
+            body: body.clone(),
+        }),
+        Target::Stdio(m) => Ok(Conn::Stdio(m.clone())),
+        Target::Stateless {
+            addr,
+            path,
+            token,
+            tool,
+        } => Ok(Conn::Stateless {
+            s: connect(*addr).await?,
+            addr: *addr,
+            path: path.clone(),
+            token: token.clone(),
+            tool: tool.clone(),
+        }),
+        Target::Streamable {
+            addr,
+            path,
+            token,
+            tool,
+            version,
+        } => {
+            let mut s = connect(*addr).await?;
+            let req =
+                auth(post(*addr, path, Bytes::new()), token).body(Full::new(init_body(version)))?;
+            let (st, h, body) = roundtrip(&mut s, req).await?;
+            if !st.is_success() {
+                bail!("initialize: {st} {}", String::from_utf8_lossy(&body));
+            }
+            let session = h
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let mut b = auth(post(*addr, path, Bytes::new()), token)
+                .header("mcp-protocol-version", *version);
+            if let Some(sid) = &session {
+                b = b.header("mcp-session-id", sid);
+            }
+            let (st, _, _) = roundtrip(
+                &mut s,
+                b.body(Full::new(Bytes::from_static(INITIALIZED.as_bytes())))?,
+            )
+            .await?;
+            if !st.is_success() {
+                bail!("notifications/initialized: {st}");
+            }
+            Ok(Conn::Streamable {
+                s,
+                addr: *addr,
+                path: path.clone(),
+                token: token.clone(),
+                tool: tool.clone(),
+                session,
+                version,
+            })
+        }
+        Target::Sse {
+            addr,
+            sse_path,
+            token,
+            tool,
+        } => {
+            let mut g = connect(*addr).await?;
+            g.ready().await?;
+            let req = auth(
+                Request::builder()
+                    .method("GET")
+                    .uri(sse_path.as_str())
+                    .header("host", addr.to_string())
+                    .header("accept", "text/event-stream"),
+                token,
+            )
+            .body(Full::new(Bytes::new()))?;
+            let resp = g.send_request(req).await?;
+            if !resp.status().is_success() {
+                bail!("GET {sse_path}: {}", resp.status());
+            }
+            // Keep the GET connection's sender alive with the stream.
+            let mut stream = SseReader {
+                _get: g,
+                body: resp.into_body(),
+                buf: Vec::new(),
+            };
+            let (ev, endpoint) = stream.next().await?;
+            if ev != "endpoint" {
+                bail!("first SSE event is {ev}, not endpoint");
+            }
+            let post_path = if let Some(rest) = endpoint.strip_prefix("http") {
+                let u: http::Uri = format!("http{rest}").parse()?;
+                u.path_and_query()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default()
+            } else if endpoint.starts_with('/') {
+                endpoint
+            } else {
+                // relative to the SSE path's directory
+                let dir = sse_path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+                format!("{dir}/{endpoint}")
+            };
+            let s = connect(*addr).await?;
+            let mut c = Conn::Sse {
+                s,
+                addr: *addr,
+                post_path,
+                token: token.clone(),
+                tool: tool.clone(),
+                stream,
+            };
+            c.sse_request(init_body("2024-11-05"), Some(0)).await?;
+            c.sse_request(Bytes::from_static(INITIALIZED.as_bytes()), None)
+                .await?;
+            Ok(c)
+        }
+    }
+}
+
+impl Conn {
+    async fn sse_request(&mut self, body: Bytes, id: Option<u64>) -> Result<()> {
+        let Conn::Sse {
+            s,
+            addr,
+            post_path,
+            token,
+            stream,
+            ..
+        } = self
+        else {
+            bail!("not an SSE connection")
+        };
+        let req = auth(post(*addr, post_path, Bytes::new()), token).body(Full::new(body))?;
+        let (st, _, b) = roundtrip(s, req).await?;
+        if !st.is_success() {
+            bail!("POST {post_path}: {st} {}", String::from_utf8_lossy(&b));
+        }
+        let Some(id) = id else { return Ok(()) };
+        let want = format!("\"id\":{id}");
+        loop {
+            let (ev, data) = stream.next().await?;
+            if ev == "message" && data.contains(&want) {
+                if data.contains("\"error\"") {
+                    bail!("error reply: {data}");
+                }
+                return Ok(());
+            }
+        }
+    }
+
+    async fn call(&mut self, id: u64) -> Result<()> {
+        match self {
+            Conn::Ceiling { s, addr, body } => {
+                let req = post(*addr, "/", Bytes::new())
+                    .header("authorization", "Bearer x")
+                    .body(Full::new(call_body(id, "echo", None)))?;
+                let (st, _, b) = roundtrip(s, req).await?;
+                if !st.is_success() || b.len() != body.len() {
+                    bail!("ceiling: {st}");
+                }
+                Ok(())
+            }
+            Conn::Stateless {
+                s,
+                addr,
+                path,
+                token,
+                tool,
+            } => {
+                let meta = json!({
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {}
+                });
+                let req = post(*addr, path, Bytes::new())
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", tool.as_str())
+                    .body(Full::new(call_body(id, tool, Some(meta))))?;
+                let (st, _, b) = roundtrip(s, req).await?;
+                check_reply(st, &b)
+            }
+            Conn::Streamable {
+                s,
+                addr,
+                path,
+                token,
+                tool,
+                session,
+                version,
+            } => {
+                let mut b = auth(post(*addr, path, Bytes::new()), token)
+                    .header("mcp-protocol-version", *version);
+                if let Some(sid) = session {
+                    b = b.header("mcp-session-id", sid.as_str());
+                }
+                let req = b.body(Full::new(call_body(id, tool, None)))?;
+                let (st, _, body) = roundtrip(s, req).await?;
+                check_reply(st, &body)
+            }
+            Conn::Sse { tool, .. } => {
+                let body = call_body(id, &tool.clone(), None);
+                self.sse_request(body, Some(id)).await
+            }
+            Conn::Stdio(m) => m.call(id).await,
+        }
+    }
+}
+
+fn check_reply(st: http::StatusCode, body: &[u8]) -> Result<()> {
+    if !st.is_success() {
+        bail!("{st}: {}", String::from_utf8_lossy(body));
+    }
+    // JSON or an SSE-framed reply; either must carry a result, not an error.
+    let text = String::from_utf8_lossy(body);
+    if !text.contains("\"result\"") || text.contains("\"isError\":true") {
+        bail!("bad reply: {text}");
+    }
+    Ok(())
+}
+
+/// Runs `concurrency` workers against `target` for `opts.duration` after a warm-up.
+async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
+    let mut conns = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        conns.push(open(target).await?);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(Mutex::new(None::<String>));
+    let mut handles = Vec::new();
+    for (w, mut c) in conns.into_iter().enumerate() {
+        let (stop, measuring, errors, first_error) = (
+            stop.clone(),
+            measuring.clone(),
+            errors.clone(),
+            first_error.clone(),
+        );
+        handles.push(tokio::spawn(async move {
+            let mut lat: Vec<u32> = Vec::with_capacity(1 << 16);
+            let mut id = (w as u64) << 32;
+            while !stop.load(Ordering::Relaxed) {
+                id += 1;
+                let t = Instant::now();
+                let r = c.call(id).await;
+                let us = t.elapsed().as_micros() as u32;
+                match r {
+                    Ok(()) => {
+                        if measuring.load(Ordering::Relaxed) {
+                            lat.push(us);
+                        }
+                    }
+                    Err(e) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        first_error.lock().unwrap().get_or_insert(format!("{e:#}"));
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        if matches!(c, Conn::Sse { .. }) {
+                            break; // a broken stream cannot recover
+                        }
+                    }
+                }
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(o.warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let cpu0 = server_cpu_ticks();
+    tokio::time::sleep(o.duration).await;
+    measuring.store(false, Ordering::Relaxed);
+    let cpu1 = server_cpu_ticks();
+    let elapsed = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for h in handles {
+        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(10), h).await {
+            all.extend(v);
+        }
+    }
+    if let Some(e) = first_error.lock().unwrap().take() {
+        eprintln!("  first error: {e}");
+    }
+    let mut st = summarize(all, elapsed, errors.load(Ordering::Relaxed));
+    let calls = st.rps * elapsed.as_secs_f64();
+    st.cpu_us = (cpu1 - cpu0) as f64 * 1e6 / ticks_per_sec() / calls.max(1.0);
+    Ok(st)
+}
+
+fn ticks_per_sec() -> f64 {
+    100.0 // USER_HZ on Linux
+}
+
+/// CPU ticks (utime + stime) of this process's server-side threads.
+fn server_cpu_ticks() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(l), Some(r)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[l + 1..r];
+        if !(comm.starts_with("server") || comm.starts_with("gatehouse-audit")) {
+            continue;
+        }
+        let f: Vec<&str> = stat[r + 2..].split_whitespace().collect();
+        // fields after comm: state(0) ... utime(11) stime(12)
+        let ut: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let stt: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        total += ut + stt;
+    }
+    total
+}
+
+fn summarize(mut all: Vec<u32>, elapsed: Duration, errors: u64) -> Stats {
+    all.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if all.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((all.len() as f64 - 1.0) * p).round() as usize;
+        all[i] as f64
+    };
+    Stats {
+        rps: all.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        errors,
+        cpu_us: f64::NAN,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Servers under test
+// ------------------------------------------------------------------------------------------
+
+fn server_runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn echo_tool() -> InProcessTool {
+    InProcessTool::new(
+        "echo",
+        "Echoes its message",
+        json!({"type":"object","properties":{"message":{"type":"string"}}}),
+        |args, _ctx| async move {
+            let text = args.get("message").and_then(Value::as_str).unwrap_or("");
+            Ok(ToolResult::text(text))
+        },
+    )
+}
+
+fn gateway_config(dir: &std::path::Path) -> Config {
+    let mut c = Config::default();
+    c.audit.path = dir.join("audit.jsonl");
+    c.linger_ms = 0;
+    // Every load point opens its own sessions; the default cap (64 per registration) is a
+    // product limit, not a cost, so the bench raises it.
+    c.sessions.max_per_registration = 4096;
+    c
+}
+
+/// A bare hyper server that answers every request with the same canned body.
+async fn bare_server(body: Bytes) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let body = body.clone();
+                    async move {
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(body))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+// ------------------------------------------------------------------------------------------
+// The stdio upstream, called directly
+// ------------------------------------------------------------------------------------------
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<String>>>>;
+
+#[derive(Clone)]
+struct StdioMux {
+    tx: mpsc::UnboundedSender<(u64, oneshot::Sender<String>)>,
+}
+
+impl StdioMux {
+    async fn spawn() -> Result<(StdioMux, tokio::process::Child)> {
+        let mut child = tokio::process::Command::new(GATEHOUSE_BIN)
+            .arg("echo-upstream")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let (tx, mut rx) = mpsc::unbounded_channel::<(u64, oneshot::Sender<String>)>();
+        let p2 = pending.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let id = serde_json::from_str::<Value>(&line)
+                    .ok()
+                    .and_then(|v| v.get("id").and_then(Value::as_u64));
+                if let Some(id) = id {
+                    if let Some(tx) = p2.lock().unwrap().remove(&id) {
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            while let Some((id, done)) = rx.recv().await {
+                let mut batch = vec![(id, done)];
+                while let Ok(j) = rx.try_recv() {
+                    batch.push(j);
+                }
+                buf.clear();
+                for (id, done) in batch {
+                    let msg = if id == 0 {
+                        String::from_utf8_lossy(&init_body("2025-06-18")).into_owned()
+                    } else {
+                        String::from_utf8_lossy(&call_body(id, "echo", None)).into_owned()
+                    };
+                    pending.lock().unwrap().insert(id, done);
+                    buf.extend_from_slice(msg.as_bytes());
+                    buf.push(b'\n');
+                    if id == 0 {
+                        buf.extend_from_slice(INITIALIZED.as_bytes());
+                        buf.push(b'\n');
+                    }
+                }
+                if stdin.write_all(&buf).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let m = StdioMux { tx };
+        m.call(0).await?;
+        Ok((m, child))
+    }
+
+    async fn call(&self, id: u64) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send((id, tx))
+            .map_err(|_| anyhow!("stdio writer gone"))?;
+        let line = rx.await.map_err(|_| anyhow!("stdio reply lost"))?;
+        if line.contains("\"error\"") {
+            bail!("stdio error: {line}");
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Memory
+// ------------------------------------------------------------------------------------------
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+// ------------------------------------------------------------------------------------------
+// Report
+// ------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Report {
+    md: String,
+    verdicts: Vec<String>,
+}
+
+impl Report {
+    fn line(&mut self, s: &str) {
+        println!("{s}");
+        self.md.push_str(s);
+        self.md.push('\n');
+    }
+
+    fn verdict(&mut self, what: &str, ok: bool, detail: String) {
+        let v = format!(
+            "| {what} | {detail} | {} |",
+            if ok { "met" } else { "**missed**" }
+        );
+        self.verdicts.push(v);
+    }
+}
+
+fn row(r: &mut Report, name: &str, c: usize, s: &Stats, base: Option<&Stats>) {
+    let ratio = base
+        .map(|b| format!("{:.0}%", 100.0 * s.rps / b.rps))
+        .unwrap_or_else(|| "—".into());
+    let dp50 = base
+        .map(|b| format!("{:+.0}", s.p50_us - b.p50_us))
+        .unwrap_or_else(|| "—".into());
+    r.line(&format!(
+        "| {name} | {c} | {:.0} | {:.0} | {:.0} | {ratio} | {dp50} | {:.1} | {} |",
+        s.rps, s.p50_us, s.p99_us, s.cpu_us, s.errors
+    ));
+}
+
+const TABLE_HEAD: &str = "| target | clients | calls/s | p50 µs | p99 µs | vs baseline (calls/s) | Δp50 µs vs baseline | server CPU µs/call | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|";
+
+// ------------------------------------------------------------------------------------------
+// Sections
+// ------------------------------------------------------------------------------------------
+
+fn transports(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = srv.block_on(async { Gateway::new(gateway_config(dir.path())) })?;
+    let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").with_tool(echo_tool())))?;
+    let addr = gw.local_addr().context("no listener")?;
+    let id = reg.id().to_string();
+    let token = Some(reg.token().to_string());
+    let mcp = format!("/gw/{id}/mcp");
+    let streamable = Target::Streamable {
+        addr,
+        path: mcp.clone(),
+        token: token.clone(),
+        tool: "echo".into(),
+        version: "2025-06-18",
+    };
+    // The canned reply is what the gateway answers to the same request.
+    let canned = cli.block_on(async {
+        let mut c = open(&streamable).await?;
+        let Conn::Streamable {
+            s,
+            addr,
+            path,
+            token,
+            session,
+            ..
+        } = &mut c
+        else {
+            bail!("unreachable")
+        };
+        let mut b = auth(post(*addr, path, Bytes::new()), token)
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(sid) = session {
+            b = b.header("mcp-session-id", sid.as_str());
+        }
+        let (_, _, body) = roundtrip(s, b.body(Full::new(call_body(1, "echo", None)))?).await?;
+        Ok(body)
+    })?;
+    let ceiling_addr = srv.block_on(bare_server(canned.clone()))?;
+    let ceiling = Target::Ceiling {
+        addr: ceiling_addr,
+        body: canned,
+    };
+    let targets = [
+        (
+            "gateway legacy SSE",
+            Target::Sse {
+                addr,
+                sse_path: format!("/gw/{id}/sse"),
+                token: token.clone(),
+                tool: "echo".into(),
+            },
+        ),
+        ("gateway Streamable HTTP (JSON)", streamable),
+        (
+            "gateway stateless 2026-07-28",
+            Target::Stateless {
+                addr,
+                path: mcp,
+                token: reg.token().to_string(),
+                tool: "echo".into(),
+            },
+        ),
+    ];
+    r.line("\n### Transports: `tools/call` to an in-process echo tool, audit on\n");
+    r.line(TABLE_HEAD);
+    for &c in &o.concurrency {
+        let base = cli.block_on(load(&ceiling, c, o))?;
+        row(r, "ceiling: bare hyper, canned reply", c, &base, None);
+        for (name, t) in &targets {
+            let s = cli.block_on(load(t, c, o))?;
+            row(r, name, c, &s, Some(&base));
+            if c == 64 {
+                r.verdict(
+                    &format!("{name}: ≥ 60% of ceiling calls/s at 64 clients"),
+                    s.rps >= 0.6 * base.rps,
+                    format!(
+                        "{:.0}% ({:.0} vs {:.0})",
+                        100.0 * s.rps / base.rps,
+                        s.rps,
+                        base.rps
+                    ),
+                );
+            }
+            if c == 1 {
+                let d = s.p50_us - base.p50_us;
+                r.verdict(
+                    &format!("{name}: ≤ 50 µs p50 over ceiling at 1 client"),
+                    d <= 50.0,
+                    format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
+                );
+            }
+        }
+    }
+    let lines = std::fs::read_to_string(dir.path().join("audit.jsonl"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    r.line(&format!(
+        "\nAudit records written during this section: {lines} (fsync policy `interval`, 1000 ms)."
+    ));
+    srv.block_on(async {
+        reg.release().await;
+        gw.shutdown().await;
+    });
+    Ok(())
+}
+
+fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = gateway_config(dir.path());
+    let up: UpstreamConfig = serde_json::from_value(json!({
+        "id": "echo", "command": GATEHOUSE_BIN, "args": ["echo-upstream"]
+    }))?;
+    cfg.upstreams.push(up);
+    let gw = srv.block_on(async { Gateway::new(cfg) })?;
+    let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant("echo.echo")))?;
+    let addr = gw.local_addr().context("no listener")?;
+    let id = reg.id().to_string();
+    let token = Some(reg.token().to_string());
+    let (mux, _child) = srv.block_on(StdioMux::spawn())?;
+    let direct = Target::Stdio(mux);
+    let mut targets: Vec<(String, Target)> = vec![
+        (
+            "gateway → stdio, Streamable HTTP".into(),
+            Target::Streamable {
+                addr,
+                path: format!("/gw/{id}/mcp"),
+                token: token.clone(),
+                tool: "echo.echo".into(),
+                version: "2025-06-18",
+            },
+        ),
+        (
+            "gateway → stdio, legacy SSE".into(),
+            Target::Sse {
+                addr,
+                sse_path: format!("/gw/{id}/sse"),
+                token,
+                tool: "echo.echo".into(),
+            },
+        ),
+    ];
+    targets.extend(o.external.iter().cloned());
+    r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) direct vs proxied\n");
+    r.line(TABLE_HEAD);
+    for &c in &o.concurrency {
+        let base = cli.block_on(load(&direct, c, o))?;
+        row(r, "upstream alone (stdio, multiplexed)", c, &base, None);
+        for (name, t) in &targets {
+            let s = match cli.block_on(load(t, c, o)) {
+                Ok(s) => s,
+                Err(e) => {
+                    r.line(&format!("| {name} | {c} | failed: {e:#} | | | | | | |"));
+                    continue;
+                }
+            };
+            row(r, name, c, &s, Some(&base));
+            if name.starts_with("gateway → stdio, Streamable") {
+                if c == 64 {
+                    r.verdict(
+                        "proxy: ≥ 80% of upstream-alone calls/s at 64 clients",
+                        s.rps >= 0.8 * base.rps,
+                        format!(
+                            "{:.0}% ({:.0} vs {:.0})",
+                            100.0 * s.rps / base.rps,
+                            s.rps,
+                            base.rps
+                        ),
+                    );
+                }
+                if c == 1 {
+                    let d = s.p50_us - base.p50_us;
+                    r.verdict(
+                        "proxy: ≤ 100 µs added p50 at 1 client",
+                        d <= 100.0,
+                        format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
+                    );
+                }
+            }
+        }
+    }
+    srv.block_on(async {
+        reg.release().await;
+        gw.shutdown().await;
+    });
+    Ok(())
+}
+
+/// One full registration cycle: register, connect (stateless), list, call, release.
+async fn cycle(gw: &Gateway, sender: &mut Option<SendRequest<Full<Bytes>>>) -> Result<()> {
+    let reg = gw
+        .register(RegistrationSpec::new("bench").with_tool(echo_tool()))
+        .await?;
+    let addr = gw.local_addr().context("no listener")?;
+    if sender.as_ref().is_none_or(|s| s.is_closed()) {
+        *sender = Some(connect(addr).await?);
+    }
+    let s = sender.as_mut().context("no connection")?;
+    let path = format!("/gw/{}/mcp", reg.id());
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}
+    });
+    let list = Bytes::from(
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":meta}}).to_string(),
+    );
+    let req = post(addr, &path, Bytes::new())
+        .header("authorization", format!("Bearer {}", reg.token()))
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/list")
+        .body(Full::new(list))?;
+    let (st, _, b) = roundtrip(s, req).await?;
+    check_reply(st, &b)?;
+    let req = post(addr, &path, Bytes::new())
+        .header("authorization", format!("Bearer {}", reg.token()))
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "echo")
+        .body(Full::new(call_body(2, "echo", Some(meta))))?;
+    let (st, _, b) = roundtrip(s, req).await?;
+    check_reply(st, &b)?;
+    reg.release().await;
+    Ok(())
+}
+
+fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
+    r.line("\n### Scale (gateway and client in one process, 2 server threads)\n");
+    // First registration to first served request, in a fresh gateway.
+    {
+        let dir = tempfile::tempdir()?;
+        let gw = srv.block_on(async { Gateway::new(gateway_config(dir.path())) })?;
+        let t = Instant::now();
+        srv.block_on(async {
+            let mut s = None;
+            cycle(&gw, &mut s).await
+        })?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        r.line(&format!(
+            "- First registration → first served request (fresh gateway, incl. bind, list, call, release): {ms:.2} ms"
+        ));
+        r.verdict(
+            "first registration → first served request ≤ 5 ms",
+            ms <= 5.0,
+            format!("{ms:.2} ms"),
+        );
+        srv.block_on(gw.shutdown());
+    }
+    // Registrations per second through the full cycle, 8 concurrent harnesses.
+    {
+        let dir = tempfile::tempdir()?;
+        let gw = srv.block_on(async { Gateway::new(gateway_config(dir.path())) })?;
+        let dur = o.duration.max(Duration::from_secs(2));
+        let (done, errs) = srv.block_on(async {
+            let _ = gw.pin_server();
+            let count = Arc::new(AtomicU64::new(0));
+            let errs = Arc::new(AtomicU64::new(0));
+            let deadline = Instant::now() + dur;
+            let mut hs = Vec::new();
+            for _ in 0..8 {
+                let (gw, count, errs) = (gw.clone(), count.clone(), errs.clone());
+                hs.push(tokio::spawn(async move {
+                    let mut s = None;
+                    while Instant::now() < deadline {
+                        match cycle(&gw, &mut s).await {
+                            Ok(()) => count.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => errs.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }));
+            }
+            for h in hs {
+                let _ = h.await;
+            }
+            (count.load(Ordering::Relaxed), errs.load(Ordering::Relaxed))
+        });
+        let rate = done as f64 / dur.as_secs_f64();
+        r.line(&format!(
+            "- Full registration cycles (register, list, call, release; 8 concurrent): {rate:.0}/s ({done} in {:.1} s, {errs} errors)",
+            dur.as_secs_f64()
+        ));
+        r.verdict(
+            "registration cycles ≥ 5,000/s on 2 cores",
+            rate >= 5000.0,
+            format!("{rate:.0}/s"),
+        );
+        srv.block_on(gw.shutdown());
+    }
+    // Sequential registrations: all served, RSS growth after the first 1,000.
+    {
+        let n: u64 = if o.quick { 10_000 } else { 100_000 };
+        let dir = tempfile::tempdir()?;
+        let gw = srv.block_on(async { Gateway::new(gateway_config(dir.path())) })?;
+        let (rss1k, served, t) = srv.block_on(async {
+            let _ = gw.pin_server();
+            let mut s = None;
+            let mut served = 0u64;
+            let mut rss1k = 0;
+            let t = Instant::now();
+            for i in 0..n {
+                if cycle(&gw, &mut s).await.is_ok() {
+                    served += 1;
+                }
+                if i == 999 {
+                    rss1k = rss_kib();
+                }
+            }
+            (rss1k, served, t.elapsed())
+        });
+        let grow = rss_kib() as i64 - rss1k as i64;
+        r.line(&format!(
+            "- {n} sequential registrations: {served} served ({:.0}/s); RSS after 1,000: {} KiB, after {n}: {} KiB, growth {grow} KiB",
+            n as f64 / t.as_secs_f64(),
+            rss1k,
+            rss_kib()
+        ));
+        r.verdict(
+            &format!("{n} sequential registrations all served, RSS growth < 10 MB after 1,000"),
+            served == n && grow < 10 * 1024,
+            format!("{served}/{n} served, +{grow} KiB"),
+        );
+        srv.block_on(gw.shutdown());
+    }
+    Ok(())
+}
+
+fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
+    // Idle registrations and idle SSE sessions held at once.
+    {
+        let want: usize = if o.quick { 2_000 } else { 10_000 };
+        // Two descriptors per session (client and server end, both in this process).
+        let n = want.min(fd_limit().saturating_sub(2_000) / 2);
+        let dir = tempfile::tempdir()?;
+        let mut cfg = gateway_config(dir.path());
+        cfg.sessions.max_per_registration = n;
+        let gw = srv.block_on(async { Gateway::new(cfg) })?;
+        let (per_reg, per_sess) = srv.block_on(async {
+            let _ = gw.pin_server();
+            let before = rss_kib();
+            let mut regs = Vec::with_capacity(n);
+            for _ in 0..n {
+                regs.push(
+                    gw.register(RegistrationSpec::new("idle").with_tool(echo_tool()))
+                        .await?,
+                );
+            }
+            let after_regs = rss_kib();
+            // Sessions: n SSE streams on the first registration; the client side of each
+            // connection lives in this process too, so this is an upper bound.
+            let addr = gw.local_addr().context("no listener")?;
+            let target = Target::Sse {
+                addr,
+                sse_path: format!("/gw/{}/sse", regs[0].id()),
+                token: Some(regs[0].token().to_string()),
+                tool: "echo".into(),
+            };
+            let _ = target;
+            let mut held = Vec::with_capacity(n);
+            for _ in 0..n {
+                held.push(open_idle_sse(addr, regs[0].id(), regs[0].token()).await?);
+            }
+            let after_sess = rss_kib();
+            let sessions = gw.sessions().len();
+            drop(held);
+            drop(regs);
+            anyhow::Ok((
+                (after_regs - before) as f64 * 1024.0 / n as f64,
+                (after_sess - after_regs) as f64 * 1024.0 / sessions.max(1) as f64,
+            ))
+        })?;
+        r.line(&format!(
+            "- {n} idle registrations: {:.2} KiB each; {n} idle SSE sessions (stream open, endpoint event read; both ends in this process): {:.2} KiB each",
+            per_reg / 1024.0,
+            per_sess / 1024.0
+        ));
+        r.verdict(
+            "idle registration ≤ 4 KiB",
+            per_reg <= 4096.0,
+            format!("{:.2} KiB", per_reg / 1024.0),
+        );
+        r.verdict(
+            "idle SSE session ≤ 16 KiB (upper bound: includes client side)",
+            per_sess <= 16384.0,
+            format!("{:.2} KiB", per_sess / 1024.0),
+        );
+        srv.block_on(gw.shutdown());
+    }
+    Ok(())
+}
+
+fn fd_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+/// An idle legacy SSE session: the stream is open and its endpoint event read.
+async fn open_idle_sse(addr: SocketAddr, id: &str, token: &str) -> Result<SseReader> {
+    let mut g = connect(addr).await?;
+    g.ready().await?;
+    let req = Request::builder()
+        .method("GET")
+        .uri(format!("/gw/{id}/sse"))
+        .header("host", addr.to_string())
+        .header("accept", "text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))?;
+    let resp = g.send_request(req).await?;
+    if !resp.status().is_success() {
+        bail!("GET sse: {}", resp.status());
+    }
+    let mut s = SseReader {
+        _get: g,
+        body: resp.into_body(),
+        buf: Vec::new(),
+    };
+    s.next().await?;
+    Ok(s)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpu}, {cores} cores, {}, Linux {}",
+        mem.split_whitespace().skip(1).collect::<Vec<_>>().join(" "),
+        kernel.trim()
+    )
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() -> Result<()> {
+    let o = opts();
+    let srv = server_runtime();
+    let cli = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("client")
+        .enable_all()
+        .build()?;
+    let mut r = Report::default();
+    let started = chrono::Utc::now();
+    r.line("## Run\n");
+    r.line(&format!(
+        "- When: {}",
+        started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    ));
+    r.line(&format!("- Machine: {}", machine()));
+    r.line(&format!("- Load average at start: {}", loadavg()));
+    r.line(&format!(
+        "- Mode: {}; {} s measured per point after {} ms warm-up; clients {:?}; one keep-alive connection per client",
+        if o.quick { "--quick" } else { "full" },
+        o.duration.as_secs_f64(),
+        o.warmup.as_millis(),
+        o.concurrency
+    ));
+    r.line("- Gateway: embedded in the bench process on its own 2-thread runtime; load client on another 2-thread runtime (both share the machine's cores); audit on (fsync `interval`, 1000 ms), token check and Origin check on");
+    let want = |s: &str| o.only.is_empty() || o.only.iter().any(|x| x == s);
+    if want("transports") {
+        transports(&mut r, &o, &srv, &cli)?;
+    }
+    if want("proxy") {
+        proxy(&mut r, &o, &srv, &cli)?;
+    }
+    if want("scale") {
+        scale(&mut r, &o, &srv)?;
+    }
+    if want("idle") {
+        idle(&mut r, &o, &srv)?;
+    }
+    r.line(&format!("\n- Load average at end: {}", loadavg()));
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\n### Targets\n\n| target | figure | verdict |\n|---|---|---|"
+    );
+    for v in &r.verdicts {
+        let _ = writeln!(md, "{v}");
+    }
+    print!("{md}");
+    r.md.push_str(&md);
+    if let Some(path) = &o.out {
+        std::fs::write(path, &r.md)?;
+        eprintln!("wrote {path}");
+    }
+    srv.shutdown_timeout(Duration::from_secs(1));
+    cli.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
