@@ -280,6 +280,14 @@ pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
     }
 }
 
+/// Drops the 2026-07-28 per-request envelope (`io.modelcontextprotocol/protocolVersion`,
+/// `clientCapabilities`, …) from a forwarded `_meta`: it describes the client's request to the
+/// gateway, not the gateway's connection to the upstream, and a handshake-era upstream rejects
+/// requests that carry it.
+pub fn strip_envelope(meta: &mut Map<String, Value>) {
+    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"))
+}
+
 fn backoff(crashes: u32) -> Duration {
     if crashes < 2 {
         return Duration::ZERO;
@@ -571,6 +579,7 @@ impl Pool {
                 .is_some_and(|s| call.registration.token_matches(s))
         });
         meta.remove(LEASE_META_KEY);
+        strip_envelope(&mut meta);
         if slot.leased.load(Ordering::SeqCst) {
             meta.insert(LEASE_META_KEY.into(), Value::String(slot.lease_for(reg_id)));
         }
