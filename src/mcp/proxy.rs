@@ -12,6 +12,7 @@
 //! - Results and upstream errors pass through unchanged. These are not tool calls: they are not
 //!   governed (no limits) nor written to the audit log; each is logged (`tracing`, info).
 //! - Lists are concatenated over upstreams in grant order, in one page.
+//! - Without a granted upstream that advertised the feature, the methods answer -32601.
 
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -251,6 +252,23 @@ async fn serve(
     mut params: Map<String, Value>,
     cancel: &CancellationToken,
 ) -> Result<Value, Value> {
+    // Without a granted upstream offering the feature, the method does not exist here.
+    let needs: &[&str] = match method {
+        m if m.starts_with("resources/") => &["resources"],
+        m if m.starts_with("prompts/") => &["prompts"],
+        _ => &["completions", "prompts", "resources"],
+    };
+    let mut offered = false;
+    for cap in needs {
+        offered = offered || !upstreams_with(ctx, cap).await.is_empty();
+    }
+    if !offered {
+        return Err(err(
+            id.clone(),
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method not found: {method} (no granted upstream offers it)"),
+        ));
+    }
     let (cap, key) = match method {
         "resources/list" => ("resources", "resources"),
         "resources/templates/list" => ("resources", "resourceTemplates"),
