@@ -108,6 +108,9 @@ pub struct RegistrationState {
     pub agent_id: Arc<str>,
     pub label: Option<String>,
     pub tools: ToolSet,
+    /// The grants as registered (`<upstream>.*`, `<upstream>.tool`, in-process names); the
+    /// upstreams they name are the ones whose resources and prompts this registration sees.
+    pub grants: Vec<String>,
     pub limits: Limits,
     pub ttl_s: Option<u64>,
     pub created_at: chrono::DateTime<chrono::Utc>,
@@ -144,6 +147,7 @@ impl RegistrationState {
             agent_id: Arc::from(spec.agent_id.as_str()),
             label: spec.label.clone(),
             tools,
+            grants: spec.tools.clone(),
             limits: spec.limits.clone(),
             ttl_s: spec.ttl_s,
             created_at,

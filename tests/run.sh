@@ -8,6 +8,6 @@ bash tests/peers/setup.sh --conformance
 echo "== cargo test =="
 cargo test --locked --all-targets
 echo "== official MCP conformance suite, directly and through the gateway =="
-bash tests/conformance/run.sh current  # `next` (2026-07-28) still fails through the gateway: docs/conformance.md
+bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
 echo "== RELIABILITY.md =="
 python3 tests/reliability.py

@@ -28,7 +28,17 @@ const DISCOVER_TTL_MS: u64 = 60_000;
 const LIST_TTL_MS: u64 = 0;
 
 /// Methods served statelessly; anything else is 404 + -32601.
-const METHODS: &[&str] = &["server/discover", "tools/list", "tools/call"];
+const METHODS: &[&str] = &[
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+];
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
     v.get("params")?.get("_meta")?.as_object()
@@ -196,12 +206,6 @@ pub async fn handle(
             None,
         );
     }
-    if method == "server/discover" {
-        return json_response(
-            StatusCode::OK,
-            &finish(jsonrpc::success(id, discover(&reg)), &method),
-        );
-    }
     let ctx = RequestCtx {
         gateway: gw.clone(),
         registration: reg.clone(),
@@ -210,6 +214,12 @@ pub async fn handle(
         protocol_version: MODERN_VERSION.into(),
         notify: None,
     };
+    if method == "server/discover" {
+        return json_response(
+            StatusCode::OK,
+            &finish(jsonrpc::success(id, discover(&ctx).await), &method),
+        );
+    }
     let cancel = reg.cancel.child_token();
     let opts = ReplyOpts {
         priming: false,
@@ -221,12 +231,18 @@ pub async fn handle(
 }
 
 /// The `server/discover` result.
-fn discover(reg: &RegistrationState) -> Value {
+async fn discover(ctx: &RequestCtx) -> Value {
+    // No `listChanged` (no `subscriptions/listen` yet) and no `logging/setLevel` statelessly.
+    let mut caps = crate::mcp::proxy::capabilities(ctx).await;
+    caps["tools"] = json!({});
+    if let Some(m) = caps.as_object_mut() {
+        m.remove("logging");
+    }
     json!({
         "supportedVersions": ALL_VERSIONS,
-        "capabilities": {"tools": {}},
+        "capabilities": caps,
         "serverInfo": dispatch::server_info(),
-        "instructions": format!("Tools granted to agent {}.", reg.agent_id),
+        "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
 }
 
@@ -241,7 +257,7 @@ fn finish(mut reply: Value, method: &str) -> Value {
         }
         let ttl = match method {
             "server/discover" => Some(DISCOVER_TTL_MS),
-            m if m.ends_with("/list") => Some(LIST_TTL_MS),
+            m if m.ends_with("/list") || m == "resources/read" => Some(LIST_TTL_MS),
             _ => None,
         };
         if let Some(ttl) = ttl {

@@ -42,7 +42,7 @@ pub fn server_info() -> Value {
 }
 
 /// The `initialize` result for a requested version; records the version on the session.
-pub fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
+pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
     let requested = params
         .and_then(|p| p.get("protocolVersion"))
         .and_then(Value::as_str);
@@ -52,7 +52,7 @@ pub fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
     }
     json!({
         "protocolVersion": version,
-        "capabilities": server_capabilities(),
+        "capabilities": crate::mcp::proxy::capabilities(ctx).await,
         "serverInfo": server_info(),
         "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
@@ -95,12 +95,15 @@ pub async fn handle_request(
                     .to_value(),
                 );
             }
-            Some(jsonrpc::success(id, initialize(ctx, params.as_ref())))
+            Some(jsonrpc::success(id, initialize(ctx, params.as_ref()).await))
         }
         "ping" => Some(jsonrpc::success(id, json!({}))),
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "tools/call" => call::run(ctx, id, params, cancel).await,
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
+        m if crate::mcp::proxy::METHODS.contains(&m) => {
+            Some(crate::mcp::proxy::handle(ctx, id, m, params, cancel).await)
+        }
         _ => Some(
             RpcError::new(
                 Some(id),

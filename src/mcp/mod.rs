@@ -3,6 +3,7 @@
 
 pub mod dispatch;
 pub mod jsonrpc;
+pub mod proxy;
 
 /// Handshake-era revisions, oldest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];

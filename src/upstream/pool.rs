@@ -111,6 +111,8 @@ pub struct UpstreamInfo {
 pub struct Catalog {
     pub tools: Vec<Value>,
     pub supports_lease: bool,
+    /// The server's `capabilities` from its `initialize` result (`resources`, `prompts`, …).
+    pub capabilities: Value,
 }
 
 /// What never changes about an upstream.
@@ -288,6 +290,14 @@ pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
     }
 }
 
+/// Drops the 2026-07-28 per-request envelope (`io.modelcontextprotocol/protocolVersion`,
+/// `clientCapabilities`, …) from a forwarded `_meta`: it describes the client's request to the
+/// gateway, not the gateway's connection to the upstream, and a handshake-era upstream rejects
+/// requests that carry it.
+pub fn strip_envelope(meta: &mut Map<String, Value>) {
+    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+}
+
 fn backoff(crashes: u32) -> Duration {
     if crashes < 2 {
         return Duration::ZERO;
@@ -371,9 +381,15 @@ impl Pool {
             }
             s => s,
         };
+        let capabilities = conn
+            .initialize_result()
+            .get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         let catalog = Arc::new(Catalog {
             tools,
             supports_lease,
+            capabilities,
         });
         let keep = {
             let mut slots = lock(&up.slots);
@@ -580,6 +596,7 @@ impl Pool {
             !call.registration.token_in(v) && !call.registration.token_in(&Value::from(k.as_str()))
         });
         meta.remove(LEASE_META_KEY);
+        strip_envelope(&mut meta);
         if slot.leased.load(Ordering::SeqCst) {
             meta.insert(LEASE_META_KEY.into(), Value::String(slot.lease_for(reg_id)));
         }
@@ -698,6 +715,64 @@ impl Pool {
             Err(e) => ForwardOutcome::Failed(e.to_string()),
         };
         fwd
+    }
+
+    /// Forwards one non-tool request (`resources/*`, `prompts/*`, `completion/complete`) to an
+    /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
+    /// as [`Pool::forward`]; no progress or log routing. `Ok(Ok(result))`, `Ok(Err(error
+    /// object))` as the upstream sent it, or `Err(why)` when the upstream could not answer.
+    pub async fn forward_request(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+    ) -> Result<Result<Value, Value>, String> {
+        let reg_id = registration.id.as_str();
+        let slot = self.slot_for(upstream, reg_id).await?;
+        let _busy = Busy::new(&slot);
+        let _permit = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err("cancelled".into()),
+            p = slot.permits.clone().acquire_owned() => p.map_err(|_| "upstream is shutting down".to_string())?,
+        };
+        let conn = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err("cancelled".into()),
+            c = slot.connection() => c.map_err(|e| e.to_string())?,
+        };
+        let mut params = params;
+        let mut meta = match params.remove("_meta") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        meta.retain(|_, v| !v.as_str().is_some_and(|s| registration.token_matches(s)));
+        meta.remove(LEASE_META_KEY);
+        strip_envelope(&mut meta);
+        if slot.leased.load(Ordering::SeqCst) {
+            meta.insert(LEASE_META_KEY.into(), Value::String(slot.lease_for(reg_id)));
+        }
+        if !meta.is_empty() {
+            params.insert("_meta".into(), Value::Object(meta));
+        }
+        let opts = RequestOptions {
+            timeout: Some(Duration::from_secs(slot.spec.config.call_timeout_s.max(1))),
+            cancel,
+            ..RequestOptions::default()
+        };
+        match conn.request(method, Value::Object(params), opts).await {
+            Ok(resp) => {
+                slot.crashes.store(0, Ordering::Relaxed);
+                Ok(resp.outcome)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The config of an upstream (for exposed names).
+    pub fn upstream_config(&self, id: &str) -> Option<&UpstreamConfig> {
+        self.inner.upstreams.get(id).map(|u| &u.spec.config)
     }
 
     /// Releases what a registration holds: its lease on shared connections
@@ -1094,9 +1169,15 @@ impl Slot {
             match conn.list_tools().await {
                 Ok(tools) => {
                     let supports_lease = conn.supports_lease();
+                    let capabilities = conn
+                        .initialize_result()
+                        .get("capabilities")
+                        .cloned()
+                        .unwrap_or_else(|| json!({}));
                     *up.catalog.lock().await = Some(Arc::new(Catalog {
                         tools,
                         supports_lease,
+                        capabilities,
                     }));
                     tracing::info!(upstream = %self.spec.id, "tool catalog refreshed");
                 }

@@ -1,0 +1,367 @@
+//! Resources, prompts and completions, proxied to upstreams.
+//!
+//! Design:
+//! - A registration may use the resources and prompts of every upstream it holds at least one
+//!   grant on (`<upstream>.*` or `<upstream>.<tool>`); never those of any other upstream.
+//! - Prompts are namespaced like tools: `<upstream>.<prompt>`, or bare with the upstream's
+//!   `bare_names`. Resources keep their URIs.
+//! - `resources/read` (and `subscribe`/`unsubscribe`) go to the upstream that lists the URI (as
+//!   a resource, or a template equal to it), else, with one resource upstream, to that one.
+//!   `completion/complete` routes by its `ref`: a prompt name to its upstream (the name
+//!   rewritten to the upstream's), a resource URI as above.
+//! - Results and upstream errors pass through unchanged. These are not tool calls: they are not
+//!   governed (no limits) nor written to the audit log; each is logged (`tracing`, info).
+//! - Lists are concatenated over upstreams in grant order, in one page.
+//! - Without a granted upstream that advertised the feature, the methods answer -32601.
+
+use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::dispatch::RequestCtx;
+use crate::mcp::jsonrpc::{self, RpcError};
+
+/// JSON-RPC code for an unknown resource.
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+/// Upper bound of pages fetched from one upstream for one list.
+const MAX_PAGES: usize = 100;
+
+/// The methods this module serves.
+pub const METHODS: &[&str] = &[
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+];
+
+/// The upstreams this registration holds a grant on, in grant order.
+pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
+    let pool = ctx.gateway.pool();
+    let mut out: Vec<String> = Vec::new();
+    for g in &ctx.registration.grants {
+        if let Some((prefix, _)) = g.split_once('.') {
+            if pool.has_upstream(prefix) && !out.iter().any(|u| u == prefix) {
+                out.push(prefix.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Granted upstreams whose server advertised capability `cap`, with that capability.
+async fn upstreams_with(ctx: &RequestCtx, cap: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for id in granted_upstreams(ctx) {
+        match ctx.gateway.pool().catalog(&id).await {
+            Ok(c) => {
+                if let Some(v) = c.capabilities.get(cap).filter(|v| !v.is_null()) {
+                    out.push((id, v.clone()));
+                }
+            }
+            Err(e) => tracing::warn!(upstream = %id, error = %e, "upstream unavailable"),
+        }
+    }
+    out
+}
+
+/// The server capabilities for this registration: tools and logging always; `resources`,
+/// `prompts`, `completions` when a granted upstream advertised them.
+pub async fn capabilities(ctx: &RequestCtx) -> Value {
+    let mut caps = crate::mcp::dispatch::server_capabilities();
+    let resources = upstreams_with(ctx, "resources").await;
+    if !resources.is_empty() {
+        let subscribe = resources
+            .iter()
+            .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)));
+        let mut r = Map::new();
+        if subscribe && ctx.session.is_some() {
+            r.insert("subscribe".into(), Value::Bool(true));
+        }
+        caps["resources"] = Value::Object(r);
+    }
+    if !upstreams_with(ctx, "prompts").await.is_empty() {
+        caps["prompts"] = json!({});
+    }
+    if !upstreams_with(ctx, "completions").await.is_empty() {
+        caps["completions"] = json!({});
+    }
+    caps
+}
+
+fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
+    match ctx.gateway.pool().upstream_config(upstream) {
+        Some(c) if c.bare_names => prompt.to_string(),
+        _ => format!("{upstream}.{prompt}"),
+    }
+}
+
+fn err(id: Value, code: i64, msg: impl Into<String>) -> Value {
+    RpcError::new(Some(id), code, msg).to_value()
+}
+
+/// One request to one upstream: the result, or the JSON-RPC reply to send instead.
+async fn call(
+    ctx: &RequestCtx,
+    id: &Value,
+    upstream: &str,
+    method: &str,
+    params: Map<String, Value>,
+    cancel: &CancellationToken,
+) -> Result<Value, Value> {
+    tracing::info!(
+        registration = %ctx.registration.id,
+        agent = %ctx.registration.agent_id,
+        upstream,
+        method,
+        "proxied request"
+    );
+    match ctx
+        .gateway
+        .pool()
+        .forward_request(&ctx.registration, upstream, method, params, cancel.clone())
+        .await
+    {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(mut e)) => {
+            if let Some(m) = e.as_object_mut() {
+                m.retain(|k, _| matches!(k.as_str(), "code" | "message" | "data"));
+            }
+            Err(json!({"jsonrpc": "2.0", "id": id, "error": e}))
+        }
+        Err(why) => Err(err(
+            id.clone(),
+            jsonrpc::INTERNAL_ERROR,
+            format!("upstream {upstream:?} is unavailable: {why}"),
+        )),
+    }
+}
+
+/// Every item of `key` an upstream lists, following `nextCursor`.
+async fn list_all(
+    ctx: &RequestCtx,
+    id: &Value,
+    upstream: &str,
+    method: &str,
+    key: &str,
+    cancel: &CancellationToken,
+) -> Result<Vec<Value>, Value> {
+    let mut items = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for _ in 0..MAX_PAGES {
+        let mut params = Map::new();
+        if let Some(c) = cursor.take() {
+            params.insert("cursor".into(), c);
+        }
+        let mut r = call(ctx, id, upstream, method, params, cancel).await?;
+        if let Some(Value::Array(page)) = r.get_mut(key).map(Value::take) {
+            items.extend(page);
+        }
+        match r.get_mut("nextCursor").map(Value::take) {
+            Some(c) if !c.is_null() => cursor = Some(c),
+            _ => return Ok(items),
+        }
+    }
+    Ok(items)
+}
+
+/// The upstream (and its own prompt name) behind an exposed prompt name.
+async fn find_prompt(
+    ctx: &RequestCtx,
+    id: &Value,
+    name: &str,
+    cancel: &CancellationToken,
+) -> Result<Option<(String, String)>, Value> {
+    for (up, _) in upstreams_with(ctx, "prompts").await {
+        for p in list_all(ctx, id, &up, "prompts/list", "prompts", cancel).await? {
+            if let Some(own) = p.get("name").and_then(Value::as_str) {
+                if exposed_prompt(ctx, &up, own) == name {
+                    return Ok(Some((up, own.to_string())));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The upstream serving a resource URI.
+async fn find_resource(
+    ctx: &RequestCtx,
+    id: &Value,
+    uri: &str,
+    cancel: &CancellationToken,
+) -> Result<Option<String>, Value> {
+    let ups = upstreams_with(ctx, "resources").await;
+    for (up, _) in &ups {
+        let listed = list_all(ctx, id, up, "resources/list", "resources", cancel).await?;
+        if listed
+            .iter()
+            .any(|r| r.get("uri").and_then(Value::as_str) == Some(uri))
+        {
+            return Ok(Some(up.clone()));
+        }
+        let templates = list_all(
+            ctx,
+            id,
+            up,
+            "resources/templates/list",
+            "resourceTemplates",
+            cancel,
+        )
+        .await?;
+        if templates
+            .iter()
+            .any(|t| t.get("uriTemplate").and_then(Value::as_str) == Some(uri))
+        {
+            return Ok(Some(up.clone()));
+        }
+    }
+    Ok(match ups.as_slice() {
+        [(only, _)] => Some(only.clone()),
+        _ => None,
+    })
+}
+
+fn params_obj(params: Option<Value>) -> Map<String, Value> {
+    match params {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Serves one of [`METHODS`].
+pub async fn handle(
+    ctx: &RequestCtx,
+    id: Value,
+    method: &str,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Value {
+    match serve(ctx, &id, method, params_obj(params), &cancel).await {
+        Ok(v) => jsonrpc::success(id, v),
+        Err(e) => e,
+    }
+}
+
+async fn serve(
+    ctx: &RequestCtx,
+    id: &Value,
+    method: &str,
+    mut params: Map<String, Value>,
+    cancel: &CancellationToken,
+) -> Result<Value, Value> {
+    // Without a granted upstream offering the feature, the method does not exist here.
+    let needs: &[&str] = match method {
+        m if m.starts_with("resources/") => &["resources"],
+        m if m.starts_with("prompts/") => &["prompts"],
+        _ => &["completions", "prompts", "resources"],
+    };
+    let mut offered = false;
+    for cap in needs {
+        offered = offered || !upstreams_with(ctx, cap).await.is_empty();
+    }
+    if !offered {
+        return Err(err(
+            id.clone(),
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method not found: {method} (no granted upstream offers it)"),
+        ));
+    }
+    let (cap, key) = match method {
+        "resources/list" => ("resources", "resources"),
+        "resources/templates/list" => ("resources", "resourceTemplates"),
+        "prompts/list" => ("prompts", "prompts"),
+        _ => ("", ""),
+    };
+    if !cap.is_empty() {
+        let mut all = Vec::new();
+        for (up, _) in upstreams_with(ctx, cap).await {
+            let items = list_all(ctx, id, &up, method, key, cancel).await?;
+            for mut item in items {
+                if method == "prompts/list" {
+                    let own = item.get("name").and_then(Value::as_str).map(str::to_string);
+                    if let (Some(own), Some(m)) = (own, item.as_object_mut()) {
+                        m.insert("name".into(), json!(exposed_prompt(ctx, &up, &own)));
+                    }
+                }
+                all.push(item);
+            }
+        }
+        return Ok(json!({ key: all }));
+    }
+    match method {
+        "prompts/get" => {
+            let name = params
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let Some((up, own)) = find_prompt(ctx, id, &name, cancel).await? else {
+                return Err(err(
+                    id.clone(),
+                    jsonrpc::INVALID_PARAMS,
+                    format!("Unknown prompt: {name}"),
+                ));
+            };
+            params.insert("name".into(), json!(own));
+            call(ctx, id, &up, method, params, cancel).await
+        }
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+            let uri = params
+                .get("uri")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let Some(up) = find_resource(ctx, id, &uri, cancel).await? else {
+                return Err(RpcError {
+                    data: Some(json!({ "uri": uri })),
+                    ..RpcError::new(
+                        Some(id.clone()),
+                        RESOURCE_NOT_FOUND,
+                        format!("Resource not found: {uri}"),
+                    )
+                }
+                .to_value());
+            };
+            call(ctx, id, &up, method, params, cancel).await
+        }
+        "completion/complete" => {
+            let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
+            let target = match r#ref.get("type").and_then(Value::as_str) {
+                Some("ref/prompt") => {
+                    let name = r#ref
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    match find_prompt(ctx, id, name, cancel).await? {
+                        Some((up, own)) => {
+                            params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
+                            Some(up)
+                        }
+                        None => None,
+                    }
+                }
+                Some("ref/resource") => {
+                    let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
+                    find_resource(ctx, id, uri, cancel).await?
+                }
+                _ => None,
+            };
+            let Some(up) = target else {
+                return Err(err(
+                    id.clone(),
+                    jsonrpc::INVALID_PARAMS,
+                    "completion/complete: ref names no prompt or resource of this registration",
+                ));
+            };
+            call(ctx, id, &up, method, params, cancel).await
+        }
+        _ => Err(err(
+            id.clone(),
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method not found: {method}"),
+        )),
+    }
+}
