@@ -720,3 +720,88 @@ async fn helpdesk_call_through_the_daemon_and_no_child_after_sigterm() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(d.marked_processes(), Vec::<u32>::new(), "no child remains");
 }
+
+/// SIGTERM under load: 3 registrations × 4 concurrent SSE clients calling in a loop. The daemon
+/// exits 0 within the grace, every success reply a client received has exactly one audit record
+/// with its registration's agent, the chain ends with `daemon_stopped`, and no process remains.
+#[tokio::test]
+async fn sigterm_under_load_loses_no_acknowledged_call() {
+    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    let mut tasks = Vec::new();
+    for r in 0..3 {
+        let agent = format!("agent-load-{r}");
+        let reg = d
+            .register(json!({"agent_id": agent, "tools": ["demo.*"]}))
+            .await;
+        for w in 0..4 {
+            let (url, token, agent) = (
+                reg["sse_url"].as_str().unwrap().to_string(),
+                reg["token"].as_str().unwrap().to_string(),
+                agent.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut c = SseClient::connect(&url, &token).await;
+                c.initialize().await;
+                let mut acked = Vec::new();
+                for n in 0.. {
+                    let text = format!("{agent}/{w}/{n}");
+                    let args = json!({"text": text});
+                    let Ok(resp) = c
+                        .http
+                        .post(c.post_url())
+                        .bearer_auth(&c.token)
+                        .json(&json!({"jsonrpc":"2.0","id":n,"method":"tools/call","params":{"name":"demo.echo","arguments":args}}))
+                        .send()
+                        .await
+                    else {
+                        break;
+                    };
+                    if resp.status() != 202 {
+                        break;
+                    }
+                    match c.next_message(5).await {
+                        Some(m) if m["id"] == json!(n) && m["result"].is_object() => {
+                            assert_eq!(text_of(&m), format!("{agent}:{text}"));
+                            acked.push((agent.clone(), gatehouse::audit::digest_value(&args)));
+                        }
+                        _ => break,
+                    }
+                }
+                acked
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    d.signal(Signal::SIGTERM);
+    let (code, secs) = d.wait_exit(Duration::from_secs(15));
+    assert_eq!(code, Some(0), "{}", d.stderr());
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    assert!(
+        acked.len() > 12,
+        "load ran: {} acknowledged calls",
+        acked.len()
+    );
+    let audit = d.audit();
+    for (agent, digest) in &acked {
+        let n = audit
+            .iter()
+            .filter(|r| {
+                r.event == "governed_mcp_call"
+                    && r.args_digest.as_deref() == Some(digest)
+                    && r.outcome.as_deref() == Some("ok")
+            })
+            .inspect(|r| assert_eq!(r.agent_id.as_deref(), Some(agent.as_str())))
+            .count();
+        assert_eq!(n, 1, "an acknowledged call has exactly one record");
+    }
+    assert_eq!(audit.last().unwrap().event, "daemon_stopped");
+    eprintln!(
+        "SIGTERM under load: {} acknowledged calls, all audited; exit after {secs:.3} s",
+        acked.len()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.marked_processes(), Vec::<u32>::new());
+}
