@@ -47,17 +47,13 @@ pub async fn run(
     let mut params = match params {
         Some(Value::Object(m)) => m,
         _ => {
-            let mut rec = base_record(ctx, None);
-            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
-            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-            rec.reason = Some("params must be an object with a name".into());
-            return finish(
+            return malformed(
                 ctx,
-                rec,
+                None,
                 started,
                 id,
-                Err(()),
-                invalid("tools/call needs params {\"name\": string, \"arguments\"?: object}"),
+                "params must be an object with a name",
+                "tools/call needs params {\"name\": string, \"arguments\"?: object}",
             )
             .await;
         }
@@ -65,17 +61,13 @@ pub async fn run(
     let name = match params.get("name") {
         Some(Value::String(s)) => s.clone(),
         _ => {
-            let mut rec = base_record(ctx, None);
-            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
-            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-            rec.reason = Some("missing tool name".into());
-            return finish(
+            return malformed(
                 ctx,
-                rec,
+                None,
                 started,
                 id,
-                Err(()),
-                invalid("tools/call: \"name\" must be a string"),
+                "missing tool name",
+                "tools/call: \"name\" must be a string",
             )
             .await;
         }
@@ -84,17 +76,13 @@ pub async fn run(
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v,
         Some(_) => {
-            let mut rec = base_record(ctx, Some(&name));
-            rec.outcome = Some(Outcome::ProtocolError.as_str().into());
-            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-            rec.reason = Some("arguments must be an object".into());
-            return finish(
+            return malformed(
                 ctx,
-                rec,
+                Some(&name),
                 started,
                 id,
-                Err(()),
-                invalid("tools/call: \"arguments\" must be an object"),
+                "arguments must be an object",
+                "tools/call: \"arguments\" must be an object",
             )
             .await;
         }
@@ -118,7 +106,7 @@ pub async fn run(
             format!("Unknown tool: {name}"),
             Outcome::Denied,
         );
-        return finish(ctx, rec, started, id, Err(()), e).await;
+        return finish(ctx, rec, started, id, e).await;
     };
     rec.upstream = tool.upstream().map(str::to_string);
 
@@ -255,7 +243,7 @@ pub async fn run(
     } else {
         ended
     };
-    finish(ctx, rec, started, id, Ok(()), ended).await
+    finish(ctx, rec, started, id, ended).await
 }
 
 fn upstream_ended(name: &str, outcome: crate::upstream::pool::ForwardOutcome) -> Ended {
@@ -297,6 +285,21 @@ async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
+/// A `tools/call` whose params are malformed: audited as `protocol_error` (-32602) with the
+/// reason, answered with a -32602 error carrying `message`.
+async fn malformed(
+    ctx: &RequestCtx,
+    tool: Option<&str>,
+    started: Instant,
+    id: Value,
+    reason: &str,
+    message: &str,
+) -> Option<Value> {
+    let mut rec = base_record(ctx, tool);
+    rec.reason = Some(reason.into());
+    finish(ctx, rec, started, id, invalid(message)).await
+}
+
 fn invalid(msg: &str) -> Ended {
     Ended::Error(
         jsonrpc::INVALID_PARAMS,
@@ -318,7 +321,6 @@ async fn deny(
         rec,
         started,
         id,
-        Err(()),
         Ended::Result(ToolResult::error(why).0, Outcome::Denied),
     )
     .await
@@ -330,7 +332,6 @@ async fn finish(
     mut rec: Record,
     started: Instant,
     id: Value,
-    _executed: Result<(), ()>,
     ended: Ended,
 ) -> Option<Value> {
     rec.duration_ms = Some(started.elapsed().as_secs_f64() * 1000.0);

@@ -143,41 +143,6 @@ const INSPECTOR_NA: &str =
 /// How long a cancel step waits before cancelling.
 const CANCEL_AFTER_S: f64 = 0.5;
 
-struct Python {
-    _child: tokio::process::Child,
-    url: String,
-}
-
-async fn python_http_upstream() -> Python {
-    let py = root().join("tests/peers/.venv/bin/python");
-    assert!(py.exists(), "run tests/peers/setup.sh first");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = tokio::process::Command::new(py)
-        .arg(root().join("tests/peers/conformance_server.py"))
-        .args(["streamable-http", "--port", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "conformance_server.py did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Python { _child: child, url }
-}
-
 fn upstreams(py_url: &str) -> Vec<UpstreamConfig> {
     std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
     let everything = root()

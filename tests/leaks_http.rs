@@ -5,50 +5,17 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
 use common::*;
 use gatehouse::config::UpstreamConfig;
 use gatehouse::RegistrationSpec;
 use serde_json::{json, Value};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 #[tokio::test]
 async fn the_agent_token_never_reaches_an_http_upstream() {
-    let py = root().join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "tests/peers/.venv is missing: run `bash tests/peers/setup.sh` (or `bash tests/run.sh`)"
-    );
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let _child = tokio::process::Command::new(py)
-        .arg(root().join("tests/peers/conformance_server.py"))
-        .args(["streamable-http", "--port", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "conformance_server.py did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let upstream = python_http_upstream().await;
     let up: UpstreamConfig = toml::from_str(&format!(
-        "id = \"py\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ \"X-Upstream-Key\" = \"configured-upstream-credential\" }}\n"
+        "id = \"py\"\nurl = {:?}\nheaders = {{ \"X-Upstream-Key\" = \"configured-upstream-credential\" }}\n",
+        upstream.url
     ))
     .unwrap();
     let tg = TestGateway::with(|c| c.upstreams = vec![up]);

@@ -282,3 +282,50 @@ pub fn text_of(reply: &Value) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// tests/peers/conformance_server.py (official Python SDK) serving Streamable HTTP on a free
+/// loopback port; killed on drop. Fails (never skips) when the peers are not installed.
+pub struct PythonHttpUpstream {
+    _child: tokio::process::Child,
+    pub url: String,
+}
+
+pub async fn python_http_upstream() -> PythonHttpUpstream {
+    let py = repo_root().join("tests/peers/.venv/bin/python");
+    assert!(
+        py.exists(),
+        "tests/peers/.venv is missing: run `bash tests/peers/setup.sh` (or `bash tests/run.sh`)"
+    );
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let child = tokio::process::Command::new(py)
+        .arg(repo_root().join("tests/peers/conformance_server.py"))
+        .args(["streamable-http", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "conformance_server.py did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    PythonHttpUpstream {
+        _child: child,
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    }
+}
