@@ -85,6 +85,31 @@ struct ClientRequest {
     upstream_request_id: Value,
 }
 
+/// Rewrites a request's `_meta` for the upstream, the same for tool calls and for proxied
+/// resources/prompts requests: nothing that carries the caller's bearer token, however it is
+/// wrapped ("Bearer <token>", nested objects, keys); no 2026-07-28 envelope; the registration's
+/// lease (never the caller's) when the slot is leased.
+fn upstream_meta(params: &mut Map<String, Value>, registration: &RegistrationState, slot: &Slot) {
+    let mut meta = match params.remove("_meta") {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    meta.retain(|k, v| {
+        !registration.token_in(v) && !registration.token_in(&Value::from(k.as_str()))
+    });
+    meta.remove(LEASE_META_KEY);
+    strip_envelope(&mut meta);
+    if slot.leased.load(Ordering::SeqCst) {
+        meta.insert(
+            LEASE_META_KEY.into(),
+            Value::String(slot.lease_for(&registration.id)),
+        );
+    }
+    if !meta.is_empty() {
+        params.insert("_meta".into(), Value::Object(meta));
+    }
+}
+
 /// One live upstream connection, as the admin API shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
@@ -586,23 +611,7 @@ impl Pool {
         let mut params = call.params;
         params.insert("name".into(), Value::String(call.tool.to_string()));
         params.insert("arguments".into(), call.arguments);
-        let mut meta = match params.remove("_meta") {
-            Some(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        // Nothing the caller sends in `_meta` may carry its own bearer token upstream, however
-        // it is wrapped ("Bearer <token>", nested objects, keys).
-        meta.retain(|k, v| {
-            !call.registration.token_in(v) && !call.registration.token_in(&Value::from(k.as_str()))
-        });
-        meta.remove(LEASE_META_KEY);
-        strip_envelope(&mut meta);
-        if slot.leased.load(Ordering::SeqCst) {
-            meta.insert(LEASE_META_KEY.into(), Value::String(slot.lease_for(reg_id)));
-        }
-        if !meta.is_empty() {
-            params.insert("_meta".into(), Value::Object(meta));
-        }
+        upstream_meta(&mut params, call.registration, &slot);
 
         let (started_tx, started_rx) = oneshot::channel();
         let (progress_tx, mut progress_rx) = match &call.notify {
@@ -743,19 +752,7 @@ impl Pool {
             c = slot.connection() => c.map_err(|e| e.to_string())?,
         };
         let mut params = params;
-        let mut meta = match params.remove("_meta") {
-            Some(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        meta.retain(|_, v| !v.as_str().is_some_and(|s| registration.token_matches(s)));
-        meta.remove(LEASE_META_KEY);
-        strip_envelope(&mut meta);
-        if slot.leased.load(Ordering::SeqCst) {
-            meta.insert(LEASE_META_KEY.into(), Value::String(slot.lease_for(reg_id)));
-        }
-        if !meta.is_empty() {
-            params.insert("_meta".into(), Value::Object(meta));
-        }
+        upstream_meta(&mut params, registration, &slot);
         let opts = RequestOptions {
             timeout: Some(Duration::from_secs(slot.spec.config.call_timeout_s.max(1))),
             cancel,
