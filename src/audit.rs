@@ -274,16 +274,46 @@ pub fn read_head(path: &Path) -> std::io::Result<Option<Head>> {
     }
 }
 
-/// Writes the head sidecar atomically: a temporary file renamed over the old one.
-fn write_head(path: &Path, head: &Head) -> std::io::Result<()> {
-    let target = head_path(path);
-    let mut tmp = target.as_os_str().to_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let body = serde_json::to_string(head)
+/// Width of the head sidecar: its JSON padded with spaces, then a newline. Written in place
+/// at offset 0 (one `pwrite` of one sector) so that updating it after every batch costs no
+/// file creation, rename or writeback; `seq` only grows, so the JSON never outgrows it.
+const HEAD_WIDTH: usize = 128;
+
+/// The head sidecar's bytes: `{"seq":…,"hash":"…"}`, space-padded to `HEAD_WIDTH`.
+fn head_bytes(head: &Head) -> std::io::Result<Vec<u8>> {
+    let mut body = serde_json::to_vec(head)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    std::fs::write(&tmp, format!("{body}\n"))?;
-    std::fs::rename(&tmp, &target)
+    if body.len() >= HEAD_WIDTH {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "head record too long",
+        ));
+    }
+    body.resize(HEAD_WIDTH - 1, b' ');
+    body.push(b'\n');
+    Ok(body)
+}
+
+/// Opens the head sidecar for in-place updates (created if absent, never truncated: until
+/// the first update it keeps the head that was there).
+/// A longer leftover (an older format) is cut to the width.
+fn open_head(path: &Path) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(head_path(path))?;
+    if f.metadata()?.len() > HEAD_WIDTH as u64 {
+        f.set_len(HEAD_WIDTH as u64)?;
+    }
+    Ok(f)
+}
+
+/// Writes the head in place.
+fn write_head_at(f: &File, head: &Head) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&head_bytes(head)?, 0)
 }
 
 /// Rotated files of `path`: `<path>.000001`, `<path>.000002`, … in chain order.
@@ -332,6 +362,8 @@ pub fn chain_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 struct Writer {
     path: PathBuf,
     file: Option<File>,
+    /// The head sidecar, open while `file` is (regular files only).
+    head: Option<File>,
     /// (dev, ino) of the open file, to notice that the path now names another file.
     identity: Option<(u64, u64)>,
     regular: bool,
@@ -368,6 +400,7 @@ impl Writer {
         let mut w = Writer {
             path: config.path.clone(),
             file: None,
+            head: None,
             identity: None,
             regular: false,
             seq,
@@ -427,6 +460,13 @@ impl Writer {
                 }
             }
             self.identity = Some((meta.dev(), meta.ino()));
+            self.head = if self.regular {
+                open_head(&self.path)
+                    .map_err(|e| tracing::warn!(error = %e, "audit head sidecar cannot be opened; a cut tail may go unnoticed"))
+                    .ok()
+            } else {
+                None
+            };
             self.file = Some(f);
         }
         self.file
@@ -562,7 +602,10 @@ impl Writer {
             FsyncPolicy::Never => false,
         };
         let regular = self.regular;
-        let f = self.ensure_open()?;
+        // Opened at the top of this function (one identity check per batch).
+        let Some(f) = self.file.as_mut() else {
+            return Err(AuditError::Unavailable("no file".into()));
+        };
         let before = if regular {
             f.metadata().map(|m| m.len()).ok()
         } else {
@@ -590,12 +633,12 @@ impl Writer {
         }
         self.seq = seq;
         self.prev = prev;
-        if self.regular {
+        if let Some(h) = &self.head {
             let head = Head {
                 seq: self.seq,
                 hash: self.prev.clone(),
             };
-            if let Err(e) = write_head(&self.path, &head) {
+            if let Err(e) = write_head_at(h, &head) {
                 tracing::warn!(error = %e, "audit head not written; a cut tail may go unnoticed until it is");
             }
         }
@@ -746,5 +789,38 @@ impl Filter {
             && self.event.as_ref().is_none_or(|e| &r.event == e)
             && self.since.is_none_or(|s| ts().is_some_and(|t| t >= s))
             && self.until.is_none_or(|u| ts().is_some_and(|t| t < u))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn head_is_rewritten_in_place_and_a_longer_old_head_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        // An older, longer sidecar (e.g. written by a previous version with extra spacing).
+        std::fs::write(head_path(&path), format!("{}\n", " ".repeat(300))).unwrap();
+        let f = open_head(&path).unwrap();
+        for seq in [1u64, 10, 1_000_000_000_000] {
+            let head = Head {
+                seq,
+                hash: line_hash(&seq.to_string()),
+            };
+            write_head_at(&f, &head).unwrap();
+            assert_eq!(read_head(&path).unwrap(), Some(head));
+            assert_eq!(
+                std::fs::metadata(head_path(&path)).unwrap().len(),
+                HEAD_WIDTH as u64
+            );
+        }
+        // The largest possible head still fits.
+        let max = Head {
+            seq: u64::MAX,
+            hash: "f".repeat(64),
+        };
+        assert!(head_bytes(&max).is_ok());
     }
 }
