@@ -113,7 +113,8 @@ impl Outcome {
 
 /// SHA-256 (hex) of a JSON value's compact serialization: the argument digest.
 pub fn digest_value(v: &Value) -> String {
-    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+    // The same compact bytes as `to_string`, without `fmt::Display`'s detour.
+    hex::encode(Sha256::digest(serde_json::to_vec(v).unwrap_or_default()))
 }
 
 /// The hash that links a line to the next record's `prev`.
@@ -128,7 +129,8 @@ pub mod summary;
 pub mod verify;
 
 struct Job {
-    record: Record,
+    /// `None`: only wakes the writer thread (an inline write failed: start probing).
+    record: Option<Record>,
     ack: Option<oneshot::Sender<Result<(), AuditError>>>,
 }
 
@@ -167,9 +169,18 @@ impl Drop for WriterThread {
 }
 
 /// A cheap handle to the audit writer.
+///
+/// Under `fsync = "interval"` or `"never"` a record is written by its caller, under a short
+/// `std` lock (no `.await` inside): one `write` to the page cache, no hand-off to another
+/// thread and back. The writer thread then only syncs (every interval, outside the lock, on
+/// a duplicate of the descriptor) and probes after a failure. Under `"always"` every record
+/// waits for an `fsync`, which must not block a runtime worker: records go to the thread,
+/// which writes and syncs them in batches (group commit).
 #[derive(Clone)]
 pub struct Audit {
     tx: std::sync::mpsc::Sender<Job>,
+    writer: Arc<std::sync::Mutex<Writer>>,
+    inline: bool,
     healthy: Arc<AtomicBool>,
     depth: Arc<AtomicUsize>,
     counters: Arc<Counters>,
@@ -187,14 +198,20 @@ impl Audit {
         let healthy = Arc::new(AtomicBool::new(true));
         let depth = Arc::new(AtomicUsize::new(0));
         let counters = Arc::new(Counters::default());
-        let mut writer = Writer::open(config, counters.clone())?;
-        let (h, d) = (healthy.clone(), depth.clone());
+        let writer = Arc::new(std::sync::Mutex::new(Writer::open(
+            config,
+            counters.clone(),
+        )?));
+        let inline = config.fsync != FsyncPolicy::Always;
+        let (h, d, w) = (healthy.clone(), depth.clone(), writer.clone());
         let handle = std::thread::Builder::new()
             .name("gatehouse-audit".into())
-            .spawn(move || writer.run(rx, h, d))
+            .spawn(move || run(&w, rx, h, d, inline))
             .map_err(|e| AuditError::Unavailable(format!("cannot start writer: {e}")))?;
         Ok(Audit {
             tx,
+            writer,
+            inline,
             healthy,
             depth,
             counters,
@@ -205,21 +222,54 @@ impl Audit {
 
     /// Writes a record and waits until it is written (per the fsync policy).
     pub async fn record(&self, record: Record) -> Result<(), AuditError> {
+        if self.inline {
+            return self.write_inline(record);
+        }
         let (ack, done) = oneshot::channel();
         self.depth.fetch_add(1, Ordering::Relaxed);
         self.tx
             .send(Job {
-                record,
+                record: Some(record),
                 ack: Some(ack),
             })
             .map_err(|_| AuditError::Stopped)?;
         done.await.map_err(|_| AuditError::Stopped)?
     }
 
-    /// Queues a record without waiting (for `Drop` paths). It is still written, in order.
+    /// Writes a record without waiting for a sync (for `Drop` paths). It is still written, in
+    /// order.
     pub fn record_detached(&self, record: Record) {
+        if self.inline {
+            let _ = self.write_inline(record);
+            return;
+        }
         self.depth.fetch_add(1, Ordering::Relaxed);
-        let _ = self.tx.send(Job { record, ack: None });
+        let _ = self.tx.send(Job {
+            record: Some(record),
+            ack: None,
+        });
+    }
+
+    /// Writes one record in the caller's thread (see the type's documentation).
+    fn write_inline(&self, record: Record) -> Result<(), AuditError> {
+        let mut batch = [Job {
+            record: Some(record),
+            ack: None,
+        }];
+        let result = {
+            let mut w = lock(&self.writer);
+            let result = w.write_batch(&mut batch, false);
+            w.note(&result, &self.healthy, 1);
+            result
+        };
+        if result.is_err() {
+            // The thread probes while unhealthy; make sure it is awake to.
+            let _ = self.tx.send(Job {
+                record: None,
+                ack: None,
+            });
+        }
+        result
     }
 
     /// False after a failed write, until a write succeeds again. The writer retries by
@@ -359,6 +409,106 @@ pub fn chain_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The writer thread. Thread mode (`fsync = "always"`): writes queued records in batches and
+/// acknowledges them. Inline mode: records are written by their callers; this syncs the file
+/// every interval and, while unhealthy, probes every `RETRY_EVERY`. Ends when every handle
+/// is gone (the channel closes), after a last sync.
+fn run(
+    writer: &std::sync::Mutex<Writer>,
+    rx: std::sync::mpsc::Receiver<Job>,
+    healthy: Arc<AtomicBool>,
+    depth: Arc<AtomicUsize>,
+    inline: bool,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
+    loop {
+        let wait = {
+            let w = lock(writer);
+            if !healthy.load(Ordering::Acquire) {
+                Some(RETRY_EVERY)
+            } else if w.fsync == FsyncPolicy::Interval {
+                // Inline writers do not wake this thread: wake every interval regardless.
+                Some(if w.unsynced {
+                    w.fsync_interval.saturating_sub(w.last_sync.elapsed())
+                } else {
+                    w.fsync_interval
+                })
+            } else {
+                None
+            }
+        };
+        let first = match wait {
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+            Some(t) => match rx.recv_timeout(t) {
+                Ok(j) => j,
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    if healthy.load(Ordering::Acquire) {
+                        sync_outside_lock(writer);
+                    } else {
+                        lock(writer).probe(&healthy);
+                    }
+                    continue;
+                }
+            },
+        };
+        let mut batch = vec![first];
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(j) => batch.push(j),
+                Err(_) => break,
+            }
+        }
+        batch.retain(|j| j.record.is_some());
+        if batch.is_empty() {
+            continue;
+        }
+        let n = batch.len();
+        let result = {
+            let mut w = lock(writer);
+            let result = w.write_batch(&mut batch, !inline);
+            w.note(&result, &healthy, n);
+            result
+        };
+        depth.fetch_sub(n, Ordering::Relaxed);
+        for job in batch {
+            if let Some(ack) = job.ack {
+                let _ = ack.send(result.clone());
+            }
+        }
+    }
+    sync_outside_lock(writer);
+}
+
+/// Syncs the file if records are unsynced, on a duplicate descriptor so that writers are
+/// not held up by the `fsync`.
+fn sync_outside_lock(writer: &std::sync::Mutex<Writer>) {
+    let (file, counters) = {
+        let mut w = lock(writer);
+        if !w.unsynced {
+            return;
+        }
+        w.unsynced = false;
+        w.last_sync = Instant::now();
+        (
+            w.file.as_ref().and_then(|f| f.try_clone().ok()),
+            w.counters.clone(),
+        )
+    };
+    if let Some(f) = file {
+        if f.sync_data().is_ok() {
+            counters.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 struct Writer {
     path: PathBuf,
     file: Option<File>,
@@ -474,59 +624,6 @@ impl Writer {
             .ok_or_else(|| AuditError::Unavailable("no file".into()))
     }
 
-    fn run(
-        &mut self,
-        rx: std::sync::mpsc::Receiver<Job>,
-        healthy: Arc<AtomicBool>,
-        depth: Arc<AtomicUsize>,
-    ) {
-        use std::sync::mpsc::RecvTimeoutError;
-        loop {
-            let wait = if !healthy.load(Ordering::Acquire) {
-                Some(RETRY_EVERY)
-            } else if self.unsynced && self.fsync == FsyncPolicy::Interval {
-                Some(self.fsync_interval.saturating_sub(self.last_sync.elapsed()))
-            } else {
-                None
-            };
-            let first = match wait {
-                None => match rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => break,
-                },
-                Some(t) => match rx.recv_timeout(t) {
-                    Ok(j) => j,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                    Err(RecvTimeoutError::Timeout) => {
-                        if healthy.load(Ordering::Acquire) {
-                            self.sync_now();
-                        } else {
-                            self.probe(&healthy);
-                        }
-                        continue;
-                    }
-                },
-            };
-            let mut batch = vec![first];
-            while batch.len() < 512 {
-                match rx.try_recv() {
-                    Ok(j) => batch.push(j),
-                    Err(_) => break,
-                }
-            }
-            let n = batch.len();
-            let result = self.write_batch(&mut batch);
-            self.note(&result, &healthy, n);
-            depth.fetch_sub(n, Ordering::Relaxed);
-            for job in batch {
-                if let Some(ack) = job.ack {
-                    let _ = ack.send(result.clone());
-                }
-            }
-        }
-        self.sync_now();
-    }
-
     fn note(&mut self, result: &Result<(), AuditError>, healthy: &AtomicBool, n: usize) {
         match result {
             Ok(()) => {
@@ -554,36 +651,28 @@ impl Writer {
             rec.duration_ms = Some(since.elapsed().as_secs_f64() * 1000.0);
         }
         let mut batch = [Job {
-            record: rec,
+            record: Some(rec),
             ack: None,
         }];
-        let result = self.write_batch(&mut batch);
+        let result = self.write_batch(&mut batch, true);
         if result.is_ok() {
             tracing::info!("audit writable again; tool calls resume");
         }
         self.note(&result, healthy, 1);
     }
 
-    fn sync_now(&mut self) {
-        if self.unsynced {
-            if let Some(f) = &self.file {
-                if f.sync_data().is_ok() {
-                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            self.unsynced = false;
-            self.last_sync = Instant::now();
-        }
-    }
-
-    fn write_batch(&mut self, batch: &mut [Job]) -> Result<(), AuditError> {
+    /// Writes a batch. `may_sync`: an `fsync` that is due may be done here (false when the
+    /// caller is a runtime worker: the thread syncs instead).
+    fn write_batch(&mut self, batch: &mut [Job], may_sync: bool) -> Result<(), AuditError> {
         // Open (or reopen) first: reopening may move the chain past lines already on file.
         self.ensure_open()?;
         let mut buf = String::new();
         let (mut seq, mut prev) = (self.seq, self.prev.clone());
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         for job in batch.iter_mut() {
-            let r = &mut job.record;
+            let Some(r) = job.record.as_mut() else {
+                continue;
+            };
             seq += 1;
             r.seq = seq;
             if r.ts.is_empty() {
@@ -596,11 +685,12 @@ impl Writer {
             buf.push_str(&line);
             buf.push('\n');
         }
-        let due = match self.fsync {
-            FsyncPolicy::Always => true,
-            FsyncPolicy::Interval => self.last_sync.elapsed() >= self.fsync_interval,
-            FsyncPolicy::Never => false,
-        };
+        let due = may_sync
+            && match self.fsync {
+                FsyncPolicy::Always => true,
+                FsyncPolicy::Interval => self.last_sync.elapsed() >= self.fsync_interval,
+                FsyncPolicy::Never => false,
+            };
         let regular = self.regular;
         // Opened at the top of this function (one identity check per batch).
         let Some(f) = self.file.as_mut() else {

@@ -25,15 +25,35 @@ pub fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
 
 /// A JSON body with a status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`).
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
     (
         status,
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        body.to_string(),
+        Bytes::from(bytes),
     )
         .into_response()
+}
+
+/// Runs a request's work on the registration's call tracker, polling it once right here
+/// first: work that completes without waiting (an in-process tool, its audit record written
+/// inline) costs no task spawn and no cross-thread wake-up. Work that waits is moved to a
+/// task of its own, as if spawned in the first place, so that it outlives this request's
+/// connection and release still finds it on the tracker.
+pub(crate) async fn run_tracked<F>(tracker: &tokio_util::task::TaskTracker, work: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    use std::future::Future;
+    let mut work = Box::pin(tracker.track_future(work));
+    let done =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx).is_ready())).await;
+    if !done {
+        tokio::spawn(work);
+    }
 }
 
 fn unauthorized(message: &str) -> Response {

@@ -42,6 +42,20 @@ struct StreamState {
 }
 
 /// The SSE framing of one message.
+/// An SSE event whose data is a JSON value. Compact JSON holds no line break (control
+/// characters in strings are escaped), so it is one `data:` line, encoded in place.
+pub fn sse_json(event: &str, value: &serde_json::Value) -> Bytes {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(event.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    if serde_json::to_writer(&mut out, value).is_err() {
+        return sse_event(event, &value.to_string());
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
 pub fn sse_event(event: &str, data: &str) -> Bytes {
     let mut s = String::with_capacity(data.len() + event.len() + 16);
     s.push_str("event: ");
@@ -112,7 +126,7 @@ pub async fn open(
         tokio::select! {
             biased;
             _ = st.cancel.cancelled() => None,
-            msg = st.rx.recv() => msg.map(|v| (Ok(sse_event("message", &v.to_string())), st)),
+            msg = st.rx.recv() => msg.map(|v| (Ok(sse_json("message", &v)), st)),
             _ = st.ticker.tick() => Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
         }
     });
@@ -220,7 +234,7 @@ pub async fn message(
     match msg {
         Message::Request { id, method, params } => {
             let cancel = session.begin_call(&id);
-            spawn_request(ctx, session, id, method, params, cancel);
+            spawn_request(ctx, session, id, method, params, cancel).await;
         }
         Message::Notification { method, params } => {
             dispatch::handle_notification(&ctx, &method, params.as_ref());
@@ -234,7 +248,7 @@ pub async fn message(
     (StatusCode::ACCEPTED, "Accepted").into_response()
 }
 
-fn spawn_request(
+async fn spawn_request(
     ctx: RequestCtx,
     session: Arc<Session>,
     id: Value,
@@ -243,7 +257,7 @@ fn spawn_request(
     cancel: CancellationToken,
 ) {
     let calls = ctx.registration.calls.clone();
-    calls.spawn(async move {
+    let work = async move {
         // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
@@ -277,5 +291,8 @@ fn spawn_request(
         if let Some(r) = reply {
             deliver(&gw, &session, r).await;
         }
-    });
+    };
+    // A reply that is ready at once is queued on the stream before the 202 is sent; the
+    // client matches it by id either way.
+    super::run_tracked(&calls, work).await;
 }

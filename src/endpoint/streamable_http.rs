@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::sse::sse_event;
+use super::sse::sse_json;
 use super::{authorize, http_error, is_json, json_response, read_body};
 use crate::gateway::Gateway;
 use crate::mcp::dispatch::{self, RequestCtx};
@@ -369,14 +369,15 @@ pub(crate) async fn reply(
     let session = ctx.session.clone();
     let calls = ctx.registration.calls.clone();
     let call_method = method.clone();
-    calls.spawn(async move {
+    let work = async move {
         let r = dispatch::handle_request(&ctx, id.clone(), &call_method, params, cancel).await;
         if let Some(s) = &session {
             s.end_call(&id);
         }
         drop(ctx);
         let _ = rtx.send(r);
-    });
+    };
+    super::run_tracked(&calls, work).await;
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let first = tokio::select! {
         biased;
@@ -416,7 +417,7 @@ pub(crate) async fn reply(
                 pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
             }
             if let Some(n) = note {
-                pending.push_back(sse_event("message", &n.to_string()));
+                pending.push_back(sse_json("message", &n));
             }
             let st = ReplyStream {
                 pending,
@@ -461,7 +462,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             biased;
             _ = st.stop.cancelled() => return None,
             n = recv_note(&mut st.notes) => match n {
-                Some(n) => st.pending.push_back(sse_event("message", &n.to_string())),
+                Some(n) => st.pending.push_back(sse_json("message", &n)),
                 None => st.notes = None,
             },
             r = &mut result => {
@@ -471,7 +472,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
                     Some(f) => f(v, &st.method),
                     None => v,
                 };
-                return Some((Ok(sse_event("message", &v.to_string())), st));
+                return Some((Ok(sse_json("message", &v)), st));
             }
             _ = st.ticker.tick() => st.pending.push_back(Bytes::from_static(b": keepalive\n\n")),
         }
@@ -591,7 +592,7 @@ pub async fn get(
         tokio::select! {
             biased;
             _ = st.cancel.cancelled() => None,
-            msg = st.rx.recv() => msg.map(|v| (Ok(sse_event("message", &v.to_string())), st)),
+            msg = st.rx.recv() => msg.map(|v| (Ok(sse_json("message", &v)), st)),
             _ = st.ticker.tick() => Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
         }
     });
