@@ -8,6 +8,11 @@
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// The allocator `gatehouse serve` runs with (src/main.rs), so that the embedded gateway is
+// measured as the daemon runs. The baselines in this process use it too.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;

@@ -291,7 +291,7 @@ impl Gateway {
             }
             granted.push(GrantedTool {
                 name: t.name().to_string(),
-                descriptor: t.descriptor().clone(),
+                descriptor: t.shared_descriptor(),
                 backend: Backend::InProcess(t.clone()),
             });
         }
@@ -305,7 +305,7 @@ impl Gateway {
             for (name, t) in catalog.iter().filter(|(n, _)| grant_matches(pattern, n)) {
                 granted.push(GrantedTool {
                     name: name.clone(),
-                    descriptor: t.descriptor().clone(),
+                    descriptor: t.shared_descriptor(),
                     backend: Backend::InProcess(t.clone()),
                 });
             }

@@ -87,7 +87,8 @@ impl ToolContext {
 /// A tool implemented in the harness process.
 #[derive(Clone)]
 pub struct InProcessTool {
-    descriptor: Value,
+    /// Shared by every registration the tool is granted to.
+    descriptor: Arc<Value>,
     handler: Arc<Handler>,
 }
 
@@ -107,18 +108,18 @@ impl InProcessTool {
         Fut: Future<Output = Result<ToolResult, ToolError>> + Send + 'static,
     {
         InProcessTool {
-            descriptor: json!({
+            descriptor: Arc::new(json!({
                 "name": name,
                 "description": description,
                 "inputSchema": input_schema,
-            }),
+            })),
             handler: Arc::new(move |args, ctx| Box::pin(handler(args, ctx))),
         }
     }
 
     /// Adds `annotations` (e.g. `readOnlyHint`) to the tool's descriptor.
     pub fn with_annotations(mut self, annotations: Value) -> Self {
-        if let Some(m) = self.descriptor.as_object_mut() {
+        if let Some(m) = Arc::make_mut(&mut self.descriptor).as_object_mut() {
             m.insert("annotations".into(), annotations);
         }
         self
@@ -133,6 +134,11 @@ impl InProcessTool {
 
     pub fn descriptor(&self) -> &Value {
         &self.descriptor
+    }
+
+    /// The shared descriptor (no copy per registration).
+    pub(crate) fn shared_descriptor(&self) -> Arc<Value> {
+        self.descriptor.clone()
     }
 
     pub(crate) fn call(&self, args: Value, ctx: ToolContext) -> ToolFuture {
@@ -155,8 +161,9 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct GrantedTool {
     pub name: String,
-    /// The `Tool` object served in `tools/list`, its `name` set to `name`.
-    pub descriptor: Value,
+    /// The `Tool` object served in `tools/list`, its `name` set to `name`. Shared between
+    /// registrations granted the same tool.
+    pub descriptor: Arc<Value>,
     pub backend: Backend,
 }
 
@@ -210,7 +217,7 @@ impl ToolSet {
 
     /// The `tools` array of a `tools/list` result.
     pub fn descriptors(&self) -> Vec<Value> {
-        self.tools.iter().map(|t| t.descriptor.clone()).collect()
+        self.tools.iter().map(|t| (*t.descriptor).clone()).collect()
     }
 }
 

@@ -481,7 +481,7 @@ impl Pool {
                 }
                 out.push(GrantedTool {
                     name,
-                    descriptor,
+                    descriptor: Arc::new(descriptor),
                     backend: Backend::Upstream {
                         upstream: id.to_string(),
                         tool: tool.to_string(),
