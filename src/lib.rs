@@ -6,6 +6,7 @@
 // Errors carry JSON values (ids, data) and HTTP responses by design; they are built on
 // error paths only, so their size does not matter on the hot path.
 #![allow(clippy::result_large_err)]
+#![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod audit;

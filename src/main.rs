@@ -1,4 +1,5 @@
 //! The `gatehouse` binary: parses the command line and hands off to `gatehouse::cli`.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 
