@@ -191,6 +191,12 @@ pub struct Audit {
 /// How long a failed writer waits between attempts to write again when no record is queued.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
 
+/// Inline writers update the head sidecar at most this often; the thread brings a stale head
+/// up to date within `HEAD_TRAIL`, and at the end. (Under `fsync = "always"` the head is
+/// written after every batch.)
+const HEAD_EVERY: Duration = Duration::from_millis(20);
+const HEAD_TRAIL: Duration = Duration::from_millis(100);
+
 impl Audit {
     /// Starts the writer thread; the file is created if absent and the chain continued.
     pub fn start(config: &AuditConfig) -> Result<Audit, AuditError> {
@@ -316,6 +322,8 @@ pub struct Head {
 /// Reads the head sidecar of `path` (`Ok(None)` when there is none).
 pub fn read_head(path: &Path) -> std::io::Result<Option<Head>> {
     match std::fs::read_to_string(head_path(path)) {
+        // Created by a writer that has not written a record yet.
+        Ok(s) if s.trim().is_empty() => Ok(None),
         Ok(s) => serde_json::from_str(s.trim())
             .map(Some)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
@@ -430,13 +438,12 @@ fn run(
             let w = lock(writer);
             if !healthy.load(Ordering::Acquire) {
                 Some(RETRY_EVERY)
-            } else if w.fsync == FsyncPolicy::Interval {
-                // Inline writers do not wake this thread: wake every interval regardless.
-                Some(if w.unsynced {
-                    w.fsync_interval.saturating_sub(w.last_sync.elapsed())
-                } else {
-                    w.fsync_interval
-                })
+            } else if inline {
+                // Inline writers do not wake this thread: it looks every `HEAD_TRAIL` for a
+                // stale head, and syncs when the interval is up.
+                let sync_in = (w.fsync == FsyncPolicy::Interval && w.unsynced)
+                    .then(|| w.fsync_interval.saturating_sub(w.last_sync.elapsed()));
+                Some(sync_in.map_or(HEAD_TRAIL, |d| d.min(HEAD_TRAIL)))
             } else {
                 None
             }
@@ -451,7 +458,15 @@ fn run(
                 Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
                     if healthy.load(Ordering::Acquire) {
-                        sync_outside_lock(writer);
+                        let due = {
+                            let mut w = lock(writer);
+                            w.refresh_head(true);
+                            w.fsync == FsyncPolicy::Interval
+                                && w.last_sync.elapsed() >= w.fsync_interval
+                        };
+                        if due {
+                            sync_outside_lock(writer);
+                        }
                     } else {
                         lock(writer).probe(&healthy);
                     }
@@ -484,6 +499,7 @@ fn run(
             }
         }
     }
+    lock(writer).refresh_head(true);
     sync_outside_lock(writer);
 }
 
@@ -514,6 +530,11 @@ struct Writer {
     file: Option<File>,
     /// The head sidecar, open while `file` is (regular files only).
     head: Option<File>,
+    /// The `seq` last written to the head, and when.
+    head_seq: u64,
+    head_at: Instant,
+    /// The file's length, tracked (to take back a failed batch without a `stat`).
+    len: u64,
     /// (dev, ino) of the open file, to notice that the path now names another file.
     identity: Option<(u64, u64)>,
     regular: bool,
@@ -551,6 +572,9 @@ impl Writer {
             path: config.path.clone(),
             file: None,
             head: None,
+            head_seq: 0,
+            head_at: Instant::now(),
+            len: 0,
             identity: None,
             regular: false,
             seq,
@@ -597,9 +621,11 @@ impl Writer {
                 .map_err(|e| self.unavailable(e))?;
             let meta = f.metadata().map_err(|e| self.unavailable(e))?;
             self.regular = meta.is_file();
+            self.len = meta.len();
             if self.regular {
                 if meta.len() > 0 && !ends_with_newline(&self.path, meta.len()) {
                     f.write_all(b"\n").map_err(|e| self.unavailable(e))?;
+                    self.len += 1;
                 }
                 // Lines that reached the file although their batch failed (the truncation
                 // back failed too) are on the chain: continue after them.
@@ -610,6 +636,7 @@ impl Writer {
                 }
             }
             self.identity = Some((meta.dev(), meta.ino()));
+            self.head_seq = 0;
             self.head = if self.regular {
                 open_head(&self.path)
                     .map_err(|e| tracing::warn!(error = %e, "audit head sidecar cannot be opened; a cut tail may go unnoticed"))
@@ -696,11 +723,7 @@ impl Writer {
         let Some(f) = self.file.as_mut() else {
             return Err(AuditError::Unavailable("no file".into()));
         };
-        let before = if regular {
-            f.metadata().map(|m| m.len()).ok()
-        } else {
-            None
-        };
+        let before = regular.then_some(self.len);
         let res = f
             .write_all(buf.as_bytes())
             .and_then(|_| f.flush())
@@ -723,15 +746,8 @@ impl Writer {
         }
         self.seq = seq;
         self.prev = prev;
-        if let Some(h) = &self.head {
-            let head = Head {
-                seq: self.seq,
-                hash: self.prev.clone(),
-            };
-            if let Err(e) = write_head_at(h, &head) {
-                tracing::warn!(error = %e, "audit head not written; a cut tail may go unnoticed until it is");
-            }
-        }
+        self.len += buf.len() as u64;
+        self.refresh_head(may_sync);
         if self.stdout {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(buf.as_bytes());
@@ -741,17 +757,40 @@ impl Writer {
         Ok(())
     }
 
+    /// Brings the head sidecar up to date if it is stale and `force` is set or the last
+    /// update is `HEAD_EVERY` old.
+    fn refresh_head(&mut self, force: bool) {
+        if self.head_seq >= self.seq || !(force || self.head_at.elapsed() >= HEAD_EVERY) {
+            return;
+        }
+        let Some(h) = &self.head else { return };
+        let head = Head {
+            seq: self.seq,
+            hash: self.prev.clone(),
+        };
+        match write_head_at(h, &head) {
+            Ok(()) => {
+                self.head_seq = self.seq;
+                self.head_at = Instant::now();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "audit head not written; a cut tail may go unnoticed until it is")
+            }
+        }
+    }
+
     /// Moves a full file to the next `<path>.NNNNNN`; the next record opens a new file and
     /// continues the chain (its `prev` is the hash of the rotated file's last line).
     fn maybe_rotate(&mut self) {
         if self.rotate_bytes == 0 || !self.regular {
             return;
         }
-        let Some(f) = &self.file else { return };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if len < self.rotate_bytes {
+        if self.len < self.rotate_bytes {
             return;
         }
+        // The head names the last record of the file being rotated away.
+        self.refresh_head(true);
+        let Some(f) = &self.file else { return };
         let _ = f.sync_data();
         let next = segments(&self.path)
             .ok()

@@ -1089,3 +1089,41 @@ fn kill_9_under_load_loses_no_acknowledged_call() {
     assert!(after.is_ok(), "{:?}", after.error);
     assert_eq!(after.last_seq, Some(report.last_seq.unwrap() + 1));
 }
+
+/// Inline writers update the head at most every 20 ms; the writer thread brings a stale head
+/// up to date by itself, while the gateway keeps running (no shutdown needed), under every
+/// fsync policy.
+#[tokio::test]
+async fn head_catches_up_with_the_last_record_while_running() {
+    for fsync in [
+        FsyncPolicy::Interval,
+        FsyncPolicy::Never,
+        FsyncPolicy::Always,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let cfg = AuditConfig {
+            fsync,
+            ..audit_config(&path)
+        };
+        let audit = Audit::start(&cfg).unwrap();
+        for i in 1..=50 {
+            let mut r = Record::event("test");
+            r.label = Some(format!("r{i}"));
+            audit.record(r).await.unwrap();
+        }
+        let mut head = None;
+        for _ in 0..100 {
+            head = gatehouse::audit::read_head(&path).unwrap();
+            if head.as_ref().is_some_and(|h| h.seq == 50) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let head = head.expect("no head");
+        assert_eq!(head.seq, 50, "{fsync:?}: head stale while running");
+        let last = lines(&path).pop().unwrap();
+        assert_eq!(head.hash, gatehouse::audit::line_hash(&last), "{fsync:?}");
+        drop(audit);
+    }
+}
