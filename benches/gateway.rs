@@ -6,12 +6,37 @@
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
 
 // The allocator `gatehouse serve` runs with (src/main.rs), so that the embedded gateway is
 // measured as the daemon runs. The baselines in this process use it too.
+struct Counting;
+static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static NALLOC: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static BUCKETS: [std::sync::atomic::AtomicIsize; 300] = [const { std::sync::atomic::AtomicIsize::new(0) }; 300];
+fn bk(sz: usize) -> usize { (sz / 256).min(299) }
+static TRACE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+thread_local! { static IN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
+fn maybe_trace(sz: usize) {
+    if (sz >= 16384 && sz < 16640) && TRACE.load(Ordering::Relaxed) > 0 && !IN.with(|c| c.get()) {
+        if TRACE.fetch_sub(1, Ordering::Relaxed) > 0 {
+            IN.with(|c| c.set(true));
+            let bt = std::backtrace::Backtrace::force_capture();
+            let s = format!("{bt}");
+            let lines: Vec<&str> = s.lines().filter(|l| l.contains("hyper") || l.contains("axum") || l.contains("gatehouse") || l.contains("tokio::") || l.contains("bytes")).take(14).collect();
+            eprintln!("=== alloc {sz}\n{}", lines.join("\n"));
+            IN.with(|c| c.set(false));
+        }
+    }
+}
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 { maybe_trace(l.size()); BUCKETS[bk(l.size())].fetch_add(1, Ordering::Relaxed); LIVE.fetch_add(l.size() as isize, Ordering::Relaxed); NALLOC.fetch_add(1, Ordering::Relaxed); std::alloc::System.alloc(l) }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) { BUCKETS[bk(l.size())].fetch_sub(1, Ordering::Relaxed); LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed); NALLOC.fetch_sub(1, Ordering::Relaxed); std::alloc::System.dealloc(p, l) }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 { maybe_trace(n); BUCKETS[bk(l.size())].fetch_sub(1, Ordering::Relaxed); BUCKETS[bk(n)].fetch_add(1, Ordering::Relaxed); LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed); std::alloc::System.realloc(p, l, n) }
+}
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
+fn live() -> (isize, isize) { (LIVE.load(Ordering::Relaxed), NALLOC.load(Ordering::Relaxed)) }
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -1196,66 +1221,128 @@ fn scale(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
 }
 
 fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
-    // Idle registrations and idle SSE sessions held at once.
-    {
-        let want: usize = if o.quick { 2_000 } else { 10_000 };
-        // Two descriptors per session (client and server end, both in this process).
-        let n = want.min(fd_limit().saturating_sub(2_000) / 2);
-        let dir = tempfile::tempdir()?;
-        let mut cfg = gateway_config(dir.path());
-        cfg.sessions.max_per_registration = n;
-        let gw = srv.block_on(async { Gateway::new(cfg) })?;
-        let (per_reg, per_sess) = srv.block_on(async {
-            let _ = gw.pin_server();
-            let before = rss_kib();
-            let mut regs = Vec::with_capacity(n);
-            for _ in 0..n {
-                regs.push(
-                    gw.register(RegistrationSpec::new("idle").with_tool(echo_tool()))
-                        .await?,
-                );
+    // Idle registrations and idle SSE sessions held at once. The sessions' client ends live
+    // in a child process (this binary, `--idle-client`), so the RSS growth measured here is
+    // the gateway's side only.
+    let want: usize = if o.quick { 2_000 } else { 10_000 };
+    let n = want.min(fd_limit().saturating_sub(1_000));
+    let dir = tempfile::tempdir()?;
+    let mut cfg = gateway_config(dir.path());
+    cfg.sessions.max_per_registration = n;
+    cfg.sessions.max_sessions = cfg.sessions.max_sessions.max(n);
+    let gw = srv.block_on(async { Gateway::new(cfg) })?;
+    // The harness's usual model: tools in the gateway catalog, granted by name.
+    gw.add_tool(echo_tool());
+    let (per_reg, per_sess, sessions) = srv.block_on(async {
+        let _ = gw.pin_server();
+        // One registration first: the server, the catalog and the allocator are warm.
+        let first = gw.register(RegistrationSpec::new("idle").grant("echo")).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = rss_kib();
+        let mut regs = Vec::with_capacity(n);
+        for _ in 0..n {
+            regs.push(gw.register(RegistrationSpec::new("idle").grant("echo")).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after_regs = rss_kib();
+        let l0 = live();
+        TRACE.store(8, Ordering::Relaxed);
+        let b0: Vec<isize> = BUCKETS.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let addr = gw.local_addr().context("no listener")?;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["--bench", "--idle-client"])
+            .arg(addr.to_string())
+            .arg(first.id())
+            .arg(first.token())
+            .arg(n.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await?;
+        if !line.starts_with("ready") {
+            bail!("idle client: {line:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after_sess = rss_kib();
+        let l1 = live();
+        for (i, b) in BUCKETS.iter().enumerate() { let d = b.load(Ordering::Relaxed) - b0[i]; if d.abs() >= n as isize / 2 { eprintln!("bucket {}..{} bytes: {:+.2} per session", i*256, i*256+255, d as f64 / n as f64); } }
+        eprintln!("LIVE per session: {} bytes, {} allocs", (l1.0-l0.0)/n as isize, (l1.1-l0.1)/n as isize);
+        let sessions = gw.sessions().len();
+        drop(child.stdin.take());
+        let _ = child.wait().await;
+        drop(regs);
+        drop(first);
+        anyhow::Ok((
+            (after_regs.saturating_sub(before)) as f64 * 1024.0 / n as f64,
+            (after_sess.saturating_sub(after_regs)) as f64 * 1024.0 / sessions.max(1) as f64,
+            sessions,
+        ))
+    })?;
+    r.line(&format!(
+        "- {n} idle registrations (one catalog tool granted by name; the harness's `Registration` guards held in this process too): {:.2} KiB each",
+        per_reg / 1024.0
+    ));
+    r.line(&format!(
+        "- {sessions} idle legacy SSE sessions (stream open, endpoint event read; client ends in a child process, so this is the gateway's side alone): {:.2} KiB each",
+        per_sess / 1024.0
+    ));
+    r.verdict(
+        "idle registration ≤ 4 KiB",
+        per_reg <= 4096.0,
+        format!("{:.2} KiB", per_reg / 1024.0),
+    );
+    r.verdict(
+        "idle SSE session ≤ 16 KiB (gateway side)",
+        per_sess <= 16384.0 && sessions == n,
+        format!("{:.2} KiB ({sessions} sessions)", per_sess / 1024.0),
+    );
+    srv.block_on(gw.shutdown());
+    Ok(())
+}
+
+/// `--idle-client ADDR ID TOKEN N`: opens N legacy SSE streams with plain blocking sockets,
+/// reads each one's `endpoint` event, prints `ready N`, and holds them until stdin closes.
+fn idle_client(args: &[String]) -> Result<()> {
+    use std::io::{Read, Write};
+    let [addr, id, token, n] = args else {
+        bail!("usage: --idle-client ADDR ID TOKEN N");
+    };
+    let n: usize = n.parse()?;
+    let mut held = Vec::with_capacity(n);
+    let mut buf = vec![0u8; 4096];
+    for i in 0..n {
+        let mut s = std::net::TcpStream::connect(addr.as_str())
+            .with_context(|| format!("connect #{i}"))?;
+        write!(
+            s,
+            "GET /gw/{id}/sse HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: Bearer {token}\r\n\r\n"
+        )?;
+        let mut got = Vec::new();
+        loop {
+            let k = s.read(&mut buf)?;
+            if k == 0 {
+                bail!("stream #{i} closed: {}", String::from_utf8_lossy(&got));
             }
-            let after_regs = rss_kib();
-            // Sessions: n SSE streams on the first registration; the client side of each
-            // connection lives in this process too, so this is an upper bound.
-            let addr = gw.local_addr().context("no listener")?;
-            let target = Target::Sse {
-                addr,
-                sse_path: format!("/gw/{}/sse", regs[0].id()),
-                token: Some(regs[0].token().to_string()),
-                tool: "echo".into(),
-            };
-            let _ = target;
-            let mut held = Vec::with_capacity(n);
-            for _ in 0..n {
-                held.push(open_idle_sse(addr, regs[0].id(), regs[0].token()).await?);
+            got.extend_from_slice(&buf[..k]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some(at) = text.find("event: endpoint") {
+                if text[at..].contains("\n\n") {
+                    break;
+                }
             }
-            let after_sess = rss_kib();
-            let sessions = gw.sessions().len();
-            drop(held);
-            drop(regs);
-            anyhow::Ok((
-                (after_regs - before) as f64 * 1024.0 / n as f64,
-                (after_sess - after_regs) as f64 * 1024.0 / sessions.max(1) as f64,
-            ))
-        })?;
-        r.line(&format!(
-            "- {n} idle registrations: {:.2} KiB each; {n} idle SSE sessions (stream open, endpoint event read; both ends in this process): {:.2} KiB each",
-            per_reg / 1024.0,
-            per_sess / 1024.0
-        ));
-        r.verdict(
-            "idle registration ≤ 4 KiB",
-            per_reg <= 4096.0,
-            format!("{:.2} KiB", per_reg / 1024.0),
-        );
-        r.verdict(
-            "idle SSE session ≤ 16 KiB (upper bound: includes client side)",
-            per_sess <= 16384.0,
-            format!("{:.2} KiB", per_sess / 1024.0),
-        );
-        srv.block_on(gw.shutdown());
+            if !text.starts_with("HTTP/1.1 200") && text.contains("\r\n\r\n") {
+                bail!("stream #{i}: {}", text.lines().next().unwrap_or(""));
+            }
+        }
+        held.push(s);
     }
+    println!("ready {}", held.len());
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
     Ok(())
 }
 
@@ -1270,29 +1357,6 @@ fn fd_limit() -> usize {
         .unwrap_or(1024)
 }
 
-/// An idle legacy SSE session: the stream is open and its endpoint event read.
-async fn open_idle_sse(addr: SocketAddr, id: &str, token: &str) -> Result<SseReader> {
-    let mut g = connect(addr).await?;
-    g.ready().await?;
-    let req = Request::builder()
-        .method("GET")
-        .uri(format!("/gw/{id}/sse"))
-        .header("host", addr.to_string())
-        .header("accept", "text/event-stream")
-        .header("authorization", format!("Bearer {token}"))
-        .body(Full::new(Bytes::new()))?;
-    let resp = g.send_request(req).await?;
-    if !resp.status().is_success() {
-        bail!("GET sse: {}", resp.status());
-    }
-    let mut s = SseReader {
-        _get: g,
-        body: resp.into_body(),
-        buf: Vec::new(),
-    };
-    s.next().await?;
-    Ok(s)
-}
 
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -1331,6 +1395,10 @@ fn main() -> Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
         println!("gateway bench: not run under cargo test; use `cargo bench --bench gateway` or bench/run.sh");
         return Ok(());
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--idle-client") {
+        return idle_client(&args[i + 1..]);
     }
     let o = opts();
     let srv = server_runtime();
