@@ -6,37 +6,12 @@
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
-#![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The allocator `gatehouse serve` runs with (src/main.rs), so that the embedded gateway is
 // measured as the daemon runs. The baselines in this process use it too.
-struct Counting;
-static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
-static NALLOC: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
-static BUCKETS: [std::sync::atomic::AtomicIsize; 300] = [const { std::sync::atomic::AtomicIsize::new(0) }; 300];
-fn bk(sz: usize) -> usize { (sz / 256).min(299) }
-static TRACE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
-thread_local! { static IN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
-fn maybe_trace(sz: usize) {
-    if (sz >= 16384 && sz < 16640) && TRACE.load(Ordering::Relaxed) > 0 && !IN.with(|c| c.get()) {
-        if TRACE.fetch_sub(1, Ordering::Relaxed) > 0 {
-            IN.with(|c| c.set(true));
-            let bt = std::backtrace::Backtrace::force_capture();
-            let s = format!("{bt}");
-            let lines: Vec<&str> = s.lines().filter(|l| l.contains("hyper") || l.contains("axum") || l.contains("gatehouse") || l.contains("tokio::") || l.contains("bytes")).take(14).collect();
-            eprintln!("=== alloc {sz}\n{}", lines.join("\n"));
-            IN.with(|c| c.set(false));
-        }
-    }
-}
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 { maybe_trace(l.size()); BUCKETS[bk(l.size())].fetch_add(1, Ordering::Relaxed); LIVE.fetch_add(l.size() as isize, Ordering::Relaxed); NALLOC.fetch_add(1, Ordering::Relaxed); std::alloc::System.alloc(l) }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) { BUCKETS[bk(l.size())].fetch_sub(1, Ordering::Relaxed); LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed); NALLOC.fetch_sub(1, Ordering::Relaxed); std::alloc::System.dealloc(p, l) }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 { maybe_trace(n); BUCKETS[bk(l.size())].fetch_sub(1, Ordering::Relaxed); BUCKETS[bk(n)].fetch_add(1, Ordering::Relaxed); LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed); std::alloc::System.realloc(p, l, n) }
-}
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-fn live() -> (isize, isize) { (LIVE.load(Ordering::Relaxed), NALLOC.load(Ordering::Relaxed)) }
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -1236,18 +1211,20 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
     let (per_reg, per_sess, sessions) = srv.block_on(async {
         let _ = gw.pin_server();
         // One registration first: the server, the catalog and the allocator are warm.
-        let first = gw.register(RegistrationSpec::new("idle").grant("echo")).await?;
+        let first = gw
+            .register(RegistrationSpec::new("idle").grant("echo"))
+            .await?;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let before = rss_kib();
         let mut regs = Vec::with_capacity(n);
         for _ in 0..n {
-            regs.push(gw.register(RegistrationSpec::new("idle").grant("echo")).await?);
+            regs.push(
+                gw.register(RegistrationSpec::new("idle").grant("echo"))
+                    .await?,
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after_regs = rss_kib();
-        let l0 = live();
-        TRACE.store(8, Ordering::Relaxed);
-        let b0: Vec<isize> = BUCKETS.iter().map(|b| b.load(Ordering::Relaxed)).collect();
         let addr = gw.local_addr().context("no listener")?;
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
             .args(["--bench", "--idle-client"])
@@ -1267,9 +1244,6 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_sess = rss_kib();
-        let l1 = live();
-        for (i, b) in BUCKETS.iter().enumerate() { let d = b.load(Ordering::Relaxed) - b0[i]; if d.abs() >= n as isize / 2 { eprintln!("bucket {}..{} bytes: {:+.2} per session", i*256, i*256+255, d as f64 / n as f64); } }
-        eprintln!("LIVE per session: {} bytes, {} allocs", (l1.0-l0.0)/n as isize, (l1.1-l0.1)/n as isize);
         let sessions = gw.sessions().len();
         drop(child.stdin.take());
         let _ = child.wait().await;
@@ -1314,8 +1288,8 @@ fn idle_client(args: &[String]) -> Result<()> {
     let mut held = Vec::with_capacity(n);
     let mut buf = vec![0u8; 4096];
     for i in 0..n {
-        let mut s = std::net::TcpStream::connect(addr.as_str())
-            .with_context(|| format!("connect #{i}"))?;
+        let mut s =
+            std::net::TcpStream::connect(addr.as_str()).with_context(|| format!("connect #{i}"))?;
         write!(
             s,
             "GET /gw/{id}/sse HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: Bearer {token}\r\n\r\n"
@@ -1356,7 +1330,6 @@ fn fd_limit() -> usize {
         })
         .unwrap_or(1024)
 }
-
 
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
