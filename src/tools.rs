@@ -102,6 +102,10 @@ impl std::fmt::Debug for InProcessTool {
 
 impl InProcessTool {
     /// A tool with a name, a description, a JSON Schema for its arguments and a handler.
+    ///
+    /// The handler's future is first polled on the task of the request that called it (a call
+    /// that completes at once costs no task hop), so it must not block its thread: run
+    /// blocking work with `tokio::task::spawn_blocking`.
     pub fn new<F, Fut>(name: &str, description: &str, input_schema: Value, handler: F) -> Self
     where
         F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,

@@ -42,7 +42,9 @@ pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
 /// first: work that completes without waiting (an in-process tool, its audit record written
 /// inline) costs no task spawn and no cross-thread wake-up. Work that waits is moved to a
 /// task of its own, as if spawned in the first place, so that it outlives this request's
-/// connection and release still finds it on the tracker.
+/// connection and release still finds it on the tracker. (So an in-process tool that blocks
+/// its thread holds up its own Streamable HTTP response, which waits for it anyway; legacy SSE
+/// posts are spawned outright and answered 202 at once.)
 pub(crate) async fn run_tracked<F>(tracker: &tokio_util::task::TaskTracker, work: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,

@@ -234,7 +234,7 @@ pub async fn message(
     match msg {
         Message::Request { id, method, params } => {
             let cancel = session.begin_call(&id);
-            spawn_request(ctx, session, id, method, params, cancel).await;
+            spawn_request(ctx, session, id, method, params, cancel);
         }
         Message::Notification { method, params } => {
             dispatch::handle_notification(&ctx, &method, params.as_ref());
@@ -248,7 +248,7 @@ pub async fn message(
     (StatusCode::ACCEPTED, "Accepted").into_response()
 }
 
-async fn spawn_request(
+fn spawn_request(
     ctx: RequestCtx,
     session: Arc<Session>,
     id: Value,
@@ -292,7 +292,7 @@ async fn spawn_request(
             deliver(&gw, &session, r).await;
         }
     };
-    // A reply that is ready at once is queued on the stream before the 202 is sent; the
-    // client matches it by id either way.
-    super::run_tracked(&calls, work).await;
+    // Spawned, not polled here first: the POST is answered 202 at once, whatever the tool does
+    // (even one that blocks its thread), and the reply follows on the stream.
+    calls.spawn(work);
 }
