@@ -103,8 +103,8 @@ impl std::fmt::Debug for InProcessTool {
 impl InProcessTool {
     /// A tool with a name, a description, a JSON Schema for its arguments and a handler.
     ///
-    /// The handler's future is first polled on the task of the request that called it (a call
-    /// that completes at once costs no task hop), so it must not block its thread: run
+    /// On Streamable HTTP and stateless requests the handler's future is polled by the task of
+    /// the request that called it (no task hop), so it must not block its thread: run
     /// blocking work with `tokio::task::spawn_blocking`.
     pub fn new<F, Fut>(name: &str, description: &str, input_schema: Value, handler: F) -> Self
     where

@@ -38,26 +38,6 @@ pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
         .into_response()
 }
 
-/// Runs a request's work on the registration's call tracker, polling it once right here
-/// first: work that completes without waiting (an in-process tool, its audit record written
-/// inline) costs no task spawn and no cross-thread wake-up. Work that waits is moved to a
-/// task of its own, as if spawned in the first place, so that it outlives this request's
-/// connection and release still finds it on the tracker. (So an in-process tool that blocks
-/// its thread holds up its own Streamable HTTP response, which waits for it anyway; legacy SSE
-/// posts are spawned outright and answered 202 at once.)
-pub(crate) async fn run_tracked<F>(tracker: &tokio_util::task::TaskTracker, work: F)
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    use std::future::Future;
-    let mut work = Box::pin(tracker.track_future(work));
-    let done =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx).is_ready())).await;
-    if !done {
-        tokio::spawn(work);
-    }
-}
-
 fn unauthorized(message: &str) -> Response {
     let mut r = http_error(StatusCode::UNAUTHORIZED, jsonrpc::INVALID_REQUEST, message);
     r.headers_mut().insert(

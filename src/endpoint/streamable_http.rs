@@ -21,7 +21,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::sse::sse_json;
@@ -346,8 +346,47 @@ impl Drop for CancelOnDrop {
 }
 
 enum First {
-    Done(Result<Option<Value>, oneshot::error::RecvError>),
+    Done(Option<Value>),
     Stream(Option<Value>),
+}
+
+type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Value>> + Send>>;
+
+/// A call's work (tracked by the registration's `calls` tracker), polled by the request that
+/// started it: no task hop between the call and its response. If the response goes away
+/// before the work ends (the client disconnected), the rest of the work is spawned, so the
+/// call still ends properly — it runs on, or (stateless) sees its cancellation, tells the
+/// upstream and is audited.
+struct CallWork(Option<WorkFuture>);
+
+impl std::future::Future for CallWork {
+    type Output = Option<Value>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Value>> {
+        let Some(work) = self.0.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let out = work.as_mut().poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl Drop for CallWork {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = work.await;
+                });
+            }
+        }
+    }
 }
 
 /// Runs a request and answers it: JSON if the result comes first, SSE if a notification
@@ -365,7 +404,6 @@ pub(crate) async fn reply(
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
     let (ntx, mut nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
     ctx.notify = Some(ntx);
-    let (rtx, mut rrx) = oneshot::channel::<Option<Value>>();
     let session = ctx.session.clone();
     let calls = ctx.registration.calls.clone();
     let call_method = method.clone();
@@ -375,17 +413,17 @@ pub(crate) async fn reply(
             s.end_call(&id);
         }
         drop(ctx);
-        let _ = rtx.send(r);
+        r
     };
-    super::run_tracked(&calls, work).await;
+    let mut work = CallWork(Some(Box::pin(calls.track_future(work))));
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let first = tokio::select! {
         biased;
         n = nrx.recv() => match n {
             Some(n) => First::Stream(Some(n)),
-            None => First::Done((&mut rrx).await),
+            None => First::Done((&mut work).await),
         },
-        r = &mut rrx => First::Done(r),
+        r = &mut work => First::Done(r),
         _ = tokio::time::sleep(period) => First::Stream(None),
     };
     let finish = |v: Value| match opts.finish {
@@ -393,12 +431,12 @@ pub(crate) async fn reply(
         None => v,
     };
     match first {
-        First::Done(Ok(Some(v))) => {
+        First::Done(Some(v)) => {
             let mut guard = guard;
             guard.0 = None;
             json_response(StatusCode::OK, &finish(v))
         }
-        First::Done(Ok(None)) | First::Done(Err(_)) => {
+        First::Done(None) => {
             let mut guard = guard;
             guard.0 = None;
             if stop.is_cancelled() {
@@ -422,7 +460,7 @@ pub(crate) async fn reply(
             let st = ReplyStream {
                 pending,
                 notes: Some(nrx),
-                result: Some(rrx),
+                result: Some(work),
                 ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
                 stop,
                 guard,
@@ -437,7 +475,7 @@ pub(crate) async fn reply(
 struct ReplyStream {
     pending: VecDeque<Bytes>,
     notes: Option<mpsc::Receiver<Value>>,
-    result: Option<oneshot::Receiver<Option<Value>>>,
+    result: Option<CallWork>,
     ticker: tokio::time::Interval,
     stop: CancellationToken,
     guard: CancelOnDrop,
@@ -467,7 +505,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             },
             r = &mut result => {
                 st.guard.0 = None;
-                let Ok(Some(v)) = r else { return None };
+                let Some(v) = r else { return None };
                 let v = match st.finish {
                     Some(f) => f(v, &st.method),
                     None => v,
