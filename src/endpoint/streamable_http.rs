@@ -430,7 +430,38 @@ pub(crate) async fn reply(
         Some(f) => f(v, &opts.method),
         None => v,
     };
+    // Notifications the call sent in the poll in which it ended are still queued: they go
+    // out first, on a stream, before the result.
+    let mut early = Vec::new();
+    if matches!(first, First::Done(Some(_))) {
+        while let Ok(n) = nrx.try_recv() {
+            early.push(n);
+        }
+    }
     match first {
+        First::Done(Some(v)) if !early.is_empty() => {
+            let mut pending = VecDeque::new();
+            if opts.priming {
+                pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
+            }
+            for n in &early {
+                pending.push_back(sse_json("message", n));
+            }
+            pending.push_back(sse_json("message", &finish(v)));
+            let mut guard = guard;
+            guard.0 = None;
+            let st = ReplyStream {
+                pending,
+                notes: None,
+                result: None,
+                ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+                stop,
+                guard,
+                finish: opts.finish,
+                method: opts.method,
+            };
+            sse_response(Body::from_stream(futures::stream::unfold(st, next_event)))
+        }
         First::Done(Some(v)) => {
             let mut guard = guard;
             guard.0 = None;
@@ -505,12 +536,20 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             },
             r = &mut result => {
                 st.guard.0 = None;
-                let Some(v) = r else { return None };
+                let v = r?;
                 let v = match st.finish {
                     Some(f) => f(v, &st.method),
                     None => v,
                 };
-                return Some((Ok(sse_json("message", &v)), st));
+                // Notifications sent in the poll in which the call ended come first.
+                if let Some(notes) = st.notes.as_mut() {
+                    while let Ok(n) = notes.try_recv() {
+                        st.pending.push_back(sse_json("message", &n));
+                    }
+                }
+                st.notes = None;
+                st.pending.push_back(sse_json("message", &v));
+                continue;
             }
             _ = st.ticker.tick() => st.pending.push_back(Bytes::from_static(b": keepalive\n\n")),
         }
