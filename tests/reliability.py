@@ -106,18 +106,16 @@ What the test asserts:
   the idle start no request path has run yet. File-backed RSS grows by {file_vs_idle} kB, the
   binary's code paged in the first time each request path runs (clean and shared, the kernel
   can drop it); the anonymous part is the above.
-- **Transparent huge pages** are why the soak runs with them off (in a child process with
-  `MIMALLOC_ALLOW_THP=0`; mimalloc reads it once at start and then disables THP for the process).
-  The daemon runs with mimalloc's default, which madvises its arena for huge pages: where the
-  kernel's THP mode is `madvise` or `always`, a 2 MiB region mimalloc touches is backed by one
-  huge page, which stays resident whole while any 64 KiB page of it holds a live block, and
-  what of it mimalloc never handed out is not purged (it purges only ranges it freed).
-  Observed with THP on (three 12 s runs, kernel in `madvise` mode): anonymous RSS 9.0 MB at the
-  idle start (4 MB of it huge pages), 13.4 to 19.5 MB after the warm-up and 16.4 to 23.1 MB at
-  the end after collection (4 to 14 MB of it in whole huge pages), varying from run to run
-  with where the last live blocks land; anonymous RSS at the end against the same after the
-  warm-up: -16% to +73%. The daemon can be started with `MIMALLOC_ALLOW_THP=0` to hold its RSS
-  in 4 KiB pages as the soak does.
+- **Transparent huge pages** are off for the soak's process (it re-runs itself in a child
+  process with `MIMALLOC_ALLOW_THP=0`, which makes mimalloc disable THP for the process). The
+  daemon's mimalloc is built with its `no_thp` feature (Cargo.toml): it never madvises its
+  arena for huge pages, so under the kernel's `madvise` THP mode (this machine's) it stays in
+  4 KiB pages too. With mimalloc's default, a 2 MiB region it touches is backed by one huge
+  page that stays resident whole while any 64 KiB page of it holds a live block. Observed with
+  THP on (three 12 s runs, kernel in `madvise` mode, before `no_thp`): anonymous RSS 9.0 MB at
+  the idle start (4 MB of it huge pages), 13.4 to 19.5 MB after the warm-up and 16.4 to 23.1 MB
+  at the end after collection, varying from run to run with where the last live blocks land;
+  anonymous RSS at the end against the same after the warm-up: -16% to +73%.
 
 Covered elsewhere: audit disk full (tests/audit.rs `audit_unwritable_refuses_calls_then_resumes_by_itself`),
 kill -9 under load (`kill_9_under_load_loses_no_acknowledged_call`), SIGTERM mid-call (tests/daemon.rs).
