@@ -438,34 +438,39 @@ pub(crate) async fn reply(
             early.push(n);
         }
     }
+    let streamed = |notes: Vec<Value>, ended: Option<Value>, live, guard| {
+        let mut pending = VecDeque::new();
+        if opts.priming {
+            pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
+        }
+        pending.extend(notes.iter().map(|n| sse_json("message", n)));
+        pending.extend(ended.map(|v| sse_json("message", &finish(v))));
+        let (notes, result) = match live {
+            Some((notes, work)) => (Some(notes), Some(work)),
+            None => (None, None),
+        };
+        let st = ReplyStream {
+            pending,
+            notes,
+            result,
+            ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+            stop: stop.clone(),
+            guard,
+            finish: opts.finish,
+            method: opts.method.clone(),
+        };
+        sse_response(Body::from_stream(futures::stream::unfold(st, next_event)))
+    };
     match first {
-        First::Done(Some(v)) if !early.is_empty() => {
-            let mut pending = VecDeque::new();
-            if opts.priming {
-                pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
-            }
-            for n in &early {
-                pending.push_back(sse_json("message", n));
-            }
-            pending.push_back(sse_json("message", &finish(v)));
+        First::Done(Some(v)) if early.is_empty() => {
             let mut guard = guard;
             guard.0 = None;
-            let st = ReplyStream {
-                pending,
-                notes: None,
-                result: None,
-                ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-                stop,
-                guard,
-                finish: opts.finish,
-                method: opts.method,
-            };
-            sse_response(Body::from_stream(futures::stream::unfold(st, next_event)))
+            json_response(StatusCode::OK, &finish(v))
         }
         First::Done(Some(v)) => {
             let mut guard = guard;
             guard.0 = None;
-            json_response(StatusCode::OK, &finish(v))
+            streamed(early, Some(v), None, guard)
         }
         First::Done(None) => {
             let mut guard = guard;
@@ -480,26 +485,7 @@ pub(crate) async fn reply(
             // Cancelled by the client: no reply follows, the stream just ends.
             sse_response(Body::empty())
         }
-        First::Stream(note) => {
-            let mut pending = VecDeque::new();
-            if opts.priming {
-                pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
-            }
-            if let Some(n) = note {
-                pending.push_back(sse_json("message", &n));
-            }
-            let st = ReplyStream {
-                pending,
-                notes: Some(nrx),
-                result: Some(work),
-                ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-                stop,
-                guard,
-                finish: opts.finish,
-                method: opts.method,
-            };
-            sse_response(Body::from_stream(futures::stream::unfold(st, next_event)))
-        }
+        First::Stream(note) => streamed(note.into_iter().collect(), None, Some((nrx, work)), guard),
     }
 }
 
