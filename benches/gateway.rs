@@ -814,16 +814,20 @@ impl StdioMux {
 // Memory
 // ------------------------------------------------------------------------------------------
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Field `nth` (whitespace-separated) of the line of `/proc/self/<file>` that starts with `key`.
+fn proc_self_field(file: &str, key: &str, nth: usize) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(nth)?
+        .parse()
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+}
+
+fn rss_kib() -> u64 {
+    proc_self_field("status", "VmRSS:", 1).unwrap_or(0)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -849,6 +853,30 @@ impl Report {
             if ok { "met" } else { "**missed**" }
         );
         self.verdicts.push(v);
+    }
+
+    /// Target: `s` sustains at least `share` of `base`'s calls/s.
+    fn throughput_verdict(&mut self, what: &str, s: &Stats, base: &Stats, share: f64) {
+        self.verdict(
+            what,
+            s.rps >= share * base.rps,
+            format!(
+                "{:.0}% ({:.0} vs {:.0})",
+                100.0 * s.rps / base.rps,
+                s.rps,
+                base.rps
+            ),
+        );
+    }
+
+    /// Target: `s` adds at most `max_us` to `base`'s p50.
+    fn latency_verdict(&mut self, what: &str, s: &Stats, base: &Stats, max_us: f64) {
+        let d = s.p50_us - base.p50_us;
+        self.verdict(
+            what,
+            d <= max_us,
+            format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
+        );
     }
 }
 
@@ -943,24 +971,12 @@ fn transports(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<
             let s = cli.block_on(load(t, c, o))?;
             row(r, name, c, &s, Some(&base));
             if c == 64 {
-                r.verdict(
-                    &format!("{name}: ≥ 60% of ceiling calls/s at 64 clients"),
-                    s.rps >= 0.6 * base.rps,
-                    format!(
-                        "{:.0}% ({:.0} vs {:.0})",
-                        100.0 * s.rps / base.rps,
-                        s.rps,
-                        base.rps
-                    ),
-                );
+                let what = format!("{name}: ≥ 60% of ceiling calls/s at 64 clients");
+                r.throughput_verdict(&what, &s, &base, 0.6);
             }
             if c == 1 {
-                let d = s.p50_us - base.p50_us;
-                r.verdict(
-                    &format!("{name}: ≤ 50 µs p50 over ceiling at 1 client"),
-                    d <= 50.0,
-                    format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
-                );
+                let what = format!("{name}: ≤ 50 µs p50 over ceiling at 1 client");
+                r.latency_verdict(&what, &s, &base, 50.0);
             }
         }
     }
@@ -1046,24 +1062,11 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             row(r, name, c, &s, Some(&base));
             if name.starts_with("gateway → stdio, Streamable") {
                 if c == 64 {
-                    r.verdict(
-                        "proxy: ≥ 80% of upstream-alone calls/s at 64 clients",
-                        s.rps >= 0.8 * base.rps,
-                        format!(
-                            "{:.0}% ({:.0} vs {:.0})",
-                            100.0 * s.rps / base.rps,
-                            s.rps,
-                            base.rps
-                        ),
-                    );
+                    let what = "proxy: ≥ 80% of upstream-alone calls/s at 64 clients";
+                    r.throughput_verdict(what, &s, &base, 0.8);
                 }
                 if c == 1 {
-                    let d = s.p50_us - base.p50_us;
-                    r.verdict(
-                        "proxy: ≤ 100 µs added p50 at 1 client",
-                        d <= 100.0,
-                        format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
-                    );
+                    r.latency_verdict("proxy: ≤ 100 µs added p50 at 1 client", &s, &base, 100.0);
                 }
             }
         }
@@ -1363,14 +1366,7 @@ fn idle_client(args: &[String]) -> Result<()> {
 }
 
 fn fd_limit() -> usize {
-    std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(1024)
+    proc_self_field("limits", "Max open files", 3).map_or(1024, |n| n as usize)
 }
 
 fn machine() -> String {

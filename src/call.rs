@@ -212,8 +212,7 @@ pub async fn run(
                         notify: ctx.notify.clone(),
                     })
                     .await;
-                *upstream_ids.lock().unwrap_or_else(|e| e.into_inner()) =
-                    (fwd.upstream_request_id, fwd.epoch);
+                *crate::sync::lock(&upstream_ids) = (fwd.upstream_request_id, fwd.epoch);
                 upstream_ended(&name, fwd.outcome)
             }
         }
@@ -234,7 +233,7 @@ pub async fn run(
             )
         }
     };
-    let (upstream_request_id, epoch) = *upstream_ids.lock().unwrap_or_else(|e| e.into_inner());
+    let (upstream_request_id, epoch) = *crate::sync::lock(&upstream_ids);
     rec.upstream_request_id = upstream_request_id;
     rec.epoch = epoch;
     // A call whose cancellation raced with its completion counts as cancelled: no reply.

@@ -271,9 +271,7 @@ struct Case {
 impl Desk {
     fn lock(&self) -> MutexGuard<'_, DeskState> {
         // A poisoned lock still holds consistent data: every critical section is a few inserts.
-        self.shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.shared)
     }
 
     /// Open a case and select it for `lease`; returns its id.
@@ -337,9 +335,7 @@ struct InFlightGuard {
 
 impl InFlight {
     fn lock(&self) -> MutexGuard<'_, InFlightState> {
-        self.shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.shared)
     }
 
     fn register(&self, id: &Value) -> InFlightGuard {

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -119,11 +121,6 @@ impl WeakGateway {
     }
 }
 
-fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning means a panic elsewhere mid-update of plain data; it is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Gateway {
     /// Builds a gateway. Opens the audit file; binds nothing until the first registration.
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
@@ -190,25 +187,22 @@ impl Gateway {
 
     /// Adds an in-process tool to the gateway's catalog; registrations grant it by name.
     pub fn add_tool(&self, tool: InProcessTool) {
-        relock(&self.inner.catalog).insert(tool.name().to_string(), tool);
+        lock(&self.inner.catalog).insert(tool.name().to_string(), tool);
     }
 
     /// The data listener's address, if the server is running.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        relock(&self.inner.lifecycle)
-            .server
-            .as_ref()
-            .map(|s| s.addr)
+        lock(&self.inner.lifecycle).server.as_ref().map(|s| s.addr)
     }
 
     /// How many times the data server has been started.
     pub fn server_starts(&self) -> u64 {
-        relock(&self.inner.lifecycle).starts
+        lock(&self.inner.lifecycle).starts
     }
 
     /// Keeps the server up with no registration (the daemon); returns its address.
     pub fn pin_server(&self) -> Result<SocketAddr, GatewayError> {
-        let mut lc = relock(&self.inner.lifecycle);
+        let mut lc = lock(&self.inner.lifecycle);
         self.ensure_server(&mut lc)?;
         lc.pins += 1;
         lc.generation += 1;
@@ -246,7 +240,7 @@ impl Gateway {
         let token = new_token();
         let state = Arc::new(RegistrationState::new(id, &token, &spec, tools));
         let base_url = {
-            let mut lc = relock(&self.inner.lifecycle);
+            let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc)?;
             lc.generation += 1;
             self.inner.registry.insert(state.clone());
@@ -280,7 +274,7 @@ impl Gateway {
         spec: &RegistrationSpec,
         upstream_tools: &[GrantedTool],
     ) -> Result<ToolSet, GatewayError> {
-        let catalog = relock(&self.inner.catalog).clone();
+        let catalog = lock(&self.inner.catalog).clone();
         let mut granted: Vec<GrantedTool> = Vec::new();
         for t in &spec.local_tools {
             if !crate::config::valid_tool_name(t.name()) {
@@ -382,7 +376,7 @@ impl Gateway {
         reason: ReleaseReason,
     ) -> Option<Arc<RegistrationState>> {
         let removed = {
-            let mut lc = relock(&self.inner.lifecycle);
+            let mut lc = lock(&self.inner.lifecycle);
             let removed = self.inner.registry.remove(id);
             if removed.is_some() && self.inner.registry.is_empty() && lc.pins == 0 {
                 self.schedule_stop(&mut lc);
@@ -417,7 +411,7 @@ impl Gateway {
             tokio::time::sleep(linger).await;
             let Some(inner) = inner.upgrade() else { return };
             // Lock first, then check: a registration that arrived meanwhile bumped generation.
-            let mut lc = relock(&inner.lifecycle);
+            let mut lc = lock(&inner.lifecycle);
             if lc.generation == generation && lc.pins == 0 && inner.registry.is_empty() {
                 stop_now(&mut lc);
             }
@@ -499,7 +493,7 @@ impl Gateway {
         self.inner.sessions.close_all();
         self.inner.pool.shutdown().await;
         {
-            let mut lc = relock(&self.inner.lifecycle);
+            let mut lc = lock(&self.inner.lifecycle);
             if let Some(s) = lc.server.take() {
                 s.stop.cancel();
             }

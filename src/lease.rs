@@ -22,7 +22,7 @@ pub struct Leases {
 impl Leases {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
         // A poisoned lock only means a panic mid-insert of plain data; the map is consistent.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.map)
     }
 
     /// Sets (or moves) the deadline of `id` to `ttl` from now.

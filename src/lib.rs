@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod session;
+mod sync;
 pub mod tools;
 pub mod upstream;
 

@@ -201,7 +201,7 @@ impl Registry {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<RegistrationState>>> {
         // A poisoned lock only means another thread panicked mid-update of a plain map insert
         // or remove; the map itself is still consistent.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.map)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<RegistrationState>> {

@@ -7,7 +7,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -92,18 +94,13 @@ pub fn log_level_index(level: &str) -> Option<u8> {
         .and_then(|i| u8::try_from(i).ok())
 }
 
-fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning means a panic elsewhere mid-update of a plain value; the value is usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Session {
     pub fn protocol_version(&self) -> Option<String> {
-        relock(&self.protocol_version).clone()
+        lock(&self.protocol_version).clone()
     }
 
     pub fn set_protocol_version(&self, v: &str) {
-        *relock(&self.protocol_version) = Some(v.to_string());
+        *lock(&self.protocol_version) = Some(v.to_string());
     }
 
     /// Records the session's `logging/setLevel`; false for an unknown level.
@@ -139,31 +136,31 @@ impl Session {
 
     /// Marks activity (only after the request was authenticated).
     pub fn touch(&self) {
-        *relock(&self.last_active) = Instant::now();
+        *lock(&self.last_active) = Instant::now();
     }
 
     pub fn last_active(&self) -> Instant {
-        *relock(&self.last_active)
+        *lock(&self.last_active)
     }
 
     pub fn set_outbound(&self, tx: Option<mpsc::Sender<Value>>) {
-        *relock(&self.outbound) = tx;
+        *lock(&self.outbound) = tx;
     }
 
     pub fn outbound(&self) -> Option<mpsc::Sender<Value>> {
-        relock(&self.outbound).clone()
+        lock(&self.outbound).clone()
     }
 
     /// Tracks a call so `notifications/cancelled` can find it. Returns the call's token.
     pub fn begin_call(&self, id: &Value) -> CancellationToken {
         let token = self.cancel.child_token();
-        relock(&self.in_flight).insert(jsonrpc::id_key(id), token.clone());
+        lock(&self.in_flight).insert(jsonrpc::id_key(id), token.clone());
         token
     }
 
     /// Ends a call; its end counts as activity (the idle clock restarts).
     pub fn end_call(&self, id: &Value) {
-        relock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        lock(&self.in_flight).remove(&jsonrpc::id_key(id));
         self.touch();
     }
 
@@ -187,7 +184,7 @@ impl Session {
 
     /// Cancels the in-flight call with this downstream id, if any. Returns whether one was found.
     pub fn cancel_call(&self, id: &Value) -> bool {
-        let token = relock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        let token = lock(&self.in_flight).remove(&jsonrpc::id_key(id));
         match token {
             Some(t) => {
                 t.cancel();
@@ -198,7 +195,7 @@ impl Session {
     }
 
     pub fn in_flight(&self) -> usize {
-        relock(&self.in_flight).len()
+        lock(&self.in_flight).len()
     }
 }
 
@@ -249,7 +246,7 @@ impl SessionTable {
         // evicted through `close`; when none is idle, the caller answers 503.
         for _ in 0..EVICTION_ATTEMPTS {
             let victim = {
-                let mut t = relock(&self.tables);
+                let mut t = lock(&self.tables);
                 let per = t
                     .by_registration
                     .get(&registration.id)
@@ -287,7 +284,7 @@ impl SessionTable {
 
     /// The sessions of one registration (to route registration-wide notifications).
     pub fn sessions_of(&self, registration_id: &str) -> Vec<Arc<Session>> {
-        let t = relock(&self.tables);
+        let t = lock(&self.tables);
         t.by_registration
             .get(registration_id)
             .map(|ids| {
@@ -300,7 +297,7 @@ impl SessionTable {
 
     /// Looks a session up under one registration; never crosses registrations.
     pub fn get(&self, registration_id: &str, session_id: &str) -> Option<Arc<Session>> {
-        let t = relock(&self.tables);
+        let t = lock(&self.tables);
         t.sessions
             .get(session_id)
             .filter(|s| s.registration.id == registration_id)
@@ -310,7 +307,7 @@ impl SessionTable {
     /// The one close path: removes the session and cancels everything it started.
     pub fn close(&self, session_id: &str) -> Option<Arc<Session>> {
         let removed = {
-            let mut t = relock(&self.tables);
+            let mut t = lock(&self.tables);
             let removed = t.sessions.remove(session_id);
             if let Some(s) = &removed {
                 if let Some(set) = t.by_registration.get_mut(&s.registration.id) {
@@ -335,7 +332,7 @@ impl SessionTable {
 
     /// Closes every session of a registration.
     pub fn close_registration(&self, registration_id: &str) -> usize {
-        let ids: Vec<String> = relock(&self.tables)
+        let ids: Vec<String> = lock(&self.tables)
             .by_registration
             .get(registration_id)
             .map(|s| s.iter().cloned().collect())
@@ -345,12 +342,12 @@ impl SessionTable {
 
     /// Closes every session (shutdown).
     pub fn close_all(&self) -> usize {
-        let ids: Vec<String> = relock(&self.tables).sessions.keys().cloned().collect();
+        let ids: Vec<String> = lock(&self.tables).sessions.keys().cloned().collect();
         ids.iter().filter(|id| self.close(id).is_some()).count()
     }
 
     pub fn len(&self) -> usize {
-        relock(&self.tables).sessions.len()
+        lock(&self.tables).sessions.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -358,7 +355,7 @@ impl SessionTable {
     }
 
     pub fn count_for(&self, registration_id: &str) -> usize {
-        relock(&self.tables)
+        lock(&self.tables)
             .by_registration
             .get(registration_id)
             .map(HashSet::len)
@@ -367,7 +364,7 @@ impl SessionTable {
 
     /// Sessions idle since before `cutoff` (for the reaper).
     pub fn idle_since(&self, cutoff: Instant) -> Vec<String> {
-        relock(&self.tables)
+        lock(&self.tables)
             .sessions
             .values()
             .filter(|s| s.is_idle() && s.last_active() <= cutoff)
@@ -377,7 +374,7 @@ impl SessionTable {
 
     /// The earliest last-activity instant among sessions (the reaper's next deadline).
     pub fn oldest_activity(&self) -> Option<Instant> {
-        relock(&self.tables)
+        lock(&self.tables)
             .sessions
             .values()
             .map(|s| s.last_active())
@@ -398,7 +395,7 @@ impl SessionTable {
                     self.close(&id);
                 }
             }
-            let next = relock(&self.tables)
+            let next = lock(&self.tables)
                 .sessions
                 .values()
                 .map(|s| s.last_active() + idle)

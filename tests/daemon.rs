@@ -75,22 +75,7 @@ impl Daemon {
                 let _ = tx.send(line);
             }
         });
-        let (mut data, mut admin) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("daemon did not get ready");
-            if let Some(u) = line.strip_prefix("gatehouse: data listener on ") {
-                data = Some(u.to_string());
-            }
-            if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
-                admin = Some(u.to_string());
-            }
-            if line == "gatehouse: ready" {
-                break;
-            }
-        }
+        let (data, admin) = wait_daemon_ready(&rx);
         let token = std::fs::read_to_string(dir.path().join("admin.token"))
             .unwrap()
             .trim()
@@ -98,8 +83,8 @@ impl Daemon {
         Daemon {
             child,
             config,
-            data: data.unwrap(),
-            admin: admin.unwrap(),
+            data,
+            admin,
             token,
             marker,
             output,

@@ -11,10 +11,12 @@
 
 mod common;
 
+use common::wait_daemon_ready;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -68,23 +70,7 @@ async fn no_token_in_logs_and_none_reaches_an_upstream() {
             }
         });
     }
-    let (mut data, mut admin) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("daemon did not get ready");
-        if let Some(u) = line.strip_prefix("gatehouse: data listener on ") {
-            data = Some(u.to_string());
-        }
-        if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
-            admin = Some(u.to_string());
-        }
-        if line == "gatehouse: ready" {
-            break;
-        }
-    }
-    let (_data, admin) = (data.unwrap(), admin.unwrap());
+    let (_data, admin) = wait_daemon_ready(&rx);
     let admin_token = std::fs::read_to_string(dir.path().join("admin.token"))
         .unwrap()
         .trim()

@@ -25,7 +25,8 @@ pub fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
 
 /// A JSON body with a status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
-    // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`).
+    // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`); it
+    // cannot fail for a `Value` (map keys are strings).
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     (
         status,

@@ -49,8 +49,12 @@ pub fn sse_json(event: &str, value: &serde_json::Value) -> Bytes {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(event.as_bytes());
     out.extend_from_slice(b"\ndata: ");
+    let head = out.len();
+    // Serializing a `Value` into a `Vec` cannot fail (map keys are strings, a `Vec` write does
+    // not fail); should it, the event carries `null` rather than half a value.
     if serde_json::to_writer(&mut out, value).is_err() {
-        return sse_event(event, &value.to_string());
+        out.truncate(head);
+        out.extend_from_slice(b"null");
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)

@@ -441,7 +441,7 @@ pub(crate) async fn reply(
     let streamed = |notes: Vec<Value>, ended: Option<Value>, live, guard| {
         let mut pending = VecDeque::new();
         if opts.priming {
-            pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
+            pending.push_back(priming_event());
         }
         pending.extend(notes.iter().map(|n| sse_json("message", n)));
         pending.extend(ended.map(|v| sse_json("message", &finish(v))));
@@ -487,6 +487,12 @@ pub(crate) async fn reply(
         }
         First::Stream(note) => streamed(note.into_iter().collect(), None, Some((nrx, work)), guard),
     }
+}
+
+/// The priming event (2025-11-25 and later): an event id and empty data, so a client has an
+/// id to resume from before the first message.
+fn priming_event() -> Bytes {
+    Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9)))
 }
 
 struct ReplyStream {
@@ -636,7 +642,7 @@ pub async fn get(
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let mut pending = VecDeque::new();
     if version.as_str() >= PRIMING_SINCE {
-        pending.push_back(Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9))));
+        pending.push_back(priming_event());
     }
     let st = GetStream {
         pending,

@@ -11,7 +11,7 @@
 //!   best-effort `notifications/cancelled` upstream ([`PendingGuard`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -32,10 +32,7 @@ const MAX_LIST_PAGES: usize = 1000;
 
 static NULL: Value = Value::Null;
 
-/// Locks a std mutex, ignoring poisoning (the protected maps stay consistent on every path).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 /// A cheap, cloneable handle to one live upstream connection.
 ///

@@ -21,8 +21,9 @@ use reqwest::{StatusCode, Url};
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use super::connection::{lock, Core};
+use super::connection::Core;
 use super::UpstreamError;
+use crate::sync::lock;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";

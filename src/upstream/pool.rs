@@ -33,7 +33,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::connection::lock;
 use super::{
     ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
     LEASE_CAPABILITY,
@@ -43,6 +42,7 @@ use crate::config::{Sharing, UpstreamConfig};
 use crate::gateway::WeakGateway;
 use crate::registry::{random_b64, RegistrationState};
 use crate::session::Session;
+use crate::sync::lock;
 use crate::tools::{Backend, GrantedTool};
 
 /// `_meta` key carrying the lease id on every forwarded request.
@@ -571,47 +571,24 @@ impl Pool {
             epoch: None,
             outcome: ForwardOutcome::Cancelled,
         };
-        let reg_id = call.registration.id.as_str();
-        let slot = tokio::select! {
-            biased;
-            () = call.cancel.cancelled() => return fwd,
-            s = self.slot_for(call.upstream, reg_id) => match s {
-                Ok(s) => s,
-                Err(e) => {
-                    fwd.outcome = ForwardOutcome::Failed(e);
-                    return fwd;
-                }
-            },
+        let in_use = match self
+            .acquire(call.upstream, &call.registration.id, &call.cancel)
+            .await
+        {
+            Ok(u) => u,
+            Err(None) => return fwd,
+            Err(Some(why)) => {
+                fwd.outcome = ForwardOutcome::Failed(why);
+                return fwd;
+            }
         };
-        let _busy = Busy::new(&slot);
-        let _permit = tokio::select! {
-            biased;
-            () = call.cancel.cancelled() => return fwd,
-            p = slot.permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => {
-                    fwd.outcome = ForwardOutcome::Failed("upstream is shutting down".into());
-                    return fwd;
-                }
-            },
-        };
-        let conn = tokio::select! {
-            biased;
-            () = call.cancel.cancelled() => return fwd,
-            c = slot.connection() => match c {
-                Ok(c) => c,
-                Err(e) => {
-                    fwd.outcome = ForwardOutcome::Failed(e.to_string());
-                    return fwd;
-                }
-            },
-        };
+        let (slot, conn) = (&in_use.slot, &in_use.conn);
         fwd.epoch = Some(conn.epoch());
 
         let mut params = call.params;
         params.insert("name".into(), Value::String(call.tool.to_string()));
         params.insert("arguments".into(), call.arguments);
-        upstream_meta(&mut params, call.registration, &slot);
+        upstream_meta(&mut params, call.registration, slot);
 
         let (started_tx, started_rx) = oneshot::channel();
         let (progress_tx, mut progress_rx) = match &call.notify {
@@ -663,7 +640,7 @@ impl Pool {
                     if let Some(id) = id {
                         fwd.upstream_request_id = Some(id);
                         lock(&slot.pending).insert(id, PendingCall {
-                            registration_id: reg_id.to_string(),
+                            registration_id: call.registration.id.clone(),
                             session: call.session.clone(),
                             downstream_id: call.downstream_id.clone(),
                             epoch: conn.epoch(),
@@ -738,21 +715,13 @@ impl Pool {
         params: Map<String, Value>,
         cancel: CancellationToken,
     ) -> Result<Result<Value, Value>, String> {
-        let reg_id = registration.id.as_str();
-        let slot = self.slot_for(upstream, reg_id).await?;
-        let _busy = Busy::new(&slot);
-        let _permit = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Err("cancelled".into()),
-            p = slot.permits.clone().acquire_owned() => p.map_err(|_| "upstream is shutting down".to_string())?,
-        };
-        let conn = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return Err("cancelled".into()),
-            c = slot.connection() => c.map_err(|e| e.to_string())?,
-        };
+        let in_use = self
+            .acquire(upstream, &registration.id, &cancel)
+            .await
+            .map_err(|why| why.unwrap_or_else(|| "cancelled".into()))?;
+        let (slot, conn) = (&in_use.slot, &in_use.conn);
         let mut params = params;
-        upstream_meta(&mut params, registration, &slot);
+        upstream_meta(&mut params, registration, slot);
         let opts = RequestOptions {
             timeout: Some(Duration::from_secs(slot.spec.config.call_timeout_s.max(1))),
             cancel,
@@ -995,6 +964,52 @@ impl Upstream {
 }
 
 /// Counts a call in flight on a slot and stamps its last use when it ends.
+/// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
+/// slot and the slot's live connection.
+struct InUse {
+    slot: Arc<Slot>,
+    conn: Connection,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _busy: Busy,
+}
+
+impl Pool {
+    /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
+    /// (spawned if needed) — each step abandoned when `cancel` fires: `Err(None)` then,
+    /// `Err(Some(why))` when the upstream cannot serve.
+    async fn acquire(
+        &self,
+        upstream: &str,
+        registration_id: &str,
+        cancel: &CancellationToken,
+    ) -> Result<InUse, Option<String>> {
+        let slot = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            s = self.slot_for(upstream, registration_id) => s.map_err(Some)?,
+        };
+        let busy = Busy::new(&slot);
+        let permit = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            p = slot.permits.clone().acquire_owned() => {
+                p.map_err(|_| Some("upstream is shutting down".to_string()))?
+            }
+        };
+        let conn = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            c = slot.connection() => c.map_err(|e| Some(e.to_string()))?,
+        };
+        Ok(InUse {
+            slot,
+            conn,
+            _permit: permit,
+            _busy: busy,
+        })
+    }
+}
+
 struct Busy(Arc<Slot>);
 
 impl Busy {
@@ -1308,6 +1323,7 @@ async fn run_events(
     }
 }
 
+// Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,8 +30,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::{lock, Core};
+use super::connection::Core;
 use super::UpstreamError;
+use crate::sync::lock;
 
 /// Capacity of the outbound line queue (backpressure for writers).
 const OUTBOUND_QUEUE: usize = 64;
@@ -406,6 +407,7 @@ async fn read_line_bounded<R: AsyncBufRead + Unpin>(
     }
 }
 
+// Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

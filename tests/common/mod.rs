@@ -329,3 +329,28 @@ pub async fn python_http_upstream() -> PythonHttpUpstream {
         url: format!("http://127.0.0.1:{port}/mcp"),
     }
 }
+
+/// Reads a starting `gatehouse serve`'s output lines from `rx` until `gatehouse: ready`
+/// (30 s at most) and returns the data and admin listener URLs it printed.
+pub fn wait_daemon_ready(rx: &std::sync::mpsc::Receiver<String>) -> (String, String) {
+    let (mut data, mut admin) = (None, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("daemon did not get ready");
+        if let Some(u) = line.strip_prefix("gatehouse: data listener on ") {
+            data = Some(u.to_string());
+        }
+        if let Some(u) = line.strip_prefix("gatehouse: admin listener on ") {
+            admin = Some(u.to_string());
+        }
+        if line == "gatehouse: ready" {
+            break;
+        }
+    }
+    (
+        data.expect("no data listener line"),
+        admin.expect("no admin listener line"),
+    )
+}
