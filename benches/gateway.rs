@@ -1335,10 +1335,12 @@ fn idle_client(args: &[String]) -> Result<()> {
     for i in 0..n {
         let mut s =
             std::net::TcpStream::connect(addr.as_str()).with_context(|| format!("connect #{i}"))?;
-        write!(
-            s,
+        // The request head in one write, as HTTP clients send it (`write!` on a bare socket
+        // would send each formatted piece as its own segment).
+        let head = format!(
             "GET /gw/{id}/sse HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: Bearer {token}\r\n\r\n"
-        )?;
+        );
+        s.write_all(head.as_bytes())?;
         let mut got = Vec::new();
         loop {
             let k = s.read(&mut buf)?;

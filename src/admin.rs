@@ -129,12 +129,7 @@ pub async fn bind(addr: &str) -> Result<TcpListener, AdminError> {
 
 /// Serves the admin API until `stop` fires.
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "admin server failed");
-    }
+    crate::server::serve_http1(listener, router, stop, "admin").await;
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
