@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
@@ -157,6 +157,12 @@ pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) -> bool {
     if session.cancel.is_cancelled() {
         return false;
     }
+    // Room in the queue (the usual case): no deadline to set up.
+    let msg = match tx.try_send(msg) {
+        Ok(()) => return true,
+        Err(mpsc::error::TrySendError::Closed(_)) => return false,
+        Err(mpsc::error::TrySendError::Full(msg)) => msg,
+    };
     let grace = Duration::from_millis(gw.sessions().config().slow_reader_grace_ms);
     match tx.send_timeout(msg, grace).await {
         Ok(()) => true,
@@ -171,14 +177,11 @@ pub async fn deliver(gw: &Gateway, session: &Session, msg: Value) -> bool {
 }
 
 /// `POST /gw/<id>/messages/?session_id=…` (also `sessionId`).
-pub async fn message(
-    State(gw): State<Gateway>,
-    Path(id): Path<String>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
+pub async fn message(State(gw): State<Gateway>, Path(id): Path<String>, req: Request) -> Response {
+    // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
+    let (parts, body) = req.into_parts();
+    let (uri, headers) = (&parts.uri, &parts.headers);
+    let reg = match authorize(&gw, &id, headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -199,7 +202,7 @@ pub async fn message(
         );
     };
     session.touch();
-    if !is_json(&headers) {
+    if !is_json(headers) {
         return http_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,
