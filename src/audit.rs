@@ -307,6 +307,12 @@ struct Job {
     ack: Option<oneshot::Sender<Result<(), AuditError>>>,
 }
 
+/// A record handed to `Audit::record`: written already (inline), or queued for the thread.
+enum Pending {
+    Done(Result<(), AuditError>),
+    Ack(oneshot::Receiver<Result<(), AuditError>>),
+}
+
 /// Counters of the writer, for tests and metrics.
 #[derive(Debug, Default)]
 struct Counters {
@@ -400,19 +406,39 @@ impl Audit {
     }
 
     /// Writes a record and waits until it is written (per the fsync policy).
-    pub async fn record(&self, record: Record) -> Result<(), AuditError> {
-        if self.inline {
-            return self.write_inline(record);
+    ///
+    /// Under `interval` and `never` the record is written when this is called (the future
+    /// only reports how that went); under `always` it is queued then, and the future waits
+    /// for the writer's acknowledgement. Not an `async fn`: its future would hold the
+    /// `Record` (hundreds of bytes) inside every caller's future.
+    pub fn record(
+        &self,
+        record: Record,
+    ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
+        let pending = if self.inline {
+            Pending::Done(self.write_inline(record))
+        } else {
+            self.enqueue(record)
+        };
+        async move {
+            match pending {
+                Pending::Done(result) => result,
+                Pending::Ack(ack) => ack.await.map_err(|_| AuditError::Stopped)?,
+            }
         }
+    }
+
+    /// Queues a record for the writer thread.
+    fn enqueue(&self, record: Record) -> Pending {
         let (ack, done) = oneshot::channel();
         self.depth.fetch_add(1, Ordering::Relaxed);
-        self.tx
-            .send(Job {
-                record: Some(record),
-                ack: Some(ack),
-            })
-            .map_err(|_| AuditError::Stopped)?;
-        done.await.map_err(|_| AuditError::Stopped)?
+        match self.tx.send(Job {
+            record: Some(record),
+            ack: Some(ack),
+        }) {
+            Ok(()) => Pending::Ack(done),
+            Err(_) => Pending::Done(Err(AuditError::Stopped)),
+        }
     }
 
     /// Writes a record without waiting for a sync (for `Drop` paths). It is still written, in

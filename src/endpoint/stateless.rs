@@ -217,7 +217,11 @@ pub async fn handle(
     if method == "server/discover" {
         return json_response(
             StatusCode::OK,
-            &finish(jsonrpc::success(id, discover(&ctx).await), &method),
+            // Boxed: its future is large and `server/discover` is rare.
+            &finish(
+                jsonrpc::success(id, Box::pin(discover(&ctx)).await),
+                &method,
+            ),
         );
     }
     let cancel = reg.cancel.child_token();

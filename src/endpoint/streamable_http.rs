@@ -152,7 +152,9 @@ pub async fn post(
             super::stateless::handle(gw, reg, headers, v).await
         }
         RpcBody::Single(v) => legacy_single(gw, reg, &headers, v).await,
-        RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
+        // Boxed, like `initialize` below: rare, and their futures would make every
+        // request's future (moved on each request) kilobytes larger.
+        RpcBody::Batch(items) => Box::pin(legacy_batch(gw, reg, &headers, items)).await,
     }
 }
 
@@ -172,7 +174,7 @@ async fn legacy_single(
     };
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return initialize(gw, reg, id.clone(), params.clone()).await;
+            return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
         }
     }
     let session = match require_session(&gw, &reg, headers) {
