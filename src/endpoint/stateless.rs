@@ -2,6 +2,7 @@
 //! `_meta`, mirrored headers validated against the body, `server/discover`, `resultType` on
 //! every result, cache fields on list results, and cancellation by closing the response.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
@@ -68,16 +69,16 @@ fn error(
     json_response(status, &e.to_value())
 }
 
-/// Decodes a mirrored header value (`=?base64?…?=` form included).
-pub fn decode_header_value(raw: &str) -> Option<String> {
+/// Decodes a mirrored header value (`=?base64?…?=` form included; a plain value is borrowed).
+pub fn decode_header_value(raw: &str) -> Option<Cow<'_, str>> {
     if let Some(b64) = raw
         .strip_prefix("=?base64?")
         .and_then(|r| r.strip_suffix("?="))
     {
         let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-        return String::from_utf8(bytes).ok();
+        return String::from_utf8(bytes).ok().map(Cow::Owned);
     }
-    Some(raw.to_string())
+    Some(Cow::Borrowed(raw))
 }
 
 /// Checks one mirrored header against the body value (-32020 when absent or different).
@@ -163,25 +164,27 @@ pub async fn handle(
             None,
         );
     }
-    let mut checks = vec![(VERSION_HEADER, version.clone())];
-    if id.is_some() {
-        checks.push(("mcp-method", method.clone()));
-        let name_field = match method.as_str() {
-            "tools/call" | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            _ => None,
-        };
-        if let Some(field) = name_field {
-            let name = params
-                .as_ref()
-                .and_then(|p| p.get(field))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            checks.push(("mcp-name", name));
-        }
-    }
-    for (h, expected) in &checks {
+    // The mirrored headers, in order: the version always; for requests the method, and the
+    // name (or URI) for the methods that have one.
+    let name_field = match method.as_str() {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let name = name_field.map(|field| {
+        params
+            .as_ref()
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    });
+    let is_request = id.is_some();
+    let checks = [
+        (VERSION_HEADER, Some(version.as_str())),
+        ("mcp-method", is_request.then_some(method.as_str())),
+        ("mcp-name", name.filter(|_| is_request)),
+    ];
+    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(&headers, h, expected) {
             return error(
                 StatusCode::BAD_REQUEST,

@@ -114,13 +114,15 @@ fn legacy_version(headers: &HeaderMap) -> Result<&str, Response> {
     }
 }
 
-/// `POST /gw/<id>/mcp`.
+/// `POST /gw/<id>/mcp`. Takes the whole request (not a `HeaderMap` extractor, which clones
+/// every header) and keeps its headers.
 pub async fn post(
     State(gw): State<Gateway>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let reg = match authorize(&gw, &id, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
