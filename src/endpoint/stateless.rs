@@ -5,13 +5,13 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::json_response;
-use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_HEADER, VERSION_HEADER};
+use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_NAME, VERSION_NAME};
 use crate::gateway::Gateway;
 use crate::mcp::dispatch::{self, RequestCtx};
 use crate::mcp::jsonrpc::{self, Message, RpcError};
@@ -52,9 +52,9 @@ pub fn is_stateless(v: &Value, headers: &HeaderMap) -> bool {
         return true;
     }
     let is_initialize = v.get("method").and_then(Value::as_str) == Some("initialize");
-    headers.get(SESSION_HEADER).is_none()
+    headers.get(&SESSION_NAME).is_none()
         && !is_initialize
-        && header_str(headers, VERSION_HEADER).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
+        && header_str(headers, &VERSION_NAME).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
 }
 
 fn error(
@@ -81,8 +81,12 @@ pub fn decode_header_value(raw: &str) -> Option<Cow<'_, str>> {
     Some(Cow::Borrowed(raw))
 }
 
+/// The mirrored request headers (besides `MCP-Protocol-Version`).
+static METHOD_NAME: HeaderName = HeaderName::from_static("mcp-method");
+static NAME_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
 /// Checks one mirrored header against the body value (-32020 when absent or different).
-fn mirror(headers: &HeaderMap, name: &str, expected: &str) -> Result<(), String> {
+fn mirror(headers: &HeaderMap, name: &HeaderName, expected: &str) -> Result<(), String> {
     let Some(v) = headers.get(name) else {
         return Err(format!("header mismatch: {name} is required"));
     };
@@ -139,7 +143,7 @@ pub async fn handle(
         )
     };
     let Some(version) = meta_version else {
-        if let Some(h) = header_str(&headers, VERSION_HEADER) {
+        if let Some(h) = header_str(&headers, &VERSION_NAME) {
             if h != MODERN_VERSION {
                 return unsupported(h);
             }
@@ -180,9 +184,9 @@ pub async fn handle(
     });
     let is_request = id.is_some();
     let checks = [
-        (VERSION_HEADER, Some(version.as_str())),
-        ("mcp-method", is_request.then_some(method.as_str())),
-        ("mcp-name", name.filter(|_| is_request)),
+        (&VERSION_NAME, Some(version.as_str())),
+        (&METHOD_NAME, is_request.then_some(method.as_str())),
+        (&NAME_NAME, name.filter(|_| is_request)),
     ];
     for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(&headers, h, expected) {
