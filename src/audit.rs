@@ -85,6 +85,117 @@ impl Record {
             ..Default::default()
         }
     }
+
+    /// Appends this record's line (without the newline) to `out`: the bytes
+    /// `serde_json::to_string` writes for it, with `ts` (when the record has none), `seq` and
+    /// `prev` given by the writer. Written field by field, with no intermediate `String`s: the
+    /// chain hashes these exact bytes, and a test holds them equal to serde's.
+    pub fn encode_line(&self, ts: &str, seq: u64, prev: &str, out: &mut Vec<u8>) {
+        let mut line = Line::open(out);
+        let ts = if self.ts.is_empty() { ts } else { &self.ts };
+        if !ts.is_empty() {
+            line.str("ts", ts);
+        }
+        line.u64("seq", seq);
+        line.str("event", &self.event);
+        line.opt_str("registration_id", &self.registration_id);
+        line.opt_str("agent_id", &self.agent_id);
+        line.opt_str("label", &self.label);
+        line.opt_str("session_id", &self.session_id);
+        line.opt_str("transport", &self.transport);
+        line.opt_str("tool", &self.tool);
+        line.opt_str("upstream", &self.upstream);
+        if let Some(v) = self.upstream_request_id {
+            line.u64("upstream_request_id", v);
+        }
+        if let Some(v) = self.epoch {
+            line.u64("epoch", v);
+        }
+        line.opt_str("args_digest", &self.args_digest);
+        if let Some(v) = &self.arguments {
+            line.serde("arguments", v);
+        }
+        line.opt_str("outcome", &self.outcome);
+        if let Some(v) = self.error_code {
+            line.serde("error_code", &v);
+        }
+        line.opt_str("reason", &self.reason);
+        if let Some(v) = self.duration_ms {
+            line.serde("duration_ms", &v);
+        }
+        if let Some(v) = self.pid {
+            line.u64("pid", u64::from(v));
+        }
+        line.opt_str("signal", &self.signal);
+        if let Some(v) = &self.tools {
+            line.serde("tools", v);
+        }
+        if !prev.is_empty() {
+            line.str("prev", prev);
+        }
+        line.out.push(b'}');
+    }
+}
+
+/// A JSON object being written by [`Record::encode_line`].
+struct Line<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Line<'a> {
+    fn open(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Line { out, first: true }
+    }
+
+    /// `"key":`, after a comma unless it is the first field. Keys are plain ASCII.
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    fn str(&mut self, key: &str, v: &str) {
+        self.key(key);
+        json_str(self.out, v);
+    }
+
+    fn opt_str(&mut self, key: &str, v: &Option<String>) {
+        if let Some(v) = v {
+            self.str(key, v);
+        }
+    }
+
+    fn u64(&mut self, key: &str, v: u64) {
+        self.serde(key, &v);
+    }
+
+    /// A value serde_json writes itself (numbers, JSON values, lists).
+    fn serde(&mut self, key: &str, v: &impl Serialize) {
+        self.key(key);
+        // Writing to a `Vec` cannot fail, and these values always serialize (map keys of a
+        // `Value` are strings; a non-finite float is `null`).
+        let _ = serde_json::to_writer(&mut *self.out, v);
+    }
+}
+
+/// A JSON string as serde_json writes it: quotes, and `"`, `\\` and control characters escaped
+/// (everything else, non-ASCII included, as is). Strings with nothing to escape — ids,
+/// digests, timestamps, almost every name — are copied in one go.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        let _ = serde_json::to_writer(&mut *out, s);
+        return;
+    }
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
 }
 
 /// Outcome of a governed call, as written in `outcome`.
@@ -115,14 +226,73 @@ impl Outcome {
 
 /// SHA-256 (hex) of a JSON value's compact serialization: the argument digest.
 pub fn digest_value(v: &Value) -> String {
-    // The same compact bytes as `to_string`, without `fmt::Display`'s detour (it cannot fail
-    // for a `Value`).
-    hex::encode(Sha256::digest(serde_json::to_vec(v).unwrap_or_default()))
+    // The same compact bytes as `to_string`, fed to the hash as they are written (no
+    // intermediate buffer). Serializing a `Value` cannot fail (map keys are strings).
+    let mut h = HashWriter(Sha256::new());
+    let _ = serde_json::to_writer(&mut h, v);
+    hex_string(&h.0.finalize())
+}
+
+/// An `io::Write` that feeds a SHA-256.
+struct HashWriter(Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The hash that links a line to the next record's `prev`.
 pub fn line_hash(line: &str) -> String {
-    hex::encode(Sha256::digest(line.as_bytes()))
+    hex_string(&Sha256::digest(line.as_bytes()))
+}
+
+/// Does `s` hold a byte that JSON strings escape (`"`, `\\`, a control character)? Eight
+/// bytes at a time: a byte is below `n` where `(x - n·0x01…) & !x & 0x80…` is set (exact as
+/// to whether one exists, for `n` ≤ 0x80), and equal to `c` where `x ^ c·0x01…` is zero.
+fn needs_escape(s: &[u8]) -> bool {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let below = |x: u64, n: u8| x.wrapping_sub(LO * u64::from(n)) & !x;
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w);
+        let hits = below(x, 0x20)
+            | below(x ^ (LO * u64::from(b'"')), 1)
+            | below(x ^ (LO * u64::from(b'\\')), 1);
+        if hits & HI != 0 {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
+/// Lowercase hex of a SHA-256 digest, without allocating.
+fn hex_digest(d: &[u8]) -> [u8; 64] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 64];
+    for (pair, b) in out.chunks_exact_mut(2).zip(d) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0x0f)];
+    }
+    out
+}
+
+/// Lowercase hex of a SHA-256 digest (what `hex::encode` gives, char by char).
+fn hex_string(d: &[u8]) -> String {
+    let h = hex_digest(d);
+    // Hex digits are ASCII.
+    std::str::from_utf8(&h).unwrap_or_default().to_string()
 }
 
 /// The genesis `prev` value of a new chain.
@@ -135,6 +305,12 @@ struct Job {
     /// `None`: only wakes the writer thread (an inline write failed: start probing).
     record: Option<Record>,
     ack: Option<oneshot::Sender<Result<(), AuditError>>>,
+}
+
+/// A record handed to `Audit::record`: written already (inline), or queued for the thread.
+enum Pending {
+    Done(Result<(), AuditError>),
+    Ack(oneshot::Receiver<Result<(), AuditError>>),
 }
 
 /// Counters of the writer, for tests and metrics.
@@ -230,19 +406,39 @@ impl Audit {
     }
 
     /// Writes a record and waits until it is written (per the fsync policy).
-    pub async fn record(&self, record: Record) -> Result<(), AuditError> {
-        if self.inline {
-            return self.write_inline(record);
+    ///
+    /// Under `interval` and `never` the record is written when this is called (the future
+    /// only reports how that went); under `always` it is queued then, and the future waits
+    /// for the writer's acknowledgement. Not an `async fn`: its future would hold the
+    /// `Record` (hundreds of bytes) inside every caller's future.
+    pub fn record(
+        &self,
+        record: Record,
+    ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
+        let pending = if self.inline {
+            Pending::Done(self.write_inline(record))
+        } else {
+            self.enqueue(record)
+        };
+        async move {
+            match pending {
+                Pending::Done(result) => result,
+                Pending::Ack(ack) => ack.await.map_err(|_| AuditError::Stopped)?,
+            }
         }
+    }
+
+    /// Queues a record for the writer thread.
+    fn enqueue(&self, record: Record) -> Pending {
         let (ack, done) = oneshot::channel();
         self.depth.fetch_add(1, Ordering::Relaxed);
-        self.tx
-            .send(Job {
-                record: Some(record),
-                ack: Some(ack),
-            })
-            .map_err(|_| AuditError::Stopped)?;
-        done.await.map_err(|_| AuditError::Stopped)?
+        match self.tx.send(Job {
+            record: Some(record),
+            ack: Some(ack),
+        }) {
+            Ok(()) => Pending::Ack(done),
+            Err(_) => Pending::Done(Err(AuditError::Stopped)),
+        }
     }
 
     /// Writes a record without waiting for a sync (for `Drop` paths). It is still written, in
@@ -261,13 +457,13 @@ impl Audit {
 
     /// Writes one record in the caller's thread (see the type's documentation).
     fn write_inline(&self, record: Record) -> Result<(), AuditError> {
-        let mut batch = [Job {
+        let batch = [Job {
             record: Some(record),
             ack: None,
         }];
         let result = {
             let mut w = lock(&self.writer);
-            let result = w.write_batch(&mut batch, false);
+            let result = w.write_batch(&batch, false);
             w.note(&result, &self.healthy, 1);
             result
         };
@@ -487,7 +683,7 @@ fn run(
         let n = batch.len();
         let result = {
             let mut w = lock(writer);
-            let result = w.write_batch(&mut batch, !inline);
+            let result = w.write_batch(&batch, !inline);
             w.note(&result, &healthy, n);
             result
         };
@@ -547,6 +743,59 @@ struct Writer {
     rotate_bytes: u64,
     counters: Arc<Counters>,
     last_error: Option<(String, Instant)>,
+    /// The lines of a batch, encoded (kept between batches, see `keep_buf`).
+    buf: Vec<u8>,
+    clock: Clock,
+}
+
+/// A batch buffer larger than this is not kept for the next batch.
+const KEEP_BUF: usize = 64 * 1024;
+
+/// The writer's timestamps, as chrono writes them (RFC 3339, UTC, microseconds, `Z`:
+/// `2026-11-29T17:27:10.123456Z`); the text up to the seconds is formatted once per second.
+#[derive(Default)]
+struct Clock {
+    /// The second `text` was formatted for, and where its fraction starts.
+    cached: Option<(u64, usize)>,
+    text: String,
+}
+
+impl Clock {
+    fn now(&mut self) -> &str {
+        let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+            self.cached = None;
+            self.text = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            return &self.text;
+        };
+        match self.cached {
+            Some((secs, frac)) if secs == d.as_secs() => {
+                self.text.truncate(frac);
+                let mut micros = d.subsec_micros();
+                let mut digits = [b'0'; 6];
+                for b in digits.iter_mut().rev() {
+                    *b = b'0' + (micros % 10) as u8;
+                    micros /= 10;
+                }
+                self.text
+                    .push_str(std::str::from_utf8(&digits).unwrap_or("000000"));
+                self.text.push('Z');
+            }
+            _ => {
+                // The same conversion as `chrono::Utc::now()`.
+                let t = i64::try_from(d.as_secs())
+                    .ok()
+                    .and_then(|s| chrono::DateTime::from_timestamp(s, d.subsec_nanos()))
+                    .unwrap_or_else(chrono::Utc::now);
+                self.text = t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+                // `….SS.ffffffZ`: the fraction is the 6 digits before the `Z`.
+                let b = self.text.as_bytes();
+                let n = b.len();
+                self.cached =
+                    (n >= 8 && b[n - 8] == b'.' && b[n - 1] == b'Z').then(|| (d.as_secs(), n - 7));
+            }
+        }
+        &self.text
+    }
 }
 
 impl Writer {
@@ -586,6 +835,8 @@ impl Writer {
             rotate_bytes: config.rotate_bytes,
             counters,
             last_error: None,
+            buf: Vec::new(),
+            clock: Clock::default(),
         };
         w.ensure_open()?;
         Ok(w)
@@ -674,11 +925,11 @@ impl Writer {
             rec.reason = Some(format!("audit was unavailable: {err}"));
             rec.duration_ms = Some(since.elapsed().as_secs_f64() * 1000.0);
         }
-        let mut batch = [Job {
+        let batch = [Job {
             record: Some(rec),
             ack: None,
         }];
-        let result = self.write_batch(&mut batch, true);
+        let result = self.write_batch(&batch, true);
         if result.is_ok() {
             tracing::info!("audit writable again; tool calls resume");
         }
@@ -687,27 +938,28 @@ impl Writer {
 
     /// Writes a batch. `may_sync`: an `fsync` that is due may be done here (false when the
     /// caller is a runtime worker: the thread syncs instead).
-    fn write_batch(&mut self, batch: &mut [Job], may_sync: bool) -> Result<(), AuditError> {
+    fn write_batch(&mut self, batch: &[Job], may_sync: bool) -> Result<(), AuditError> {
         // Open (or reopen) first: reopening may move the chain past lines already on file.
         self.ensure_open()?;
-        let mut buf = String::new();
-        let (mut seq, mut prev) = (self.seq, self.prev.clone());
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        for job in batch.iter_mut() {
-            let Some(r) = job.record.as_mut() else {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut seq = self.seq;
+        // The hash of the last line encoded, once there is one (`self.prev` until then).
+        let mut last: Option<[u8; 64]> = None;
+        let now = self.clock.now();
+        for job in batch.iter() {
+            let Some(r) = job.record.as_ref() else {
                 continue;
             };
             seq += 1;
-            r.seq = seq;
-            if r.ts.is_empty() {
-                r.ts = now.clone();
-            }
-            r.prev = prev.clone();
-            let line = serde_json::to_string(r)
-                .map_err(|e| AuditError::Unavailable(format!("encode: {e}")))?;
-            prev = line_hash(&line);
-            buf.push_str(&line);
-            buf.push('\n');
+            let prev = match &last {
+                Some(h) => std::str::from_utf8(h).unwrap_or_default(),
+                None => &self.prev,
+            };
+            let start = buf.len();
+            r.encode_line(now, seq, prev, &mut buf);
+            last = Some(hex_digest(&Sha256::digest(&buf[start..])));
+            buf.push(b'\n');
         }
         let due = may_sync
             && match self.fsync {
@@ -721,10 +973,13 @@ impl Writer {
             return Err(AuditError::Unavailable("no file".into()));
         };
         let before = regular.then_some(self.len);
-        let res = f
-            .write_all(buf.as_bytes())
-            .and_then(|_| f.flush())
-            .and_then(|_| if due { f.sync_data() } else { Ok(()) });
+        let res = f.write_all(&buf).and_then(|_| f.flush()).and_then(|_| {
+            if due {
+                f.sync_data()
+            } else {
+                Ok(())
+            }
+        });
         if let Err(e) = res {
             // Take back what part of the batch reached the file: its callers are told it was
             // not written. If that fails too, the reopen continues the chain after it.
@@ -742,16 +997,29 @@ impl Writer {
             self.unsynced = self.fsync != FsyncPolicy::Never;
         }
         self.seq = seq;
-        self.prev = prev;
+        if let Some(h) = &last {
+            self.prev.clear();
+            self.prev
+                .push_str(std::str::from_utf8(h).unwrap_or_default());
+        }
         self.len += buf.len() as u64;
         self.refresh_head(may_sync);
         if self.stdout {
             let mut out = std::io::stdout().lock();
-            let _ = out.write_all(buf.as_bytes());
+            let _ = out.write_all(&buf);
             let _ = out.flush();
         }
+        self.keep_buf(buf);
         self.maybe_rotate();
         Ok(())
+    }
+
+    /// Keeps a batch's buffer for the next one, unless it grew large (a big batch, or large
+    /// recorded arguments): its memory is not held for good.
+    fn keep_buf(&mut self, buf: Vec<u8>) {
+        if buf.capacity() <= KEEP_BUF {
+            self.buf = buf;
+        }
     }
 
     /// Brings the head sidecar up to date if it is stale and `force` is set or the last
@@ -923,6 +1191,150 @@ impl Filter {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// What the writer wrote before `encode_line`: serde's encoding of the record with `ts`
+    /// (if it had none), `seq` and `prev` set.
+    fn serde_line(r: &Record, ts: &str, seq: u64, prev: &str) -> String {
+        let mut r = r.clone();
+        if r.ts.is_empty() {
+            r.ts = ts.to_string();
+        }
+        r.seq = seq;
+        r.prev = prev.to_string();
+        serde_json::to_string(&r).unwrap()
+    }
+
+    fn encoded(r: &Record, ts: &str, seq: u64, prev: &str) -> String {
+        let mut out = Vec::new();
+        r.encode_line(ts, seq, prev, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn encoded_lines_are_serdes_bytes() {
+        let full = Record {
+            ts: String::new(),
+            seq: 0,
+            event: "governed_mcp_call".into(),
+            registration_id: Some("q0b6zN3Lq6m1o0m9v5d0Yw".into()),
+            agent_id: Some("agent \"7\"\\\n\u{1}\u{7f}é🙂".into()),
+            label: Some(String::new()),
+            session_id: Some("s".into()),
+            transport: Some("streamable_http".into()),
+            tool: Some("echo".into()),
+            upstream: Some("up".into()),
+            upstream_request_id: Some(u64::MAX),
+            epoch: Some(0),
+            args_digest: Some(digest_value(&serde_json::json!({"b": 1, "a": [1.5, null]}))),
+            arguments: Some(serde_json::json!({"z": "\u{0}", "a": {"x": -1e300}})),
+            outcome: Some("ok".into()),
+            error_code: Some(i64::MIN),
+            reason: Some("line\r\nbreak\t".into()),
+            duration_ms: Some(0.042),
+            pid: Some(u32::MAX),
+            signal: Some("SIGTERM".into()),
+            tools: Some(vec!["a".into(), "b\"".into()]),
+            prev: String::new(),
+        };
+        let ts = "2026-11-29T12:00:00.000000Z";
+        let prev = GENESIS;
+        for r in [
+            full.clone(),
+            Record::event("daemon_stopped"),
+            Record {
+                ts: "1999-01-01T00:00:00Z".into(),
+                arguments: Some(Value::Null),
+                ..Record::event("x")
+            },
+        ] {
+            assert_eq!(encoded(&r, ts, 7, prev), serde_line(&r, ts, 7, prev));
+            assert_eq!(encoded(&r, "", 1, ""), serde_line(&r, "", 1, ""));
+        }
+        for d in [
+            f64::NAN,
+            f64::INFINITY,
+            -0.0,
+            1e-7,
+            123456789.0,
+            0.1 + 0.2,
+            1e21,
+        ] {
+            let r = Record {
+                duration_ms: Some(d),
+                ..full.clone()
+            };
+            assert_eq!(encoded(&r, ts, 1, prev), serde_line(&r, ts, 1, prev));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encoded_lines_match_serde_for_any_text(
+            event in ".*",
+            agent in proptest::option::of(".*"),
+            reason in proptest::option::of("\\PC*"),
+            tool in proptest::option::of("[\\x00-\\x7f]*"),
+            code in proptest::option::of(proptest::num::i64::ANY),
+            ms in proptest::option::of(proptest::num::f64::ANY),
+            seq in proptest::num::u64::ANY,
+        ) {
+            let r = Record {
+                agent_id: agent,
+                reason,
+                tool,
+                error_code: code,
+                duration_ms: ms,
+                ..Record::event(&event)
+            };
+            let ts = "2026-11-29T12:00:00.123456Z";
+            proptest::prop_assert_eq!(encoded(&r, ts, seq, GENESIS), serde_line(&r, ts, seq, GENESIS));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn needs_escape_is_the_bytewise_test(s in proptest::collection::vec(proptest::num::u8::ANY, 0..40)) {
+            let naive = s.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+            proptest::prop_assert_eq!(needs_escape(&s), naive);
+        }
+    }
+
+    #[test]
+    fn needs_escape_finds_each_byte_in_each_lane() {
+        for b in 0..=255u8 {
+            let naive = b < 0x20 || b == b'"' || b == b'\\';
+            for at in 0..20 {
+                let mut s = vec![b'a'; 20];
+                s[at] = b;
+                assert_eq!(needs_escape(&s), naive, "byte {b:#x} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn digests_and_clock_match_the_previous_formatting() {
+        let v = serde_json::json!({"message": "hello", "n": [1, 2.5, null, {"k": "v"}]});
+        assert_eq!(
+            digest_value(&v),
+            hex::encode(Sha256::digest(serde_json::to_vec(&v).unwrap()))
+        );
+        assert_eq!(line_hash("abc"), hex::encode(Sha256::digest(b"abc")));
+        let mut c = Clock::default();
+        for _ in 0..3 {
+            let before = chrono::Utc::now();
+            let t = c.now().to_string();
+            let after = chrono::Utc::now();
+            let parsed = chrono::DateTime::parse_from_rfc3339(&t).unwrap();
+            assert!(before.timestamp_micros() <= parsed.timestamp_micros());
+            assert!(parsed.timestamp_micros() <= after.timestamp_micros());
+            assert_eq!(
+                t,
+                parsed
+                    .with_timezone(&chrono::Utc)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            );
+        }
+    }
 
     #[test]
     fn head_is_rewritten_in_place_and_a_longer_old_head_is_cut() {

@@ -36,6 +36,11 @@ fn base_record(ctx: &RequestCtx, tool: Option<&str>) -> Record {
 }
 
 /// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled.
+///
+/// An `async fn`'s future is as large as its largest await point, and this one (inside every
+/// request's future) is moved into a task or a box on every call: the paths that need large
+/// futures — malformed params, denials, forwarding upstream — are boxed, so an in-process
+/// call does not carry (and copy) kilobytes it never uses.
 pub async fn run(
     ctx: &RequestCtx,
     id: Value,
@@ -47,28 +52,28 @@ pub async fn run(
     let mut params = match params {
         Some(Value::Object(m)) => m,
         _ => {
-            return malformed(
+            return Box::pin(malformed(
                 ctx,
                 None,
                 started,
                 id,
                 "params must be an object with a name",
                 "tools/call needs params {\"name\": string, \"arguments\"?: object}",
-            )
+            ))
             .await;
         }
     };
     let name = match params.get("name") {
         Some(Value::String(s)) => s.clone(),
         _ => {
-            return malformed(
+            return Box::pin(malformed(
                 ctx,
                 None,
                 started,
                 id,
                 "missing tool name",
                 "tools/call: \"name\" must be a string",
-            )
+            ))
             .await;
         }
     };
@@ -76,14 +81,14 @@ pub async fn run(
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v,
         Some(_) => {
-            return malformed(
+            return Box::pin(malformed(
                 ctx,
                 Some(&name),
                 started,
                 id,
                 "arguments must be an object",
                 "tools/call: \"arguments\" must be an object",
-            )
+            ))
             .await;
         }
     };
@@ -134,7 +139,7 @@ pub async fn run(
             .is_ok();
         if !ok {
             let why = format!("limit max_calls ({max}) reached for this registration");
-            return deny(ctx, rec, started, id, why).await;
+            return Box::pin(deny(ctx, rec, started, id, why)).await;
         }
     } else {
         reg.calls_started.fetch_add(1, Ordering::AcqRel);
@@ -148,7 +153,7 @@ pub async fn run(
         .is_err()
     {
         let why = format!("limit max_concurrent ({max_conc}) reached for this registration");
-        return deny(ctx, rec, started, id, why).await;
+        return Box::pin(deny(ctx, rec, started, id, why)).await;
     }
     let _in_flight = InFlight(reg.clone());
 
@@ -198,20 +203,18 @@ pub async fn run(
                 upstream,
                 tool: upstream_tool,
             } => {
-                let fwd = gw
-                    .pool()
-                    .forward(crate::upstream::pool::ForwardCall {
-                        registration: reg,
-                        session: ctx.session.clone(),
-                        downstream_id: id.clone(),
-                        upstream,
-                        tool: upstream_tool,
-                        params: params.clone(),
-                        arguments: args.clone(),
-                        cancel: cancel.clone(),
-                        notify: ctx.notify.clone(),
-                    })
-                    .await;
+                let fwd = Box::pin(gw.pool().forward(crate::upstream::pool::ForwardCall {
+                    registration: reg,
+                    session: ctx.session.clone(),
+                    downstream_id: id.clone(),
+                    upstream,
+                    tool: upstream_tool,
+                    params: params.clone(),
+                    arguments: args.clone(),
+                    cancel: cancel.clone(),
+                    notify: ctx.notify.clone(),
+                }))
+                .await;
                 *crate::sync::lock(&upstream_ids) = (fwd.upstream_request_id, fwd.epoch);
                 upstream_ended(&name, fwd.outcome)
             }

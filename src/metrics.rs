@@ -5,7 +5,9 @@
 //! Invariant: label values are bounded — a tool label is a granted tool name or `_unknown`
 //! (a client cannot mint label values by calling made-up tools).
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -58,11 +60,21 @@ pub struct Snapshot {
     pub upstreams: Vec<(String, usize, usize, u64)>,
 }
 
+/// One tool's call metrics, taken from the families once: a call updates them without
+/// building label sets (owned `String`s) to look itself up.
+struct ToolHandles {
+    latency: Histogram,
+    /// By outcome (a handful per tool).
+    calls: Vec<(String, Counter)>,
+}
+
 /// The metrics of one gateway.
 pub struct Metrics {
     registry: Registry,
     calls: Family<CallLabels, Counter>,
     latency: HistogramFamily,
+    /// Handles into `calls` and `latency`, by tool label (bounded like the labels).
+    call_handles: RwLock<HashMap<String, ToolHandles>>,
     registrations_created: Counter,
     registrations_closed: Family<ReasonLabel, Counter>,
     registrations: Gauge,
@@ -154,6 +166,7 @@ impl Metrics {
             registry,
             calls,
             latency,
+            call_handles: RwLock::new(HashMap::new()),
             registrations_created,
             registrations_closed,
             registrations,
@@ -169,17 +182,47 @@ impl Metrics {
 
     /// Counts a finished tool call. `tool` must already be bounded (see the module invariant).
     pub fn observe_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
-        self.calls
-            .get_or_create(&CallLabels {
-                tool: tool.to_string(),
-                outcome: outcome.to_string(),
-            })
-            .inc();
-        self.latency
-            .get_or_create(&ToolLabel {
-                tool: tool.to_string(),
-            })
-            .observe(elapsed.as_secs_f64());
+        let secs = elapsed.as_secs_f64();
+        {
+            let handles = self
+                .call_handles
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(h) = handles.get(tool) {
+                if let Some((_, c)) = h.calls.iter().find(|(o, _)| o == outcome) {
+                    c.inc();
+                    h.latency.observe(secs);
+                    return;
+                }
+            }
+        }
+        // First call with this tool and outcome: the series are created here, as they were
+        // when every call looked them up.
+        let mut handles = self
+            .call_handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let h = handles
+            .entry(tool.to_string())
+            .or_insert_with(|| ToolHandles {
+                latency: self.latency.get_or_create_owned(&ToolLabel {
+                    tool: tool.to_string(),
+                }),
+                calls: Vec::new(),
+            });
+        let counter = match h.calls.iter().find(|(o, _)| o == outcome) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = self.calls.get_or_create_owned(&CallLabels {
+                    tool: tool.to_string(),
+                    outcome: outcome.to_string(),
+                });
+                h.calls.push((outcome.to_string(), c.clone()));
+                c
+            }
+        };
+        counter.inc();
+        h.latency.observe(secs);
     }
 
     pub fn registration_created(&self) {
@@ -257,5 +300,24 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn cached_handles_count_into_the_same_series() {
+        let m = Metrics::new();
+        for outcome in ["ok", "denied", "ok", "ok"] {
+            m.observe_call("demo.echo", outcome, Duration::from_millis(2));
+        }
+        m.observe_call("_unknown", "denied", Duration::from_millis(1));
+        let text = m.render(&Snapshot::default());
+        for want in [
+            r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 3"#,
+            r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="denied"} 1"#,
+            r#"gatehouse_tool_calls_total{tool="_unknown",outcome="denied"} 1"#,
+            r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 4"#,
+            r#"gatehouse_tool_call_duration_seconds_count{tool="_unknown"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} missing from {text}");
+        }
     }
 }

@@ -2,15 +2,16 @@
 //! `_meta`, mirrored headers validated against the body, `server/discover`, `resultType` on
 //! every result, cache fields on list results, and cancellation by closing the response.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::json_response;
-use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_HEADER, VERSION_HEADER};
+use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_NAME, VERSION_NAME};
 use crate::gateway::Gateway;
 use crate::mcp::dispatch::{self, RequestCtx};
 use crate::mcp::jsonrpc::{self, Message, RpcError};
@@ -51,9 +52,9 @@ pub fn is_stateless(v: &Value, headers: &HeaderMap) -> bool {
         return true;
     }
     let is_initialize = v.get("method").and_then(Value::as_str) == Some("initialize");
-    headers.get(SESSION_HEADER).is_none()
+    headers.get(&SESSION_NAME).is_none()
         && !is_initialize
-        && header_str(headers, VERSION_HEADER).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
+        && header_str(headers, &VERSION_NAME).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
 }
 
 fn error(
@@ -68,20 +69,24 @@ fn error(
     json_response(status, &e.to_value())
 }
 
-/// Decodes a mirrored header value (`=?base64?…?=` form included).
-pub fn decode_header_value(raw: &str) -> Option<String> {
+/// Decodes a mirrored header value (`=?base64?…?=` form included; a plain value is borrowed).
+pub fn decode_header_value(raw: &str) -> Option<Cow<'_, str>> {
     if let Some(b64) = raw
         .strip_prefix("=?base64?")
         .and_then(|r| r.strip_suffix("?="))
     {
         let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-        return String::from_utf8(bytes).ok();
+        return String::from_utf8(bytes).ok().map(Cow::Owned);
     }
-    Some(raw.to_string())
+    Some(Cow::Borrowed(raw))
 }
 
+/// The mirrored request headers (besides `MCP-Protocol-Version`).
+static METHOD_NAME: HeaderName = HeaderName::from_static("mcp-method");
+static NAME_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
 /// Checks one mirrored header against the body value (-32020 when absent or different).
-fn mirror(headers: &HeaderMap, name: &str, expected: &str) -> Result<(), String> {
+fn mirror(headers: &HeaderMap, name: &HeaderName, expected: &str) -> Result<(), String> {
     let Some(v) = headers.get(name) else {
         return Err(format!("header mismatch: {name} is required"));
     };
@@ -138,7 +143,7 @@ pub async fn handle(
         )
     };
     let Some(version) = meta_version else {
-        if let Some(h) = header_str(&headers, VERSION_HEADER) {
+        if let Some(h) = header_str(&headers, &VERSION_NAME) {
             if h != MODERN_VERSION {
                 return unsupported(h);
             }
@@ -163,25 +168,27 @@ pub async fn handle(
             None,
         );
     }
-    let mut checks = vec![(VERSION_HEADER, version.clone())];
-    if id.is_some() {
-        checks.push(("mcp-method", method.clone()));
-        let name_field = match method.as_str() {
-            "tools/call" | "prompts/get" => Some("name"),
-            "resources/read" => Some("uri"),
-            _ => None,
-        };
-        if let Some(field) = name_field {
-            let name = params
-                .as_ref()
-                .and_then(|p| p.get(field))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            checks.push(("mcp-name", name));
-        }
-    }
-    for (h, expected) in &checks {
+    // The mirrored headers, in order: the version always; for requests the method, and the
+    // name (or URI) for the methods that have one.
+    let name_field = match method.as_str() {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let name = name_field.map(|field| {
+        params
+            .as_ref()
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    });
+    let is_request = id.is_some();
+    let checks = [
+        (&VERSION_NAME, Some(version.as_str())),
+        (&METHOD_NAME, is_request.then_some(method.as_str())),
+        (&NAME_NAME, name.filter(|_| is_request)),
+    ];
+    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(&headers, h, expected) {
             return error(
                 StatusCode::BAD_REQUEST,
@@ -217,7 +224,11 @@ pub async fn handle(
     if method == "server/discover" {
         return json_response(
             StatusCode::OK,
-            &finish(jsonrpc::success(id, discover(&ctx).await), &method),
+            // Boxed: its future is large and `server/discover` is rare.
+            &finish(
+                jsonrpc::success(id, Box::pin(discover(&ctx)).await),
+                &method,
+            ),
         );
     }
     let cancel = reg.cancel.child_token();

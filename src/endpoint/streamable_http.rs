@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
+use axum::http::header::{AsHeaderName, HeaderName};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -35,6 +36,10 @@ use crate::session::{Session, Transport};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
+/// The same names as `HeaderName`s, for lookups: a lookup by `&str` parses and checks the
+/// name every time.
+pub(crate) static SESSION_NAME: HeaderName = HeaderName::from_static(SESSION_HEADER);
+pub(crate) static VERSION_NAME: HeaderName = HeaderName::from_static(VERSION_HEADER);
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
 const ASSUMED_VERSION: &str = "2025-03-26";
 /// Batches are accepted from this revision only.
@@ -43,7 +48,7 @@ const BATCH_VERSION: &str = "2025-03-26";
 const PRIMING_SINCE: &str = "2025-11-25";
 
 /// A header's value as text (None if absent or not visible ASCII).
-pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub fn header_str(headers: &HeaderMap, name: impl AsHeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -85,7 +90,7 @@ fn require_session(
     reg: &RegistrationState,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
-    let Some(sid) = header_str(headers, SESSION_HEADER).filter(|s| !s.is_empty()) else {
+    let Some(sid) = header_str(headers, &SESSION_NAME).filter(|s| !s.is_empty()) else {
         return Err(bad_request(
             "bad request: Mcp-Session-Id header is required (send initialize first)",
         ));
@@ -103,7 +108,7 @@ fn require_session(
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
 fn legacy_version(headers: &HeaderMap) -> Result<&str, Response> {
-    match headers.get(VERSION_HEADER) {
+    match headers.get(&VERSION_NAME) {
         None => Ok(ASSUMED_VERSION),
         Some(v) => match v.to_str() {
             Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
@@ -114,13 +119,15 @@ fn legacy_version(headers: &HeaderMap) -> Result<&str, Response> {
     }
 }
 
-/// `POST /gw/<id>/mcp`.
+/// `POST /gw/<id>/mcp`. Takes the whole request (not a `HeaderMap` extractor, which clones
+/// every header) and keeps its headers.
 pub async fn post(
     State(gw): State<Gateway>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let reg = match authorize(&gw, &id, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
@@ -152,7 +159,9 @@ pub async fn post(
             super::stateless::handle(gw, reg, headers, v).await
         }
         RpcBody::Single(v) => legacy_single(gw, reg, &headers, v).await,
-        RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
+        // Boxed, like `initialize` below: rare, and their futures would make every
+        // request's future (moved on each request) kilobytes larger.
+        RpcBody::Batch(items) => Box::pin(legacy_batch(gw, reg, &headers, items)).await,
     }
 }
 
@@ -172,7 +181,7 @@ async fn legacy_single(
     };
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return initialize(gw, reg, id.clone(), params.clone()).await;
+            return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
         }
     }
     let session = match require_session(&gw, &reg, headers) {

@@ -59,6 +59,9 @@ pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
 }
 
 /// Handles one request. `None`: no reply is to be sent (the request was cancelled).
+///
+/// Methods other than `tools/call` and `ping` run boxed: their futures are large (the
+/// upstream pool's), and this future is moved with every request (see `call::run`).
 pub async fn handle_request(
     ctx: &RequestCtx,
     id: Value,
@@ -95,14 +98,15 @@ pub async fn handle_request(
                     .to_value(),
                 );
             }
-            Some(jsonrpc::success(id, initialize(ctx, params.as_ref()).await))
+            let result = Box::pin(initialize(ctx, params.as_ref())).await;
+            Some(jsonrpc::success(id, result))
         }
         "ping" => Some(jsonrpc::success(id, json!({}))),
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "tools/call" => call::run(ctx, id, params, cancel).await,
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
         m if crate::mcp::proxy::METHODS.contains(&m) => {
-            Some(crate::mcp::proxy::handle(ctx, id, m, params, cancel).await)
+            Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel)).await)
         }
         _ => Some(
             RpcError::new(

@@ -227,10 +227,38 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
     Value::Object(m)
 }
 
-/// A stable map key for a request id (so `1` and `"1"` stay distinct).
+/// A stable map key for a request id (so `1` and `"1"` stay distinct): `s:<string>`, or
+/// `n:<the value as JSON>`. Built by hand for strings and integers (two per call: begin and
+/// end), without `fmt`.
 pub fn id_key(id: &Value) -> String {
     match id {
-        Value::String(s) => format!("s:{s}"),
+        Value::String(s) => {
+            let mut k = String::with_capacity(2 + s.len());
+            k.push_str("s:");
+            k.push_str(s);
+            k
+        }
+        Value::Number(n) if n.is_u64() || n.is_i64() => {
+            let (neg, mut v) = match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => (false, u),
+                (None, Some(i)) => (true, i.unsigned_abs()),
+                (None, None) => (false, 0),
+            };
+            let mut digits = [0u8; 20];
+            let mut at = digits.len();
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            let mut k = String::with_capacity(3 + digits.len() - at);
+            k.push_str(if neg { "n:-" } else { "n:" });
+            k.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+            k
+        }
         other => format!("n:{other}"),
     }
 }
@@ -248,6 +276,30 @@ mod tests {
         assert!(matches!(m, Ok(Message::Notification { .. })));
         let m = classify(json!({"jsonrpc":"2.0","id":"a","result":{}}));
         assert!(matches!(m, Ok(Message::Response { .. })));
+    }
+
+    #[test]
+    fn id_keys_are_the_formatted_values() {
+        let was = |id: &Value| match id {
+            Value::String(s) => format!("s:{s}"),
+            other => format!("n:{other}"),
+        };
+        for id in [
+            json!(0),
+            json!(7),
+            json!(-1),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(i64::MAX),
+            json!(1.5),
+            json!(""),
+            json!("é\"x"),
+            Value::Null,
+            json!([1]),
+        ] {
+            assert_eq!(id_key(&id), was(&id), "{id}");
+        }
+        assert_ne!(id_key(&json!(1)), id_key(&json!("1")));
     }
 
     #[test]
