@@ -74,7 +74,10 @@ async fn py_client(transport: &str, url: &str, token: &str, extra: &[&str]) -> V
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut cmd = tokio::process::Command::new(python());
     cmd.arg(root.join("tests/peers/py_client.py"))
-        .args(["--transport", transport, "--url", url, "--token", token])
+        .args(["--transport", transport, "--url", url])
+        // `--token=…`, one argument: a token may begin with `-` (base64url), which argparse
+        // would take for an option.
+        .arg(format!("--token={token}"))
         .args(["--timeout", "20"])
         .args(extra)
         .kill_on_drop(true);
