@@ -40,7 +40,7 @@ pub struct QueryArgs {
     pub file: Option<PathBuf>,
     #[arg(long, visible_alias = "agent")]
     pub agent_id: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub registration: Option<String>,
     #[arg(long)]
     pub tool: Option<String>,

@@ -78,3 +78,34 @@ pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registration ids are base64url, so one in 64 begins with `-`; the verbs that take
+    /// one must not read it as an option (the README's `gatehouse release "$ID"`).
+    #[test]
+    fn ids_that_begin_with_a_dash_are_values() {
+        let id = "-Xb9_kQ2";
+        match Cli::try_parse_from(["gatehouse", "release", id]).map(|c| c.command) {
+            Ok(Command::Release(a)) => assert_eq!(a.id, id),
+            other => panic!("release: {other:?}"),
+        }
+        match Cli::try_parse_from(["gatehouse", "renew", id, "--ttl", "10m"]).map(|c| c.command) {
+            Ok(Command::Renew(a)) => {
+                assert_eq!(a.id, id);
+                assert_eq!(a.ttl, Some(600));
+            }
+            other => panic!("renew: {other:?}"),
+        }
+        let parsed = Cli::try_parse_from(["gatehouse", "audit", "--registration", id]);
+        let Ok(Cli {
+            command: Command::Audit(a),
+        }) = parsed
+        else {
+            panic!("audit: {parsed:?}");
+        };
+        assert!(format!("{a:?}").contains(id), "{a:?}");
+    }
+}

@@ -9,7 +9,8 @@ use super::admin_client::{block_on, AdminConn};
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The registration id.
+    /// The registration id (base64url: it may begin with `-`).
+    #[arg(allow_hyphen_values = true)]
     pub id: String,
     #[command(flatten)]
     pub conn: AdminConn,

@@ -10,7 +10,8 @@ use super::admin_client::{block_on, parse_ttl, AdminConn};
 
 #[derive(Debug, Args)]
 pub struct RenewArgs {
-    /// The registration id.
+    /// The registration id (base64url: it may begin with `-`).
+    #[arg(allow_hyphen_values = true)]
     pub id: String,
     /// New lease length from now (default: the registration's own ttl).
     #[arg(long, value_parser = parse_ttl)]
