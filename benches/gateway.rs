@@ -855,28 +855,43 @@ impl Report {
         self.verdicts.push(v);
     }
 
-    /// Target: `s` sustains at least `share` of `base`'s calls/s.
-    fn throughput_verdict(&mut self, what: &str, s: &Stats, base: &Stats, share: f64) {
-        self.verdict(
-            what,
-            s.rps >= share * base.rps,
-            format!(
-                "{:.0}% ({:.0} vs {:.0})",
-                100.0 * s.rps / base.rps,
-                s.rps,
-                base.rps
-            ),
+    /// Target: `s` sustains at least `share` of `base`'s calls/s. `context`, if any, follows
+    /// the figure.
+    fn throughput_verdict(
+        &mut self,
+        what: &str,
+        s: &Stats,
+        base: &Stats,
+        share: f64,
+        context: Option<String>,
+    ) {
+        let mut detail = format!(
+            "{:.0}% ({:.0} vs {:.0})",
+            100.0 * s.rps / base.rps,
+            s.rps,
+            base.rps
         );
+        if let Some(c) = context {
+            detail = format!("{detail}; {c}");
+        }
+        self.verdict(what, s.rps >= share * base.rps, detail);
     }
 
-    /// Target: `s` adds at most `max_us` to `base`'s p50.
-    fn latency_verdict(&mut self, what: &str, s: &Stats, base: &Stats, max_us: f64) {
+    /// Target: `s` adds at most `max_us` to `base`'s p50. `context`, if any, follows the figure.
+    fn latency_verdict(
+        &mut self,
+        what: &str,
+        s: &Stats,
+        base: &Stats,
+        max_us: f64,
+        context: Option<String>,
+    ) {
         let d = s.p50_us - base.p50_us;
-        self.verdict(
-            what,
-            d <= max_us,
-            format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us),
-        );
+        let mut detail = format!("{d:+.0} µs ({:.0} vs {:.0})", s.p50_us, base.p50_us);
+        if let Some(c) = context {
+            detail = format!("{detail}; {c}");
+        }
+        self.verdict(what, d <= max_us, detail);
     }
 }
 
@@ -972,11 +987,11 @@ fn transports(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<
             row(r, name, c, &s, Some(&base));
             if c == 64 {
                 let what = format!("{name}: ≥ 60% of ceiling calls/s at 64 clients");
-                r.throughput_verdict(&what, &s, &base, 0.6);
+                r.throughput_verdict(&what, &s, &base, 0.6, None);
             }
             if c == 1 {
                 let what = format!("{name}: ≤ 50 µs p50 over ceiling at 1 client");
-                r.latency_verdict(&what, &s, &base, 50.0);
+                r.latency_verdict(&what, &s, &base, 50.0, None);
             }
         }
     }
@@ -1064,30 +1079,28 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             // reaches in the same run: the part of the figure no gateway can remove here.
             if name.starts_with("gateway → stdio, Streamable") {
                 if c == 64 {
-                    r.verdict(
+                    r.throughput_verdict(
                         "proxy: ≥ 80% of upstream-alone calls/s at 64 clients",
-                        s.rps >= 0.8 * base.rps,
-                        format!(
-                            "{:.0}% ({:.0} vs {:.0}); bare hyper with a canned reply: {:.0}%",
-                            100.0 * s.rps / base.rps,
-                            s.rps,
-                            base.rps,
+                        &s,
+                        &base,
+                        0.8,
+                        Some(format!(
+                            "bare hyper with a canned reply: {:.0}%",
                             100.0 * http.rps / base.rps
-                        ),
+                        )),
                     );
                 }
                 if c == 1 {
-                    let d = s.p50_us - base.p50_us;
-                    r.verdict(
+                    r.latency_verdict(
                         "proxy: ≤ 100 µs added p50 at 1 client",
-                        d <= 100.0,
-                        format!(
-                            "{d:+.0} µs ({:.0} vs {:.0}); one HTTP exchange with a canned reply (bare hyper p50): {:.0} µs, so the gateway's own share is {:+.0} µs",
-                            s.p50_us,
-                            base.p50_us,
+                        &s,
+                        &base,
+                        100.0,
+                        Some(format!(
+                            "one HTTP exchange with a canned reply (bare hyper p50): {:.0} µs, so the gateway's own share is {:+.0} µs",
                             http.p50_us,
-                            d - http.p50_us
-                        ),
+                            s.p50_us - base.p50_us - http.p50_us
+                        )),
                     );
                 }
             }

@@ -279,12 +279,9 @@ fn needs_escape(s: &[u8]) -> bool {
 
 /// Lowercase hex of a SHA-256 digest, without allocating.
 fn hex_digest(d: &[u8]) -> [u8; 64] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 64];
-    for (pair, b) in out.chunks_exact_mut(2).zip(d) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0x0f)];
-    }
+    // A SHA-256 digest is 32 bytes, exactly half the buffer: this cannot fail.
+    let _ = hex::encode_to_slice(d, &mut out);
     out
 }
 

@@ -79,6 +79,7 @@ pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+// Unit tests only (never built into the daemon): a panic here is the test failing.
 #[cfg(test)]
 mod tests {
     use super::*;

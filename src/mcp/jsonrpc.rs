@@ -228,8 +228,8 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
 }
 
 /// A stable map key for a request id (so `1` and `"1"` stay distinct): `s:<string>`, or
-/// `n:<the value as JSON>`. Built by hand for strings and integers (two per call: begin and
-/// end), without `fmt`.
+/// `n:<the value as JSON>`. Built without `fmt` for strings and integers (two per call:
+/// begin and end).
 pub fn id_key(id: &Value) -> String {
     match id {
         Value::String(s) => {
@@ -239,24 +239,15 @@ pub fn id_key(id: &Value) -> String {
             k
         }
         Value::Number(n) if n.is_u64() || n.is_i64() => {
-            let (neg, mut v) = match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => (false, u),
-                (None, Some(i)) => (true, i.unsigned_abs()),
-                (None, None) => (false, 0),
+            let mut digits = itoa::Buffer::new();
+            let digits = match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => digits.format(u),
+                (None, Some(i)) => digits.format(i),
+                (None, None) => "0",
             };
-            let mut digits = [0u8; 20];
-            let mut at = digits.len();
-            loop {
-                at -= 1;
-                digits[at] = b'0' + (v % 10) as u8;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-            let mut k = String::with_capacity(3 + digits.len() - at);
-            k.push_str(if neg { "n:-" } else { "n:" });
-            k.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+            let mut k = String::with_capacity(2 + digits.len());
+            k.push_str("n:");
+            k.push_str(digits);
             k
         }
         other => format!("n:{other}"),

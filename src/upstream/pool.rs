@@ -963,7 +963,6 @@ impl Upstream {
     }
 }
 
-/// Counts a call in flight on a slot and stamps its last use when it ends.
 /// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
 /// slot and the slot's live connection.
 struct InUse {
@@ -1010,6 +1009,7 @@ impl Pool {
     }
 }
 
+/// Counts a call in flight on a slot and stamps its last use when it ends.
 struct Busy(Arc<Slot>);
 
 impl Busy {
