@@ -213,20 +213,14 @@ pub async fn message(State(gw): State<Gateway>, Path(id): Path<String>, req: Req
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    let value = match jsonrpc::parse_body(&bytes) {
-        Ok(RpcBody::Single(v)) => v,
-        Ok(RpcBody::Batch(_)) => {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                jsonrpc::INVALID_REQUEST,
-                "invalid request: JSON-RPC batches are not accepted on the SSE transport",
-            )
-        }
-        Err(e) => return super::json_response(StatusCode::BAD_REQUEST, &e.to_value()),
-    };
-    let msg = match jsonrpc::classify(value) {
-        Ok(m) => m,
-        Err(e) => return super::json_response(StatusCode::BAD_REQUEST, &e.to_value()),
+    // One valid request or notification is read directly; anything else takes the general
+    // path, which words the errors.
+    let msg = match jsonrpc::parse_request(&bytes) {
+        Some(m) => m,
+        None => match general_message(&bytes) {
+            Ok(m) => m,
+            Err(resp) => return resp,
+        },
     };
     let ctx = RequestCtx {
         gateway: gw.clone(),
@@ -253,6 +247,20 @@ pub async fn message(State(gw): State<Gateway>, Path(id): Path<String>, req: Req
         }
     }
     (StatusCode::ACCEPTED, "Accepted").into_response()
+}
+
+/// A body the direct parse left alone: parsed into a `Value`, then classified.
+fn general_message(bytes: &[u8]) -> Result<Message, Response> {
+    match jsonrpc::parse_body(bytes) {
+        Ok(RpcBody::Single(v)) => jsonrpc::classify(v)
+            .map_err(|e| super::json_response(StatusCode::BAD_REQUEST, &e.to_value())),
+        Ok(RpcBody::Batch(_)) => Err(http_error(
+            StatusCode::BAD_REQUEST,
+            jsonrpc::INVALID_REQUEST,
+            "invalid request: JSON-RPC batches are not accepted on the SSE transport",
+        )),
+        Err(e) => Err(super::json_response(StatusCode::BAD_REQUEST, &e.to_value())),
+    }
 }
 
 fn spawn_request(

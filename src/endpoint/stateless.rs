@@ -41,17 +41,19 @@ const METHODS: &[&str] = &[
     "completion/complete",
 ];
 
-fn meta(v: &Value) -> Option<&Map<String, Value>> {
-    v.get("params")?.get("_meta")?.as_object()
+/// A message's `_meta`, from its params.
+fn meta(params: Option<&Value>) -> Option<&Map<String, Value>> {
+    params?.get("_meta")?.as_object()
 }
 
 /// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has
-/// no session and its `MCP-Protocol-Version` header is not a handshake-era one.
-pub fn is_stateless(v: &Value, headers: &HeaderMap) -> bool {
-    if meta(v).is_some_and(|m| m.contains_key(META_VERSION)) {
+/// no session and its `MCP-Protocol-Version` header is not a handshake-era one. Takes the
+/// message's method and params (as read, valid or not).
+pub fn is_stateless(method: Option<&str>, params: Option<&Value>, headers: &HeaderMap) -> bool {
+    if meta(params).is_some_and(|m| m.contains_key(META_VERSION)) {
         return true;
     }
-    let is_initialize = v.get("method").and_then(Value::as_str) == Some("initialize");
+    let is_initialize = method == Some("initialize");
     headers.get(&SESSION_NAME).is_none()
         && !is_initialize
         && header_str(headers, &VERSION_NAME).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
@@ -102,21 +104,14 @@ fn mirror(headers: &HeaderMap, name: &HeaderName, expected: &str) -> Result<(), 
     }
 }
 
-/// Handles one stateless message.
+/// Handles one stateless message (or why it is not a valid one).
 pub async fn handle(
     gw: Gateway,
     reg: Arc<RegistrationState>,
     headers: HeaderMap,
-    value: Value,
+    msg: Result<Message, RpcError>,
 ) -> Response {
-    let meta_version = meta(&value)
-        .and_then(|m| m.get(META_VERSION))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let has_caps = meta(&value)
-        .and_then(|m| m.get(META_CAPABILITIES))
-        .is_some_and(Value::is_object);
-    let msg = match jsonrpc::classify(value) {
+    let msg = match msg {
         Ok(m) => m,
         Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
     };
@@ -133,6 +128,13 @@ pub async fn handle(
             )
         }
     };
+    let meta_version = meta(params.as_ref())
+        .and_then(|m| m.get(META_VERSION))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let has_caps = meta(params.as_ref())
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(Value::is_object);
     let unsupported = |requested: &str| {
         error(
             StatusCode::BAD_REQUEST,

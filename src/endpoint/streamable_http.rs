@@ -150,32 +150,57 @@ pub async fn post(
         Ok(b) => b,
         Err(resp) => return resp,
     };
+    // The common case: one valid request or notification, read without a `Value` envelope.
+    if let Some(msg) = jsonrpc::parse_request(&bytes) {
+        return if super::stateless::is_stateless(msg.method(), msg.params(), &headers) {
+            super::stateless::handle(gw, reg, headers, Ok(msg)).await
+        } else {
+            legacy_single(gw, reg, &headers, Ok(msg)).await
+        };
+    }
+    // Everything else (responses, batches, malformed messages) is boxed, like `initialize`
+    // below: rare, and their futures would make every request's future (moved on each
+    // request) kilobytes larger.
+    Box::pin(post_general(gw, reg, headers, bytes)).await
+}
+
+/// A body the direct parse left alone: parsed into a `Value`, then classified (which words
+/// the errors).
+async fn post_general(
+    gw: Gateway,
+    reg: Arc<RegistrationState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
     let parsed = match jsonrpc::parse_body(&bytes) {
         Ok(b) => b,
         Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
     };
     match parsed {
-        RpcBody::Single(v) if super::stateless::is_stateless(&v, &headers) => {
-            super::stateless::handle(gw, reg, headers, v).await
+        RpcBody::Single(v) => {
+            let method = v.get("method").and_then(Value::as_str);
+            if super::stateless::is_stateless(method, v.get("params"), &headers) {
+                super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
+            } else {
+                legacy_single(gw, reg, &headers, jsonrpc::classify(v)).await
+            }
         }
-        RpcBody::Single(v) => legacy_single(gw, reg, &headers, v).await,
-        // Boxed, like `initialize` below: rare, and their futures would make every
-        // request's future (moved on each request) kilobytes larger.
-        RpcBody::Batch(items) => Box::pin(legacy_batch(gw, reg, &headers, items)).await,
+        RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
     }
 }
 
+/// A handshake-era message (or why it is not a valid one: reported after the version check).
 async fn legacy_single(
     gw: Gateway,
     reg: Arc<RegistrationState>,
     headers: &HeaderMap,
-    value: Value,
+    msg: Result<Message, jsonrpc::RpcError>,
 ) -> Response {
     let version = match legacy_version(headers) {
         Ok(v) => v.to_string(),
         Err(r) => return r,
     };
-    let msg = match jsonrpc::classify(value) {
+    let msg = match msg {
         Ok(m) => m,
         Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
     };

@@ -70,6 +70,15 @@ impl Message {
             Message::Response { .. } => None,
         }
     }
+
+    pub fn params(&self) -> Option<&Value> {
+        match self {
+            Message::Request { params, .. } | Message::Notification { params, .. } => {
+                params.as_ref()
+            }
+            Message::Response { .. } => None,
+        }
+    }
 }
 
 /// What a request body holds before classification.
@@ -92,6 +101,62 @@ pub fn parse_body(bytes: &[u8]) -> Result<Body, RpcError> {
                 e.classify_name()
             ),
         )),
+    }
+}
+
+/// Reads a body that holds one valid request or notification straight into a [`Message`],
+/// without building a `Value` for the envelope (the common case on every transport: the
+/// envelope's map, its keys and their removal cost more than the rest of the parse).
+///
+/// `None` for anything else — arrays, responses, invalid or unusual shapes (a `null` id,
+/// duplicate keys, an escaped method name): the caller then takes [`parse_body`] and
+/// [`classify`], which also word the errors. A `Some` is exactly what that path returns.
+pub fn parse_request(bytes: &[u8]) -> Option<Message> {
+    let env: Envelope<'_> = serde_json::from_slice(bytes).ok()?;
+    if env.jsonrpc.0 != Some("2.0") {
+        return None;
+    }
+    let method = env.method.0?.to_string();
+    let params = env.params.0;
+    if params
+        .as_ref()
+        .is_some_and(|p| !p.is_object() && !p.is_array())
+    {
+        return None;
+    }
+    match env.id.0 {
+        Some(id) if valid_id(&id) => Some(Message::Request { id, method, params }),
+        Some(_) => None,
+        None => Some(Message::Notification { method, params }),
+    }
+}
+
+/// The members of a request envelope that classification reads; others are skipped.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Present<&'a str>,
+    #[serde(default)]
+    id: Present<Value>,
+    #[serde(borrow, default)]
+    method: Present<&'a str>,
+    #[serde(default)]
+    params: Present<Value>,
+}
+
+/// A member that may be absent: `None` only when it is missing (a JSON `null` is read as
+/// the member's value, so `"id": null` is not taken for a notification).
+struct Present<T>(Option<T>);
+
+impl<T> Default for Present<T> {
+    fn default() -> Self {
+        Present(None)
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Present<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(d).map(|v| Present(Some(v)))
     }
 }
 
@@ -267,6 +332,96 @@ mod tests {
         assert!(matches!(m, Ok(Message::Notification { .. })));
         let m = classify(json!({"jsonrpc":"2.0","id":"a","result":{}}));
         assert!(matches!(m, Ok(Message::Response { .. })));
+    }
+
+    /// The classification of `bytes` by the general path (`parse_body` + `classify`).
+    fn general(bytes: &[u8]) -> Option<Result<Message, RpcError>> {
+        match parse_body(bytes) {
+            Ok(Body::Single(v)) => Some(classify(v)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn plain_requests_and_notifications_take_the_direct_path() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"m":"hi"}}}"#,
+            r#"{"method":"ping","id":"a-1","jsonrpc":"2.0"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":18446744073709551615,"method":"x","params":[1,2],"extra":{"k":[true]}}"#,
+            r#" {"jsonrpc":"2.0","id":-3,"method":"x"} "#,
+        ] {
+            let direct = parse_request(body.as_bytes());
+            assert!(direct.is_some(), "{body}");
+            assert_eq!(direct.map(Ok), general(body.as_bytes()), "{body}");
+        }
+    }
+
+    #[test]
+    fn unusual_shapes_are_left_to_the_general_path() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","id":2}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"p\u0069ng"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":"x"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"} x"#,
+            "",
+        ] {
+            assert_eq!(parse_request(body.as_bytes()), None, "{body}");
+        }
+        let not_utf8 = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"p\xffng\"}";
+        assert_eq!(parse_request(not_utf8), None);
+    }
+
+    proptest::proptest! {
+        // About one body in twenty is a valid request or notification.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+        /// Whatever the direct path returns is what the general path returns.
+        #[test]
+        fn the_direct_path_agrees_with_the_general_one(
+            members in proptest::sample::subsequence(
+                vec![0usize, 1, 2, 3, 4, 5, 6], 0..=7),
+            picks in proptest::collection::vec(0usize..12, 7),
+            shuffle in proptest::collection::vec(0usize..7, 7),
+        ) {
+            const JSONRPC: &[&str] = &[r#""2.0""#, r#""1.0""#, "2", "null", r#""2\u002e0""#];
+            const ID: &[&str] = &["1", "-5", r#""a""#, "null", "1.5", "[1]", "18446744073709551615", "{}"];
+            const METHOD: &[&str] = &[r#""ping""#, r#""tools/call""#, "3", "null", r#""p\u0069ng""#, r#""""#];
+            const PARAMS: &[&str] = &["{}", r#"{"name":"x","arguments":{"a":1}}"#, "[]", r#""s""#, "null", "7"];
+            const EXTRA: &[&str] = &[r#""result":{}"#, r#""error":{"code":1,"message":"m"}"#, r#""x":[1,{"y":2}]"#, r#""id":2"#];
+            let mut parts: Vec<String> = members
+                .iter()
+                .map(|&m| {
+                    // Half the picks are the first (valid) choice, so that valid envelopes
+                    // are common.
+                    let pick = |set: &[&str]| set.get(picks[m]).unwrap_or(&set[0]).to_string();
+                    match m {
+                        0 => format!(r#""jsonrpc":{}"#, pick(JSONRPC)),
+                        1 => format!(r#""id":{}"#, pick(ID)),
+                        2 => format!(r#""method":{}"#, pick(METHOD)),
+                        3 => format!(r#""params":{}"#, pick(PARAMS)),
+                        _ => pick(EXTRA),
+                    }
+                })
+                .collect();
+            for (i, &j) in shuffle.iter().enumerate() {
+                if i < parts.len() {
+                    let j = j % parts.len();
+                    parts.swap(i, j);
+                }
+            }
+            let body = format!("{{{}}}", parts.join(","));
+            if let Some(m) = parse_request(body.as_bytes()) {
+                proptest::prop_assert_eq!(Some(Ok(m)), general(body.as_bytes()), "{}", body);
+            }
+        }
     }
 
     #[test]
