@@ -381,7 +381,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        // About one body in twenty is a valid request or notification.
+        // About one body in ten is a valid request or notification.
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
         /// Whatever the direct path returns is what the general path returns.
         #[test]
@@ -399,8 +399,8 @@ mod tests {
             let mut parts: Vec<String> = members
                 .iter()
                 .map(|&m| {
-                    // Half the picks are the first (valid) choice, so that valid envelopes
-                    // are common.
+                    // A pick past the end of a set takes its first (valid) choice, so that
+                    // valid envelopes are common.
                     let pick = |set: &[&str]| set.get(picks[m]).unwrap_or(&set[0]).to_string();
                     match m {
                         0 => format!(r#""jsonrpc":{}"#, pick(JSONRPC)),
