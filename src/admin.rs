@@ -129,7 +129,8 @@ pub async fn bind(addr: &str) -> Result<TcpListener, AdminError> {
 
 /// Serves the admin API until `stop` fires.
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
-    crate::server::serve_http1(listener, router, stop, "admin").await;
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    crate::server::serve_http1(listener, service, stop, "admin").await;
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {

@@ -348,10 +348,9 @@ impl Gateway {
             Some(u) => u.trim_end_matches('/').to_string(),
             None => format!("http://{addr}"),
         };
-        let router = crate::server::router(self.clone());
         self.inner
             .tasks
-            .spawn(crate::server::serve(listener, router, stop.clone()));
+            .spawn(crate::server::serve(listener, self.clone(), stop.clone()));
         // The idle reaper lives as long as the server (same stop token, same tracker).
         let reaper_gw = self.clone();
         let reaper_stop = stop.clone();

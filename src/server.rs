@@ -1,15 +1,22 @@
 //! The data listener: the axum router for every registration's endpoints, and its serve loop.
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::service::{service_fn, Service};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -35,8 +42,66 @@ pub fn router(gateway: Gateway) -> Router {
 }
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
-pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
-    serve_http1(listener, router, stop, "data").await;
+pub async fn serve(listener: TcpListener, gateway: Gateway, stop: CancellationToken) {
+    let router = TowerToHyperService::new(router(gateway.clone()));
+    let service = service_fn(move |req| dispatch(&gateway, &router, req));
+    serve_http1(listener, service, stop, "data").await;
+}
+
+/// A request's future, boxed (one allocation per request, as axum's router makes): hyper
+/// keeps the in-flight future inside every connection's state, so an unboxed one would make
+/// every connection — idle SSE streams included — as large as the largest handler's future.
+type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+/// The two routes every tool call takes — `POST /gw/<id>/mcp` and `POST /gw/<id>/messages/`
+/// (or without the slash) with a plain base64url id — go straight to their handlers; axum's
+/// route match, path-parameter decoding and wrappers cost ~8% of such a request. Every other
+/// request goes through the router, whose answers (404, 405 with `Allow`, percent-decoded
+/// ids) stay the reference; for the ids routed directly, the router would extract the same
+/// id (there is nothing to decode in `[A-Za-z0-9_-]`).
+fn dispatch(
+    gateway: &Gateway,
+    router: &TowerToHyperService<Router>,
+    req: Request<Incoming>,
+) -> Reply {
+    if req.method() == Method::POST {
+        if let Some((id, route)) = hot_route(req.uri().path()) {
+            let (gw, id, req) = (
+                State(gateway.clone()),
+                Path(id.to_string()),
+                req.map(Body::new),
+            );
+            return match route {
+                Hot::Mcp => {
+                    Box::pin(async move { Ok(endpoint::streamable_http::post(gw, id, req).await) })
+                }
+                Hot::Messages => {
+                    Box::pin(async move { Ok(endpoint::sse::message(gw, id, req).await) })
+                }
+            };
+        }
+    }
+    Box::pin(router.call(req))
+}
+
+#[derive(Debug, PartialEq)]
+enum Hot {
+    Mcp,
+    Messages,
+}
+
+/// `/gw/<id>/mcp` or `/gw/<id>/messages[/]` with an id of base64url characters only.
+fn hot_route(path: &str) -> Option<(&str, Hot)> {
+    let (id, rest) = path.strip_prefix("/gw/")?.split_once('/')?;
+    let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+    if id.is_empty() || !id.bytes().all(plain) {
+        return None;
+    }
+    match rest {
+        "mcp" => Some((id, Hot::Mcp)),
+        "messages/" | "messages" => Some((id, Hot::Messages)),
+        _ => None,
+    }
 }
 
 /// The accept loop of both listeners: one HTTP/1.1 connection task per socket, each owned by
@@ -50,12 +115,14 @@ pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToke
 /// an incomplete head, so its read buffer grows from 8 to 16 KiB on every connection (and
 /// stays so while the connection lives: an idle SSE session's largest cost). We serve
 /// HTTP/1.1 only, so there is nothing to detect.
-pub async fn serve_http1(
-    listener: TcpListener,
-    router: Router,
-    stop: CancellationToken,
-    name: &str,
-) {
+pub async fn serve_http1<S>(listener: TcpListener, service: S, stop: CancellationToken, name: &str)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let conns = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -81,8 +148,8 @@ pub async fn serve_http1(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        // A clone of the router is an `Arc` clone (no per-connection copy of the route table).
-        let service = TowerToHyperService::new(router.clone());
+        // A clone of the service is an `Arc` clone (no per-connection copy of the route table).
+        let service = service.clone();
         let stop = stop.clone();
         conns.spawn(async move {
             let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
@@ -130,4 +197,31 @@ async fn not_found() -> Response {
         "not found",
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_ids_on_the_two_call_routes_are_routed_directly() {
+        assert_eq!(hot_route("/gw/aZ0-_9/mcp"), Some(("aZ0-_9", Hot::Mcp)));
+        assert_eq!(hot_route("/gw/-x/messages/"), Some(("-x", Hot::Messages)));
+        assert_eq!(hot_route("/gw/x/messages"), Some(("x", Hot::Messages)));
+        for path in [
+            "/gw//mcp",
+            "/gw/a%2Db/mcp",
+            "/gw/../mcp",
+            "/gw/a.b/mcp",
+            "/gw/x/mcp/",
+            "/gw/x/mcp/extra",
+            "/gw/x/sse",
+            "/gw/x",
+            "/gw/x/",
+            "/healthz",
+            "/gwx/a/mcp",
+        ] {
+            assert_eq!(hot_route(path), None, "{path}");
+        }
+    }
 }

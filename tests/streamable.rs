@@ -361,6 +361,34 @@ async fn standard_assertions_over_stateless() {
     standard_assertions(Kind::Stateless).await;
 }
 
+/// Ids are routed directly only when plain; an id a client percent-encodes goes through the
+/// router, which decodes it: the registration is served the same either way.
+#[tokio::test]
+async fn a_percent_encoded_id_reaches_the_same_registration() {
+    let tg = TestGateway::start();
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("enc").with_tool(echo_tool("echo", "e")))
+        .await
+        .unwrap();
+    let id = reg.id();
+    let first = id.as_bytes()[0];
+    let encoded = format!("%{first:02X}{}", &id[1..]);
+    let url = reg.mcp_url().replace(id, &encoded);
+    assert!(url.contains(&format!("/gw/%{first:02X}")), "{url}");
+    let mut c = HttpMcp::initialize(&url, reg.token(), "2025-06-18").await;
+    let (r, _) = c
+        .request_with_notes(
+            "tools/call",
+            json!({"name": "echo", "arguments": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(text_of(&r), "e:x", "{r}");
+    let calls = tg.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].registration_id.as_deref(), Some(id));
+}
+
 #[tokio::test]
 async fn handshake_era_session_rules() {
     let tg = TestGateway::start();
