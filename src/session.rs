@@ -61,7 +61,7 @@ pub struct Session {
     pub transport: Transport,
     /// Fires when the session closes; a child of the registration's token.
     pub cancel: CancellationToken,
-    protocol_version: Mutex<Option<String>>,
+    protocol_version: Mutex<Option<&'static str>>,
     initialized: AtomicBool,
     /// Where server-to-client messages for this session go (the SSE stream).
     outbound: Mutex<Option<mpsc::Sender<Value>>>,
@@ -95,12 +95,14 @@ pub fn log_level_index(level: &str) -> Option<u8> {
 }
 
 impl Session {
-    pub fn protocol_version(&self) -> Option<String> {
-        lock(&self.protocol_version).clone()
+    /// The negotiated revision (one of the gateway's own version strings: no copy per
+    /// request).
+    pub fn protocol_version(&self) -> Option<&'static str> {
+        *lock(&self.protocol_version)
     }
 
-    pub fn set_protocol_version(&self, v: &str) {
-        *lock(&self.protocol_version) = Some(v.to_string());
+    pub fn set_protocol_version(&self, v: &'static str) {
+        *lock(&self.protocol_version) = Some(v);
     }
 
     /// Records the session's `logging/setLevel`; false for an unknown level.

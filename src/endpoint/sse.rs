@@ -227,9 +227,7 @@ pub async fn message(State(gw): State<Gateway>, Path(id): Path<String>, req: Req
         registration: reg.clone(),
         session: Some(session.clone()),
         transport: Transport::Sse,
-        protocol_version: session
-            .protocol_version()
-            .unwrap_or_else(|| "2024-11-05".into()),
+        protocol_version: session.protocol_version().unwrap_or("2024-11-05"),
         notify: session.outbound(),
     };
     match msg {

@@ -220,7 +220,7 @@ pub async fn handle(
         registration: reg.clone(),
         session: None,
         transport: Transport::Stateless,
-        protocol_version: MODERN_VERSION.into(),
+        protocol_version: MODERN_VERSION,
         notify: None,
     };
     if method == "server/discover" {

@@ -244,9 +244,7 @@ fn session_ctx(gw: &Gateway, reg: &Arc<RegistrationState>, session: &Arc<Session
         registration: reg.clone(),
         session: Some(session.clone()),
         transport: Transport::StreamableHttp,
-        protocol_version: session
-            .protocol_version()
-            .unwrap_or_else(|| ASSUMED_VERSION.into()),
+        protocol_version: session.protocol_version().unwrap_or(ASSUMED_VERSION),
         notify: None,
     }
 }
@@ -310,7 +308,7 @@ async fn legacy_batch(
         Ok(s) => s,
         Err(r) => return r,
     };
-    if version != BATCH_VERSION || session.protocol_version().as_deref() != Some(BATCH_VERSION) {
+    if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
         return bad_request(
             "invalid request: JSON-RPC batches are accepted for protocol version 2025-03-26 only",
         );

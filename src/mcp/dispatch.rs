@@ -20,7 +20,7 @@ pub struct RequestCtx {
     pub session: Option<Arc<Session>>,
     pub transport: Transport,
     /// The revision this request speaks.
-    pub protocol_version: String,
+    pub protocol_version: &'static str,
     /// Where notifications related to this request (progress, logs) go.
     pub notify: Option<mpsc::Sender<Value>>,
 }
