@@ -1,4 +1,5 @@
-//! The data listener: the axum router for every registration's endpoints, and its serve loop.
+//! The data listener: the routes of every registration's endpoints (a tool call's two routes
+//! dispatched directly, the rest through the axum router), and the serve loop of both listeners.
 
 use std::convert::Infallible;
 use std::future::Future;
