@@ -21,9 +21,10 @@ fn parse(c: &mut Criterion) {
             };
         })
     });
-    c.bench_function("jsonrpc: parse_request, the direct path (tools/call)", |b| {
-        b.iter(|| black_box(jsonrpc::parse_request(black_box(CALL.as_bytes())).unwrap()))
-    });
+    c.bench_function(
+        "jsonrpc: parse_request, the direct path (tools/call)",
+        |b| b.iter(|| black_box(jsonrpc::parse_request(black_box(CALL.as_bytes())).unwrap())),
+    );
     c.bench_function("serde_json: from_slice::<Value> (tools/call)", |b| {
         b.iter(|| black_box(serde_json::from_slice::<Value>(black_box(CALL.as_bytes())).unwrap()))
     });
