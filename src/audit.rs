@@ -10,8 +10,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-
-use crate::sync::lock;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +18,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use crate::config::{AuditConfig, FsyncPolicy};
+use crate::sync::lock;
 
 /// Why an audit operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -230,7 +229,7 @@ pub fn digest_value(v: &Value) -> String {
     // intermediate buffer). Serializing a `Value` cannot fail (map keys are strings).
     let mut h = HashWriter(Sha256::new());
     let _ = serde_json::to_writer(&mut h, v);
-    hex_string(&h.0.finalize())
+    hex::encode(h.0.finalize())
 }
 
 /// An `io::Write` that feeds a SHA-256.
@@ -249,7 +248,7 @@ impl Write for HashWriter {
 
 /// The hash that links a line to the next record's `prev`.
 pub fn line_hash(line: &str) -> String {
-    hex_string(&Sha256::digest(line.as_bytes()))
+    hex::encode(Sha256::digest(line.as_bytes()))
 }
 
 /// Does `s` hold a byte that JSON strings escape (`"`, `\\`, a control character)? Eight
@@ -283,13 +282,6 @@ fn hex_digest(d: &[u8]) -> [u8; 64] {
     // A SHA-256 digest is 32 bytes, exactly half the buffer: this cannot fail.
     let _ = hex::encode_to_slice(d, &mut out);
     out
-}
-
-/// Lowercase hex of a SHA-256 digest (what `hex::encode` gives, char by char).
-fn hex_string(d: &[u8]) -> String {
-    let h = hex_digest(d);
-    // Hex digits are ASCII.
-    std::str::from_utf8(&h).unwrap_or_default().to_string()
 }
 
 /// The genesis `prev` value of a new chain.

@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-use crate::sync::lock;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -24,6 +22,7 @@ use crate::registry::{
     new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
 };
 use crate::session::SessionTable;
+use crate::sync::lock;
 use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
 use crate::upstream::pool::Pool;
 

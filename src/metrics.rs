@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{PoisonError, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -184,10 +184,7 @@ impl Metrics {
     pub fn observe_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         {
-            let handles = self
-                .call_handles
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let handles = crate::sync::read(&self.call_handles);
             if let Some(h) = handles.get(tool) {
                 if let Some((_, c)) = h.calls.iter().find(|(o, _)| o == outcome) {
                     c.inc();
@@ -198,10 +195,7 @@ impl Metrics {
         }
         // First call with this tool and outcome: the series are created here, as they were
         // when every call looked them up.
-        let mut handles = self
-            .call_handles
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut handles = crate::sync::write(&self.call_handles);
         let h = handles
             .entry(tool.to_string())
             .or_insert_with(|| ToolHandles {

@@ -118,10 +118,7 @@ fn hot_route(path: &str) -> Option<(&str, Hot)> {
 /// HTTP/1.1 only, so there is nothing to detect.
 pub async fn serve_http1<S>(listener: TcpListener, service: S, stop: CancellationToken, name: &str)
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     let conns = TaskTracker::new();

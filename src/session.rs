@@ -8,8 +8,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-use crate::sync::lock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -20,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::SessionConfig;
 use crate::mcp::jsonrpc;
 use crate::registry::{random_b64, RegistrationState};
+use crate::sync::lock;
 
 /// The downstream transport a session or request arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -319,6 +319,7 @@ pub fn id_key(id: &Value) -> String {
     }
 }
 
+// Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ use super::{
     ConnectOptions, IdCounter, RequestOptions, Response, Transport, UpstreamError, UpstreamEvent,
     LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };
+use crate::sync::lock;
 
 /// Upper bound for sending a `notifications/cancelled` after a cancel or timeout.
 const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,8 +32,6 @@ const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_LIST_PAGES: usize = 1000;
 
 static NULL: Value = Value::Null;
-
-use crate::sync::lock;
 
 /// A cheap, cloneable handle to one live upstream connection.
 ///
