@@ -2,6 +2,7 @@
 //! and the audit record that must be written before the reply is sent.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -163,11 +164,10 @@ pub async fn run(
         .filter(|t| *t > 0.0 && t.is_finite())
         .map(Duration::from_secs_f64);
 
-    let progress = params
+    let progress_token = params
         .get("_meta")
         .and_then(|m| m.get("progressToken"))
-        .cloned()
-        .zip(ctx.notify.clone());
+        .cloned();
 
     let upstream_ids = std::sync::Mutex::new((None, None));
     let exec = async {
@@ -176,8 +176,11 @@ pub async fn run(
                 let tctx = ToolContext {
                     registration_id: reg.id.as_str().into(),
                     agent_id: reg.agent_id.clone(),
+                    label: reg.label.as_deref().map(Arc::from),
+                    session_id: ctx.session_id().map(Arc::from),
                     cancel: cancel.clone(),
-                    progress,
+                    progress_token,
+                    notify: ctx.notify.clone(),
                 };
                 match std::panic::AssertUnwindSafe(t.call(args, tctx))
                     .catch_unwind()

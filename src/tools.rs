@@ -59,15 +59,34 @@ impl ToolError {
 pub struct ToolContext {
     pub registration_id: Arc<str>,
     pub agent_id: Arc<str>,
+    /// The registration's label, if the harness gave one.
+    pub label: Option<Arc<str>>,
+    /// The MCP session the call came on (none for stateless 2026-07-28 requests).
+    pub session_id: Option<Arc<str>>,
     /// Fires when the call is cancelled (client cancel, release, timeout).
     pub cancel: CancellationToken,
-    pub(crate) progress: Option<(Value, mpsc::Sender<Value>)>,
+    /// The caller's `progressToken`, if it asked for progress.
+    pub(crate) progress_token: Option<Value>,
+    /// Where notifications of this call go (its client), if anywhere.
+    pub(crate) notify: Option<mpsc::Sender<Value>>,
 }
+
+/// The log levels of `notifications/message` (RFC 5424 severities, as MCP names them).
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
 
 impl ToolContext {
     /// Sends `notifications/progress` to the caller, if it asked for progress.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) {
-        let Some((token, tx)) = &self.progress else {
+        let (Some(token), Some(tx)) = (&self.progress_token, &self.notify) else {
             return;
         };
         let mut p = Map::new();
@@ -80,6 +99,29 @@ impl ToolContext {
             p.insert("message".into(), json!(m));
         }
         let n = jsonrpc::notification("notifications/progress", Some(Value::Object(p)));
+        let _ = tx.send(n).await;
+    }
+
+    /// Whether the caller asked for progress (sent a `progressToken`).
+    pub fn wants_progress(&self) -> bool {
+        self.progress_token.is_some() && self.notify.is_some()
+    }
+
+    /// Sends a log message (`notifications/message`) to the caller. `level` must be one of
+    /// [`LOG_LEVELS`]; an unknown level is sent as `info`.
+    pub async fn log(&self, level: &str, message: &str) {
+        let Some(tx) = &self.notify else {
+            return;
+        };
+        let level = LOG_LEVELS
+            .iter()
+            .find(|l| **l == level)
+            .copied()
+            .unwrap_or("info");
+        let n = jsonrpc::notification(
+            "notifications/message",
+            Some(json!({"level": level, "logger": "gatehouse.tool", "data": message})),
+        );
         let _ = tx.send(n).await;
     }
 }
