@@ -392,7 +392,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
     Snapshot {
         registrations: gw.registry().len(),
         sessions: gw.sessions().len(),
-        leases: gw.leases().len(),
+        leases: gw.deadlines().len(),
         audit_queue_depth: gw.audit().queue_depth(),
         audit_healthy: gw.audit().is_healthy(),
         upstreams: upstream_status(gw)

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::{Audit, AuditError, Record};
 use crate::config::Config;
-use crate::lease::Leases;
+use crate::expiry::Deadlines;
 use crate::metrics::Metrics;
 use crate::registry::{
     new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
@@ -99,7 +99,7 @@ pub(crate) struct Inner {
     tasks: TaskTracker,
     shutdown: CancellationToken,
     /// TTL deadlines; the sweep task expires them.
-    leases: Arc<Leases>,
+    deadlines: Arc<Deadlines>,
     sweeper_started: AtomicBool,
     metrics: Metrics,
 }
@@ -138,7 +138,7 @@ impl Gateway {
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
-                leases: Arc::new(Leases::default()),
+                deadlines: Arc::new(Deadlines::default()),
                 sweeper_started: AtomicBool::new(false),
                 metrics: Metrics::new(),
             }),
@@ -175,8 +175,8 @@ impl Gateway {
         &self.inner.metrics
     }
 
-    pub fn leases(&self) -> &Leases {
-        &self.inner.leases
+    pub fn deadlines(&self) -> &Deadlines {
+        &self.inner.deadlines
     }
 
     /// Fires when the gateway shuts down.
@@ -255,7 +255,7 @@ impl Gateway {
             return Err(e.into());
         }
         if let Some(ttl) = state.ttl_s {
-            self.set_lease(&state, ttl);
+            self.set_deadline(&state, ttl);
         }
         self.inner.metrics.registration_created();
         tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
@@ -382,7 +382,7 @@ impl Gateway {
             removed
         };
         let state = removed?;
-        self.inner.leases.remove(id);
+        self.inner.deadlines.remove(id);
         self.inner.metrics.registration_closed(reason.as_str());
         state.cancel.cancel();
         state.calls.close();
@@ -416,35 +416,35 @@ impl Gateway {
         });
     }
 
-    /// Starts (or moves) the lease of `state`: it expires `ttl_s` from now unless renewed.
-    fn set_lease(&self, state: &RegistrationState, ttl_s: u64) {
+    /// Starts (or moves) the expiry deadline of `state`: it expires `ttl_s` from now unless renewed.
+    fn set_deadline(&self, state: &RegistrationState, ttl_s: u64) {
         let ttl = Duration::from_secs(ttl_s);
         let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
         state.expires_at_ms.store(
             wall.saturating_add(ttl_s.saturating_mul(1000)),
             Ordering::Relaxed,
         );
-        self.inner.leases.set(&state.id, ttl);
+        self.inner.deadlines.set(&state.id, ttl);
         if !self.inner.sweeper_started.swap(true, Ordering::AcqRel) {
-            let leases = self.inner.leases.clone();
+            let deadlines = self.inner.deadlines.clone();
             let weak = Arc::downgrade(&self.inner);
             let stop = self.inner.shutdown.clone();
-            self.inner.tasks.spawn(sweep(weak, leases, stop));
+            self.inner.tasks.spawn(sweep(weak, deadlines, stop));
         }
     }
 
-    /// Extends a registration's lease by `ttl_s` (default: its own `ttl_s`) from now and
+    /// Extends a registration's TTL by `ttl_s` (default: its own `ttl_s`) from now and
     /// records `registration_renewed`. `None` if the registration is gone; `Some(None)` if it
-    /// has no lease.
+    /// has no TTL.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
         let state = self.inner.registry.get(id)?;
         let Some(ttl) = ttl_s.or(state.ttl_s) else {
             return Some(None);
         };
-        self.set_lease(&state, ttl);
-        // A release that raced with the renewal wins: do not leave a lease behind.
+        self.set_deadline(&state, ttl);
+        // A release that raced with the renewal wins: do not leave a deadline behind.
         if self.inner.registry.get(id).is_none() {
-            self.inner.leases.remove(id);
+            self.inner.deadlines.remove(id);
             return None;
         }
         let _ = self
@@ -504,13 +504,13 @@ impl Gateway {
 
 /// The lease sweep: sleeps until the earliest deadline, then expires through the one close
 /// path (`close_registration` + the same finish as an explicit release).
-async fn sweep(weak: std::sync::Weak<Inner>, leases: Arc<Leases>, stop: CancellationToken) {
+async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = leases.wait_next() => {}
+            _ = deadlines.wait_next() => {}
         }
-        let expired = leases.take_expired(tokio::time::Instant::now());
+        let expired = deadlines.take_expired(tokio::time::Instant::now());
         if expired.is_empty() {
             continue;
         }

@@ -1,25 +1,26 @@
-//! Registration leases: the deadline of every registration that has a `ttl_s`, and the sweep
-//! task that expires them through the same close path as an explicit release.
+//! Registration expiry (the TTL): the deadline of every registration that has a `ttl_s`; the
+//! gateway's sweep expires them through the same close path as an explicit release. (A
+//! "lease" is the upstream lease, `upstream::lease`.)
 //!
 //! Invariant: deadlines are `tokio::time::Instant`s (never the wall clock), so tests drive
 //! expiry with paused time; the wall-clock `expires_at_ms` shown to clients is derived.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The deadlines of leased registrations, keyed by registration id.
+/// The deadlines of registrations with a TTL, keyed by registration id.
 #[derive(Default)]
-pub struct Leases {
+pub struct Deadlines {
     map: Mutex<HashMap<String, Instant>>,
     /// Wakes the sweep when a deadline is added or moved.
     changed: Notify,
 }
 
-impl Leases {
+impl Deadlines {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
         // A poisoned lock only means a panic mid-insert of plain data; the map is consistent.
         crate::sync::lock(&self.map)
@@ -83,5 +84,3 @@ impl Leases {
     }
 }
 
-/// Shared handle, so the sweep task does not keep the gateway alive.
-pub type SharedLeases = Arc<Leases>;

@@ -67,7 +67,7 @@ async fn unrenewed_lease_expires_and_renewal_moves_it() {
     )
     .await
     .unwrap();
-    assert_eq!(gw.leases().len(), 2);
+    assert_eq!(gw.deadlines().len(), 2);
 
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
@@ -100,7 +100,7 @@ async fn unrenewed_lease_expires_and_renewal_moves_it() {
         Some(None)
     );
     assert_eq!(
-        gw.leases().len(),
+        gw.deadlines().len(),
         0,
         "lease table does not keep expired entries"
     );

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""The module graph of src/: fails on an import circle or an arrow that breaks the layering
+written in ARCHITECTURE.md ("Layers"). Reads `crate::…` and `super::…` paths per file (a
+module is a file); `mod` declarations are not arrows, `pub use` re-exports are, and a path
+through a re-export counts as an arrow to the module that defines the item. Tests inside
+`#[cfg(test)] mod tests` are skipped. Usage: python3 tests/modgraph.py [--print]"""
+
+import os
+import re
+import sys
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+# Layering rules: (module prefix, forbidden module prefixes, forbidden external crates).
+RULES = [
+    # The protocol knows no HTTP and no transport.
+    ("mcp", ["endpoint", "server", "admin", "gateway", "cli"], ["axum", "hyper", "http", "reqwest"]),
+    # The upstream layer knows no downstream transport, no gateway, no dispatch.
+    ("upstream", ["endpoint", "server", "admin", "gateway", "hub", "call", "mcp::dispatch",
+                  "mcp::proxy", "mcp::request", "cli"], ["axum", "hyper"]),
+    # Leaves.
+    ("config", ["*"], []),
+    ("config_load", ["*"], []),
+    ("audit", ["*"], []),
+    # Only the gateway starts the server; nothing below it names the gateway.
+    ("hub", ["gateway", "server", "endpoint", "admin", "cli"], []),
+    ("call", ["gateway", "server", "endpoint", "admin", "cli"], []),
+    ("endpoint", ["gateway", "admin", "cli"], []),
+    ("server", ["gateway", "admin", "cli"], []),
+    ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
+    ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
+]
+# What the leaves may still use.
+LEAF_ALLOWED = {"config": ["sync"], "config_load": ["config", "sync", "upstream::types"],
+                "audit": ["config", "sync"]}
+
+
+def module_of(path):
+    rel = os.path.relpath(path, SRC)[:-3]
+    parts = rel.split(os.sep)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    return "::".join(parts)
+
+
+def strip_tests(text):
+    # Drop `#[cfg(test)] mod … { … }` blocks (brace matching on code without strings is
+    # enough here) and comments.
+    out, i = [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", text):
+        if m.start() < i:
+            continue
+        out.append(text[i:m.start()])
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        i = j
+    out.append(text[i:])
+    text = "".join(out)
+    text = re.sub(r"//[^\n]*", "", text)
+    return text
+
+
+def expand_use(tree):
+    """Expands `a::{b, c::{d, e}}` into ['a::b', 'a::c::d', 'a::c::e']."""
+    tree = tree.strip()
+    m = re.match(r"^(.*?)\{(.*)\}$", tree, re.S)
+    if not m:
+        return [re.sub(r"\s+as\s+\w+$", "", tree)]
+    prefix, inner = m.group(1), m.group(2)
+    items, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        cur += ch
+    items.append(cur)
+    out = []
+    for it in items:
+        if it.strip():
+            for e in expand_use(it):
+                out.append((prefix + e).replace("::self", ""))
+    return out
+
+
+def main():
+    files = []
+    for root, _, names in os.walk(SRC):
+        for n in names:
+            if n.endswith(".rs") and not (root == SRC and n == "main.rs"):
+                files.append(os.path.join(root, n))
+    mods = {module_of(f): f for f in files}
+    texts = {m: strip_tests(open(f, encoding="utf-8").read()) for m, f in mods.items()}
+    # Re-exports: module -> {name: target path}
+    reexports = {}
+    for m, t in texts.items():
+        for u in re.findall(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", t):
+            for p in expand_use(u):
+                reexports.setdefault(m, {})[p.split("::")[-1]] = absolute(m, p, mods)
+    edges = {m: set() for m in mods}
+    externals = {m: set() for m in mods}
+    for m, t in texts.items():
+        paths = []
+        for u in re.findall(r"\buse\s+([^;]+);", t):
+            paths.extend(expand_use(u))
+        paths.extend(re.findall(r"\b((?:crate|super)(?:::\w+)+)", t))
+        # Paths through a child module written relative to this one (`serve::run(…)`).
+        for c in {k.rsplit("::", 1)[-1] for k in mods if k.startswith(m + "::" if m else "") and k.count("::") == (m.count("::") + 1 if m else 0)}:
+            if re.search(r"(?<![:\w])" + c + r"::\w", t):
+                paths.append(c + "::x")
+        for p in paths:
+            first = p.split("::")[0].strip()
+            child = f"{m}::{first}" if m else first
+            if first not in ("crate", "super", "self") and child in mods:
+                p = "self::" + p.strip()
+            elif first not in ("crate", "super", "self", "std", "core", "alloc"):
+                externals[m].add(first)
+                continue
+            target = resolve(absolute(m, p, mods), mods, reexports)
+            if target is not None and target != m:
+                edges[m].add(target)
+    if "--print" in sys.argv:
+        for m in sorted(edges):
+            print(f"{m or '(crate)'} -> {', '.join(sorted(x or '(crate)' for x in edges[m]))}")
+    problems = []
+    for cyc in cycles(edges):
+        problems.append("import circle: " + " -> ".join(x or "(crate)" for x in cyc))
+    for m in sorted(edges):
+        for prefix, banned, crates in RULES:
+            if not within(m, prefix):
+                continue
+            for t in sorted(edges[m]):
+                if "*" in banned:
+                    if not any(within(t, a) for a in LEAF_ALLOWED.get(prefix, [])) and not within(t, prefix):
+                        problems.append(f"layering: {m} -> {t} ({prefix} is a leaf)")
+                elif any(within(t, b) for b in banned):
+                    problems.append(f"layering: {m} -> {t} (forbidden for {prefix})")
+            for c in sorted(externals[m] & set(crates)):
+                problems.append(f"layering: {m} uses crate {c} (forbidden for {prefix})")
+    for p in problems:
+        print(p)
+    if problems:
+        sys.exit(1)
+    print(f"module graph: {len(mods)} modules, no circle, layering holds")
+
+
+def within(m, prefix):
+    return m == prefix or m.startswith(prefix + "::")
+
+
+def absolute(m, p, mods):
+    parts = [x.strip() for x in p.split("::")]
+    child = f"{m}::{parts[0]}" if m else parts[0]
+    if parts[0] not in ("crate", "super", "self") and child in mods:
+        parts = ["self"] + parts
+    if parts[0] == "crate":
+        return "::".join(parts[1:])
+    base = m.split("::") if m else []
+    # `super` in a file module `a::b` (b.rs or b/mod.rs) is `a`.
+    while parts and parts[0] == "super":
+        base = base[:-1]
+        parts = parts[1:]
+    if parts and parts[0] == "self":
+        parts = parts[1:]
+    return "::".join(base + parts)
+
+
+def resolve(path, mods, reexports, depth=0):
+    parts = path.split("::") if path else []
+    for k in range(len(parts), -1, -1):
+        cand = "::".join(parts[:k])
+        if cand in mods:
+            rest = parts[k:]
+            if rest and depth < 8 and rest[0] in reexports.get(cand, {}):
+                target = reexports[cand][rest[0]]
+                if target != path:
+                    return resolve(target + "".join("::" + r for r in rest[1:]) if rest[1:] else target,
+                                   mods, reexports, depth + 1)
+            return cand
+    return None
+
+
+def cycles(edges):
+    # Tarjan's strongly connected components; every component of more than one module is a
+    # circle (reported as one path through it).
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp) + [sorted(comp)[0]])
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+if __name__ == "__main__":
+    main()
