@@ -1324,7 +1324,7 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_sess = rss_kib();
-        let sessions = gw.sessions().len();
+        let sessions = gatehouse::testing::sessions(&gw).len();
         drop(child.stdin.take());
         let _ = child.wait().await;
         drop(regs);

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use gatehouse::audit::{digest_value, Record};
-use gatehouse::mcp::jsonrpc;
+use gatehouse::testing::audit::{digest_value, Record};
+use gatehouse::testing::jsonrpc;
 use serde_json::{json, Value};
 use sha2::Digest;
 
@@ -35,7 +35,7 @@ fn parse(c: &mut Criterion) {
 }
 
 fn token(c: &mut Criterion) {
-    let token = gatehouse::registry::new_token();
+    let token = gatehouse::testing::registry::new_token();
     let gw_state = {
         // A registration's state is built by the gateway; the check is a digest + ct_eq.
         use sha2::Digest;

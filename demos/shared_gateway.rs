@@ -143,7 +143,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        let calls = gatehouse::audit::read_records(&config_path(&dir))
+        let calls = gatehouse::testing::audit::read_records(&config_path(&dir))
             .map(|r| r.iter().filter(|r| r.event == "governed_mcp_call").count())
             .unwrap_or(0);
         println!(

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{digest_value, Outcome, Record};
-use crate::mcp::dispatch::RequestCtx;
 use crate::mcp::jsonrpc::{self, RpcError};
+use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
 
 /// How a call ended, before it is turned into a reply.
@@ -49,7 +49,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> Option<Value> {
     let started = Instant::now();
-    let gw = &ctx.gateway;
+    let gw = &ctx.hub;
     let mut params = match params {
         Some(Value::Object(m)) => m,
         _ => {
@@ -372,12 +372,12 @@ async fn finish(
         Some(_) => "_unknown",
         None => "_none",
     };
-    ctx.gateway.metrics().observe_call(
+    ctx.hub.metrics().observe_call(
         tool_label,
         rec.outcome.as_deref().unwrap_or("unknown"),
         started.elapsed(),
     );
-    if let Err(e) = ctx.gateway.audit().record(rec).await {
+    if let Err(e) = ctx.hub.audit().record(rec).await {
         tracing::error!(error = %e, "audit record not written; reply withheld");
         return reply.map(|_| {
             jsonrpc::error_response(

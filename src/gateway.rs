@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::audit::{Audit, AuditError, Record};
 use crate::config::Config;
 use crate::expiry::Deadlines;
+use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::registry::{
     new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
@@ -88,11 +89,8 @@ struct Lifecycle {
 }
 
 pub(crate) struct Inner {
-    config: Arc<Config>,
-    registry: Registry,
-    sessions: SessionTable,
-    audit: Audit,
-    pool: Pool,
+    /// The handles requests are served with (passed to the server, never this `Gateway`).
+    hub: Arc<Hub>,
     catalog: Mutex<BTreeMap<String, InProcessTool>>,
     lifecycle: Mutex<Lifecycle>,
     /// Owns the server task and stop timers.
@@ -101,23 +99,12 @@ pub(crate) struct Inner {
     /// TTL deadlines; the sweep task expires them.
     deadlines: Arc<Deadlines>,
     sweeper_started: AtomicBool,
-    metrics: Metrics,
 }
 
 /// A cheap-to-clone handle to one gateway.
 #[derive(Clone)]
 pub struct Gateway {
     inner: Arc<Inner>,
-}
-
-/// A handle that does not keep the gateway alive (held by the upstream pool).
-#[derive(Clone)]
-pub(crate) struct WeakGateway(std::sync::Weak<Inner>);
-
-impl WeakGateway {
-    pub(crate) fn upgrade(&self) -> Option<Gateway> {
-        self.0.upgrade().map(|inner| Gateway { inner })
-    }
 }
 
 impl Gateway {
@@ -127,52 +114,47 @@ impl Gateway {
         let audit = Audit::start(&config.audit)?;
         let pool = Pool::new(&config.upstreams, audit.clone())
             .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
-        let gateway = Gateway {
+        Ok(Gateway {
             inner: Arc::new(Inner {
-                sessions: SessionTable::new(config.sessions.clone()),
-                config: Arc::new(config),
-                registry: Registry::default(),
-                audit,
-                pool,
+                hub: Hub::new(config, audit, pool),
                 catalog: Mutex::new(BTreeMap::new()),
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 deadlines: Arc::new(Deadlines::default()),
                 sweeper_started: AtomicBool::new(false),
-                metrics: Metrics::new(),
             }),
-        };
-        gateway
-            .inner
-            .pool
-            .attach(WeakGateway(Arc::downgrade(&gateway.inner)));
-        Ok(gateway)
+        })
+    }
+
+    /// The shared handles.
+    pub(crate) fn hub(&self) -> &Arc<Hub> {
+        &self.inner.hub
     }
 
     /// The upstream connection pool.
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        self.inner.hub.pool()
     }
 
     pub fn config(&self) -> &Arc<Config> {
-        &self.inner.config
+        self.inner.hub.config()
     }
 
     pub fn audit(&self) -> &Audit {
-        &self.inner.audit
+        self.inner.hub.audit()
     }
 
     pub fn registry(&self) -> &Registry {
-        &self.inner.registry
+        self.inner.hub.registry()
     }
 
     pub fn sessions(&self) -> &SessionTable {
-        &self.inner.sessions
+        self.inner.hub.sessions()
     }
 
     pub fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
+        self.inner.hub.metrics()
     }
 
     pub fn deadlines(&self) -> &Deadlines {
@@ -230,7 +212,8 @@ impl Gateway {
         }
         let upstream_tools = self
             .inner
-            .pool
+            .hub
+            .pool()
             .tools_for_grants(&spec.tools)
             .await
             .map_err(GatewayError::InvalidSpec)?;
@@ -242,7 +225,7 @@ impl Gateway {
             let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc)?;
             lc.generation += 1;
-            self.inner.registry.insert(state.clone());
+            self.inner.hub.registry().insert(state.clone());
             lc.server
                 .as_ref()
                 .map(|s| s.base_url.clone())
@@ -250,14 +233,14 @@ impl Gateway {
         };
         let mut rec = lifecycle_record("registration_created", &state);
         rec.tools = Some(state.tools.names());
-        if let Err(e) = self.inner.audit.record(rec).await {
+        if let Err(e) = self.inner.hub.audit().record(rec).await {
             self.close_registration(&state.id, ReleaseReason::Released);
             return Err(e.into());
         }
         if let Some(ttl) = state.ttl_s {
             self.set_deadline(&state, ttl);
         }
-        self.inner.metrics.registration_created();
+        self.inner.hub.metrics().registration_created();
         tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
         Ok(Registration {
             gateway: self.clone(),
@@ -311,7 +294,7 @@ impl Gateway {
             if granted.len() == before {
                 let prefix = pattern.split_once('.').map(|(p, _)| p);
                 return Err(GatewayError::InvalidSpec(match prefix {
-                    Some(p) if self.inner.pool.has_upstream(p) => format!(
+                    Some(p) if self.inner.hub.pool().has_upstream(p) => format!(
                         "grant {pattern:?} matches no tool: upstream {p:?} has no tool by that name"
                     ),
                     Some(p) => format!(
@@ -333,7 +316,7 @@ impl Gateway {
         if self.inner.shutdown.is_cancelled() {
             return Err(GatewayError::ShuttingDown);
         }
-        let addr_s = &self.inner.config.listen;
+        let addr_s = &self.inner.hub.config().listen;
         let bind_err = |source| GatewayError::Bind {
             addr: addr_s.clone(),
             source,
@@ -343,18 +326,20 @@ impl Gateway {
         let addr = std_listener.local_addr().map_err(bind_err)?;
         let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind_err)?;
         let stop = self.inner.shutdown.child_token();
-        let base_url = match &self.inner.config.public_url {
+        let base_url = match &self.inner.hub.config().public_url {
             Some(u) => u.trim_end_matches('/').to_string(),
             None => format!("http://{addr}"),
         };
-        self.inner
-            .tasks
-            .spawn(crate::server::serve(listener, self.clone(), stop.clone()));
+        self.inner.tasks.spawn(crate::server::serve(
+            listener,
+            self.inner.hub.clone(),
+            stop.clone(),
+        ));
         // The idle reaper lives as long as the server (same stop token, same tracker).
-        let reaper_gw = self.clone();
+        let hub = self.inner.hub.clone();
         let reaper_stop = stop.clone();
         self.inner.tasks.spawn(async move {
-            reaper_gw.sessions().run_reaper(reaper_stop).await;
+            hub.sessions().run_reaper(reaper_stop).await;
         });
         lc.starts += 1;
         tracing::info!(%addr, "data server started");
@@ -375,25 +360,28 @@ impl Gateway {
     ) -> Option<Arc<RegistrationState>> {
         let removed = {
             let mut lc = lock(&self.inner.lifecycle);
-            let removed = self.inner.registry.remove(id);
-            if removed.is_some() && self.inner.registry.is_empty() && lc.pins == 0 {
+            let removed = self.inner.hub.registry().remove(id);
+            if removed.is_some() && self.inner.hub.registry().is_empty() && lc.pins == 0 {
                 self.schedule_stop(&mut lc);
             }
             removed
         };
         let state = removed?;
         self.inner.deadlines.remove(id);
-        self.inner.metrics.registration_closed(reason.as_str());
+        self.inner
+            .hub
+            .metrics()
+            .registration_closed(reason.as_str());
         state.cancel.cancel();
         state.calls.close();
-        let closed = self.inner.sessions.close_registration(id);
+        let closed = self.inner.hub.sessions().close_registration(id);
         tracing::info!(registration = %id, sessions = closed, ?reason, "released");
         Some(state)
     }
 
     fn schedule_stop(&self, lc: &mut Lifecycle) {
         let generation = lc.generation;
-        let linger = Duration::from_millis(self.inner.config.linger_ms);
+        let linger = Duration::from_millis(self.inner.hub.config().linger_ms);
         let inner = Arc::downgrade(&self.inner);
         let stop_now = |lc: &mut Lifecycle| {
             if let Some(s) = lc.server.take() {
@@ -410,7 +398,7 @@ impl Gateway {
             let Some(inner) = inner.upgrade() else { return };
             // Lock first, then check: a registration that arrived meanwhile bumped generation.
             let mut lc = lock(&inner.lifecycle);
-            if lc.generation == generation && lc.pins == 0 && inner.registry.is_empty() {
+            if lc.generation == generation && lc.pins == 0 && inner.hub.registry().is_empty() {
                 stop_now(&mut lc);
             }
         });
@@ -437,19 +425,20 @@ impl Gateway {
     /// records `registration_renewed`. `None` if the registration is gone; `Some(None)` if it
     /// has no TTL.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
-        let state = self.inner.registry.get(id)?;
+        let state = self.inner.hub.registry().get(id)?;
         let Some(ttl) = ttl_s.or(state.ttl_s) else {
             return Some(None);
         };
         self.set_deadline(&state, ttl);
         // A release that raced with the renewal wins: do not leave a deadline behind.
-        if self.inner.registry.get(id).is_none() {
+        if self.inner.hub.registry().get(id).is_none() {
             self.inner.deadlines.remove(id);
             return None;
         }
         let _ = self
             .inner
-            .audit
+            .hub
+            .audit()
             .record(lifecycle_record("registration_renewed", &state))
             .await;
         Some(state.expires_at())
@@ -472,24 +461,24 @@ impl Gateway {
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
         let _ = tokio::time::timeout(
             Duration::from_secs(10),
-            self.inner.pool.release_registration(&state.id),
+            self.inner.hub.pool().release_registration(&state.id),
         )
         .await;
         let mut rec = lifecycle_record(reason.event(), state);
         if reason == ReleaseReason::Shutdown {
             rec.reason = Some("shutdown".into());
         }
-        let _ = self.inner.audit.record(rec).await;
+        let _ = self.inner.hub.audit().record(rec).await;
     }
 
     /// Stops everything: releases every registration, closes sessions, stops the server.
     pub async fn shutdown(&self) {
-        for state in self.inner.registry.all() {
+        for state in self.inner.hub.registry().all() {
             self.release_id(&state.id, ReleaseReason::Shutdown).await;
         }
         self.inner.shutdown.cancel();
-        self.inner.sessions.close_all();
-        self.inner.pool.shutdown().await;
+        self.inner.hub.sessions().close_all();
+        self.inner.hub.pool().shutdown().await;
         {
             let mut lc = lock(&self.inner.lifecycle);
             if let Some(s) = lc.server.take() {
@@ -497,7 +486,7 @@ impl Gateway {
             }
         }
         self.inner.tasks.close();
-        let grace = Duration::from_secs(self.inner.config.shutdown_grace_s.max(1));
+        let grace = Duration::from_secs(self.inner.hub.config().shutdown_grace_s.max(1));
         let _ = tokio::time::timeout(grace, self.inner.tasks.wait()).await;
     }
 }

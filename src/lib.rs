@@ -8,26 +8,103 @@
 #![allow(clippy::result_large_err)]
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod audit;
-pub mod call;
+// The public facade is what `pub use` names below, plus the config data types (`config`) and
+// the binary's `cli`; every other module is crate-private. Integration tests and benches that
+// need internals reach them through `testing`.
+mod admin;
+mod audit;
+mod call;
+#[doc(hidden)]
 pub mod cli;
 pub mod config;
-pub mod config_load;
-pub mod demo_upstream;
-pub mod endpoint;
-pub mod expiry;
-pub mod gateway;
-pub mod mcp;
-pub mod metrics;
-pub mod registry;
-pub mod server;
-pub mod session;
+mod config_load;
+mod demo_upstream;
+mod endpoint;
+mod expiry;
+mod gateway;
+mod hub;
+mod mcp;
+mod metrics;
+mod registry;
+mod server;
+mod session;
 mod sync;
-pub mod tools;
-pub mod upstream;
+mod tools;
+mod upstream;
 
-pub use config::Config;
+pub use config::{Config, ConfigError};
 pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
+pub use mcp::LOG_LEVELS;
 pub use registry::{Limits, RegistrationSpec};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
+
+/// Internals the integration tests and benches reach; not part of the public API.
+#[doc(hidden)]
+pub mod testing {
+    use crate::gateway::Gateway;
+
+    pub use crate::endpoint::event_stream::sse_event;
+    pub use crate::endpoint::SESSION_HEADER;
+    pub use crate::mcp::jsonrpc;
+
+    pub mod admin {
+        pub use crate::admin::{router, serve};
+    }
+    pub mod audit {
+        pub use crate::audit::verify;
+        pub use crate::audit::{
+            chain_files, digest_value, head_path, line_hash, read_chain, read_head, read_records,
+            segments, Audit, Record,
+        };
+    }
+    pub mod config_load {
+        pub use crate::config_load::{load_with_env, DEFAULT_CONFIG_PATH};
+    }
+    pub mod demo_upstream {
+        pub use crate::demo_upstream::{serve, serve_echo, HelpdeskOptions};
+    }
+    pub mod registry {
+        pub use crate::registry::{new_registration_id, new_token};
+    }
+    pub mod session {
+        pub use crate::session::{SessionError, SessionTable, Transport};
+    }
+    pub mod upstream {
+        pub use crate::upstream::{
+            ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError,
+            UpstreamEvent,
+        };
+        pub mod pool {
+            pub use crate::upstream::pool::{ForwardCall, ForwardOutcome, Pool};
+        }
+    }
+
+    pub fn pool(gateway: &Gateway) -> &crate::upstream::Pool {
+        gateway.hub().pool()
+    }
+
+    pub fn sessions(gateway: &Gateway) -> &crate::session::SessionTable {
+        gateway.hub().sessions()
+    }
+
+    pub fn registry(gateway: &Gateway) -> &crate::registry::Registry {
+        gateway.hub().registry()
+    }
+
+    pub fn audit(gateway: &Gateway) -> &crate::audit::Audit {
+        gateway.hub().audit()
+    }
+
+    pub fn deadlines(gateway: &Gateway) -> &crate::expiry::Deadlines {
+        gateway.deadlines()
+    }
+
+    /// `notifications/tools/list_changed` to every session of a registration, through the
+    /// same path an upstream's `list_changed` takes. Returns how many sessions got it.
+    pub async fn notify_tools_list_changed(gateway: &Gateway, registration_id: &str) -> usize {
+        gateway
+            .hub()
+            .notify_tools_list_changed(registration_id)
+            .await
+    }
+}

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -23,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::endpoint;
-use crate::gateway::Gateway;
+use crate::hub::Hub;
 
 /// The router of the data listener.
-pub fn router(gateway: Gateway) -> Router {
+pub fn router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/gw/{id}/sse", get(endpoint::sse::open))
@@ -39,13 +40,13 @@ pub fn router(gateway: Gateway) -> Router {
                 .delete(endpoint::streamable_http::delete),
         )
         .fallback(not_found)
-        .with_state(gateway)
+        .with_state(hub)
 }
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
-pub async fn serve(listener: TcpListener, gateway: Gateway, stop: CancellationToken) {
-    let router = TowerToHyperService::new(router(gateway.clone()));
-    let service = service_fn(move |req| dispatch(&gateway, &router, req));
+pub async fn serve(listener: TcpListener, hub: Arc<Hub>, stop: CancellationToken) {
+    let router = TowerToHyperService::new(router(hub.clone()));
+    let service = service_fn(move |req| dispatch(&hub, &router, req));
     serve_http1(listener, service, stop, "data").await;
 }
 
@@ -60,18 +61,10 @@ type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 /// request goes through the router, whose answers (404, 405 with `Allow`, percent-decoded
 /// ids) stay the reference; for the ids routed directly, the router would extract the same
 /// id (there is nothing to decode in `[A-Za-z0-9_-]`).
-fn dispatch(
-    gateway: &Gateway,
-    router: &TowerToHyperService<Router>,
-    req: Request<Incoming>,
-) -> Reply {
+fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Incoming>) -> Reply {
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
-            let (gw, id, req) = (
-                State(gateway.clone()),
-                Path(id.to_string()),
-                req.map(Body::new),
-            );
+            let (gw, id, req) = (State(hub.clone()), Path(id.to_string()), req.map(Body::new));
             return match route {
                 Hot::Mcp => {
                     Box::pin(async move { Ok(endpoint::streamable_http::post(gw, id, req).await) })
@@ -180,7 +173,7 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
-async fn healthz(State(gw): State<Gateway>) -> Json<serde_json::Value> {
+async fn healthz(State(gw): State<Arc<Hub>>) -> Json<serde_json::Value> {
     Json(json!({
         "ok": true,
         "registrations": gw.registry().len(),

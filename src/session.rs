@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SessionConfig;
-use crate::mcp::jsonrpc;
+use crate::mcp::{jsonrpc, log_level_index};
 use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
 
@@ -71,26 +71,6 @@ pub struct Session {
     last_active: Mutex<Instant>,
     /// `logging/setLevel`: 0 = not set (every log passes), else severity index + 1.
     log_level: AtomicU8,
-}
-
-/// RFC 5424 severities as MCP names them, least severe first.
-pub const LOG_LEVELS: [&str; 8] = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
-
-/// The index of a log level in [`LOG_LEVELS`].
-pub fn log_level_index(level: &str) -> Option<u8> {
-    LOG_LEVELS
-        .iter()
-        .position(|l| *l == level)
-        .and_then(|i| u8::try_from(i).ok())
 }
 
 impl Session {
@@ -329,6 +309,34 @@ impl SessionTable {
             s.set_outbound(None);
         }
         removed
+    }
+
+    /// Sends a message on a session's server-to-client stream; a reader stuck past the grace
+    /// (`sessions.slow_reader_grace_ms`) loses its session. Returns whether it was queued.
+    pub async fn deliver(&self, session: &Session, msg: Value) -> bool {
+        let Some(tx) = session.outbound() else {
+            return false;
+        };
+        if session.cancel.is_cancelled() {
+            return false;
+        }
+        // Room in the queue (the usual case): no deadline to set up.
+        let msg = match tx.try_send(msg) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(msg)) => msg,
+        };
+        let grace = Duration::from_millis(self.config.slow_reader_grace_ms);
+        match tx.send_timeout(msg, grace).await {
+            Ok(()) => true,
+            Err(e) => {
+                if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
+                    tracing::warn!(session = %session.id, "slow SSE reader: session closed");
+                    self.close(&session.id);
+                }
+                false
+            }
+        }
     }
 
     /// Closes every session of a registration.

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::jsonrpc;
+use crate::mcp::{jsonrpc, LOG_LEVELS};
 
 /// The boxed future an in-process tool handler returns.
 pub type ToolFuture = Pin<Box<dyn Future<Output = Result<ToolResult, ToolError>> + Send>>;
@@ -70,18 +70,6 @@ pub struct ToolContext {
     /// Where notifications of this call go (its client), if anywhere.
     pub(crate) notify: Option<mpsc::Sender<Value>>,
 }
-
-/// The log levels of `notifications/message` (RFC 5424 severities, as MCP names them).
-pub const LOG_LEVELS: [&str; 8] = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
 
 impl ToolContext {
     /// Sends `notifications/progress` to the caller, if it asked for progress.

@@ -11,12 +11,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use gatehouse::audit::verify::{verify_files, Problem, VerifyOptions};
-use gatehouse::audit::{
+use gatehouse::config::{AuditConfig, FsyncPolicy};
+use gatehouse::testing::audit::verify::{verify_files, Problem, VerifyOptions};
+use gatehouse::testing::audit::{
     chain_files, digest_value, head_path, line_hash, read_chain, read_records, segments, Audit,
     Record,
 };
-use gatehouse::config::{AuditConfig, FsyncPolicy};
 use gatehouse::{Limits, RegistrationSpec};
 use serde_json::{json, Value};
 
@@ -37,7 +37,7 @@ async fn write_records(cfg: &AuditConfig, n: usize) {
     }
 }
 
-fn verify(path: &Path) -> gatehouse::audit::verify::Report {
+fn verify(path: &Path) -> gatehouse::testing::audit::verify::Report {
     verify_files(&chain_files(path).unwrap(), &VerifyOptions::default()).unwrap()
 }
 
@@ -318,7 +318,7 @@ async fn audit_unwritable_refuses_calls_then_resumes_by_itself() {
     swap(Path::new("/dev/full"));
     let m = call_until_refused(&mut c, 1).await;
     assert!(m.contains("audit log unavailable"), "{m}");
-    assert!(!tg.gateway.audit().is_healthy());
+    assert!(!gatehouse::testing::audit(&tg.gateway).is_healthy());
     let r = c.call("echo", json!({"text":"2"})).await;
     assert!(r["error"]["message"]
         .as_str()
@@ -326,12 +326,12 @@ async fn audit_unwritable_refuses_calls_then_resumes_by_itself() {
         .contains("tool calls are refused"));
     // Still refused while it cannot write (the writer keeps trying by itself).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!tg.gateway.audit().is_healthy());
-    assert!(tg.gateway.audit().stats().failures >= 3);
+    assert!(!gatehouse::testing::audit(&tg.gateway).is_healthy());
+    assert!(gatehouse::testing::audit(&tg.gateway).stats().failures >= 3);
 
     swap(&path.with_file_name("real.jsonl"));
     assert!(
-        wait_healthy(tg.gateway.audit(), true).await,
+        wait_healthy(gatehouse::testing::audit(&tg.gateway), true).await,
         "did not resume"
     );
     assert_eq!(text_of(&c.call("echo", json!({"text":"3"})).await), "e:3");
@@ -400,10 +400,10 @@ async fn audit_on_a_full_filesystem_refuses_calls_then_resumes() {
     }
     let m = call_until_refused(&mut c, 40).await;
     assert!(m.contains("audit log unavailable"), "{m}");
-    assert!(!tg.gateway.audit().is_healthy());
+    assert!(!gatehouse::testing::audit(&tg.gateway).is_healthy());
     std::fs::remove_file(&filler).unwrap();
     assert!(
-        wait_healthy(tg.gateway.audit(), true).await,
+        wait_healthy(gatehouse::testing::audit(&tg.gateway), true).await,
         "did not resume"
     );
     assert_eq!(text_of(&c.call("echo", json!({"text":"2"})).await), "e:2");
@@ -1114,7 +1114,7 @@ async fn head_catches_up_with_the_last_record_while_running() {
         }
         let mut head = None;
         for _ in 0..100 {
-            head = gatehouse::audit::read_head(&path).unwrap();
+            head = gatehouse::testing::audit::read_head(&path).unwrap();
             if head.as_ref().is_some_and(|h| h.seq == 50) {
                 break;
             }
@@ -1123,7 +1123,11 @@ async fn head_catches_up_with_the_last_record_while_running() {
         let head = head.expect("no head");
         assert_eq!(head.seq, 50, "{fsync:?}: head stale while running");
         let last = lines(&path).pop().unwrap();
-        assert_eq!(head.hash, gatehouse::audit::line_hash(&last), "{fsync:?}");
+        assert_eq!(
+            head.hash,
+            gatehouse::testing::audit::line_hash(&last),
+            "{fsync:?}"
+        );
         drop(audit);
     }
 }

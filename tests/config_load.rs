@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gatehouse::config::Sharing;
-use gatehouse::config_load::{load_with_env, DEFAULT_CONFIG_PATH};
+use gatehouse::testing::config_load::{load_with_env, DEFAULT_CONFIG_PATH};
 
 fn shipped() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_CONFIG_PATH)

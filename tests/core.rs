@@ -297,7 +297,7 @@ async fn release_is_immediate_and_total() {
         .position(|r| r.event == "registration_released")
         .unwrap();
     assert!(pos_call < pos_rel);
-    assert_eq!(tg.gateway.sessions().len(), 0);
+    assert_eq!(gatehouse::testing::sessions(&tg.gateway).len(), 0);
 }
 
 #[tokio::test]
@@ -311,7 +311,7 @@ async fn dropping_the_guard_releases() {
     let (url, token) = (reg.sse_url(), reg.token().to_string());
     let mut c = SseClient::connect(&url, &token).await;
     drop(reg);
-    assert_eq!(tg.gateway.registry().len(), 0);
+    assert_eq!(gatehouse::testing::registry(&tg.gateway).len(), 0);
     assert!(c.next_message(5).await.is_none(), "stream ended");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(tg

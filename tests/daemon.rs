@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use gatehouse::audit::{read_records, Record};
+use gatehouse::testing::audit::{read_records, Record};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -49,7 +49,7 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let marker = gatehouse::registry::new_registration_id();
+        let marker = gatehouse::testing::registry::new_registration_id();
         let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
             .args(["serve", "--test-tools", "--config"])
             .arg(&config)
@@ -747,7 +747,7 @@ async fn sigterm_under_load_loses_no_acknowledged_call() {
                     match c.next_message(5).await {
                         Some(m) if m["id"] == json!(n) && m["result"].is_object() => {
                             assert_eq!(text_of(&m), format!("{agent}:{text}"));
-                            acked.push((agent.clone(), gatehouse::audit::digest_value(&args)));
+                            acked.push((agent.clone(), gatehouse::testing::audit::digest_value(&args)));
                         }
                         _ => break,
                     }

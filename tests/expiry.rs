@@ -67,11 +67,11 @@ async fn unrenewed_lease_expires_and_renewal_moves_it() {
     )
     .await
     .unwrap();
-    assert_eq!(gw.deadlines().len(), 2);
+    assert_eq!(gatehouse::testing::deadlines(gw).len(), 2);
 
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(
-        gw.registry().get(&short_id).is_none(),
+        gatehouse::testing::registry(gw).get(&short_id).is_none(),
         "3 s lease expired at 5 s"
     );
     assert!(wait_for_event(&tg, "registration_expired", &short_id));
@@ -81,12 +81,12 @@ async fn unrenewed_lease_expires_and_renewal_moves_it() {
     assert!(wait_for_event(&tg, "registration_renewed", &id));
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(
-        gw.registry().get(&id).is_some(),
+        gatehouse::testing::registry(gw).get(&id).is_some(),
         "renewed lease still alive at 12 s"
     );
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(
-        gw.registry().get(&id).is_none(),
+        gatehouse::testing::registry(gw).get(&id).is_none(),
         "renewed lease expired by 16 s"
     );
     assert!(wait_for_event(&tg, "registration_expired", &id));
@@ -94,13 +94,13 @@ async fn unrenewed_lease_expires_and_renewal_moves_it() {
     assert!(without_advance(gw.renew(&id, Some(30))).await.is_none());
     // No TTL: never expires, and renewing without a ttl keeps it lease-less.
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert!(gw.registry().get(forever.id()).is_some());
+    assert!(gatehouse::testing::registry(gw).get(forever.id()).is_some());
     assert_eq!(
         without_advance(gw.renew(forever.id(), None)).await,
         Some(None)
     );
     assert_eq!(
-        gw.deadlines().len(),
+        gatehouse::testing::deadlines(gw).len(),
         0,
         "lease table does not keep expired entries"
     );

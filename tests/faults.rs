@@ -243,7 +243,10 @@ async fn a_slow_sse_reader_loses_its_session_and_others_are_unaffected() {
             "fast:x"
         );
         served += 1;
-        if tg.gateway.sessions().sessions_of(slow.id()).is_empty() {
+        if gatehouse::testing::sessions(&tg.gateway)
+            .sessions_of(slow.id())
+            .is_empty()
+        {
             closed_after = Some(t.elapsed());
             break;
         }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use gatehouse::demo_upstream::{serve, serve_echo, HelpdeskOptions};
+use gatehouse::testing::demo_upstream::{serve, serve_echo, HelpdeskOptions};
 use serde_json::{json, Value};
 use tokio::io::{
     AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf, WriteHalf,

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use gatehouse::endpoint::sse::sse_event;
-use gatehouse::mcp::jsonrpc;
+use gatehouse::testing::jsonrpc;
+use gatehouse::testing::sse_event;
 use gatehouse::RegistrationSpec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -800,9 +800,9 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
     let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = format!("http://{}", admin_listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(gatehouse::admin::serve(
+    tokio::spawn(gatehouse::testing::admin::serve(
         admin_listener,
-        gatehouse::admin::router(tg.gateway.clone(), ADMIN_TOKEN),
+        gatehouse::testing::admin::router(tg.gateway.clone(), ADMIN_TOKEN),
         stop.clone(),
     ));
     let b_session = streamable_session(&b.mcp_url(), b.token()).await;
@@ -933,7 +933,7 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
     // Requests before initialize, on every kind of session.
     let mut before_init = 0;
     for method in ["tools/list", "tools/call"] {
-        let fresh = gatehouse::endpoint::streamable_http::SESSION_HEADER;
+        let fresh = gatehouse::testing::SESSION_HEADER;
         // A streamable session id is minted only by initialize: any other request without one is 400.
         let r = client
             .post(fx.a.mcp_url())

@@ -140,8 +140,8 @@ async fn python_sdk_sse_streamable_and_probing_client() {
     assert!(transports.contains(&"sse".to_string()), "{transports:?}");
     // Every Python session is gone or idle; nothing stateless was left behind.
     assert!(
-        tg.gateway.sessions().len() <= 2,
+        gatehouse::testing::sessions(&tg.gateway).len() <= 2,
         "{}",
-        tg.gateway.sessions().len()
+        gatehouse::testing::sessions(&tg.gateway).len()
     );
 }

@@ -47,7 +47,7 @@ def strip_tests(text):
     # Drop `#[cfg(test)] mod … { … }` blocks (brace matching on code without strings is
     # enough here) and comments.
     out, i = [], 0
-    for m in re.finditer(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", text):
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", text):
         if m.start() < i:
             continue
         out.append(text[i:m.start()])

@@ -88,7 +88,7 @@ async fn leased_registrations_share_one_connection_and_keep_their_own_cases() {
         .await
         .unwrap();
     assert_eq!(
-        gw.gateway.pool().effective_sharing("helpdesk"),
+        gatehouse::testing::pool(&gw.gateway).effective_sharing("helpdesk"),
         Some(Sharing::Leased)
     );
     let (mut ca, mut cb) = (client(&a).await, client(&b).await);
@@ -130,7 +130,7 @@ async fn leased_registrations_share_one_connection_and_keep_their_own_cases() {
     assert_ne!(structured(&la)["lease"], structured(&lb)["lease"]);
 
     // One process, one epoch; request ids on it are distinct across registrations.
-    assert_eq!(gw.gateway.pool().pids().len(), 1);
+    assert_eq!(gatehouse::testing::pool(&gw.gateway).pids().len(), 1);
     let calls = gw.calls();
     assert_eq!(calls.len(), 10);
     let ids: BTreeSet<u64> = calls
@@ -204,7 +204,7 @@ async fn leased_without_the_extension_falls_back_to_per_registration() {
         .await
         .unwrap();
     assert_eq!(
-        gw.gateway.pool().effective_sharing("helpdesk"),
+        gatehouse::testing::pool(&gw.gateway).effective_sharing("helpdesk"),
         Some(Sharing::PerRegistration)
     );
     let (mut ca, mut cb) = (client(&a).await, client(&b).await);
@@ -216,10 +216,10 @@ async fn leased_without_the_extension_falls_back_to_per_registration() {
     assert_eq!(structured(&lb)["notes"], json!([]), "a's note leaked to b");
     let la = ca.call("helpdesk.list_notes", json!({})).await;
     assert_eq!(structured(&la)["notes"], json!(["from a"]));
-    assert_eq!(gw.gateway.pool().pids().len(), 2);
+    assert_eq!(gatehouse::testing::pool(&gw.gateway).pids().len(), 2);
 
     // Per-registration children die with their registration.
-    let pids = gw.gateway.pool().pids();
+    let pids = gatehouse::testing::pool(&gw.gateway).pids();
     a.release().await;
     b.release().await;
     assert!(wait_until(5, || pids.iter().all(|p| !alive(*p))).await);
@@ -324,7 +324,7 @@ async fn release_cancels_a_slow_note_before_the_lease_goes() {
     assert_eq!(rec.outcome.as_deref(), Some("cancelled"));
     assert!(rec.upstream_request_id.is_some());
     // The shared connection stays for the other registration.
-    assert_eq!(gw.gateway.pool().pids().len(), 1);
+    assert_eq!(gatehouse::testing::pool(&gw.gateway).pids().len(), 1);
     eprintln!("release took {release_took:?}");
     assert!(release_took < Duration::from_secs(3));
     keep.release().await;
@@ -346,7 +346,7 @@ async fn killed_child_fails_the_call_at_once_and_the_next_call_respawns() {
         .unwrap();
     let mut ca = client(&a).await;
     ca.call("helpdesk.open_case", json!({"title": "t"})).await;
-    let pid = gw.gateway.pool().pids()[0];
+    let pid = gatehouse::testing::pool(&gw.gateway).pids()[0];
     ca.post(json!({"jsonrpc":"2.0","id":77,"method":"tools/call",
                    "params":{"name":"helpdesk.add_note_slow","arguments":{"text":"x"}}}))
         .await;
@@ -469,12 +469,12 @@ async fn no_child_process_remains_after_everything_is_released() {
         c.call("forked.open_case", json!({"title": "t"})).await;
         regs.push(r);
     }
-    assert_eq!(gw.gateway.pool().pids().len(), 7);
+    assert_eq!(gatehouse::testing::pool(&gw.gateway).pids().len(), 7);
     for r in regs {
         r.release().await;
     }
     // Per-registration children are gone with their registrations; the leased one stays warm.
-    assert_eq!(gw.gateway.pool().pids().len(), 1);
+    assert_eq!(gatehouse::testing::pool(&gw.gateway).pids().len(), 1);
     gw.gateway.shutdown().await;
     // Every child led its own process group: no member of any group (grandchildren included) is left.
     let pids = spawned_pids(&gw);
@@ -486,7 +486,7 @@ async fn no_child_process_remains_after_everything_is_released() {
         "process groups left: {:?}",
         pids.iter().filter(|p| group_alive(p)).collect::<Vec<_>>()
     );
-    assert!(gw.gateway.pool().pids().is_empty());
+    assert!(gatehouse::testing::pool(&gw.gateway).pids().is_empty());
 }
 
 #[tokio::test]
@@ -495,7 +495,7 @@ async fn idle_connections_are_evicted_but_never_with_an_open_lease_or_a_call() {
         helpdesk("plain", "shared", &["--slow-ms", "1000"], ""),
         helpdesk("leasing", "leased", &[], ""),
     ]);
-    let pool = gw.gateway.pool().clone();
+    let pool = gatehouse::testing::pool(&gw.gateway).clone();
     let a = gw
         .gateway
         .register(
@@ -550,7 +550,7 @@ async fn idle_reaper_evicts_on_its_own() {
         .register(RegistrationSpec::new("agent-a").grant("plain.*"))
         .await
         .unwrap();
-    let pid = gw.gateway.pool().pids()[0];
+    let pid = gatehouse::testing::pool(&gw.gateway).pids()[0];
     let started = Instant::now();
     assert!(
         wait_until(5, || !alive(pid)).await,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{http, spawn_sse_reader, text_of, SseClient, TestGateway};
 use gatehouse::config::UpstreamConfig;
-use gatehouse::upstream::pool::{ForwardCall, ForwardOutcome, Pool};
+use gatehouse::testing::upstream::pool::{ForwardCall, ForwardOutcome, Pool};
 use gatehouse::RegistrationSpec;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -196,7 +196,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
         idle_helpdesk("busy", "shared"),
         idle_helpdesk("leasing", "leased"),
     ]);
-    let pool = gw.gateway.pool().clone();
+    let pool = gatehouse::testing::pool(&gw.gateway).clone();
     let reg = without_advance(
         gw.gateway.register(
             RegistrationSpec::new("a")
@@ -207,7 +207,9 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
     )
     .await
     .unwrap();
-    let state = gw.gateway.registry().get(reg.id()).unwrap();
+    let state = gatehouse::testing::registry(&gw.gateway)
+        .get(reg.id())
+        .unwrap();
     assert_eq!(pool.pids().len(), 3);
 
     // An open lease on "leasing"; a case on "busy" (its slow note needs one).
@@ -497,9 +499,9 @@ async fn admin_upstreams_shows_the_live_connection_during_a_slow_call() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    let server = tokio::spawn(gatehouse::admin::serve(
+    let server = tokio::spawn(gatehouse::testing::admin::serve(
         listener,
-        gatehouse::admin::router(gw.gateway.clone(), "admin-secret"),
+        gatehouse::testing::admin::router(gw.gateway.clone(), "admin-secret"),
         stop.clone(),
     ));
     let reg = gw
@@ -516,7 +518,7 @@ async fn admin_upstreams_shows_the_live_connection_during_a_slow_call() {
                      "params":{"name":"helpdesk.add_note_slow","arguments":{"text":"x"}}}))
         .await;
     assert_eq!(resp.status(), 202);
-    let pool = gw.gateway.pool().clone();
+    let pool = gatehouse::testing::pool(&gw.gateway).clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while in_flight(&pool, "helpdesk") == 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

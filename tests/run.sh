@@ -5,6 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== peers (Python mcp SDK, TypeScript SDK, server-everything) =="
 bash tests/peers/setup.sh --conformance
+# --- issue 16: static checks first, so they fail fast (format, lints, module graph) ---
+echo "== cargo fmt --check =="
+cargo fmt --check
+echo "== cargo clippy (all targets, warnings denied) =="
+cargo clippy --locked --all-targets -- -D warnings
+echo "== module graph (no import circle; layering as ARCHITECTURE.md says) =="
+python3 tests/modgraph.py
+# --- end issue 16 ---
 echo "== cargo test =="
 cargo test --locked --all-targets
 echo "== official MCP conformance suite, directly and through the gateway =="

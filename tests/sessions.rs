@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use gatehouse::session::{SessionError, Transport};
+use gatehouse::testing::session::{SessionError, Transport};
 use gatehouse::RegistrationSpec;
 use serde_json::{json, Value};
 
@@ -30,8 +30,10 @@ async fn reaper_closes_idle_sessions_through_the_close_path() {
         .register(RegistrationSpec::new("a").with_tool(echo_tool("e", "A")))
         .await
         .unwrap();
-    let state = tg.gateway.registry().get(reg.id()).unwrap();
-    let table = tg.gateway.sessions();
+    let state = gatehouse::testing::registry(&tg.gateway)
+        .get(reg.id())
+        .unwrap();
+    let table = gatehouse::testing::sessions(&tg.gateway);
     let idle = table.create(&state, Transport::StreamableHttp).unwrap();
     let touched = table.create(&state, Transport::StreamableHttp).unwrap();
     let busy = table.create(&state, Transport::StreamableHttp).unwrap();
@@ -99,10 +101,14 @@ async fn caps_evict_the_oldest_idle_session_or_refuse() {
         .await
         .unwrap();
     let (sa, sb) = (
-        tg.gateway.registry().get(a.id()).unwrap(),
-        tg.gateway.registry().get(b.id()).unwrap(),
+        gatehouse::testing::registry(&tg.gateway)
+            .get(a.id())
+            .unwrap(),
+        gatehouse::testing::registry(&tg.gateway)
+            .get(b.id())
+            .unwrap(),
     );
-    let t = tg.gateway.sessions();
+    let t = gatehouse::testing::sessions(&tg.gateway);
     let a1 = t.create(&sa, Transport::StreamableHttp).unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let a2 = t.create(&sa, Transport::StreamableHttp).unwrap();
@@ -322,14 +328,14 @@ async fn ten_thousand_failed_or_abandoned_attempts_leave_no_trace() {
     };
     run(0, 1000).await; // warm-up: allocator pools, connection pool
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (sessions_before, rss_before) = (tg.gateway.sessions().len(), rss_kb());
+    let (sessions_before, rss_before) = (gatehouse::testing::sessions(&tg.gateway).len(), rss_kb());
     run(1000, 11_000).await;
     assert!(
-        tg.gateway.sessions().len() <= 32,
+        gatehouse::testing::sessions(&tg.gateway).len() <= 32,
         "abandoned sessions are bounded by the cap"
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (sessions_after, rss_after) = (tg.gateway.sessions().len(), rss_kb());
+    let (sessions_after, rss_after) = (gatehouse::testing::sessions(&tg.gateway).len(), rss_kb());
     eprintln!(
         "10,000 attempts: sessions {sessions_before} -> {sessions_after}, RSS {rss_before} kB -> {rss_after} kB"
     );

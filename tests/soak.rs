@@ -337,7 +337,7 @@ impl Fail {
 /// Only the test releases a registration without a lease (and it sets `released` first); only
 /// the lease sweep removes a leased one while its agents run (the test releases it after).
 fn cause(reg: &RegInfo) -> &'static str {
-    if reg.gw.registry().get(&reg.id).is_some() {
+    if gatehouse::testing::registry(&reg.gw).get(&reg.id).is_some() {
         UNEXPLAINED
     } else if reg.released.load(Ordering::SeqCst) {
         RELEASED
@@ -780,9 +780,13 @@ async fn soak() {
     phase(&gw, &t, until, "").await;
     // Everything is released: no session, no per-registration child, fds back.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(gw.registry().len(), 0, "registrations left");
     assert_eq!(
-        gw.sessions().len(),
+        gatehouse::testing::registry(&gw).len(),
+        0,
+        "registrations left"
+    );
+    assert_eq!(
+        gatehouse::testing::sessions(&gw).len(),
         0,
         "sessions outlived their registrations"
     );
@@ -812,7 +816,7 @@ async fn soak() {
     let audit = std::fs::File::open(tg.audit_path()).unwrap();
     for line in std::io::BufRead::lines(std::io::BufReader::new(audit)) {
         let line = line.unwrap();
-        let Ok(r) = serde_json::from_str::<gatehouse::audit::Record>(&line) else {
+        let Ok(r) = serde_json::from_str::<gatehouse::testing::audit::Record>(&line) else {
             continue;
         };
         if r.event != "governed_mcp_call" {
@@ -1073,7 +1077,7 @@ async fn phase(gw: &Gateway, t: &Arc<Tally>, until: Instant, prefix: &'static st
                     let _ = a.await;
                 }
                 if expire {
-                    if gw.registry().get(&info.id).is_none() {
+                    if gatehouse::testing::registry(&gw).get(&info.id).is_none() {
                         t.expiries.fetch_add(1, Ordering::Relaxed);
                     }
                     // Make sure it is gone (the lease may still be ticking when the agents stop).

@@ -316,12 +316,16 @@ async fn standard_assertions(kind: Kind) {
     }
     if matches!(kind, Kind::Stateless) {
         assert_eq!(
-            tg.gateway.sessions().len(),
+            gatehouse::testing::sessions(&tg.gateway).len(),
             0,
             "stateless requests create no session"
         );
     } else {
-        assert_eq!(tg.gateway.sessions().len(), 2, "{kind:?}");
+        assert_eq!(
+            gatehouse::testing::sessions(&tg.gateway).len(),
+            2,
+            "{kind:?}"
+        );
     }
 
     // Release is immediate and total: every path answers 404, sessions are gone.
@@ -337,7 +341,7 @@ async fn standard_assertions(kind: Kind) {
         .unwrap();
     assert_eq!(resp.status(), 404, "{kind:?}");
     assert_eq!(
-        tg.gateway.sessions().count_for(&a_id),
+        gatehouse::testing::sessions(&tg.gateway).count_for(&a_id),
         0,
         "{kind:?}: no session of a released registration"
     );
@@ -474,7 +478,7 @@ async fn handshake_era_session_rules() {
     let (mut events, task) = spawn_sse_reader(get);
     let second = c.get_stream().send().await.unwrap();
     assert_eq!(second.status(), 409);
-    let n = gatehouse::endpoint::streamable_http::notify_tools_list_changed(&tg.gateway, a.id());
+    let n = gatehouse::testing::notify_tools_list_changed(&tg.gateway, a.id()).await;
     assert_eq!(n, 1, "one session, one stream");
     let (_, data) = tokio::time::timeout(Duration::from_secs(5), events.recv())
         .await
@@ -491,7 +495,7 @@ async fn handshake_era_session_rules() {
     assert_eq!(ev, "closed");
     task.abort();
     assert_eq!(c.post(ping.clone()).await.0, 404);
-    assert_eq!(tg.gateway.sessions().len(), 0);
+    assert_eq!(gatehouse::testing::sessions(&tg.gateway).len(), 0);
 
     // 2025-03-26: batches are accepted.
     let old = HttpMcp::initialize(&a.mcp_url(), a.token(), "2025-03-26").await;
@@ -685,7 +689,11 @@ async fn stateless_rules() {
     ];
     let (s, v) = raw(h, ping).await;
     assert_eq!((s, v["error"]["code"].clone()), (404, json!(-32601)));
-    assert_eq!(tg.gateway.sessions().len(), 0, "no session was created");
+    assert_eq!(
+        gatehouse::testing::sessions(&tg.gateway).len(),
+        0,
+        "no session was created"
+    );
 
     // Closing the response stream cancels the call.
     let slow = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"ms":3000},"_meta":{

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
-use gatehouse::upstream::{
+use gatehouse::testing::upstream::{
     ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
 };
 use nix::errno::Errno;

@@ -31,7 +31,7 @@ pub fn run(a: DemoUpstreamArgs) -> ExitCode {
         lease_extension: !a.no_lease,
         slow_ms: a.slow_ms,
     };
-    let code = match super::runtime() {
+    let code = match super::runtime::runtime() {
         Ok(rt) => finish(rt.block_on(run_stdio(opts))),
         Err(e) => finish(Err(e.into())),
     };
@@ -40,7 +40,7 @@ pub fn run(a: DemoUpstreamArgs) -> ExitCode {
 }
 
 pub fn run_echo() -> ExitCode {
-    let code = match super::runtime() {
+    let code = match super::runtime::runtime() {
         Ok(rt) => finish(rt.block_on(run_echo_stdio())),
         Err(e) => finish(Err(e.into())),
     };

@@ -8,6 +8,7 @@ pub mod list;
 pub mod register;
 pub mod release;
 pub mod renew;
+pub mod runtime;
 pub mod serve;
 pub mod test_tools;
 
@@ -47,16 +48,6 @@ pub enum Command {
     EchoUpstream,
 }
 
-/// Logs go to stderr (stdout belongs to stdio JSON-RPC and audit lines); filter from RUST_LOG.
-pub fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
@@ -70,13 +61,6 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::DemoUpstream(a) => demo_upstream::run(a),
         Command::EchoUpstream => demo_upstream::run_echo(),
     }
-}
-
-/// A multi-threaded runtime for a verb.
-pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
 }
 
 // Unit tests only (never built into the daemon): a panic here is the test failing.

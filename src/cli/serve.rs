@@ -27,7 +27,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> ExitCode {
-    super::init_logging("info");
+    super::runtime::init_logging("info");
     let path = config_load::resolve_path(a.config);
     // Validated before anything binds.
     let config = match config_load::load(&path) {

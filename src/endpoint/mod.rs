@@ -2,6 +2,8 @@
 //! the transports (`sse`: legacy HTTP+SSE; `streamable_http`: Streamable HTTP, both eras,
 //! with its stateless 2026-07-28 half in `stateless`).
 
+pub mod event_stream;
+pub mod reply;
 pub mod sse;
 pub mod stateless;
 pub mod streamable_http;
@@ -9,14 +11,27 @@ pub mod streamable_http;
 use std::sync::Arc;
 
 use axum::body::Body;
+use axum::http::header::{AsHeaderName, HeaderName};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::hub::Hub;
 use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
+
+/// `Mcp-Session-Id` and `MCP-Protocol-Version`.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+/// The same names as `HeaderName`s, for lookups: a lookup by `&str` parses and checks the
+/// name every time.
+pub(crate) static SESSION_NAME: HeaderName = HeaderName::from_static(SESSION_HEADER);
+pub(crate) static VERSION_NAME: HeaderName = HeaderName::from_static(VERSION_HEADER);
+/// A header's value as text (None if absent or not visible ASCII).
+pub fn header_str(headers: &HeaderMap, name: impl AsHeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
 
 /// An HTTP error whose body is a JSON-RPC error with a null id.
 pub fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
@@ -139,7 +154,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// The checks every agent request passes, in order: Host and Origin (403), registration
 /// (404), token (401). The token is compared with this registration's token only.
 pub fn authorize(
-    gw: &Gateway,
+    gw: &Hub,
     id: &str,
     headers: &HeaderMap,
 ) -> Result<Arc<RegistrationState>, Response> {

@@ -10,11 +10,11 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
-use super::json_response;
-use super::streamable_http::{header_str, reply, ReplyOpts, SESSION_NAME, VERSION_NAME};
-use crate::gateway::Gateway;
-use crate::mcp::dispatch::{self, RequestCtx};
+use super::reply::{reply, ReplyOpts};
+use super::{header_str, json_response, SESSION_NAME, VERSION_NAME};
+use crate::hub::Hub;
 use crate::mcp::jsonrpc::{self, Message, RpcError};
+use crate::mcp::request::RequestCtx;
 use crate::mcp::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::registry::RegistrationState;
 use crate::session::Transport;
@@ -106,7 +106,7 @@ fn mirror(headers: &HeaderMap, name: &HeaderName, expected: &str) -> Result<(), 
 
 /// Handles one stateless message (or why it is not a valid one).
 pub async fn handle(
-    gw: Gateway,
+    gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
     headers: HeaderMap,
     msg: Result<Message, RpcError>,
@@ -216,11 +216,10 @@ pub async fn handle(
         );
     }
     let ctx = RequestCtx {
-        gateway: gw.clone(),
+        hub: gw.clone(),
         registration: reg.clone(),
         session: None,
         transport: Transport::Stateless,
-        protocol_version: MODERN_VERSION,
         notify: None,
     };
     if method == "server/discover" {
@@ -254,7 +253,7 @@ async fn discover(ctx: &RequestCtx) -> Value {
     json!({
         "supportedVersions": ALL_VERSIONS,
         "capabilities": caps,
-        "serverInfo": dispatch::server_info(),
+        "serverInfo": crate::mcp::server_info(),
         "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
 }
@@ -266,7 +265,7 @@ fn finish(mut reply: Value, method: &str) -> Value {
         let meta = r.entry("_meta").or_insert_with(|| json!({}));
         if let Value::Object(m) = meta {
             m.entry(META_SERVER_INFO)
-                .or_insert_with(dispatch::server_info);
+                .or_insert_with(crate::mcp::server_info);
         }
         let ttl = match method {
             "server/discover" => Some(DISCOVER_TTL_MS),

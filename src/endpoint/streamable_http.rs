@@ -11,46 +11,36 @@
 //! the response). Fast calls therefore get plain JSON.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{AsHeaderName, HeaderName};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::sse::sse_json;
-use super::{authorize, http_error, is_json, json_response, read_body};
-use crate::gateway::Gateway;
-use crate::mcp::dispatch::{self, RequestCtx};
+use super::event_stream;
+use super::reply::{reply, ReplyOpts};
+use super::{
+    authorize, header_str, http_error, is_json, json_response, read_body, SESSION_HEADER,
+    SESSION_NAME, VERSION_HEADER, VERSION_NAME,
+};
+use crate::hub::Hub;
+use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
+use crate::mcp::request::RequestCtx;
 use crate::mcp::LEGACY_VERSIONS;
-use crate::registry::{random_b64, RegistrationState};
+use crate::registry::RegistrationState;
 use crate::session::{Session, Transport};
 
-pub const SESSION_HEADER: &str = "mcp-session-id";
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
-/// The same names as `HeaderName`s, for lookups: a lookup by `&str` parses and checks the
-/// name every time.
-pub(crate) static SESSION_NAME: HeaderName = HeaderName::from_static(SESSION_HEADER);
-pub(crate) static VERSION_NAME: HeaderName = HeaderName::from_static(VERSION_HEADER);
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
 const ASSUMED_VERSION: &str = "2025-03-26";
 /// Batches are accepted from this revision only.
 const BATCH_VERSION: &str = "2025-03-26";
 /// Priming events (empty data with an id) go to clients at this revision or later.
 const PRIMING_SINCE: &str = "2025-11-25";
-
-/// A header's value as text (None if absent or not visible ASCII).
-pub fn header_str(headers: &HeaderMap, name: impl AsHeaderName) -> Option<&str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
 
 /// Does `Accept` list both `application/json` and `text/event-stream`?
 fn accepts(headers: &HeaderMap, json: bool, sse: bool) -> bool {
@@ -86,7 +76,7 @@ fn accepted() -> Response {
 /// The session a handshake-era request names, scoped to its registration (400 / 404).
 /// It is looked up only after `authorize`, and touched only then.
 fn require_session(
-    gw: &Gateway,
+    gw: &Hub,
     reg: &RegistrationState,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Response> {
@@ -122,7 +112,7 @@ fn legacy_version(headers: &HeaderMap) -> Result<&str, Response> {
 /// `POST /gw/<id>/mcp`. Takes the whole request (not a `HeaderMap` extractor, which clones
 /// every header) and keeps its headers.
 pub async fn post(
-    State(gw): State<Gateway>,
+    State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     request: axum::extract::Request,
 ) -> Response {
@@ -167,7 +157,7 @@ pub async fn post(
 /// A body the direct parse left alone: parsed into a `Value`, then classified (which words
 /// the errors).
 async fn post_general(
-    gw: Gateway,
+    gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
     headers: HeaderMap,
     bytes: Bytes,
@@ -191,7 +181,7 @@ async fn post_general(
 
 /// A handshake-era message (or why it is not a valid one: reported after the version check).
 async fn legacy_single(
-    gw: Gateway,
+    gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
     headers: &HeaderMap,
     msg: Result<Message, jsonrpc::RpcError>,
@@ -238,13 +228,12 @@ async fn legacy_single(
     }
 }
 
-fn session_ctx(gw: &Gateway, reg: &Arc<RegistrationState>, session: &Arc<Session>) -> RequestCtx {
+fn session_ctx(gw: &Arc<Hub>, reg: &Arc<RegistrationState>, session: &Arc<Session>) -> RequestCtx {
     RequestCtx {
-        gateway: gw.clone(),
+        hub: gw.clone(),
         registration: reg.clone(),
         session: Some(session.clone()),
         transport: Transport::StreamableHttp,
-        protocol_version: session.protocol_version().unwrap_or(ASSUMED_VERSION),
         notify: None,
     }
 }
@@ -252,7 +241,7 @@ fn session_ctx(gw: &Gateway, reg: &Arc<RegistrationState>, session: &Arc<Session
 /// `initialize`: mints a session bound to the registration. The session enters the table
 /// only if the handshake succeeds; a failed one is closed at once.
 async fn initialize(
-    gw: Gateway,
+    gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
     id: Value,
     params: Option<Value>,
@@ -292,7 +281,7 @@ async fn initialize(
 
 /// A JSON-RPC batch (2025-03-26 only): every reply in one JSON array.
 async fn legacy_batch(
-    gw: Gateway,
+    gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
     headers: &HeaderMap,
     items: Vec<Value>,
@@ -342,7 +331,7 @@ async fn legacy_batch(
                 dispatch::handle_notification(&ctx, &method, params.as_ref())
             }
             Ok(Message::Response { id, body }) => {
-                ctx.gateway
+                ctx.hub
                     .pool()
                     .client_response(&ctx.registration.id, &session.id, &id, &body);
             }
@@ -353,247 +342,6 @@ async fn legacy_batch(
         return accepted();
     }
     json_response(StatusCode::OK, &Value::Array(replies))
-}
-
-/// How a request's reply is framed.
-pub(crate) struct ReplyOpts {
-    /// Send a priming event (empty data with an id) first (clients at ≥ 2025-11-25).
-    pub priming: bool,
-    /// Cancel the call when the response is dropped (stateless: disconnect = cancel).
-    pub cancel_on_drop: bool,
-    pub method: String,
-    /// Applied to the final response (stateless: `resultType`, cache fields).
-    pub finish: Option<fn(Value, &str) -> Value>,
-}
-
-/// Cancels a call when dropped, unless disarmed (the call finished).
-struct CancelOnDrop(Option<CancellationToken>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(t) = self.0.take() {
-            t.cancel();
-        }
-    }
-}
-
-enum First {
-    Done(Option<Value>),
-    Stream(Option<Value>),
-}
-
-type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Value>> + Send>>;
-
-/// A call's work (tracked by the registration's `calls` tracker), polled by the request that
-/// started it: no task hop between the call and its response. If the response goes away
-/// before the work ends (the client disconnected), the rest of the work is spawned, so the
-/// call still ends properly — it runs on, or (stateless) sees its cancellation, tells the
-/// upstream and is audited.
-struct CallWork(Option<WorkFuture>);
-
-impl std::future::Future for CallWork {
-    type Output = Option<Value>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Value>> {
-        let Some(work) = self.0.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let out = work.as_mut().poll(cx);
-        if out.is_ready() {
-            self.0 = None;
-        }
-        out
-    }
-}
-
-impl Drop for CallWork {
-    fn drop(&mut self) {
-        if let Some(work) = self.0.take() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = work.await;
-                });
-            }
-        }
-    }
-}
-
-/// Runs a request and answers it: JSON if the result comes first, SSE if a notification
-/// does (or the call outlives a keep-alive period).
-pub(crate) async fn reply(
-    mut ctx: RequestCtx,
-    id: Value,
-    method: String,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    opts: ReplyOpts,
-) -> Response {
-    let gw = ctx.gateway.clone();
-    let stop = ctx.registration.cancel.clone();
-    let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
-    let (ntx, mut nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
-    ctx.notify = Some(ntx);
-    let session = ctx.session.clone();
-    let calls = ctx.registration.calls.clone();
-    let call_method = method.clone();
-    let work = async move {
-        let r = dispatch::handle_request(&ctx, id.clone(), &call_method, params, cancel).await;
-        if let Some(s) = &session {
-            s.end_call(&id);
-        }
-        drop(ctx);
-        r
-    };
-    let mut work = CallWork(Some(Box::pin(calls.track_future(work))));
-    let period = Duration::from_secs(gw.config().keepalive_s.max(1));
-    let first = tokio::select! {
-        biased;
-        n = nrx.recv() => match n {
-            Some(n) => First::Stream(Some(n)),
-            None => First::Done((&mut work).await),
-        },
-        r = &mut work => First::Done(r),
-        _ = tokio::time::sleep(period) => First::Stream(None),
-    };
-    let finish = |v: Value| match opts.finish {
-        Some(f) => f(v, &opts.method),
-        None => v,
-    };
-    // Notifications the call sent in the poll in which it ended are still queued: they go
-    // out first, on a stream, before the result.
-    let mut early = Vec::new();
-    if matches!(first, First::Done(Some(_))) {
-        while let Ok(n) = nrx.try_recv() {
-            early.push(n);
-        }
-    }
-    let streamed = |notes: Vec<Value>, ended: Option<Value>, live, guard| {
-        let mut pending = VecDeque::new();
-        if opts.priming {
-            pending.push_back(priming_event());
-        }
-        pending.extend(notes.iter().map(|n| sse_json("message", n)));
-        pending.extend(ended.map(|v| sse_json("message", &finish(v))));
-        let (notes, result) = match live {
-            Some((notes, work)) => (Some(notes), Some(work)),
-            None => (None, None),
-        };
-        let st = ReplyStream {
-            pending,
-            notes,
-            result,
-            ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-            stop: stop.clone(),
-            guard,
-            finish: opts.finish,
-            method: opts.method.clone(),
-        };
-        sse_response(Body::from_stream(futures::stream::unfold(st, next_event)))
-    };
-    match first {
-        First::Done(Some(v)) if early.is_empty() => {
-            let mut guard = guard;
-            guard.0 = None;
-            json_response(StatusCode::OK, &finish(v))
-        }
-        First::Done(Some(v)) => {
-            let mut guard = guard;
-            guard.0 = None;
-            streamed(early, Some(v), None, guard)
-        }
-        First::Done(None) => {
-            let mut guard = guard;
-            guard.0 = None;
-            if stop.is_cancelled() {
-                return http_error(
-                    StatusCode::NOT_FOUND,
-                    jsonrpc::INVALID_REQUEST,
-                    "registration released",
-                );
-            }
-            // Cancelled by the client: no reply follows, the stream just ends.
-            sse_response(Body::empty())
-        }
-        First::Stream(note) => streamed(note.into_iter().collect(), None, Some((nrx, work)), guard),
-    }
-}
-
-/// The priming event (2025-11-25 and later): an event id and empty data, so a client has an
-/// id to resume from before the first message.
-fn priming_event() -> Bytes {
-    Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9)))
-}
-
-struct ReplyStream {
-    pending: VecDeque<Bytes>,
-    notes: Option<mpsc::Receiver<Value>>,
-    result: Option<CallWork>,
-    ticker: tokio::time::Interval,
-    stop: CancellationToken,
-    guard: CancelOnDrop,
-    finish: Option<fn(Value, &str) -> Value>,
-    method: String,
-}
-
-async fn recv_note(rx: &mut Option<mpsc::Receiver<Value>>) -> Option<Value> {
-    match rx {
-        Some(r) => r.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, ReplyStream)> {
-    loop {
-        if let Some(b) = st.pending.pop_front() {
-            return Some((Ok(b), st));
-        }
-        let mut result = st.result.take()?;
-        tokio::select! {
-            biased;
-            _ = st.stop.cancelled() => return None,
-            n = recv_note(&mut st.notes) => match n {
-                Some(n) => st.pending.push_back(sse_json("message", &n)),
-                None => st.notes = None,
-            },
-            r = &mut result => {
-                st.guard.0 = None;
-                let v = r?;
-                let v = match st.finish {
-                    Some(f) => f(v, &st.method),
-                    None => v,
-                };
-                // Notifications sent in the poll in which the call ended come first.
-                if let Some(notes) = st.notes.as_mut() {
-                    while let Ok(n) = notes.try_recv() {
-                        st.pending.push_back(sse_json("message", &n));
-                    }
-                }
-                st.notes = None;
-                st.pending.push_back(sse_json("message", &v));
-                continue;
-            }
-            _ = st.ticker.tick() => st.pending.push_back(Bytes::from_static(b": keepalive\n\n")),
-        }
-        st.result = Some(result);
-    }
-}
-
-fn sse_response(body: Body) -> Response {
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
 }
 
 /// Clears a session's GET stream when the stream is dropped.
@@ -615,18 +363,10 @@ impl Drop for GetStreamGuard {
     }
 }
 
-struct GetStream {
-    pending: VecDeque<Bytes>,
-    rx: mpsc::Receiver<Value>,
-    cancel: CancellationToken,
-    ticker: tokio::time::Interval,
-    _guard: GetStreamGuard,
-}
-
 /// `GET /gw/<id>/mcp`: the session's server-to-client stream (one per session; 409 for a
 /// second). `notifications/tools/list_changed` travel here.
 pub async fn get(
-    State(gw): State<Gateway>,
+    State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -672,32 +412,15 @@ pub async fn get(
     session.set_outbound(Some(tx.clone()));
     session.stream_opened();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
-    let mut pending = VecDeque::new();
+    let mut first = VecDeque::new();
     if version.as_str() >= PRIMING_SINCE {
-        pending.push_back(priming_event());
+        first.push_back(event_stream::priming_event());
     }
-    let st = GetStream {
-        pending,
-        rx,
-        cancel: session.cancel.clone(),
-        ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-        _guard: GetStreamGuard {
-            session: session.clone(),
-            tx,
-        },
+    let guard = GetStreamGuard {
+        session: session.clone(),
+        tx,
     };
-    let stream = futures::stream::unfold(st, |mut st| async move {
-        if let Some(b) = st.pending.pop_front() {
-            return Some((Ok::<_, Infallible>(b), st));
-        }
-        tokio::select! {
-            biased;
-            _ = st.cancel.cancelled() => None,
-            msg = st.rx.recv() => msg.map(|v| (Ok(sse_json("message", &v)), st)),
-            _ = st.ticker.tick() => Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
-        }
-    });
-    let mut resp = sse_response(Body::from_stream(stream));
+    let mut resp = event_stream::session_stream(first, rx, session.cancel.clone(), period, guard);
     if let Ok(v) = HeaderValue::from_str(&session.id) {
         resp.headers_mut().insert(SESSION_HEADER, v);
     }
@@ -706,7 +429,7 @@ pub async fn get(
 
 /// `DELETE /gw/<id>/mcp`: ends the session through the table's one close path.
 pub async fn delete(
-    State(gw): State<Gateway>,
+    State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -721,16 +444,4 @@ pub async fn delete(
     gw.sessions().close(&session.id);
     tracing::debug!(registration = %reg.id, session = %session.id, "streamable session deleted");
     StatusCode::OK.into_response()
-}
-
-/// Sends `notifications/tools/list_changed` to every session of a registration, each on its
-/// one server-to-client stream (SSE stream or Streamable HTTP GET). Returns how many got it.
-pub fn notify_tools_list_changed(gw: &Gateway, registration_id: &str) -> usize {
-    let msg = jsonrpc::notification("notifications/tools/list_changed", None);
-    gw.sessions()
-        .sessions_of(registration_id)
-        .iter()
-        .filter_map(|s| s.outbound())
-        .filter(|tx| tx.try_send(msg.clone()).is_ok())
-        .count()
 }

@@ -1,45 +1,12 @@
 //! Method dispatch: what each MCP method does for a registration, whatever the transport.
 
-use std::sync::Arc;
-
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::call;
-use crate::gateway::Gateway;
 use crate::mcp::jsonrpc::{self, RpcError};
-use crate::registry::RegistrationState;
-use crate::session::{Session, Transport};
-
-/// Everything a request is served with.
-#[derive(Clone)]
-pub struct RequestCtx {
-    pub gateway: Gateway,
-    pub registration: Arc<RegistrationState>,
-    pub session: Option<Arc<Session>>,
-    pub transport: Transport,
-    /// The revision this request speaks.
-    pub protocol_version: &'static str,
-    /// Where notifications related to this request (progress, logs) go.
-    pub notify: Option<mpsc::Sender<Value>>,
-}
-
-impl RequestCtx {
-    pub fn session_id(&self) -> Option<&str> {
-        self.session.as_ref().map(|s| s.id.as_str())
-    }
-}
-
-/// The server capabilities the gateway advertises.
-pub fn server_capabilities() -> Value {
-    json!({"tools": {"listChanged": true}, "logging": {}})
-}
-
-/// The gateway's `Implementation`.
-pub fn server_info() -> Value {
-    json!({"name": "gatehouse", "version": env!("CARGO_PKG_VERSION")})
-}
+use crate::mcp::request::RequestCtx;
+use crate::mcp::server_info;
 
 /// The `initialize` result for a requested version; records the version on the session.
 pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
@@ -124,7 +91,7 @@ pub async fn handle_request(
 /// (stateless requests) there is nothing to remember; the request is acknowledged.
 fn set_log_level(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     let level = params.and_then(|p| p.get("level")).and_then(Value::as_str);
-    let Some(level) = level.filter(|l| crate::session::log_level_index(l).is_some()) else {
+    let Some(level) = level.filter(|l| crate::mcp::log_level_index(l).is_some()) else {
         return RpcError::new(
             Some(id),
             jsonrpc::INVALID_PARAMS,

@@ -4,6 +4,9 @@
 pub mod dispatch;
 pub mod jsonrpc;
 pub mod proxy;
+pub mod request;
+
+use serde_json::{json, Value};
 
 /// Handshake-era revisions, oldest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -25,4 +28,34 @@ pub fn negotiate(requested: Option<&str>) -> &'static str {
     requested
         .and_then(|r| LEGACY_VERSIONS.iter().find(|v| **v == r).copied())
         .unwrap_or(LATEST_LEGACY)
+}
+
+/// The server capabilities the gateway advertises.
+pub fn server_capabilities() -> Value {
+    json!({"tools": {"listChanged": true}, "logging": {}})
+}
+
+/// The gateway's `Implementation`.
+pub fn server_info() -> Value {
+    json!({"name": "gatehouse", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// RFC 5424 severities as MCP names them (`notifications/message`), least severe first.
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// The index of a log level in [`LOG_LEVELS`].
+pub fn log_level_index(level: &str) -> Option<u8> {
+    LOG_LEVELS
+        .iter()
+        .position(|l| *l == level)
+        .and_then(|i| u8::try_from(i).ok())
 }

@@ -17,8 +17,8 @@
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::dispatch::RequestCtx;
 use crate::mcp::jsonrpc::{self, RpcError};
+use crate::mcp::request::RequestCtx;
 
 /// JSON-RPC code for an unknown resource.
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
@@ -39,7 +39,7 @@ pub const METHODS: &[&str] = &[
 
 /// The upstreams this registration holds a grant on, in grant order.
 pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
-    let pool = ctx.gateway.pool();
+    let pool = ctx.hub.pool();
     let mut out: Vec<String> = Vec::new();
     for g in &ctx.registration.grants {
         if let Some((prefix, _)) = g.split_once('.') {
@@ -55,7 +55,7 @@ pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
 async fn upstreams_with(ctx: &RequestCtx, cap: &str) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for id in granted_upstreams(ctx) {
-        match ctx.gateway.pool().catalog(&id).await {
+        match ctx.hub.pool().catalog(&id).await {
             Ok(c) => {
                 if let Some(v) = c.capabilities.get(cap).filter(|v| !v.is_null()) {
                     out.push((id, v.clone()));
@@ -70,7 +70,7 @@ async fn upstreams_with(ctx: &RequestCtx, cap: &str) -> Vec<(String, Value)> {
 /// The server capabilities for this registration: tools and logging always; `resources`,
 /// `prompts`, `completions` when a granted upstream advertised them.
 pub async fn capabilities(ctx: &RequestCtx) -> Value {
-    let mut caps = crate::mcp::dispatch::server_capabilities();
+    let mut caps = crate::mcp::server_capabilities();
     let resources = upstreams_with(ctx, "resources").await;
     if !resources.is_empty() {
         let subscribe = resources
@@ -92,7 +92,7 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
 }
 
 fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
-    match ctx.gateway.pool().upstream_config(upstream) {
+    match ctx.hub.pool().upstream_config(upstream) {
         Some(c) if c.bare_names => prompt.to_string(),
         _ => format!("{upstream}.{prompt}"),
     }
@@ -119,7 +119,7 @@ async fn call(
         "proxied request"
     );
     match ctx
-        .gateway
+        .hub
         .pool()
         .forward_request(&ctx.registration, upstream, method, params, cancel.clone())
         .await

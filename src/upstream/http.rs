@@ -21,7 +21,7 @@ use reqwest::{StatusCode, Url};
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use super::connection::Core;
+use super::core::Core;
 use super::UpstreamError;
 use crate::sync::lock;
 

@@ -34,12 +34,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{
-    ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
-    LEASE_CAPABILITY,
+    ConnectOptions, Connection, Downstream, IdCounter, RequestOptions, Transport, UpstreamError,
+    UpstreamEvent, LEASE_CAPABILITY,
 };
 use crate::audit::{Audit, Record};
 use crate::config::{Sharing, UpstreamConfig};
-use crate::gateway::WeakGateway;
 use crate::registry::{random_b64, RegistrationState};
 use crate::session::Session;
 use crate::sync::lock;
@@ -71,7 +70,8 @@ struct PoolInner {
     audit: Audit,
     tasks: TaskTracker,
     stop: CancellationToken,
-    gateway: OnceLock<WeakGateway>,
+    /// Where what the pool cannot handle itself goes (the gateway's hub).
+    downstream: OnceLock<Weak<dyn Downstream>>,
     reaper_started: AtomicBool,
     /// Gateway-minted downstream id → the upstream request it stands for.
     client_requests: Mutex<HashMap<String, ClientRequest>>,
@@ -356,7 +356,7 @@ impl Pool {
                 audit,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
-                gateway: OnceLock::new(),
+                downstream: OnceLock::new(),
                 reaper_started: AtomicBool::new(false),
                 client_requests: Mutex::new(HashMap::new()),
                 next_client_request: AtomicU64::new(1),
@@ -364,9 +364,9 @@ impl Pool {
         })
     }
 
-    /// Lets the pool reach sessions (for `list_changed` and server → client requests).
-    pub(crate) fn attach(&self, gateway: WeakGateway) {
-        let _ = self.inner.gateway.set(gateway);
+    /// Wires the pool to what routes `list_changed` and server → client requests.
+    pub(crate) fn attach(&self, downstream: Weak<dyn Downstream>) {
+        let _ = self.inner.downstream.set(downstream);
     }
 
     pub fn has_upstream(&self, id: &str) -> bool {
@@ -1198,22 +1198,10 @@ impl Slot {
                 }
             }
         }
-        let Some(gw) = pool.gateway.get().and_then(WeakGateway::upgrade) else {
+        let Some(ds) = pool.downstream.get().and_then(Weak::upgrade) else {
             return;
         };
-        let msg = crate::mcp::jsonrpc::notification("notifications/tools/list_changed", None);
-        for reg in gw.registry().all() {
-            if !reg
-                .tools
-                .iter()
-                .any(|t| t.upstream() == Some(self.spec.id.as_str()))
-            {
-                continue;
-            }
-            for s in gw.sessions().sessions_of(&reg.id) {
-                crate::endpoint::sse::deliver(&gw, &s, msg.clone()).await;
-            }
-        }
+        ds.tools_changed(&self.spec.id).await;
     }
 
     /// Routes a server → client request to the one session it belongs to, or refuses it.
@@ -1236,17 +1224,17 @@ impl Slot {
             return;
         };
         let call = related.and_then(|r| lock(&self.pending).get(&r).cloned());
-        let gw = self
+        let ds = self
             .pool
             .upgrade()
-            .and_then(|p| p.gateway.get().and_then(WeakGateway::upgrade));
+            .and_then(|p| p.downstream.get().and_then(Weak::upgrade));
         let refuse = |why: &str| {
             tracing::warn!(upstream = %self.spec.id, method, why, "server → client request refused");
             json!({"code": REFUSED, "message": format!("gatehouse: {method} refused: {why}")})
         };
-        let (call, session, gw, pool) = match (call, gw, self.pool.upgrade()) {
-            (Some(c), Some(gw), Some(pool)) => match c.session.clone() {
-                Some(s) if !s.cancel.is_cancelled() => (c, s, gw, pool),
+        let (call, session, ds, pool) = match (call, ds, self.pool.upgrade()) {
+            (Some(c), Some(ds), Some(pool)) => match c.session.clone() {
+                Some(s) if !s.cancel.is_cancelled() => (c, s, ds, pool),
                 Some(_) => {
                     let err = refuse("the client session is closed");
                     let _ = conn.respond(id, Err(err)).await;
@@ -1293,9 +1281,8 @@ impl Slot {
             None => false,
         };
         // (Legacy SSE: the call's sink *is* the session stream; the fallback then fails alike.)
-        let delivered = on_call_stream
-            || (session.outbound().is_some()
-                && crate::endpoint::sse::deliver(&gw, &session, msg).await);
+        let delivered =
+            on_call_stream || (session.outbound().is_some() && ds.deliver(&session, msg).await);
         if delivered {
             return;
         }

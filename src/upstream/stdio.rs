@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::Core;
+use super::core::Core;
 use super::UpstreamError;
 use crate::sync::lock;
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gatehouse::audit::{read_records, Record};
+use gatehouse::testing::audit::{read_records, Record};
 use gatehouse::{Config, Gateway, InProcessTool, ToolResult};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -32,7 +32,9 @@ impl TestGateway {
     }
 
     pub fn audit_path(&self) -> PathBuf {
-        self.gateway.audit().path().to_path_buf()
+        gatehouse::testing::audit(&self.gateway)
+            .path()
+            .to_path_buf()
     }
 
     pub fn audit(&self) -> Vec<Record> {

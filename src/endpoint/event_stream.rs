@@ -1,0 +1,127 @@
+//! The event stream (`text/event-stream`) every downstream transport writes: event framing,
+//! the response headers, keep-alive comments, the priming event, and a session's long-lived
+//! server-to-client stream (legacy SSE stream, Streamable HTTP GET).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::registry::random_b64;
+
+/// A keep-alive comment.
+pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
+
+/// An event whose data is a JSON value. Compact JSON holds no line break (control
+/// characters in strings are escaped), so it is one `data:` line, encoded in place.
+pub fn sse_json(event: &str, value: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(event.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    let head = out.len();
+    // Serializing a `Value` into a `Vec` cannot fail (map keys are strings, a `Vec` write does
+    // not fail); should it, the event carries `null` rather than half a value.
+    if serde_json::to_writer(&mut out, value).is_err() {
+        out.truncate(head);
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// An event whose data is text (each line its own `data:` line).
+pub fn sse_event(event: &str, data: &str) -> Bytes {
+    let mut s = String::with_capacity(data.len() + event.len() + 16);
+    s.push_str("event: ");
+    s.push_str(event);
+    s.push('\n');
+    // Every line ending SSE knows (CRLF, LF, lone CR) starts a new `data:` line, so no text
+    // can end the event early or inject a field.
+    let mut rest = data;
+    loop {
+        let end = rest.find(['\r', '\n']).unwrap_or(rest.len());
+        s.push_str("data: ");
+        s.push_str(&rest[..end]);
+        s.push('\n');
+        if end == rest.len() {
+            break;
+        }
+        let skip = if rest[end..].starts_with("\r\n") {
+            2
+        } else {
+            1
+        };
+        rest = &rest[end + skip..];
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// The priming event (2025-11-25 and later): an event id and empty data, so a client has an
+/// id to resume from before the first message.
+pub fn priming_event() -> Bytes {
+    Bytes::from(format!("id: {}\ndata: \n\n", random_b64(9)))
+}
+
+/// A `text/event-stream` response (no caching, no proxy buffering).
+pub fn response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+struct SessionStream<G> {
+    first: VecDeque<Bytes>,
+    rx: mpsc::Receiver<Value>,
+    cancel: CancellationToken,
+    ticker: tokio::time::Interval,
+    /// Dropped with the stream (closes the session or clears its stream).
+    _guard: G,
+}
+
+/// A session's server-to-client stream: the `first` events, then every message queued on
+/// `rx`, with a keep-alive every `period`, until `cancel` fires or the queue closes.
+pub fn session_stream<G: Send + 'static>(
+    first: VecDeque<Bytes>,
+    rx: mpsc::Receiver<Value>,
+    cancel: CancellationToken,
+    period: Duration,
+    guard: G,
+) -> Response {
+    let st = SessionStream {
+        first,
+        rx,
+        cancel,
+        ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+        _guard: guard,
+    };
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        if let Some(b) = st.first.pop_front() {
+            return Some((Ok::<_, Infallible>(b), st));
+        }
+        tokio::select! {
+            biased;
+            _ = st.cancel.cancelled() => None,
+            msg = st.rx.recv() => msg.map(|v| (Ok(sse_json("message", &v)), st)),
+            _ = st.ticker.tick() => Some((Ok(Bytes::from_static(KEEPALIVE)), st)),
+        }
+    });
+    response(Body::from_stream(stream))
+}

@@ -1,0 +1,97 @@
+//! The shared handles every request is served with: config, registrations, sessions, the
+//! upstream pool, the audit writer and the metrics. `Gateway` builds one and passes it down;
+//! endpoints, dispatch and the governed call take what they need from it and never see the
+//! `Gateway` (which alone starts and stops the server).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::audit::Audit;
+use crate::config::Config;
+use crate::mcp::jsonrpc;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::session::{Session, SessionTable};
+use crate::upstream::{Downstream, Pool};
+
+pub struct Hub {
+    config: Arc<Config>,
+    registry: Registry,
+    sessions: SessionTable,
+    pool: Pool,
+    audit: Audit,
+    metrics: Metrics,
+}
+
+impl Hub {
+    /// The hub, wired to its pool: what the pool cannot handle itself (tools changed, a
+    /// server → client request to deliver) comes back here.
+    pub fn new(config: Config, audit: Audit, pool: Pool) -> Arc<Hub> {
+        let hub = Arc::new(Hub {
+            sessions: SessionTable::new(config.sessions.clone()),
+            config: Arc::new(config),
+            registry: Registry::default(),
+            pool,
+            audit,
+            metrics: Metrics::new(),
+        });
+        let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
+        hub.pool.attach(weak);
+        hub
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn sessions(&self) -> &SessionTable {
+        &self.sessions
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Sends `notifications/tools/list_changed` to every session of a registration, each on
+    /// its one server-to-client stream. Returns how many sessions got it.
+    pub async fn notify_tools_list_changed(&self, registration_id: &str) -> usize {
+        let msg = jsonrpc::notification("notifications/tools/list_changed", None);
+        let mut n = 0;
+        for s in self.sessions.sessions_of(registration_id) {
+            if self.sessions.deliver(&s, msg.clone()).await {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Downstream for Hub {
+    fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for reg in self.registry.all() {
+                if reg.tools.iter().any(|t| t.upstream() == Some(upstream_id)) {
+                    self.notify_tools_list_changed(&reg.id).await;
+                }
+            }
+        })
+    }
+
+    fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
+        Box::pin(self.sessions.deliver(session, msg))
+    }
+}

@@ -1,0 +1,28 @@
+//! What a request is served with, whatever its transport: the hub, the registration, the
+//! session (none for stateless requests) and where the request's notifications go.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::hub::Hub;
+use crate::registry::RegistrationState;
+use crate::session::{Session, Transport};
+
+/// Everything a request is served with.
+#[derive(Clone)]
+pub struct RequestCtx {
+    pub hub: Arc<Hub>,
+    pub registration: Arc<RegistrationState>,
+    pub session: Option<Arc<Session>>,
+    pub transport: Transport,
+    /// Where notifications related to this request (progress, logs) go.
+    pub notify: Option<mpsc::Sender<Value>>,
+}
+
+impl RequestCtx {
+    pub fn session_id(&self) -> Option<&str> {
+        self.session.as_ref().map(|s| s.id.as_str())
+    }
+}

@@ -1,0 +1,330 @@
+//! The request core of one upstream connection, shared by the connection and its transport's
+//! background tasks: the pending map (upstream id → waiter), progress-token routing, and the
+//! routing of every inbound message (responses, notifications, server → client requests).
+//! `stdio` and `http` feed it; `connection` registers requests in it. It owns no task, so a
+//! task holding it never keeps a connection alive.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::{IdCounter, UpstreamError, UpstreamEvent};
+use crate::sync::lock;
+
+/// The connection-unique progress token for upstream request `id`.
+fn progress_token(epoch: u64, id: u64) -> String {
+    format!("gatehouse-{epoch}-{id}")
+}
+
+/// Replaces `params._meta.progressToken` (if present) with the connection's own token and
+/// returns how to route progress back.
+pub(super) fn rewrite_progress_token(
+    params: &mut Value,
+    epoch: u64,
+    id: u64,
+    sink: Option<mpsc::Sender<Value>>,
+) -> Option<ProgressRoute> {
+    let slot = params
+        .get_mut("_meta")
+        .and_then(|meta| meta.get_mut("progressToken"))?;
+    let token = progress_token(epoch, id);
+    let original = std::mem::replace(slot, Value::String(token.clone()));
+    Some(ProgressRoute {
+        token,
+        original,
+        sink,
+    })
+}
+
+pub(super) struct ProgressRoute {
+    /// The token we sent upstream.
+    token: String,
+    /// The caller's token, restored in what we deliver.
+    original: Value,
+    sink: Option<mpsc::Sender<Value>>,
+}
+
+struct PendingRequest {
+    tx: oneshot::Sender<Result<Value, Value>>,
+    progress: Option<ProgressRoute>,
+    notifications: Option<mpsc::Sender<Value>>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, PendingRequest>,
+    closed: Option<String>,
+}
+
+/// Transport-independent connection state, shared with the transport's background tasks.
+/// It owns no tasks itself, so tasks holding it never keep a connection alive.
+pub(crate) struct Core {
+    pub(crate) upstream_id: String,
+    pub(crate) epoch: u64,
+    pub(super) ids: IdCounter,
+    state: Mutex<State>,
+    pub(super) closed: CancellationToken,
+    events: mpsc::UnboundedSender<UpstreamEvent>,
+}
+
+impl Core {
+    /// Number of requests awaiting a response.
+    pub(super) fn pending_len(&self) -> usize {
+        lock(&self.state).pending.len()
+    }
+
+    pub(super) fn new(
+        upstream_id: String,
+        epoch: u64,
+        ids: IdCounter,
+        events: mpsc::UnboundedSender<UpstreamEvent>,
+    ) -> Self {
+        Self {
+            upstream_id,
+            epoch,
+            ids,
+            state: Mutex::new(State::default()),
+            closed: CancellationToken::new(),
+            events,
+        }
+    }
+
+    pub(super) fn register(
+        &self,
+        id: u64,
+        progress: Option<ProgressRoute>,
+        notifications: Option<mpsc::Sender<Value>>,
+    ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
+        let (tx, rx) = oneshot::channel();
+        let mut state = lock(&self.state);
+        if let Some(reason) = &state.closed {
+            return Err(UpstreamError::Closed(reason.clone()));
+        }
+        state.pending.insert(
+            id,
+            PendingRequest {
+                tx,
+                progress,
+                notifications,
+            },
+        );
+        Ok(rx)
+    }
+
+    /// Removes a pending request; returns whether it was still pending.
+    pub(super) fn remove(&self, id: u64) -> bool {
+        lock(&self.state).pending.remove(&id).is_some()
+    }
+
+    pub(super) fn closed_reason(&self) -> Option<String> {
+        lock(&self.state).closed.clone()
+    }
+
+    pub(super) fn close_reason(&self) -> String {
+        self.closed_reason()
+            .unwrap_or_else(|| "connection closed".to_owned())
+    }
+
+    /// Marks the connection closed (first caller wins): fails every pending request at once and
+    /// emits [`UpstreamEvent::Closed`].
+    pub(crate) fn mark_closed(&self, reason: String) {
+        let drained = {
+            let mut state = lock(&self.state);
+            if state.closed.is_some() {
+                return;
+            }
+            state.closed = Some(reason.clone());
+            std::mem::take(&mut state.pending)
+        };
+        let failed = drained.len();
+        // Dropping the senders wakes every waiter with `Closed`.
+        drop(drained);
+        self.closed.cancel();
+        tracing::info!(upstream = %self.upstream_id, epoch = self.epoch, failed_pending = failed, %reason, "upstream connection closed");
+        let _ = self.events.send(UpstreamEvent::Closed {
+            epoch: self.epoch,
+            reason,
+        });
+    }
+
+    /// Routes one inbound JSON-RPC message. Returns a message to send back upstream, if any
+    /// (the answer to a server `ping`).
+    ///
+    /// `related_hint` is the request whose response stream carried the message (HTTP), if known.
+    pub(crate) fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
+        let Value::Object(mut obj) = msg else {
+            tracing::warn!(upstream = %self.upstream_id, "ignoring non-object JSON-RPC message from upstream");
+            return None;
+        };
+        let method = match obj.remove("method") {
+            Some(Value::String(method)) => Some(method),
+            Some(_) => {
+                tracing::warn!(upstream = %self.upstream_id, "ignoring message with a non-string method");
+                return None;
+            }
+            None => None,
+        };
+        let id = obj.remove("id").filter(|id| !id.is_null());
+        let params = obj.remove("params");
+        match (method, id) {
+            (Some(method), Some(id)) => self.on_server_request(id, method, params, related_hint),
+            (Some(method), None) => {
+                self.on_notification(method, params, related_hint);
+                None
+            }
+            (None, Some(id)) => {
+                self.on_response(id, obj);
+                None
+            }
+            (None, None) => {
+                if let Some(error) = obj.get("error") {
+                    tracing::warn!(upstream = %self.upstream_id, %error, "upstream sent an error without id");
+                } else {
+                    tracing::warn!(upstream = %self.upstream_id, "ignoring message that is neither request, notification nor response");
+                }
+                None
+            }
+        }
+    }
+
+    fn on_response(&self, id: Value, mut obj: Map<String, Value>) {
+        let outcome = if let Some(error) = obj.remove("error") {
+            Err(error)
+        } else if let Some(result) = obj.remove("result") {
+            Ok(result)
+        } else {
+            tracing::warn!(upstream = %self.upstream_id, %id, "ignoring response without result or error");
+            return;
+        };
+        let pending = id
+            .as_u64()
+            .and_then(|id| lock(&self.state).pending.remove(&id));
+        match pending {
+            Some(pending) => {
+                // The waiter may be gone already (it raced with cancel); nothing to do then.
+                let _ = pending.tx.send(outcome);
+            }
+            None => {
+                tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, %id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+            }
+        }
+    }
+
+    fn on_notification(&self, method: String, params: Option<Value>, related_hint: Option<u64>) {
+        if method == "notifications/progress" {
+            if let Some(params) = params {
+                self.on_progress(params);
+            }
+            return;
+        }
+        if method == "notifications/message" {
+            // A log belongs to the request it can be attributed to (HTTP: the POST stream that
+            // carried it; stdio: the only pending request), and goes to that request's sink.
+            let sink = {
+                let state = lock(&self.state);
+                let related = related_hint.or_else(|| {
+                    let mut ids = state.pending.keys();
+                    match (ids.next(), ids.next()) {
+                        (Some(only), None) => Some(*only),
+                        _ => None,
+                    }
+                });
+                related
+                    .and_then(|id| state.pending.get(&id))
+                    .and_then(|p| p.notifications.clone())
+            };
+            if let Some(sink) = sink {
+                let mut msg = Map::new();
+                msg.insert("jsonrpc".into(), Value::String("2.0".into()));
+                msg.insert("method".into(), Value::String(method));
+                if let Some(p) = params {
+                    msg.insert("params".into(), p);
+                }
+                if sink.try_send(Value::Object(msg)).is_err() {
+                    tracing::debug!(upstream = %self.upstream_id, "log channel full or closed; dropping notifications/message");
+                }
+                return;
+            }
+        }
+        let _ = self.events.send(UpstreamEvent::Notification {
+            epoch: self.epoch,
+            method,
+            params,
+        });
+    }
+
+    fn on_progress(&self, mut params: Value) {
+        let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
+            tracing::debug!(upstream = %self.upstream_id, "dropping progress with a token we never issued");
+            return;
+        };
+        let Some(id) = token
+            .rsplit_once('-')
+            .and_then(|(_, id)| id.parse::<u64>().ok())
+        else {
+            tracing::debug!(upstream = %self.upstream_id, token, "dropping progress with a token we never issued");
+            return;
+        };
+        let route = {
+            let state = lock(&self.state);
+            state
+                .pending
+                .get(&id)
+                .and_then(|pending| pending.progress.as_ref())
+                .filter(|route| route.token == token)
+                .map(|route| (route.original.clone(), route.sink.clone()))
+        };
+        let Some((original, sink)) = route else {
+            tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");
+            return;
+        };
+        if let Some(slot) = params.get_mut("progressToken") {
+            *slot = original;
+        }
+        match sink {
+            Some(sink) => {
+                if let Err(mpsc::error::TrySendError::Full(_)) = sink.try_send(params) {
+                    tracing::debug!(upstream = %self.upstream_id, jsonrpc.id = id, "progress channel full; dropping update");
+                }
+            }
+            None => {
+                let _ = self.events.send(UpstreamEvent::Progress {
+                    epoch: self.epoch,
+                    upstream_request_id: id,
+                    params,
+                });
+            }
+        }
+    }
+
+    fn on_server_request(
+        &self,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        related_hint: Option<u64>,
+    ) -> Option<Value> {
+        if method == "ping" {
+            return Some(json!({ "jsonrpc": "2.0", "id": id, "result": {} }));
+        }
+        let related_request = related_hint.or_else(|| {
+            let state = lock(&self.state);
+            let mut ids = state.pending.keys();
+            match (ids.next(), ids.next()) {
+                (Some(only), None) => Some(*only),
+                _ => None,
+            }
+        });
+        let _ = self.events.send(UpstreamEvent::Request {
+            epoch: self.epoch,
+            id,
+            method,
+            params,
+            related_request,
+        });
+        None
+    }
+}

@@ -1,0 +1,240 @@
+//! The upstream layer's vocabulary: transports, connect and request options, responses,
+//! events and errors.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// Protocol version requested in `initialize` unless [`ConnectOptions::protocol_version`] says otherwise.
+pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// Protocol versions this layer accepts in an `InitializeResult` (all legacy-handshake revisions).
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] =
+    &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// The `capabilities.experimental` key a server uses to advertise the gatehouse lease extension.
+pub const LEASE_CAPABILITY: &str = "io.gatehouse/lease";
+
+/// How to reach an upstream MCP server. A closed set: adding a transport is a compile error
+/// everywhere it matters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A child process speaking newline-delimited JSON-RPC on stdin/stdout. It runs in its own
+    /// process group; teardown kills the whole group.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        /// Added to (not replacing) the gateway's environment.
+        env: BTreeMap<String, String>,
+        cwd: Option<PathBuf>,
+    },
+    /// A Streamable HTTP MCP endpoint (legacy-handshake revisions, e.g. 2025-06-18).
+    Http {
+        url: String,
+        /// Sent verbatim on every HTTP request (values already resolved by config).
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// The request-id source for one upstream slot. Cheap to clone; clones share the counter.
+///
+/// The pool keeps one per slot and passes a clone to every respawn, so a respawned connection
+/// continues where the previous epoch stopped and ids never repeat for that slot.
+#[derive(Debug, Clone)]
+pub struct IdCounter(Arc<AtomicU64>);
+
+impl IdCounter {
+    /// A counter whose first id is `first`.
+    pub fn starting_at(first: u64) -> Self {
+        Self(Arc::new(AtomicU64::new(first)))
+    }
+
+    /// The id the next request will get (for diagnostics; racy by nature).
+    pub fn peek(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Default for IdCounter {
+    /// Starts at 1.
+    fn default() -> Self {
+        Self::starting_at(1)
+    }
+}
+
+/// Everything needed to open one connection. Build with [`ConnectOptions::new`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The upstream's configured id (used in logs and errors).
+    pub upstream_id: String,
+    pub transport: Transport,
+    /// Epoch of this connection, chosen by the pool (bumped on each respawn).
+    pub epoch: u64,
+    /// Request id source; share one per upstream slot across epochs (see [`IdCounter`]).
+    pub ids: IdCounter,
+    /// Default per-request timeout (also bounds `initialize`).
+    pub request_timeout: Duration,
+    /// `clientInfo` sent in `initialize` (an MCP `Implementation` object).
+    pub client_info: Value,
+    /// `capabilities` sent in `initialize`. Default `{}`: only declare what the gateway can route.
+    pub client_capabilities: Value,
+    /// `protocolVersion` requested in `initialize`.
+    pub protocol_version: String,
+    /// stdio teardown: how long to wait after closing stdin, and again after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl ConnectOptions {
+    /// Options with defaults: epoch 0, fresh [`IdCounter`], 60 s timeout, 2 s grace,
+    /// `clientInfo = {"name":"gatehouse","version":<crate version>}`.
+    pub fn new(upstream_id: impl Into<String>, transport: Transport) -> Self {
+        Self {
+            upstream_id: upstream_id.into(),
+            transport,
+            epoch: 0,
+            ids: IdCounter::default(),
+            request_timeout: Duration::from_secs(60),
+            client_info: serde_json::json!({
+                "name": "gatehouse",
+                "version": env!("CARGO_PKG_VERSION"),
+            }),
+            client_capabilities: serde_json::json!({}),
+            protocol_version: DEFAULT_PROTOCOL_VERSION.to_owned(),
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Per-request options for [`Connection::request`].
+#[derive(Debug, Default)]
+pub struct RequestOptions {
+    /// Overrides [`ConnectOptions::request_timeout`].
+    pub timeout: Option<Duration>,
+    /// Fire to cancel: `notifications/cancelled` goes upstream and the call returns
+    /// [`UpstreamError::Cancelled`].
+    pub cancel: CancellationToken,
+    /// Receives `notifications/progress` params for this request with the caller's original
+    /// `progressToken` restored. Delivery is best-effort (`try_send`: a full channel drops the
+    /// update) and stops once the response arrived. Without a sender, progress for a request
+    /// that carried a token is emitted as [`UpstreamEvent::Progress`] instead.
+    pub progress: Option<tokio::sync::mpsc::Sender<Value>>,
+    /// Receives the upstream request id as soon as it is assigned (before sending), for audit.
+    pub started: Option<tokio::sync::oneshot::Sender<u64>>,
+    /// Receives `notifications/message` (logs) attributable to this request, as whole JSON-RPC
+    /// notifications, before its response (attribution as for [`UpstreamEvent::Request`]).
+    /// Without a sender they are emitted as [`UpstreamEvent::Notification`].
+    pub notifications: Option<tokio::sync::mpsc::Sender<Value>>,
+}
+
+/// A completed upstream request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The JSON-RPC id used on the upstream connection.
+    pub upstream_id: u64,
+    pub epoch: u64,
+    /// `Ok(result)` or `Err(error object)` exactly as the upstream sent them.
+    pub outcome: Result<Value, Value>,
+}
+
+/// Events a connection emits for the gateway to route. All carry the connection's epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpstreamEvent {
+    /// A server notification not consumed by the connection (e.g. `notifications/tools/list_changed`,
+    /// `notifications/message`, `notifications/cancelled` for a server → client request).
+    Notification {
+        epoch: u64,
+        method: String,
+        params: Option<Value>,
+    },
+    /// `notifications/progress` for a pending request that has no per-request progress channel;
+    /// `params.progressToken` is the caller's original token.
+    Progress {
+        epoch: u64,
+        upstream_request_id: u64,
+        params: Value,
+    },
+    /// A server → client request other than `ping` (sampling, elicitation, roots, …). Answer it
+    /// with [`Connection::respond`] using `id` verbatim.
+    ///
+    /// `related_request` is the pending upstream request it can be attributed to, if any:
+    /// - HTTP: the request whose POST response stream carried it (a structural link); `None`
+    ///   when it arrived some other way.
+    /// - stdio: there is no structural link, so it is `Some(id)` only when exactly one request
+    ///   was pending when it arrived, else `None` (the gateway should then fail closed).
+    Request {
+        epoch: u64,
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        related_request: Option<u64>,
+    },
+    /// The connection is gone (emitted exactly once). All pending requests have failed.
+    Closed { epoch: u64, reason: String },
+}
+
+/// Errors of the upstream connection layer. All of them are upstream-side failures.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid upstream configuration: {0}")]
+    Config(String),
+    #[error("failed to spawn upstream process: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("upstream i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("upstream http error: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("upstream answered http status {status}")]
+    HttpStatus { status: u16 },
+    #[error("upstream connection closed: {0}")]
+    Closed(String),
+    #[error("upstream request cancelled")]
+    Cancelled,
+    #[error("upstream request timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("upstream returned JSON-RPC error {code}: {message}")]
+    Rpc { code: i64, message: String },
+    #[error("upstream protocol version {0:?} is not supported")]
+    UnsupportedProtocolVersion(String),
+    #[error("upstream protocol violation: {0}")]
+    Protocol(String),
+    #[error("failed to encode message for upstream: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl UpstreamError {
+    /// Builds [`UpstreamError::Rpc`] from a JSON-RPC error object.
+    pub(crate) fn from_rpc_error(error: &Value) -> Self {
+        Self::Rpc {
+            code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        }
+    }
+}
+
+/// What the pool hands back to the gateway: what it cannot handle itself. The gateway's hub
+/// implements it; the pool holds it weakly and never names an endpoint or the gateway.
+pub trait Downstream: Send + Sync {
+    /// An upstream's tools changed: tell the sessions of every registration granted one.
+    fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()>;
+    /// Puts a message (a server → client request) on a session's server-to-client stream;
+    /// whether it was queued.
+    fn deliver<'a>(
+        &'a self,
+        session: &'a crate::session::Session,
+        msg: Value,
+    ) -> BoxFuture<'a, bool>;
+}
