@@ -348,7 +348,7 @@ pub struct ConnectionStatus {
 
 /// The configured upstreams, with their live connections (from the pool).
 pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
-    let live: std::collections::HashMap<String, crate::upstream::pool::UpstreamInfo> = gw
+    let live: std::collections::HashMap<String, crate::upstream::UpstreamInfo> = gw
         .pool()
         .status()
         .into_iter()

@@ -14,6 +14,7 @@ use crate::audit::{digest_value, Outcome, Record};
 use crate::mcp::jsonrpc::{self, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
+use crate::upstream::{CallIds, ForwardCall, ForwardOutcome};
 
 /// How a call ended, before it is turned into a reply.
 enum Ended {
@@ -169,7 +170,8 @@ pub async fn run(
         .and_then(|m| m.get("progressToken"))
         .cloned();
 
-    let upstream_ids = std::sync::Mutex::new((None, None));
+    // The upstream request id and epoch, kept even if the timeout below drops `exec`.
+    let call_ids = CallIds::default();
     let exec = async {
         match &tool.backend {
             Backend::InProcess(t) => {
@@ -206,19 +208,18 @@ pub async fn run(
                 upstream,
                 tool: upstream_tool,
             } => {
-                let fwd = Box::pin(gw.pool().forward(crate::upstream::pool::ForwardCall {
+                let fwd = Box::pin(gw.pool().forward(ForwardCall {
                     registration: reg,
                     session: ctx.session.clone(),
-                    downstream_id: id.clone(),
                     upstream,
                     tool: upstream_tool,
                     params: params.clone(),
                     arguments: args.clone(),
                     cancel: cancel.clone(),
                     notify: ctx.notify.clone(),
+                    ids: Some(&call_ids),
                 }))
                 .await;
-                *crate::sync::lock(&upstream_ids) = (fwd.upstream_request_id, fwd.epoch);
                 upstream_ended(&name, fwd.outcome)
             }
         }
@@ -239,9 +240,8 @@ pub async fn run(
             )
         }
     };
-    let (upstream_request_id, epoch) = *crate::sync::lock(&upstream_ids);
-    rec.upstream_request_id = upstream_request_id;
-    rec.epoch = epoch;
+    rec.upstream_request_id = call_ids.request_id();
+    rec.epoch = call_ids.epoch();
     // A call whose cancellation raced with its completion counts as cancelled: no reply.
     let ended = if cancel.is_cancelled() {
         Ended::Cancelled
@@ -251,8 +251,8 @@ pub async fn run(
     finish(ctx, rec, started, id, ended).await
 }
 
-fn upstream_ended(name: &str, outcome: crate::upstream::pool::ForwardOutcome) -> Ended {
-    use crate::upstream::pool::ForwardOutcome as F;
+fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
+    use ForwardOutcome as F;
     match outcome {
         F::Result(v) => {
             let o = if ToolResult(v.clone()).is_error() {

@@ -304,3 +304,24 @@ impl Config {
         Ok(())
     }
 }
+
+/// How to reach an upstream MCP server, as config loading resolves it (`@self`, `${NAME}`). A closed set: adding a transport is a compile error
+/// everywhere it matters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamTransport {
+    /// A child process speaking newline-delimited JSON-RPC on stdin/stdout. It runs in its own
+    /// process group; teardown kills the whole group.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        /// Added to (not replacing) the gateway's environment.
+        env: BTreeMap<String, String>,
+        cwd: Option<PathBuf>,
+    },
+    /// A Streamable HTTP MCP endpoint (legacy-handshake revisions, e.g. 2025-06-18).
+    Http {
+        url: String,
+        /// Sent verbatim on every HTTP request (values already resolved by config).
+        headers: BTreeMap<String, String>,
+    },
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, UpstreamConfig};
+use crate::config::{Config, ConfigError, UpstreamConfig, UpstreamTransport};
 
 /// The shipped config, used when neither `--config` nor `GATEHOUSE_CONFIG` names one.
 pub const DEFAULT_CONFIG_PATH: &str = "config/gatehouse.toml";
@@ -182,4 +182,101 @@ pub fn from_mcp_servers_json(text: &str) -> Result<Config, String> {
         config.upstreams.push(u);
     }
     Ok(config)
+}
+
+/// `command = "@self"` means the running gatehouse executable.
+pub const SELF_COMMAND: &str = "@self";
+/// Overrides what `@self` resolves to (tests point it at the built binary).
+pub const SELF_EXE_ENV: &str = "GATEHOUSE_SELF_EXE";
+
+/// Every configured upstream with its resolved transport.
+pub fn resolve_transports(
+    config: &Config,
+) -> Result<Vec<(UpstreamConfig, UpstreamTransport)>, ConfigError> {
+    config
+        .upstreams
+        .iter()
+        .map(|u| {
+            Ok((
+                u.clone(),
+                resolve_transport(u).map_err(ConfigError::Invalid)?,
+            ))
+        })
+        .collect()
+}
+
+/// Resolves `${NAME}` references in a header value from the environment.
+fn resolve_env(upstream: &str, value: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(format!(
+                "upstream {upstream:?}: unterminated ${{ in header value"
+            ));
+        };
+        let name = &after[..end];
+        let v = std::env::var(name).map_err(|_| {
+            format!("upstream {upstream:?}: header refers to environment variable {name}, which is not set")
+        })?;
+        out.push_str(&v);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The transport of one configured upstream (`@self` and `${NAME}` resolved). Run by
+/// `Gateway::new`, so that a missing variable fails before anything binds.
+pub fn resolve_transport(config: &UpstreamConfig) -> Result<UpstreamTransport, String> {
+    if let Some(url) = &config.url {
+        let mut headers = BTreeMap::new();
+        for (k, v) in &config.headers {
+            headers.insert(k.clone(), resolve_env(&config.id, v)?);
+        }
+        return Ok(UpstreamTransport::Http {
+            url: url.clone(),
+            headers,
+        });
+    }
+    let command = config
+        .command
+        .clone()
+        .ok_or_else(|| format!("upstream {:?} has neither command nor url", config.id))?;
+    let command = if command == SELF_COMMAND {
+        match std::env::var_os(SELF_EXE_ENV) {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .map_err(|e| format!("upstream {:?}: cannot resolve @self: {e}", config.id))?,
+        }
+        .to_string_lossy()
+        .into_owned()
+    } else {
+        command
+    };
+    Ok(UpstreamTransport::Stdio {
+        command,
+        args: config.args.clone(),
+        env: config.env.clone(),
+        cwd: config.cwd.clone(),
+    })
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+
+    #[test]
+    fn header_values_come_from_the_environment() {
+        std::env::set_var("GATEHOUSE_TEST_HEADER_TOKEN", "s3cret");
+        assert_eq!(
+            resolve_env("u", "Bearer ${GATEHOUSE_TEST_HEADER_TOKEN}").ok(),
+            Some("Bearer s3cret".to_string())
+        );
+        assert!(resolve_env("u", "${GATEHOUSE_TEST_SURELY_UNSET_VAR}").is_err());
+        assert!(resolve_env("u", "${UNTERMINATED").is_err());
+        assert_eq!(resolve_env("u", "plain").ok(), Some("plain".to_string()));
+    }
 }

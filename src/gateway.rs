@@ -25,7 +25,7 @@ use crate::registry::{
 use crate::session::SessionTable;
 use crate::sync::lock;
 use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
-use crate::upstream::pool::Pool;
+use crate::upstream::Pool;
 
 /// Why a gateway operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -112,8 +112,10 @@ impl Gateway {
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
         config.validate()?;
         let audit = Audit::start(&config.audit)?;
-        let pool = Pool::new(&config.upstreams, audit.clone())
-            .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
+        let pool = Pool::new(
+            crate::config_load::resolve_transports(&config)?,
+            audit.clone(),
+        );
         Ok(Gateway {
             inner: Arc::new(Inner {
                 hub: Hub::new(config, audit, pool),

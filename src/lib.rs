@@ -75,7 +75,7 @@ pub mod testing {
             UpstreamEvent,
         };
         pub mod pool {
-            pub use crate::upstream::pool::{ForwardCall, ForwardOutcome, Pool};
+            pub use crate::upstream::{CallIds, ForwardCall, ForwardOutcome, Pool};
         }
     }
 

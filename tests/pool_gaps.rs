@@ -217,13 +217,13 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
         let opened = without_advance(pool.forward(ForwardCall {
             registration: &state,
             session: None,
-            downstream_id: json!(1),
             upstream,
             tool: "open_case",
             params: Map::new(),
             arguments: json!({"title": "t"}),
             cancel: CancellationToken::new(),
             notify: None,
+            ids: None,
         }))
         .await;
         assert!(
@@ -240,13 +240,13 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
             pool.forward(ForwardCall {
                 registration: &state,
                 session: None,
-                downstream_id: json!(2),
                 upstream: "busy",
                 tool: "add_note_slow",
                 params: Map::new(),
                 arguments: json!({"text": "x"}),
                 cancel,
                 notify: None,
+                ids: None,
             })
             .await
         })

@@ -342,7 +342,7 @@ impl Connection {
         }
         let id = core.ids.next();
         let progress = rewrite_progress_token(&mut params, core.epoch, id, opts.progress);
-        let mut rx = core.register(id, progress, opts.notifications)?;
+        let mut rx = core.register(id, progress, opts.notifications, opts.tag)?;
         let guard = PendingGuard {
             conn: self,
             id,

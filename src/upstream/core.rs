@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{IdCounter, UpstreamError, UpstreamEvent};
+use super::{IdCounter, RequestTag, UpstreamError, UpstreamEvent};
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
@@ -51,6 +51,7 @@ struct PendingRequest {
     tx: oneshot::Sender<Result<Value, Value>>,
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
+    tag: Option<RequestTag>,
 }
 
 #[derive(Default)]
@@ -97,6 +98,7 @@ impl Core {
         id: u64,
         progress: Option<ProgressRoute>,
         notifications: Option<mpsc::Sender<Value>>,
+        tag: Option<RequestTag>,
     ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
         let (tx, rx) = oneshot::channel();
         let mut state = lock(&self.state);
@@ -109,6 +111,7 @@ impl Core {
                 tx,
                 progress,
                 notifications,
+                tag,
             },
         );
         Ok(rx)
@@ -310,20 +313,27 @@ impl Core {
         if method == "ping" {
             return Some(json!({ "jsonrpc": "2.0", "id": id, "result": {} }));
         }
-        let related_request = related_hint.or_else(|| {
+        let (related_request, related_tag) = {
             let state = lock(&self.state);
-            let mut ids = state.pending.keys();
-            match (ids.next(), ids.next()) {
-                (Some(only), None) => Some(*only),
-                _ => None,
-            }
-        });
+            let related = related_hint.or_else(|| {
+                let mut ids = state.pending.keys();
+                match (ids.next(), ids.next()) {
+                    (Some(only), None) => Some(*only),
+                    _ => None,
+                }
+            });
+            let tag = related
+                .and_then(|r| state.pending.get(&r))
+                .and_then(|p| p.tag.clone());
+            (related, tag)
+        };
         let _ = self.events.send(UpstreamEvent::Request {
             epoch: self.epoch,
             id,
             method,
             params,
             related_request,
+            related_tag,
         });
         None
     }

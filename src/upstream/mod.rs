@@ -23,16 +23,23 @@
 //! What this layer does *not* do: pooling, leases, registrations, id mapping to downstream
 //! sessions. Those are built on top of this API.
 
+mod catalog;
 mod connection;
 mod core;
+mod forward;
 mod http;
+mod lease;
 pub mod pool;
+mod reaper;
+mod routing;
+mod slot;
 mod stdio;
 mod types;
 
 pub use connection::Connection;
-pub use pool::Pool;
+pub use forward::{CallIds, ForwardCall, ForwardOutcome};
+pub use pool::{Pool, UpstreamInfo};
 pub use types::{
-    ConnectOptions, Downstream, IdCounter, RequestOptions, Response, Transport, UpstreamError,
-    UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    ConnectOptions, Downstream, IdCounter, RequestOptions, RequestTag, Response, Transport,
+    UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };

@@ -1,8 +1,7 @@
 //! The upstream layer's vocabulary: transports, connect and request options, responses,
 //! events and errors.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,26 +20,7 @@ pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] =
 /// The `capabilities.experimental` key a server uses to advertise the gatehouse lease extension.
 pub const LEASE_CAPABILITY: &str = "io.gatehouse/lease";
 
-/// How to reach an upstream MCP server. A closed set: adding a transport is a compile error
-/// everywhere it matters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transport {
-    /// A child process speaking newline-delimited JSON-RPC on stdin/stdout. It runs in its own
-    /// process group; teardown kills the whole group.
-    Stdio {
-        command: String,
-        args: Vec<String>,
-        /// Added to (not replacing) the gateway's environment.
-        env: BTreeMap<String, String>,
-        cwd: Option<PathBuf>,
-    },
-    /// A Streamable HTTP MCP endpoint (legacy-handshake revisions, e.g. 2025-06-18).
-    Http {
-        url: String,
-        /// Sent verbatim on every HTTP request (values already resolved by config).
-        headers: BTreeMap<String, String>,
-    },
-}
+pub use crate::config::UpstreamTransport as Transport;
 
 /// The request-id source for one upstream slot. Cheap to clone; clones share the counter.
 ///
@@ -134,6 +114,25 @@ pub struct RequestOptions {
     /// notifications, before its response (attribution as for [`UpstreamEvent::Request`]).
     /// Without a sender they are emitted as [`UpstreamEvent::Notification`].
     pub notifications: Option<tokio::sync::mpsc::Sender<Value>>,
+    /// Who the request is for, kept in the connection's pending entry and handed back with a
+    /// server → client request related to it ([`UpstreamEvent::Request::related_tag`]).
+    pub tag: Option<RequestTag>,
+}
+
+/// An opaque owner of a pending request (the pool puts its call's owner here).
+#[derive(Clone)]
+pub struct RequestTag(pub Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for RequestTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestTag")
+    }
+}
+
+impl PartialEq for RequestTag {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// A completed upstream request.
@@ -177,6 +176,8 @@ pub enum UpstreamEvent {
         method: String,
         params: Option<Value>,
         related_request: Option<u64>,
+        /// The [`RequestOptions::tag`] of `related_request`.
+        related_tag: Option<RequestTag>,
     },
     /// The connection is gone (emitted exactly once). All pending requests have failed.
     Closed { epoch: u64, reason: String },

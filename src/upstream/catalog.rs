@@ -1,0 +1,72 @@
+//! An upstream's tool catalog: fetched at the upstream's first use (`initialize`, `tools/list`),
+//! refreshed on `notifications/tools/list_changed`, and the tools agents see of it.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{Connection, UpstreamError};
+use crate::config::UpstreamConfig;
+use crate::tools::{Backend, GrantedTool};
+
+/// An upstream's tools as fetched at its first use (refreshed on `list_changed`).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub tools: Vec<Value>,
+    /// The server's `capabilities` from its `initialize` result (`resources`, `prompts`, …).
+    pub capabilities: Value,
+}
+
+impl Catalog {
+    /// Lists the connection's tools (every page) and keeps its capabilities.
+    pub(super) async fn fetch(conn: &Connection) -> Result<Catalog, UpstreamError> {
+        let tools = conn.list_tools().await?;
+        let capabilities = conn
+            .initialize_result()
+            .get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        Ok(Catalog {
+            tools,
+            capabilities,
+        })
+    }
+
+    /// The tools agents see, under their exposed names (invalid names are left out).
+    pub(super) fn granted_tools(&self, config: &UpstreamConfig) -> Vec<GrantedTool> {
+        let mut out = Vec::new();
+        for t in &self.tools {
+            let Some(tool) = t.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let name = exposed_name(config, tool);
+            if !crate::config::valid_tool_name(&name) {
+                tracing::warn!(upstream = %config.id, tool, "tool not exposed: its name is not 1-128 characters of [A-Za-z0-9_.-]");
+                continue;
+            }
+            let mut descriptor = t.clone();
+            if let Some(m) = descriptor.as_object_mut() {
+                m.insert("name".into(), Value::String(name.clone()));
+            }
+            out.push(GrantedTool {
+                name,
+                descriptor: Arc::new(descriptor),
+                backend: Backend::Upstream {
+                    upstream: config.id.clone(),
+                    tool: tool.to_string(),
+                },
+            });
+        }
+        out
+    }
+}
+
+/// The name agents see for an upstream tool.
+pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
+    let local = config.rename.get(tool).map(String::as_str).unwrap_or(tool);
+    if config.bare_names {
+        local.to_string()
+    } else {
+        format!("{}.{}", config.id, local)
+    }
+}

@@ -1,0 +1,306 @@
+//! Forwarding a request to an upstream on the registration's slot: `tools/call` (with its
+//! progress and logs routed back to the caller) and the proxied `resources/*`, `prompts/*`,
+//! `completion/complete`. Each holds a permit on the slot and marks it busy while it runs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::lease::upstream_meta;
+use super::pool::Pool;
+use super::routing::CallOwner;
+use super::slot::{Busy, Slot};
+use super::{Connection, RequestOptions, UpstreamError};
+use crate::mcp::jsonrpc;
+use crate::registry::RegistrationState;
+use crate::session::Session;
+
+/// One forwarded `tools/call`.
+pub struct ForwardCall<'a> {
+    pub registration: &'a Arc<RegistrationState>,
+    pub session: Option<Arc<Session>>,
+    pub upstream: &'a str,
+    pub tool: &'a str,
+    /// The downstream params (`name` and `arguments` are replaced).
+    pub params: Map<String, Value>,
+    pub arguments: Value,
+    pub cancel: CancellationToken,
+    /// Where `notifications/progress` for this call goes.
+    pub notify: Option<mpsc::Sender<Value>>,
+    /// Filled in as soon as they are known, so that a call the gateway itself cuts off (its
+    /// registration's `call_timeout_s`) still names them in its audit record.
+    pub ids: Option<&'a CallIds>,
+}
+
+/// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
+#[derive(Debug, Default)]
+pub struct CallIds {
+    epoch: AtomicU64,
+    request_id: AtomicU64,
+}
+
+impl CallIds {
+    pub fn epoch(&self) -> Option<u64> {
+        Some(self.epoch.load(Ordering::Acquire)).filter(|e| *e != 0)
+    }
+
+    pub fn request_id(&self) -> Option<u64> {
+        Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
+    }
+}
+
+/// How a forwarded call ended.
+#[derive(Debug)]
+pub enum ForwardOutcome {
+    /// The upstream's `CallToolResult`, unchanged.
+    Result(Value),
+    /// The upstream answered a JSON-RPC error.
+    RpcError {
+        code: i64,
+        message: String,
+    },
+    /// The connection could not be made or died (`upstream_failed`).
+    Failed(String),
+    Timeout(Duration),
+    Cancelled,
+}
+
+#[derive(Debug)]
+pub struct Forwarded {
+    pub upstream_request_id: Option<u64>,
+    pub epoch: Option<u64>,
+    pub outcome: ForwardOutcome,
+}
+
+/// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
+/// slot and the slot's live connection.
+struct InUse {
+    slot: Arc<Slot>,
+    conn: Connection,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _busy: Busy,
+}
+
+impl Pool {
+    /// Forwards one `tools/call`; never hangs past the call timeout, cancel, or connection death.
+    pub async fn forward(&self, call: ForwardCall<'_>) -> Forwarded {
+        let mut fwd = Forwarded {
+            upstream_request_id: None,
+            epoch: None,
+            outcome: ForwardOutcome::Cancelled,
+        };
+        let in_use = match self
+            .acquire(call.upstream, &call.registration.id, &call.cancel)
+            .await
+        {
+            Ok(u) => u,
+            Err(None) => return fwd,
+            Err(Some(why)) => {
+                fwd.outcome = ForwardOutcome::Failed(why);
+                return fwd;
+            }
+        };
+        let (slot, conn) = (&in_use.slot, &in_use.conn);
+        fwd.epoch = Some(conn.epoch());
+        if let Some(ids) = call.ids {
+            ids.epoch.store(conn.epoch(), Ordering::Release);
+        }
+
+        let mut params = call.params;
+        params.insert("name".into(), Value::String(call.tool.to_string()));
+        params.insert("arguments".into(), call.arguments);
+        upstream_meta(
+            &mut params,
+            call.registration,
+            lease_of(slot, call.registration),
+        );
+
+        let (started_tx, started_rx) = oneshot::channel();
+        let (progress_tx, mut progress_rx) = match &call.notify {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel(64);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        let (logs_tx, mut logs_rx) = match &call.notify {
+            Some(_) => {
+                let (tx, rx) = mpsc::channel(64);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        // Upstream logs pass the session's `logging/setLevel` filter on their way to the client.
+        let session = call.session.clone();
+        let forward_log = |msg: Value| {
+            let level = msg
+                .get("params")
+                .and_then(|p| p.get("level"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if let (Some(n), true) = (
+                &call.notify,
+                session.as_ref().is_none_or(|s| s.wants_log(level)),
+            ) {
+                let _ = n.try_send(msg);
+            }
+        };
+        let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
+        let owner = CallOwner {
+            registration_id: call.registration.id.clone(),
+            session: call.session.clone(),
+            notify: call.notify.clone(),
+        };
+        let opts = RequestOptions {
+            timeout: Some(timeout),
+            cancel: call.cancel.clone(),
+            progress: progress_tx,
+            started: Some(started_tx),
+            notifications: logs_tx,
+            tag: Some(owner.tag()),
+        };
+        let request = conn.request("tools/call", Value::Object(params), opts);
+        tokio::pin!(request);
+        let mut started_rx = Some(started_rx);
+        let result = loop {
+            tokio::select! {
+                biased;
+                r = &mut request => break r,
+                id = async { match started_rx.as_mut() { Some(rx) => rx.await.ok(), None => std::future::pending().await } } => {
+                    started_rx = None;
+                    if let Some(id) = id {
+                        fwd.upstream_request_id = Some(id);
+                        if let Some(ids) = call.ids {
+                            ids.request_id.store(id, Ordering::Release);
+                        }
+                    }
+                }
+                l = async { match logs_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match l {
+                        Some(l) => forward_log(l),
+                        None => logs_rx = None,
+                    }
+                }
+                p = async { match progress_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match (p, &call.notify) {
+                        (Some(p), Some(n)) => {
+                            let _ = n.try_send(jsonrpc::notification("notifications/progress", Some(p)));
+                        }
+                        _ => progress_rx = None,
+                    }
+                }
+            }
+        };
+        // Logs and progress sent before the response are still delivered, and before the reply.
+        if let Some(rx) = logs_rx.as_mut() {
+            while let Ok(l) = rx.try_recv() {
+                forward_log(l);
+            }
+        }
+        if let (Some(rx), Some(n)) = (progress_rx.as_mut(), &call.notify) {
+            while let Ok(p) = rx.try_recv() {
+                let _ = n.try_send(jsonrpc::notification("notifications/progress", Some(p)));
+            }
+        }
+        fwd.outcome = match result {
+            Ok(resp) => {
+                slot.answered();
+                fwd.upstream_request_id = Some(resp.upstream_id);
+                match resp.outcome {
+                    Ok(v) => ForwardOutcome::Result(v),
+                    Err(e) => ForwardOutcome::RpcError {
+                        code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+                        message: e
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("upstream error")
+                            .to_string(),
+                    },
+                }
+            }
+            Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
+            Err(UpstreamError::Timeout(d)) => ForwardOutcome::Timeout(d),
+            Err(e) => ForwardOutcome::Failed(e.to_string()),
+        };
+        fwd
+    }
+
+    /// Forwards one non-tool request (`resources/*`, `prompts/*`, `completion/complete`) to an
+    /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
+    /// as [`Pool::forward`]; no progress or log routing. `Ok(Ok(result))`, `Ok(Err(error
+    /// object))` as the upstream sent it, or `Err(why)` when the upstream could not answer.
+    pub async fn forward_request(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+    ) -> Result<Result<Value, Value>, String> {
+        let in_use = self
+            .acquire(upstream, &registration.id, &cancel)
+            .await
+            .map_err(|why| why.unwrap_or_else(|| "cancelled".into()))?;
+        let (slot, conn) = (&in_use.slot, &in_use.conn);
+        let mut params = params;
+        upstream_meta(&mut params, registration, lease_of(slot, registration));
+        let opts = RequestOptions {
+            timeout: Some(Duration::from_secs(slot.spec.config.call_timeout_s.max(1))),
+            cancel,
+            ..RequestOptions::default()
+        };
+        match conn.request(method, Value::Object(params), opts).await {
+            Ok(resp) => {
+                slot.answered();
+                Ok(resp.outcome)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
+    /// (spawned if needed) — each step abandoned when `cancel` fires: `Err(None)` then,
+    /// `Err(Some(why))` when the upstream cannot serve.
+    async fn acquire(
+        &self,
+        upstream: &str,
+        registration_id: &str,
+        cancel: &CancellationToken,
+    ) -> Result<InUse, Option<String>> {
+        let slot = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            s = self.slot_for(upstream, registration_id) => s.map_err(Some)?,
+        };
+        let busy = Busy::new(&slot);
+        let permit = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            p = slot.permits.clone().acquire_owned() => {
+                p.map_err(|_| Some("upstream is shutting down".to_string()))?
+            }
+        };
+        let conn = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(None),
+            c = slot.connection() => c.map_err(|e| Some(e.to_string()))?,
+        };
+        Ok(InUse {
+            slot,
+            conn,
+            _permit: permit,
+            _busy: busy,
+        })
+    }
+}
+
+/// The registration's lease on a leased slot (minted on first use); none otherwise.
+fn lease_of(slot: &Slot, registration: &RegistrationState) -> Option<String> {
+    slot.leased
+        .load(Ordering::SeqCst)
+        .then(|| slot.leases.lease_for(&registration.id))
+}

@@ -1,0 +1,102 @@
+//! Upstream leases (the `io.gatehouse/lease` extension) and what a forwarded request's `_meta`
+//! becomes. A lease id is minted by the gateway per (slot, registration) and is the only value
+//! of `_meta["io.gatehouse/lease"]` an upstream ever sees from that registration; release sends
+//! `notifications/io.gatehouse/lease_released`, bounded by [`RELEASE_TIMEOUT`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::Connection;
+use crate::registry::{random_b64, RegistrationState};
+use crate::sync::lock;
+
+/// `_meta` key carrying the lease id on every forwarded request.
+pub const LEASE_META_KEY: &str = "io.gatehouse/lease";
+/// Notification releasing a lease: `{"lease": id}`.
+pub const LEASE_RELEASED_METHOD: &str = "notifications/io.gatehouse/lease_released";
+/// Upper bound for releasing one registration's resources on one upstream.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The leases open on one slot: registration id → lease id.
+#[derive(Default)]
+pub(super) struct Leases(Mutex<HashMap<String, String>>);
+
+impl Leases {
+    /// The registration's lease on this slot, minted on first use.
+    pub fn lease_for(&self, registration_id: &str) -> String {
+        lock(&self.0)
+            .entry(registration_id.to_string())
+            .or_insert_with(|| format!("lease-{}", random_b64(16)))
+            .clone()
+    }
+
+    pub fn remove(&self, registration_id: &str) -> Option<String> {
+        lock(&self.0).remove(registration_id)
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        lock(&self.0).is_empty()
+    }
+}
+
+/// Tells the upstream a lease ended (bounded by [`RELEASE_TIMEOUT`]). `Err(why)` when it
+/// could not be told: the connection must then leave the pool.
+pub(super) async fn release(conn: &Connection, lease: &str) -> Result<(), &'static str> {
+    let sent = tokio::time::timeout(
+        RELEASE_TIMEOUT,
+        conn.notify(LEASE_RELEASED_METHOD, json!({ "lease": lease })),
+    )
+    .await;
+    match sent {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::warn!(upstream = %conn.upstream_id(), error = %e, "lease release failed: connection leaves the pool");
+            Err("lease release failed")
+        }
+        Err(_) => {
+            tracing::warn!(upstream = %conn.upstream_id(), "lease release timed out: connection leaves the pool");
+            Err("lease release timed out")
+        }
+    }
+}
+
+/// Rewrites a request's `_meta` for the upstream, the same for tool calls and for proxied
+/// resources/prompts requests: nothing that carries the caller's bearer token, however it is
+/// wrapped ("Bearer <token>", nested objects, keys); no 2026-07-28 envelope; the registration's
+/// `lease` (never the caller's) when the slot is leased.
+pub(super) fn upstream_meta(
+    params: &mut Map<String, Value>,
+    registration: &RegistrationState,
+    lease: Option<String>,
+) {
+    let mut meta = match params.remove("_meta") {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    meta.retain(|k, v| {
+        !registration.token_in(v) && !registration.token_in(&Value::from(k.as_str()))
+    });
+    meta.remove(LEASE_META_KEY);
+    strip_envelope(&mut meta);
+    if let Some(lease) = lease {
+        meta.insert(LEASE_META_KEY.into(), Value::String(lease));
+    }
+    if !meta.is_empty() {
+        params.insert("_meta".into(), Value::Object(meta));
+    }
+}
+
+/// Drops the 2026-07-28 per-request envelope (`io.modelcontextprotocol/protocolVersion`,
+/// `clientCapabilities`, …) from a forwarded `_meta`: it describes the client's request to the
+/// gateway, not the gateway's connection to the upstream, and a handshake-era upstream rejects
+/// requests that carry it.
+pub fn strip_envelope(meta: &mut Map<String, Value>) {
+    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+}

@@ -1,0 +1,293 @@
+//! Slots and the sharing choice. A slot is one logical upstream connection that survives
+//! respawns: one [`IdCounter`] (ids never reused), an epoch bumped on every (re)spawn, the
+//! respawn backoff, crash accounting, the leases opened on it, and its teardown. `shared` and
+//! `leased` upstreams have one slot for everyone; `per_registration` upstreams (and `leased`
+//! ones whose server lacks the extension) have one slot per registration.
+//!
+//! No std lock is held across `.await`: the connect path uses a tokio mutex per slot.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::lease::Leases;
+use super::{ConnectOptions, Connection, IdCounter, Transport, UpstreamError, UpstreamEvent};
+use crate::audit::{Audit, Record};
+use crate::config::{Sharing, UpstreamConfig};
+use crate::sync::lock;
+
+/// What never changes about an upstream.
+pub(super) struct Spec {
+    pub id: String,
+    pub config: UpstreamConfig,
+    pub transport: Transport,
+}
+
+/// The sharing in effect once the server is known: `leased` without the lease extension
+/// falls back to one connection per registration.
+pub(super) fn effective_sharing(spec: &Spec, supports_lease: bool) -> Sharing {
+    match spec.config.sharing {
+        Sharing::Leased if !supports_lease => {
+            tracing::warn!(
+                upstream = %spec.id,
+                "sharing = \"leased\" but the server did not advertise {} during initialize: falling back to per_registration",
+                super::LEASE_CAPABILITY
+            );
+            Sharing::PerRegistration
+        }
+        s => s,
+    }
+}
+
+/// An upstream's slots.
+#[derive(Default)]
+pub(super) struct Slots {
+    /// Sharing in effect once the server is known (None before its first use).
+    pub effective: Option<Sharing>,
+    pub shared: Option<Arc<Slot>>,
+    pub per_registration: HashMap<String, Arc<Slot>>,
+}
+
+impl Slots {
+    /// The slot serving `registration_id`, if there is one yet.
+    pub fn find(&self, registration_id: &str) -> Option<Arc<Slot>> {
+        match self.effective {
+            Some(Sharing::PerRegistration) | None => {
+                self.per_registration.get(registration_id).cloned()
+            }
+            Some(_) => self.shared.clone(),
+        }
+    }
+
+    pub fn all(&self) -> Vec<Arc<Slot>> {
+        self.per_registration
+            .values()
+            .cloned()
+            .chain(self.shared.clone())
+            .collect()
+    }
+}
+
+/// One logical connection: survives respawns, keeps its id counter and epochs.
+pub(super) struct Slot {
+    pub spec: Arc<Spec>,
+    audit: Audit,
+    pub leased: AtomicBool,
+    ids: IdCounter,
+    pub epoch: AtomicU64,
+    /// The connect path (held across the spawn).
+    conn: tokio::sync::Mutex<Option<Connection>>,
+    /// The live connection, for sync readers (events, eviction).
+    current: Mutex<Option<Connection>>,
+    events_tx: mpsc::UnboundedSender<UpstreamEvent>,
+    /// Consecutive failed spawns or crashes (drives the respawn backoff).
+    crashes: AtomicU32,
+    /// Epoch the gateway itself tore down last (its `Closed` event is not a crash).
+    killed_epoch: AtomicU64,
+    /// Last epoch counted in `crashes` (a failed spawn is seen twice: as the connect error and
+    /// as its `Closed` event; it counts once).
+    crash_epoch: AtomicU64,
+    pub in_flight: AtomicUsize,
+    pub permits: Arc<Semaphore>,
+    last_used: Mutex<Instant>,
+    pub leases: Leases,
+    pub stop: CancellationToken,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Slot {
+    /// A slot with no connection yet, and the receiver of its connections' events.
+    pub fn new(
+        spec: &Arc<Spec>,
+        audit: Audit,
+        leased: bool,
+    ) -> (Arc<Slot>, mpsc::UnboundedReceiver<UpstreamEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let slot = Arc::new(Slot {
+            spec: spec.clone(),
+            audit,
+            leased: AtomicBool::new(leased),
+            ids: IdCounter::default(),
+            epoch: AtomicU64::new(0),
+            conn: tokio::sync::Mutex::new(None),
+            current: Mutex::new(None),
+            events_tx: tx,
+            crashes: AtomicU32::new(0),
+            killed_epoch: AtomicU64::new(0),
+            crash_epoch: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
+            last_used: Mutex::new(Instant::now()),
+            leases: Leases::default(),
+            stop: CancellationToken::new(),
+        });
+        (slot, rx)
+    }
+
+    fn record(&self, event: &str, epoch: u64, pid: Option<u32>, reason: Option<String>) {
+        let mut r = Record::event(event);
+        r.upstream = Some(self.spec.id.clone());
+        r.epoch = Some(epoch);
+        r.pid = pid;
+        r.reason = reason;
+        self.audit.record_detached(r);
+    }
+
+    /// The current connection of `epoch`, if it is still the current one.
+    pub fn current_of(&self, epoch: u64) -> Option<Connection> {
+        lock(&self.current).clone().filter(|c| c.epoch() == epoch)
+    }
+
+    /// The current connection, if it is alive.
+    pub fn live(&self) -> Option<Connection> {
+        lock(&self.current).clone().filter(|c| !c.is_closed())
+    }
+
+    /// The live connection, (re)spawning it with a new epoch when needed.
+    pub async fn connection(&self) -> Result<Connection, UpstreamError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let wait = backoff(self.crashes.load(Ordering::Relaxed));
+        if !wait.is_zero() {
+            tracing::info!(upstream = %self.spec.id, ?wait, "respawn backoff after repeated failures");
+            tokio::time::sleep(wait).await;
+        }
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut opts = ConnectOptions::new(self.spec.id.clone(), self.spec.transport.clone());
+        opts.epoch = epoch;
+        opts.ids = self.ids.clone();
+        opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
+        match Connection::connect(opts, self.events_tx.clone()).await {
+            Ok(c) => {
+                tracing::info!(upstream = %self.spec.id, epoch, pid = ?c.pid(), lease = c.supports_lease(), "upstream connected");
+                self.record("upstream_spawned", epoch, c.pid(), None);
+                *guard = Some(c.clone());
+                *lock(&self.current) = Some(c.clone());
+                *lock(&self.last_used) = Instant::now();
+                Ok(c)
+            }
+            Err(e) => {
+                self.count_crash(epoch);
+                Err(e)
+            }
+        }
+    }
+
+    /// A request was answered: the connection works, the backoff starts over.
+    pub fn answered(&self) {
+        self.crashes.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts one failure of `epoch` towards the respawn backoff (at most once per epoch).
+    fn count_crash(&self, epoch: u64) {
+        if self.crash_epoch.swap(epoch, Ordering::SeqCst) != epoch {
+            self.crashes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Tears the current connection down (graceful, bounded by the transport's grace periods).
+    pub async fn close(&self, why: &str) {
+        let conn = {
+            let mut guard = self.conn.lock().await;
+            lock(&self.current).take();
+            guard.take()
+        };
+        self.close_conn(conn, why).await;
+    }
+
+    async fn close_conn(&self, conn: Option<Connection>, why: &str) {
+        let Some(conn) = conn else { return };
+        if conn.is_closed() {
+            conn.close().await;
+            return;
+        }
+        self.killed_epoch.store(conn.epoch(), Ordering::SeqCst);
+        tracing::info!(upstream = %self.spec.id, epoch = conn.epoch(), pid = ?conn.pid(), why, "closing upstream connection");
+        let pid = conn.pid();
+        conn.close().await;
+        self.record("upstream_killed", conn.epoch(), pid, Some(why.to_string()));
+    }
+
+    /// Closes the connection if it is idle since before `now - idle`: no call in flight, no
+    /// open lease, nobody connecting or closing it right now.
+    pub async fn evict_if_idle(&self, now: Instant, idle: Duration) -> bool {
+        let Ok(mut guard) = self.conn.try_lock() else {
+            return false; // connecting or closing right now
+        };
+        let live = guard.as_ref().is_some_and(|c| !c.is_closed());
+        let last = *lock(&self.last_used);
+        if !live
+            || self.in_flight.load(Ordering::SeqCst) > 0
+            || !self.leases.is_empty()
+            || now.saturating_duration_since(last) < idle
+        {
+            return false;
+        }
+        let conn = guard.take();
+        lock(&self.current).take();
+        drop(guard);
+        self.close_conn(conn, "idle timeout").await;
+        true
+    }
+
+    /// A connection of this slot closed: a crash unless the gateway closed it itself.
+    pub fn on_closed(&self, epoch: u64, reason: String) {
+        let pid = self.current_of(epoch).as_ref().and_then(Connection::pid);
+        if self.killed_epoch.load(Ordering::SeqCst) != epoch {
+            self.count_crash(epoch);
+            tracing::warn!(upstream = %self.spec.id, epoch, ?pid, %reason, "upstream connection died; the next call respawns it");
+            self.record("upstream_exited", epoch, pid, Some(reason));
+        }
+    }
+}
+
+/// Counts a call in flight on a slot and stamps its last use when it ends.
+pub(super) struct Busy(Arc<Slot>);
+
+impl Busy {
+    pub fn new(slot: &Arc<Slot>) -> Self {
+        slot.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(slot.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *lock(&self.0.last_used) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn backoff(crashes: u32) -> Duration {
+    if crashes < 2 {
+        return Duration::ZERO;
+    }
+    let exp = (crashes - 2).min(6);
+    Duration::from_millis(100u64 << exp).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(0), Duration::ZERO);
+        assert_eq!(backoff(1), Duration::ZERO);
+        assert_eq!(backoff(2), Duration::from_millis(100));
+        assert_eq!(backoff(3), Duration::from_millis(200));
+        assert_eq!(backoff(100), Duration::from_secs(5));
+    }
+}
