@@ -85,6 +85,23 @@ impl Record {
         }
     }
 
+    /// A record about one registration: its id, `agent_id` and label, as the registration
+    /// holds them (`RegistrationState::audit_record` is the one caller, so `agent_id` never
+    /// comes from a request).
+    pub fn about(event: &str, registration_id: &str, agent_id: &str, label: Option<&str>) -> Self {
+        Record {
+            event: event.to_string(),
+            registration_id: Some(registration_id.to_string()),
+            agent_id: Some(agent_id.to_string()),
+            label: label.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    pub fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = Some(outcome.as_str().to_string());
+    }
+
     /// Appends this record's line (without the newline) to `out`: the bytes
     /// `serde_json::to_string` writes for it, with `ts` (when the record has none), `seq` and
     /// `prev` given by the writer. Written field by field, with no intermediate `String`s: the

@@ -27,10 +27,7 @@ enum Ended {
 }
 
 fn base_record(ctx: &RequestCtx, tool: Option<&str>) -> Record {
-    let mut r = Record::event("governed_mcp_call");
-    r.registration_id = Some(ctx.registration.id.clone());
-    r.agent_id = Some(ctx.registration.agent_id.to_string());
-    r.label = ctx.registration.label.clone();
+    let mut r = ctx.registration.audit_record("governed_mcp_call");
     r.session_id = ctx.session_id().map(str::to_string);
     r.transport = Some(ctx.transport.as_str().to_string());
     r.tool = tool.map(str::to_string);
@@ -105,7 +102,7 @@ pub async fn run(
     }
     let reg = &ctx.registration;
     let Some(tool) = reg.tools.get(&name) else {
-        rec.outcome = Some(Outcome::Denied.as_str().into());
+        rec.set_outcome(Outcome::Denied);
         rec.reason = Some("unknown tool (not granted to this registration)".into());
         rec.error_code = Some(jsonrpc::INVALID_PARAMS);
         let e = Ended::Error(
@@ -118,7 +115,7 @@ pub async fn run(
     rec.upstream = tool.upstream().map(str::to_string);
 
     if !gw.audit().is_healthy() {
-        rec.outcome = Some(Outcome::Denied.as_str().into());
+        rec.set_outcome(Outcome::Denied);
         rec.reason = Some("audit log unavailable".into());
         let _ = gw.audit().record(rec).await;
         return Some(
@@ -264,7 +261,7 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
         }
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
         F::Failed(why) => {
-            tracing::warn!(tool = name, error = %why, "upstream call failed");
+            tracing::warn!(tool = name, error = %why, side = ?why.side(), "upstream call failed");
             Ended::Error(
                 jsonrpc::INTERNAL_ERROR,
                 format!("upstream for tool {name} failed: {why}"),
@@ -342,7 +339,7 @@ async fn finish(
     rec.duration_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
     let reply = match ended {
         Ended::Cancelled => {
-            rec.outcome = Some(Outcome::Cancelled.as_str().into());
+            rec.set_outcome(Outcome::Cancelled);
             if rec.reason.is_none() {
                 rec.reason = Some(if ctx.registration.cancel.is_cancelled() {
                     "registration released".into()
@@ -353,11 +350,11 @@ async fn finish(
             None
         }
         Ended::Result(result, outcome) => {
-            rec.outcome = Some(outcome.as_str().into());
+            rec.set_outcome(outcome);
             Some(jsonrpc::success(id.clone(), result))
         }
         Ended::Error(code, message, outcome) => {
-            rec.outcome = Some(outcome.as_str().into());
+            rec.set_outcome(outcome);
             rec.error_code = Some(code);
             Some(jsonrpc::error_response(
                 Some(id.clone()),

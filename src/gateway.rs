@@ -515,11 +515,7 @@ async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: Ca
 }
 
 fn lifecycle_record(event: &str, state: &RegistrationState) -> Record {
-    let mut r = Record::event(event);
-    r.registration_id = Some(state.id.clone());
-    r.agent_id = Some(state.agent_id.to_string());
-    r.label = state.label.clone();
-    r
+    state.audit_record(event)
 }
 
 /// A live registration. Dropping it releases it; `release().await` does so and waits.

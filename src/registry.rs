@@ -17,6 +17,7 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::Record;
 use crate::tools::{InProcessTool, ToolSet};
 
 /// Random bytes from the OS CSPRNG, base64url without padding.
@@ -181,7 +182,12 @@ impl RegistrationState {
         }
     }
 
-    /// The lease end as RFC 3339, if the registration has a TTL.
+    /// An audit record about this registration (id, `agent_id`, label).
+    pub fn audit_record(&self, event: &str) -> Record {
+        Record::about(event, &self.id, &self.agent_id, self.label.as_deref())
+    }
+
+    /// The expiry as RFC 3339, if the registration has a TTL.
     pub fn expires_at(&self) -> Option<String> {
         let ms = self.expires_at_ms.load(Ordering::Relaxed);
         (ms != 0)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, Request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -66,12 +66,14 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
         if let Some((id, route)) = hot_route(req.uri().path()) {
             let (gw, id, req) = (State(hub.clone()), Path(id.to_string()), req.map(Body::new));
             return match route {
-                Hot::Mcp => {
-                    Box::pin(async move { Ok(endpoint::streamable_http::post(gw, id, req).await) })
-                }
-                Hot::Messages => {
-                    Box::pin(async move { Ok(endpoint::sse::message(gw, id, req).await) })
-                }
+                Hot::Mcp => Box::pin(async move {
+                    Ok(endpoint::streamable_http::post(gw, id, req)
+                        .await
+                        .into_response())
+                }),
+                Hot::Messages => Box::pin(async move {
+                    Ok(endpoint::sse::message(gw, id, req).await.into_response())
+                }),
             };
         }
     }
@@ -182,12 +184,7 @@ async fn healthz(State(gw): State<Arc<Hub>>) -> Json<serde_json::Value> {
 }
 
 async fn not_found() -> Response {
-    endpoint::http_error(
-        StatusCode::NOT_FOUND,
-        crate::mcp::jsonrpc::INVALID_REQUEST,
-        "not found",
-    )
-    .into_response()
+    endpoint::Rejection::not_found("not found").into_response()
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! with its stateless 2026-07-28 half in `stateless`).
 
 pub mod event_stream;
+pub mod rejection;
 pub mod reply;
 pub mod sse;
 pub mod stateless;
@@ -12,14 +13,14 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::header::{AsHeaderName, HeaderName};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 
 use crate::config::Config;
 use crate::hub::Hub;
 use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
+pub use rejection::{json_response, Rejection};
 
 /// `Mcp-Session-Id` and `MCP-Protocol-Version`.
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -31,36 +32,6 @@ pub(crate) static VERSION_NAME: HeaderName = HeaderName::from_static(VERSION_HEA
 /// A header's value as text (None if absent or not visible ASCII).
 pub fn header_str(headers: &HeaderMap, name: impl AsHeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// An HTTP error whose body is a JSON-RPC error with a null id.
-pub fn http_error(status: StatusCode, code: i64, message: &str) -> Response {
-    json_response(status, &jsonrpc::error_response(None, code, message, None))
-}
-
-/// A JSON body with a status.
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
-    // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`); it
-    // cannot fail for a `Value` (map keys are strings).
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        Bytes::from(bytes),
-    )
-        .into_response()
-}
-
-fn unauthorized(message: &str) -> Response {
-    let mut r = http_error(StatusCode::UNAUTHORIZED, jsonrpc::INVALID_REQUEST, message);
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"gatehouse\""),
-    );
-    r
 }
 
 /// Is a present `Origin` allowed? Loopback origins are, by default; others only if listed.
@@ -157,15 +128,11 @@ pub fn authorize(
     gw: &Hub,
     id: &str,
     headers: &HeaderMap,
-) -> Result<Arc<RegistrationState>, Response> {
+) -> Result<Arc<RegistrationState>, Rejection> {
     if let Some(host) = headers.get(header::HOST) {
         let ok = host.to_str().is_ok_and(|h| host_allowed(gw.config(), h));
         if !ok {
-            return Err(http_error(
-                StatusCode::FORBIDDEN,
-                jsonrpc::INVALID_REQUEST,
-                "forbidden: Host not allowed",
-            ));
+            return Err(Rejection::forbidden("forbidden: Host not allowed"));
         }
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
@@ -173,24 +140,16 @@ pub fn authorize(
             .to_str()
             .is_ok_and(|o| origin_allowed(gw.config(), o));
         if !ok {
-            return Err(http_error(
-                StatusCode::FORBIDDEN,
-                jsonrpc::INVALID_REQUEST,
-                "forbidden: Origin not allowed",
-            ));
+            return Err(Rejection::forbidden("forbidden: Origin not allowed"));
         }
     }
     let Some(reg) = gw.registry().get(id) else {
-        return Err(http_error(
-            StatusCode::NOT_FOUND,
-            jsonrpc::INVALID_REQUEST,
-            "registration not found",
-        ));
+        return Err(Rejection::not_found("registration not found"));
     };
     match bearer(headers) {
-        None => Err(unauthorized("missing bearer token")),
+        None => Err(Rejection::unauthorized("missing bearer token")),
         Some(t) if reg.token_matches(t) => Ok(reg),
-        Some(_) => Err(unauthorized("invalid bearer token")),
+        Some(_) => Err(Rejection::unauthorized("invalid bearer token")),
     }
 }
 
@@ -204,12 +163,12 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// Reads a body up to the configured limit (413 above it).
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, Rejection> {
     axum::body::to_bytes(body, limit).await.map_err(|_| {
-        http_error(
+        Rejection::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             jsonrpc::INVALID_REQUEST,
-            &format!("request body exceeds the limit of {limit} bytes"),
+            format!("request body exceeds the limit of {limit} bytes"),
         )
     })
 }

@@ -17,9 +17,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::event_stream::{self, sse_json, KEEPALIVE};
-use super::{http_error, json_response};
+use super::{json_response, Rejection};
 use crate::mcp::dispatch;
-use crate::mcp::jsonrpc;
 use crate::mcp::request::RequestCtx;
 use crate::session::Session;
 
@@ -98,7 +97,7 @@ pub(crate) async fn reply(
     params: Option<Value>,
     cancel: CancellationToken,
     opts: ReplyOpts,
-) -> Response {
+) -> Result<Response, Rejection> {
     let gw = ctx.hub.clone();
     let stop = ctx.registration.cancel.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
@@ -165,27 +164,28 @@ pub(crate) async fn reply(
         First::Done(Some(v)) if early.is_empty() => {
             let mut guard = guard;
             guard.0 = None;
-            json_response(StatusCode::OK, &finish(v))
+            Ok(json_response(StatusCode::OK, &finish(v)))
         }
         First::Done(Some(v)) => {
             let mut guard = guard;
             guard.0 = None;
-            streamed(early, Some(v), None, guard)
+            Ok(streamed(early, Some(v), None, guard))
         }
         First::Done(None) => {
             let mut guard = guard;
             guard.0 = None;
             if stop.is_cancelled() {
-                return http_error(
-                    StatusCode::NOT_FOUND,
-                    jsonrpc::INVALID_REQUEST,
-                    "registration released",
-                );
+                return Err(Rejection::not_found("registration released"));
             }
             // Cancelled by the client: no reply follows, the stream just ends.
-            event_stream::response(Body::empty())
+            Ok(event_stream::response(Body::empty()))
         }
-        First::Stream(note) => streamed(note.into_iter().collect(), None, Some((nrx, work)), guard),
+        First::Stream(note) => Ok(streamed(
+            note.into_iter().collect(),
+            None,
+            Some((nrx, work)),
+            guard,
+        )),
     }
 }
 

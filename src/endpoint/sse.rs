@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::event_stream::{self, sse_event};
 use super::reply;
-use super::{authorize, http_error, is_json, query_param, read_body};
+use super::{authorize, is_json, query_param, read_body, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
@@ -37,21 +37,12 @@ pub async fn open(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    let session = match gw.sessions().create(&reg, Transport::Sse) {
-        Ok(s) => s,
-        Err(e) => {
-            return http_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                jsonrpc::INTERNAL_ERROR,
-                &e.to_string(),
-            )
-        }
-    };
+) -> Result<Response, Rejection> {
+    let reg = authorize(&gw, &id, &headers)?;
+    let session = gw
+        .sessions()
+        .create(&reg, Transport::Sse)
+        .map_err(|e| Rejection::unavailable(e.to_string()))?;
     let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
     session.set_outbound(Some(tx));
     session.stream_opened();
@@ -63,54 +54,47 @@ pub async fn open(
     };
     tracing::debug!(registration = %reg.id, session = %session.id, "sse session opened");
     let first = VecDeque::from([sse_event("endpoint", &endpoint)]);
-    event_stream::session_stream(first, rx, session.cancel.clone(), period, guard)
+    Ok(event_stream::session_stream(
+        first,
+        rx,
+        session.cancel.clone(),
+        period,
+        guard,
+    ))
 }
 
 /// `POST /gw/<id>/messages/?session_id=…` (also `sessionId`).
-pub async fn message(State(gw): State<Arc<Hub>>, Path(id): Path<String>, req: Request) -> Response {
+pub async fn message(
+    State(gw): State<Arc<Hub>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, Rejection> {
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
     let (uri, headers) = (&parts.uri, &parts.headers);
-    let reg = match authorize(&gw, &id, headers) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
+    let reg = authorize(&gw, &id, headers)?;
     let Some(sid) =
         query_param(uri.query(), &["session_id", "sessionId"]).filter(|s| !s.is_empty())
     else {
-        return http_error(
-            StatusCode::BAD_REQUEST,
-            jsonrpc::INVALID_REQUEST,
-            "session_id is required",
-        );
+        return Err(Rejection::bad_request("session_id is required"));
     };
     let Some(session) = gw.sessions().get(&reg.id, sid) else {
-        return http_error(
-            StatusCode::NOT_FOUND,
-            jsonrpc::INVALID_REQUEST,
-            "session not found",
-        );
+        return Err(Rejection::not_found("session not found"));
     };
     session.touch();
     if !is_json(headers) {
-        return http_error(
+        return Err(Rejection::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,
             "Content-Type must be application/json",
-        );
+        ));
     }
-    let bytes = match read_body(body, gw.config().max_body_bytes).await {
-        Ok(b) => b,
-        Err(resp) => return resp,
-    };
+    let bytes = read_body(body, gw.config().max_body_bytes).await?;
     // One valid request or notification is read directly; anything else takes the general
     // path, which words the errors.
     let msg = match jsonrpc::parse_request(&bytes) {
         Some(m) => m,
-        None => match general_message(&bytes) {
-            Ok(m) => m,
-            Err(resp) => return resp,
-        },
+        None => general_message(&bytes)?,
     };
     let ctx = RequestCtx {
         hub: gw.clone(),
@@ -133,19 +117,16 @@ pub async fn message(State(gw): State<Arc<Hub>>, Path(id): Path<String>, req: Re
             }
         }
     }
-    (StatusCode::ACCEPTED, "Accepted").into_response()
+    Ok((StatusCode::ACCEPTED, "Accepted").into_response())
 }
 
 /// A body the direct parse left alone: parsed into a `Value`, then classified.
-fn general_message(bytes: &[u8]) -> Result<Message, Response> {
+fn general_message(bytes: &[u8]) -> Result<Message, Rejection> {
     match jsonrpc::parse_body(bytes) {
-        Ok(RpcBody::Single(v)) => jsonrpc::classify(v)
-            .map_err(|e| super::json_response(StatusCode::BAD_REQUEST, &e.to_value())),
-        Ok(RpcBody::Batch(_)) => Err(http_error(
-            StatusCode::BAD_REQUEST,
-            jsonrpc::INVALID_REQUEST,
+        Ok(RpcBody::Single(v)) => jsonrpc::classify(v).map_err(Rejection::malformed),
+        Ok(RpcBody::Batch(_)) => Err(Rejection::bad_request(
             "invalid request: JSON-RPC batches are not accepted on the SSE transport",
         )),
-        Err(e) => Err(super::json_response(StatusCode::BAD_REQUEST, &e.to_value())),
+        Err(e) => Err(Rejection::malformed(e)),
     }
 }

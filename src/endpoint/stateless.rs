@@ -11,7 +11,7 @@ use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::reply::{reply, ReplyOpts};
-use super::{header_str, json_response, SESSION_NAME, VERSION_NAME};
+use super::{header_str, json_response, Rejection, SESSION_NAME, VERSION_NAME};
 use crate::hub::Hub;
 use crate::mcp::jsonrpc::{self, Message, RpcError};
 use crate::mcp::request::RequestCtx;
@@ -65,10 +65,10 @@ fn error(
     code: i64,
     msg: &str,
     data: Option<Value>,
-) -> Response {
-    let mut e = RpcError::new(id, code, msg);
-    e.data = data;
-    json_response(status, &e.to_value())
+) -> Rejection {
+    Rejection::new(status, code, msg)
+        .with_id(id)
+        .with_data(data)
 }
 
 /// Decodes a mirrored header value (`=?base64?…?=` form included; a plain value is borrowed).
@@ -110,22 +110,19 @@ pub async fn handle(
     reg: Arc<RegistrationState>,
     headers: HeaderMap,
     msg: Result<Message, RpcError>,
-) -> Response {
-    let msg = match msg {
-        Ok(m) => m,
-        Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
-    };
+) -> Result<Response, Rejection> {
+    let msg = msg.map_err(Rejection::malformed)?;
     let (id, method, params) = match msg {
         Message::Request { id, method, params } => (Some(id), method, params),
         Message::Notification { method, params } => (None, method, params),
         Message::Response { .. } => {
-            return error(
+            return Err(error(
                 StatusCode::BAD_REQUEST,
                 None,
                 jsonrpc::INVALID_REQUEST,
                 "invalid request: 2026-07-28 clients do not send responses",
                 None,
-            )
+            ))
         }
     };
     let meta_version = meta(params.as_ref())
@@ -147,28 +144,28 @@ pub async fn handle(
     let Some(version) = meta_version else {
         if let Some(h) = header_str(&headers, &VERSION_NAME) {
             if h != MODERN_VERSION {
-                return unsupported(h);
+                return Err(unsupported(h));
             }
         }
-        return error(
+        return Err(error(
             StatusCode::BAD_REQUEST,
             id,
             jsonrpc::INVALID_PARAMS,
             &format!("invalid params: _meta[\"{META_VERSION}\"] is required"),
             None,
-        );
+        ));
     };
     if version != MODERN_VERSION {
-        return unsupported(&version);
+        return Err(unsupported(&version));
     }
     if id.is_some() && !has_caps {
-        return error(
+        return Err(error(
             StatusCode::BAD_REQUEST,
             id,
             jsonrpc::INVALID_PARAMS,
             &format!("invalid params: _meta[\"{META_CAPABILITIES}\"] is required"),
             None,
-        );
+        ));
     }
     // The mirrored headers, in order: the version always; for requests the method, and the
     // name (or URI) for the methods that have one.
@@ -192,28 +189,28 @@ pub async fn handle(
     ];
     for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(&headers, h, expected) {
-            return error(
+            return Err(error(
                 StatusCode::BAD_REQUEST,
                 id,
                 jsonrpc::HEADER_MISMATCH,
                 &m,
                 None,
-            );
+            ));
         }
     }
     let Some(id) = id else {
         // Notifications carry nothing the gateway acts on statelessly (cancellation is
         // closing the response stream).
-        return StatusCode::ACCEPTED.into_response();
+        return Ok(StatusCode::ACCEPTED.into_response());
     };
     if !METHODS.contains(&method.as_str()) {
-        return error(
+        return Err(error(
             StatusCode::NOT_FOUND,
             Some(id),
             jsonrpc::METHOD_NOT_FOUND,
             &format!("method not found: {method}"),
             None,
-        );
+        ));
     }
     let ctx = RequestCtx {
         hub: gw.clone(),
@@ -223,14 +220,12 @@ pub async fn handle(
         notify: None,
     };
     if method == "server/discover" {
-        return json_response(
+        // Boxed: its future is large and `server/discover` is rare.
+        let result = Box::pin(discover(&ctx)).await;
+        return Ok(json_response(
             StatusCode::OK,
-            // Boxed: its future is large and `server/discover` is rare.
-            &finish(
-                jsonrpc::success(id, Box::pin(discover(&ctx)).await),
-                &method,
-            ),
-        );
+            &finish(jsonrpc::success(id, result), &method),
+        ));
     }
     let cancel = reg.cancel.child_token();
     let opts = ReplyOpts {

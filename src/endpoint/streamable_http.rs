@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::event_stream;
 use super::reply::{reply, ReplyOpts};
 use super::{
-    authorize, header_str, http_error, is_json, json_response, read_body, SESSION_HEADER,
+    authorize, header_str, is_json, json_response, read_body, Rejection, SESSION_HEADER,
     SESSION_NAME, VERSION_HEADER, VERSION_NAME,
 };
 use crate::hub::Hub;
@@ -57,20 +57,8 @@ fn accepts(headers: &HeaderMap, json: bool, sse: bool) -> bool {
     (!json || has_json) && (!sse || has_sse)
 }
 
-fn bad_request(message: &str) -> Response {
-    http_error(StatusCode::BAD_REQUEST, jsonrpc::INVALID_REQUEST, message)
-}
-
-fn session_not_found() -> Response {
-    http_error(
-        StatusCode::NOT_FOUND,
-        jsonrpc::INVALID_REQUEST,
-        "session not found: initialize again without Mcp-Session-Id",
-    )
-}
-
-fn accepted() -> Response {
-    StatusCode::ACCEPTED.into_response()
+fn accepted() -> Result<Response, Rejection> {
+    Ok(StatusCode::ACCEPTED.into_response())
 }
 
 /// The session a handshake-era request names, scoped to its registration (400 / 404).
@@ -79,9 +67,9 @@ fn require_session(
     gw: &Hub,
     reg: &RegistrationState,
     headers: &HeaderMap,
-) -> Result<Arc<Session>, Response> {
+) -> Result<Arc<Session>, Rejection> {
     let Some(sid) = header_str(headers, &SESSION_NAME).filter(|s| !s.is_empty()) else {
-        return Err(bad_request(
+        return Err(Rejection::bad_request(
             "bad request: Mcp-Session-Id header is required (send initialize first)",
         ));
     };
@@ -90,19 +78,21 @@ fn require_session(
         .get(&reg.id, sid)
         .filter(|s| s.transport == Transport::StreamableHttp)
     else {
-        return Err(session_not_found());
+        return Err(Rejection::not_found(
+            "session not found: initialize again without Mcp-Session-Id",
+        ));
     };
     session.touch();
     Ok(session)
 }
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
-fn legacy_version(headers: &HeaderMap) -> Result<&str, Response> {
+fn legacy_version(headers: &HeaderMap) -> Result<&str, Rejection> {
     match headers.get(&VERSION_NAME) {
         None => Ok(ASSUMED_VERSION),
         Some(v) => match v.to_str() {
             Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
-            _ => Err(bad_request(
+            _ => Err(Rejection::bad_request(
                 "bad request: unsupported MCP-Protocol-Version (supported: 2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28)",
             )),
         },
@@ -115,31 +105,25 @@ pub async fn post(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     request: axum::extract::Request,
-) -> Response {
+) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let reg = match authorize(&gw, &id, &headers) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
+    let reg = authorize(&gw, &id, &headers)?;
     if !accepts(&headers, true, true) {
-        return http_error(
+        return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
             jsonrpc::INVALID_REQUEST,
             "not acceptable: Accept must list application/json and text/event-stream",
-        );
+        ));
     }
     if !is_json(&headers) {
-        return http_error(
+        return Err(Rejection::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,
             "unsupported media type: Content-Type must be application/json",
-        );
+        ));
     }
-    let bytes = match read_body(body, gw.config().max_body_bytes).await {
-        Ok(b) => b,
-        Err(resp) => return resp,
-    };
+    let bytes = read_body(body, gw.config().max_body_bytes).await?;
     // The common case: one valid request or notification, read without a `Value` envelope.
     if let Some(msg) = jsonrpc::parse_request(&bytes) {
         return if super::stateless::is_stateless(msg.method(), msg.params(), &headers) {
@@ -161,11 +145,8 @@ async fn post_general(
     reg: Arc<RegistrationState>,
     headers: HeaderMap,
     bytes: Bytes,
-) -> Response {
-    let parsed = match jsonrpc::parse_body(&bytes) {
-        Ok(b) => b,
-        Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
-    };
+) -> Result<Response, Rejection> {
+    let parsed = jsonrpc::parse_body(&bytes).map_err(Rejection::malformed)?;
     match parsed {
         RpcBody::Single(v) => {
             let method = v.get("method").and_then(Value::as_str);
@@ -185,24 +166,15 @@ async fn legacy_single(
     reg: Arc<RegistrationState>,
     headers: &HeaderMap,
     msg: Result<Message, jsonrpc::RpcError>,
-) -> Response {
-    let version = match legacy_version(headers) {
-        Ok(v) => v.to_string(),
-        Err(r) => return r,
-    };
-    let msg = match msg {
-        Ok(m) => m,
-        Err(e) => return json_response(StatusCode::BAD_REQUEST, &e.to_value()),
-    };
+) -> Result<Response, Rejection> {
+    let version = legacy_version(headers)?.to_string();
+    let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
             return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
         }
     }
-    let session = match require_session(&gw, &reg, headers) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let session = require_session(&gw, &reg, headers)?;
     let ctx = session_ctx(&gw, &reg, &session);
     match msg {
         Message::Request { id, method, params } => {
@@ -245,17 +217,11 @@ async fn initialize(
     reg: Arc<RegistrationState>,
     id: Value,
     params: Option<Value>,
-) -> Response {
-    let session = match gw.sessions().create(&reg, Transport::StreamableHttp) {
-        Ok(s) => s,
-        Err(e) => {
-            return http_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                jsonrpc::INTERNAL_ERROR,
-                &e.to_string(),
-            )
-        }
-    };
+) -> Result<Response, Rejection> {
+    let session = gw
+        .sessions()
+        .create(&reg, Transport::StreamableHttp)
+        .map_err(|e| Rejection::unavailable(e.to_string()))?;
     let ctx = session_ctx(&gw, &reg, &session);
     let reply =
         dispatch::handle_request(&ctx, id, "initialize", params, session.cancel.child_token())
@@ -267,13 +233,13 @@ async fn initialize(
             if let Ok(v) = HeaderValue::from_str(&session.id) {
                 resp.headers_mut().insert(SESSION_HEADER, v);
             }
-            resp
+            Ok(resp)
         }
         other => {
             gw.sessions().close(&session.id);
             match other {
-                Some(r) => json_response(StatusCode::BAD_REQUEST, &r),
-                None => bad_request("initialize failed"),
+                Some(r) => Ok(json_response(StatusCode::BAD_REQUEST, &r)),
+                None => Err(Rejection::bad_request("initialize failed")),
             }
         }
     }
@@ -285,22 +251,16 @@ async fn legacy_batch(
     reg: Arc<RegistrationState>,
     headers: &HeaderMap,
     items: Vec<Value>,
-) -> Response {
-    let version = match legacy_version(headers) {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+) -> Result<Response, Rejection> {
+    let version = legacy_version(headers)?;
     if items.is_empty() {
-        return bad_request("invalid request: empty batch");
+        return Err(Rejection::bad_request("invalid request: empty batch"));
     }
-    let session = match require_session(&gw, &reg, headers) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let session = require_session(&gw, &reg, headers)?;
     if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
-        return bad_request(
+        return Err(Rejection::bad_request(
             "invalid request: JSON-RPC batches are accepted for protocol version 2025-03-26 only",
-        );
+        ));
     }
     let ctx = session_ctx(&gw, &reg, &session);
     let mut calls = Vec::new();
@@ -341,7 +301,7 @@ async fn legacy_batch(
     if replies.is_empty() {
         return accepted();
     }
-    json_response(StatusCode::OK, &Value::Array(replies))
+    Ok(json_response(StatusCode::OK, &Value::Array(replies)))
 }
 
 /// Clears a session's GET stream when the stream is dropped.
@@ -369,44 +329,33 @@ pub async fn get(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
+) -> Result<Response, Rejection> {
+    let reg = authorize(&gw, &id, &headers)?;
     if !accepts(&headers, false, true) {
-        return http_error(
+        return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
             jsonrpc::INVALID_REQUEST,
             "not acceptable: Accept must list text/event-stream",
-        );
+        ));
     }
     if headers.get(SESSION_HEADER).is_none()
         && header_str(&headers, VERSION_HEADER) == Some(crate::mcp::MODERN_VERSION)
     {
-        let mut r = http_error(
+        return Err(Rejection::new(
             StatusCode::METHOD_NOT_ALLOWED,
             jsonrpc::INVALID_REQUEST,
             "method not allowed: 2026-07-28 has no GET stream",
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return r;
+        )
+        .with_header(header::ALLOW, HeaderValue::from_static("POST")));
     }
-    let version = match legacy_version(&headers) {
-        Ok(v) => v.to_string(),
-        Err(r) => return r,
-    };
-    let session = match require_session(&gw, &reg, &headers) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let version = legacy_version(&headers)?.to_string();
+    let session = require_session(&gw, &reg, &headers)?;
     if session.outbound().is_some() {
-        return http_error(
+        return Err(Rejection::new(
             StatusCode::CONFLICT,
             jsonrpc::INVALID_REQUEST,
             "conflict: this session already has a GET stream",
-        );
+        ));
     }
     let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
     session.set_outbound(Some(tx.clone()));
@@ -424,7 +373,7 @@ pub async fn get(
     if let Ok(v) = HeaderValue::from_str(&session.id) {
         resp.headers_mut().insert(SESSION_HEADER, v);
     }
-    resp
+    Ok(resp)
 }
 
 /// `DELETE /gw/<id>/mcp`: ends the session through the table's one close path.
@@ -432,16 +381,10 @@ pub async fn delete(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
-        Ok(r) => r,
-        Err(resp) => return resp,
-    };
-    let session = match require_session(&gw, &reg, &headers) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+) -> Result<Response, Rejection> {
+    let reg = authorize(&gw, &id, &headers)?;
+    let session = require_session(&gw, &reg, &headers)?;
     gw.sessions().close(&session.id);
     tracing::debug!(registration = %reg.id, session = %session.id, "streamable session deleted");
-    StatusCode::OK.into_response()
+    Ok(StatusCode::OK.into_response())
 }

@@ -14,7 +14,7 @@ use super::lease::upstream_meta;
 use super::pool::Pool;
 use super::routing::CallOwner;
 use super::slot::{Busy, Slot};
-use super::{Connection, RequestOptions, UpstreamError};
+use super::{Connection, ForwardError, RequestOptions, UpstreamError};
 use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 use crate::session::Session;
@@ -63,8 +63,8 @@ pub enum ForwardOutcome {
         code: i64,
         message: String,
     },
-    /// The connection could not be made or died (`upstream_failed`).
-    Failed(String),
+    /// The request could not be forwarded, or the connection died (`upstream_failed`).
+    Failed(ForwardError),
     Timeout(Duration),
     Cancelled,
 }
@@ -98,9 +98,9 @@ impl Pool {
             .await
         {
             Ok(u) => u,
-            Err(None) => return fwd,
-            Err(Some(why)) => {
-                fwd.outcome = ForwardOutcome::Failed(why);
+            Err(ForwardError::Cancelled) => return fwd,
+            Err(e) => {
+                fwd.outcome = ForwardOutcome::Failed(e);
                 return fwd;
             }
         };
@@ -224,7 +224,7 @@ impl Pool {
             }
             Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
             Err(UpstreamError::Timeout(d)) => ForwardOutcome::Timeout(d),
-            Err(e) => ForwardOutcome::Failed(e.to_string()),
+            Err(e) => ForwardOutcome::Failed(e.into()),
         };
         fwd
     }
@@ -232,7 +232,7 @@ impl Pool {
     /// Forwards one non-tool request (`resources/*`, `prompts/*`, `completion/complete`) to an
     /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
     /// as [`Pool::forward`]; no progress or log routing. `Ok(Ok(result))`, `Ok(Err(error
-    /// object))` as the upstream sent it, or `Err(why)` when the upstream could not answer.
+    /// object))` as the upstream sent it, or why the upstream could not answer.
     pub async fn forward_request(
         &self,
         registration: &Arc<RegistrationState>,
@@ -240,11 +240,8 @@ impl Pool {
         method: &str,
         params: Map<String, Value>,
         cancel: CancellationToken,
-    ) -> Result<Result<Value, Value>, String> {
-        let in_use = self
-            .acquire(upstream, &registration.id, &cancel)
-            .await
-            .map_err(|why| why.unwrap_or_else(|| "cancelled".into()))?;
+    ) -> Result<Result<Value, Value>, ForwardError> {
+        let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let mut params = params;
         upstream_meta(&mut params, registration, lease_of(slot, registration));
@@ -258,36 +255,33 @@ impl Pool {
                 slot.answered();
                 Ok(resp.outcome)
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
-    /// (spawned if needed) — each step abandoned when `cancel` fires: `Err(None)` then,
-    /// `Err(Some(why))` when the upstream cannot serve.
+    /// (spawned if needed) — each step abandoned when `cancel` fires.
     async fn acquire(
         &self,
         upstream: &str,
         registration_id: &str,
         cancel: &CancellationToken,
-    ) -> Result<InUse, Option<String>> {
+    ) -> Result<InUse, ForwardError> {
         let slot = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err(None),
-            s = self.slot_for(upstream, registration_id) => s.map_err(Some)?,
+            () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+            s = self.slot_for(upstream, registration_id) => s?,
         };
         let busy = Busy::new(&slot);
         let permit = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err(None),
-            p = slot.permits.clone().acquire_owned() => {
-                p.map_err(|_| Some("upstream is shutting down".to_string()))?
-            }
+            () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+            p = slot.permits.clone().acquire_owned() => p.map_err(|_| ForwardError::ShuttingDown)?,
         };
         let conn = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err(None),
-            c = slot.connection() => c.map_err(|e| Some(e.to_string()))?,
+            () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+            c = slot.connection() => c?,
         };
         Ok(InUse {
             slot,

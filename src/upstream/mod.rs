@@ -40,6 +40,6 @@ pub use connection::Connection;
 pub use forward::{CallIds, ForwardCall, ForwardOutcome};
 pub use pool::{Pool, UpstreamInfo};
 pub use types::{
-    ConnectOptions, Downstream, IdCounter, RequestOptions, RequestTag, Response, Transport,
-    UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    ConnectOptions, Downstream, ForwardError, IdCounter, RequestOptions, RequestTag, Response,
+    Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };

@@ -29,7 +29,7 @@ use super::lease::{self, RELEASE_TIMEOUT};
 use super::reaper;
 use super::routing::{ClientRequests, Incoming};
 use super::slot::{effective_sharing, Slot, Slots, Spec};
-use super::{Downstream, Transport, UpstreamError, UpstreamEvent};
+use super::{Downstream, ForwardError, Transport, UpstreamError, UpstreamEvent};
 use crate::audit::Audit;
 use crate::config::{Sharing, UpstreamConfig};
 use crate::sync::lock;
@@ -221,16 +221,19 @@ impl Pool {
         &self,
         upstream_id: &str,
         registration_id: &str,
-    ) -> Result<Arc<Slot>, String> {
+    ) -> Result<Arc<Slot>, ForwardError> {
         let up = self
             .inner
             .upstreams
             .get(upstream_id)
-            .ok_or_else(|| format!("unknown upstream {upstream_id:?}"))?;
+            .ok_or_else(|| ForwardError::UnknownUpstream(upstream_id.to_string()))?;
         if lock(&up.slots).effective.is_none() {
             self.catalog(upstream_id)
                 .await
-                .map_err(|e| format!("upstream {upstream_id:?} is unavailable: {e}"))?;
+                .map_err(|source| ForwardError::Unavailable {
+                    upstream: upstream_id.to_string(),
+                    source,
+                })?;
         }
         if let Some(s) = lock(&up.slots).find(registration_id) {
             return Ok(s);

@@ -239,3 +239,44 @@ pub trait Downstream: Send + Sync {
         msg: Value,
     ) -> BoxFuture<'a, bool>;
 }
+
+/// Which side of the gateway a failure is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The caller (it cancelled, or went away).
+    Downstream,
+    /// The upstream server or the connection to it.
+    Upstream,
+    /// The gateway itself (configuration, shutdown).
+    Internal,
+}
+
+/// Why a request could not be forwarded to an upstream (its answer, even a JSON-RPC error,
+/// is not an error here).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cancelled")]
+    Cancelled,
+    #[error("unknown upstream {0:?}")]
+    UnknownUpstream(String),
+    #[error("upstream is shutting down")]
+    ShuttingDown,
+    /// The upstream could not be reached to learn its tools and sharing.
+    #[error("upstream {upstream:?} is unavailable: {source}")]
+    Unavailable {
+        upstream: String,
+        source: UpstreamError,
+    },
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+}
+
+impl ForwardError {
+    pub fn side(&self) -> Side {
+        match self {
+            ForwardError::Cancelled => Side::Downstream,
+            ForwardError::UnknownUpstream(_) | ForwardError::ShuttingDown => Side::Internal,
+            ForwardError::Unavailable { .. } | ForwardError::Upstream(_) => Side::Upstream,
+        }
+    }
+}

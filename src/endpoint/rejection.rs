@@ -1,0 +1,114 @@
+//! Why an endpoint refuses a request, as one type: the HTTP status, the JSON-RPC error (code,
+//! message, the request id where it could be read, data) and the header the status calls for
+//! (`WWW-Authenticate` on 401, `Allow` on 405). Its one `IntoResponse` writes them all.
+
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::mcp::jsonrpc::{self, RpcError};
+
+#[derive(Debug)]
+pub struct Rejection {
+    status: StatusCode,
+    error: RpcError,
+    header: Option<(HeaderName, HeaderValue)>,
+}
+
+impl Rejection {
+    pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+        Rejection {
+            status,
+            error: RpcError::new(None, code, message),
+            header: None,
+        }
+    }
+
+    /// A JSON-RPC error as the body, under `status`.
+    pub fn rpc(status: StatusCode, error: RpcError) -> Self {
+        Rejection {
+            status,
+            error,
+            header: None,
+        }
+    }
+
+    /// A malformed message (400), with the id where it could be read.
+    pub fn malformed(error: RpcError) -> Self {
+        Self::rpc(StatusCode::BAD_REQUEST, error)
+    }
+
+    /// 400 with -32600.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, jsonrpc::INVALID_REQUEST, message)
+    }
+
+    /// 404 with -32600.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, jsonrpc::INVALID_REQUEST, message)
+    }
+
+    /// 403 with -32600.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, jsonrpc::INVALID_REQUEST, message)
+    }
+
+    /// 401 with -32600 and `WWW-Authenticate: Bearer`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, jsonrpc::INVALID_REQUEST, message).with_header(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"gatehouse\""),
+        )
+    }
+
+    /// 503 with -32603 (a session cap).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            jsonrpc::INTERNAL_ERROR,
+            message,
+        )
+    }
+
+    pub fn with_id(mut self, id: Option<Value>) -> Self {
+        self.error.id = id;
+        self
+    }
+
+    pub fn with_data(mut self, data: Option<Value>) -> Self {
+        self.error.data = data;
+        self
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.header = Some((name, value));
+        self
+    }
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        let mut r = json_response(self.status, &self.error.to_value());
+        if let Some((name, value)) = self.header {
+            r.headers_mut().insert(name, value);
+        }
+        r
+    }
+}
+
+/// A JSON body with a status.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`); it
+    // cannot fail for a `Value` (map keys are strings).
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        Bytes::from(bytes),
+    )
+        .into_response()
+}
