@@ -846,3 +846,35 @@ async fn closing_the_sse_session_cancels_its_upstream_call() {
     a.release().await;
     gw.gateway.shutdown().await;
 }
+
+/// A call cut off by its registration's `call_timeout_s` (the gateway's own timeout, shorter
+/// than the upstream's) still names its upstream request id and epoch in its audit record.
+#[tokio::test]
+async fn a_call_the_gateway_times_out_keeps_its_upstream_ids_in_the_audit() {
+    let gw = gateway(vec![helpdesk("helpdesk", "per_registration", &[], "")]);
+    let a = gw
+        .gateway
+        .register(
+            RegistrationSpec::new("a")
+                .grant("helpdesk.*")
+                .limits(gatehouse::Limits {
+                    call_timeout_s: Some(0.5),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .unwrap();
+    let mut c = client(&a).await;
+    c.call("helpdesk.open_case", json!({"title": "t"})).await;
+    let r = c.call("helpdesk.add_note_slow", json!({"text": "x"})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(text_of(&r).contains("call_timeout_s"), "{r}");
+    let rec = gw
+        .calls()
+        .into_iter()
+        .find(|r| r.tool.as_deref() == Some("helpdesk.add_note_slow"))
+        .unwrap();
+    assert_eq!(rec.outcome.as_deref(), Some("timeout"), "{rec:?}");
+    assert!(rec.upstream_request_id.is_some_and(|i| i > 0), "{rec:?}");
+    assert_eq!(rec.epoch, Some(1), "{rec:?}");
+}
