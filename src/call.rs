@@ -34,12 +34,8 @@ fn base_record(ctx: &RequestCtx, tool: Option<&str>) -> Record {
     r
 }
 
-/// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled.
-///
-/// An `async fn`'s future is as large as its largest await point, and this one (inside every
-/// request's future) is moved into a task or a box on every call: the paths that need large
-/// futures — malformed params, denials, forwarding upstream — are boxed, so an in-process
-/// call does not carry (and copy) kilobytes it never uses.
+/// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled. The rare,
+/// large paths are boxed (ARCHITECTURE.md, Decisions: request futures).
 pub async fn run(
     ctx: &RequestCtx,
     id: Value,

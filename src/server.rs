@@ -50,17 +50,13 @@ pub async fn serve(listener: TcpListener, hub: Arc<Hub>, stop: CancellationToken
     serve_http1(listener, service, stop, "data").await;
 }
 
-/// A request's future, boxed (one allocation per request, as axum's router makes): hyper
-/// keeps the in-flight future inside every connection's state, so an unboxed one would make
-/// every connection — idle SSE streams included — as large as the largest handler's future.
+/// A request's future, boxed: hyper keeps it inside the connection's state, and an idle
+/// connection should not be as large as the largest handler's future (ARCHITECTURE.md).
 type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-/// The two routes every tool call takes — `POST /gw/<id>/mcp` and `POST /gw/<id>/messages/`
-/// (or without the slash) with a plain base64url id — go straight to their handlers; axum's
-/// route match, path-parameter decoding and wrappers cost ~8% of such a request. Every other
-/// request goes through the router, whose answers (404, 405 with `Allow`, percent-decoded
-/// ids) stay the reference; for the ids routed directly, the router would extract the same
-/// id (there is nothing to decode in `[A-Za-z0-9_-]`).
+/// A tool call's two routes (`POST /gw/<id>/mcp`, `POST /gw/<id>/messages[/]` with a plain
+/// base64url id, which the router would decode to the same id) go straight to their handlers;
+/// every other request goes through the router, the reference for 404, 405 and decoding.
 fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Incoming>) -> Reply {
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {

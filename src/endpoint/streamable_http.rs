@@ -132,9 +132,8 @@ pub async fn post(
             legacy_single(gw, reg, &headers, Ok(msg)).await
         };
     }
-    // Everything else (responses, batches, malformed messages) is boxed, like `initialize`
-    // below: rare, and their futures would make every request's future (moved on each
-    // request) kilobytes larger.
+    // Everything else (responses, batches, malformed messages) is rare and boxed, like
+    // `initialize` below (ARCHITECTURE.md, Decisions: request futures).
     Box::pin(post_general(gw, reg, headers, bytes)).await
 }
 
