@@ -27,7 +27,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     load_with_env(path, |k| std::env::var(k).ok())
 }
 
-/// Like [`load`], with the environment given as a function (tests).
+/// Like `load`, with the environment given as a function (tests).
 pub fn load_with_env(
     path: &Path,
     env: impl Fn(&str) -> Option<String>,

@@ -95,7 +95,7 @@ impl ConnectOptions {
     }
 }
 
-/// Per-request options for [`Connection::request`].
+/// Per-request options for [`Connection::request`](super::Connection::request).
 #[derive(Debug, Default)]
 pub struct RequestOptions {
     /// Overrides [`ConnectOptions::request_timeout`].
@@ -163,7 +163,7 @@ pub enum UpstreamEvent {
         params: Value,
     },
     /// A server → client request other than `ping` (sampling, elicitation, roots, …). Answer it
-    /// with [`Connection::respond`] using `id` verbatim.
+    /// with [`Connection::respond`](super::Connection::respond) using `id` verbatim.
     ///
     /// `related_request` is the pending upstream request it can be attributed to, if any:
     /// - HTTP: the request whose POST response stream carried it (a structural link); `None`
