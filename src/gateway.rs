@@ -135,37 +135,32 @@ impl Gateway {
     }
 
     /// The upstream connection pool.
-    pub fn pool(&self) -> &Pool {
+    pub(crate) fn pool(&self) -> &Pool {
         self.inner.hub.pool()
     }
 
-    pub fn config(&self) -> &Arc<Config> {
+    pub(crate) fn config(&self) -> &Arc<Config> {
         self.inner.hub.config()
     }
 
-    pub fn audit(&self) -> &Audit {
+    pub(crate) fn audit(&self) -> &Audit {
         self.inner.hub.audit()
     }
 
-    pub fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         self.inner.hub.registry()
     }
 
-    pub fn sessions(&self) -> &SessionTable {
+    pub(crate) fn sessions(&self) -> &SessionTable {
         self.inner.hub.sessions()
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         self.inner.hub.metrics()
     }
 
-    pub fn deadlines(&self) -> &Deadlines {
+    pub(crate) fn deadlines(&self) -> &Deadlines {
         &self.inner.deadlines
-    }
-
-    /// Fires when the gateway shuts down.
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.inner.shutdown
     }
 
     /// Adds an in-process tool to the gateway's catalog; registrations grant it by name.
