@@ -280,13 +280,18 @@ mod tests {
         let a = new_registration_id_on(Some("n1"));
         let (node, random) = a.split_once('.').unwrap();
         assert_eq!(node, "n1");
-        assert_eq!(URL_SAFE_NO_PAD.decode(random).map(|v| v.len()).ok(), Some(16));
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(random).map(|v| v.len()).ok(),
+            Some(16)
+        );
         assert!(!random.contains('.'));
         assert_ne!(a, new_registration_id_on(Some("n1")));
         for id in [a.as_str(), "abc", "-x_Y", "n1.-x", "0.a"] {
             assert!(id_shaped(id), "{id}");
         }
-        for id in ["", ".", "n1.", ".abc", "N1.abc", "a.b.c", "..", "a-b.c", "a%2Eb", "a/b"] {
+        for id in [
+            "", ".", "n1.", ".abc", "N1.abc", "a.b.c", "..", "a-b.c", "a%2Eb", "a/b",
+        ] {
             assert!(!id_shaped(id), "{id}");
         }
     }

@@ -207,8 +207,14 @@ mod tests {
         assert_eq!(hot_route("/gw/-x/messages/"), Some(("-x", Hot::Messages)));
         assert_eq!(hot_route("/gw/x/messages"), Some(("x", Hot::Messages)));
         // A node's ids (DESIGN.md §8): `<node>.<base64url>`.
-        assert_eq!(hot_route("/gw/n1.aZ0-_9/mcp"), Some(("n1.aZ0-_9", Hot::Mcp)));
-        assert_eq!(hot_route("/gw/n1.-x/messages/"), Some(("n1.-x", Hot::Messages)));
+        assert_eq!(
+            hot_route("/gw/n1.aZ0-_9/mcp"),
+            Some(("n1.aZ0-_9", Hot::Mcp))
+        );
+        assert_eq!(
+            hot_route("/gw/n1.-x/messages/"),
+            Some(("n1.-x", Hot::Messages))
+        );
         for path in [
             "/gw//mcp",
             "/gw/a%2Db/mcp",

@@ -109,12 +109,25 @@ fn unknown_keys_and_bad_values_name_line_and_key() {
 #[test]
 fn node_id_from_file_or_env_validated_with_line_and_key() {
     let dir = tempfile::tempdir().unwrap();
-    let p = write(dir.path(), "n.toml", "listen = \"127.0.0.1:0\"\nnode_id = \"n1\"\n");
-    assert_eq!(load_with_env(&p, no_env).unwrap().node_id.as_deref(), Some("n1"));
+    let p = write(
+        dir.path(),
+        "n.toml",
+        "listen = \"127.0.0.1:0\"\nnode_id = \"n1\"\n",
+    );
+    assert_eq!(
+        load_with_env(&p, no_env).unwrap().node_id.as_deref(),
+        Some("n1")
+    );
     assert_eq!(load_with_env(&shipped(), no_env).unwrap().node_id, None);
     let env = |k: &str| (k == "GATEHOUSE_NODE_ID").then(|| "b7".to_string());
-    assert_eq!(load_with_env(&p, env).unwrap().node_id.as_deref(), Some("b7"));
-    assert_eq!(load_with_env(&shipped(), env).unwrap().node_id.as_deref(), Some("b7"));
+    assert_eq!(
+        load_with_env(&p, env).unwrap().node_id.as_deref(),
+        Some("b7")
+    );
+    assert_eq!(
+        load_with_env(&shipped(), env).unwrap().node_id.as_deref(),
+        Some("b7")
+    );
     // Not [a-z0-9], empty, too long: refused, naming the line and key.
     for bad in ["N1", "n-1", "n.1", "n_1", "", "abcdefghijklmnopq", "é"] {
         let p = write(
@@ -123,7 +136,10 @@ fn node_id_from_file_or_env_validated_with_line_and_key() {
             &format!("listen = \"127.0.0.1:0\"\nnode_id = {bad:?}\n"),
         );
         let e = load_with_env(&p, no_env).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("node_id") && e.contains("[a-z0-9]"), "{bad:?}: {e}");
+        assert!(
+            e.contains("line 2") && e.contains("node_id") && e.contains("[a-z0-9]"),
+            "{bad:?}: {e}"
+        );
     }
     let env = |k: &str| (k == "GATEHOUSE_NODE_ID").then(|| "Node/1".to_string());
     let e = load_with_env(&shipped(), env).unwrap_err().to_string();
@@ -136,7 +152,11 @@ fn node_id_from_file_or_env_validated_with_line_and_key() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("node n2"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("node n2"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
