@@ -356,26 +356,59 @@ fn python() -> PathBuf {
     py
 }
 
-/// tests/peers/py_client.py (official Python SDK): connect, list tools, call `demo.echo`.
-async fn py_client(transport: &str, url: &str, token: &str) -> Value {
+/// tests/peers/py_client.py (official Python SDK) in one process (`--batch`): for each
+/// (transport, registration), one connection through the proxy that lists the tools and calls
+/// `demo.echo`; asserts each was served. Returns the batch's wall time.
+async fn served_by_python(cells: &[(&str, &Reg)], what: &str) -> Duration {
+    let batch: Vec<Value> = cells
+        .iter()
+        .map(|(transport, r)| {
+            json!({
+                "transport": transport,
+                "url": if *transport == "sse" { &r.sse_url } else { &r.mcp_url },
+                "token": r.token,
+                "timeout": 20,
+                "steps": [{"name": "call", "tool": "demo.echo", "args": {"text": "via nginx"}, "timeout": 15}],
+            })
+        })
+        .collect();
     let mut cmd = tokio::process::Command::new(python());
     cmd.arg(repo_root().join("tests/peers/py_client.py"))
-        .args(["--transport", transport, "--url", url])
-        // One argument: a token may begin with `-`.
-        .arg(format!("--token={token}"))
-        .args(["--timeout", "20", "--call", "demo.echo"])
-        .args(["--args", r#"{"text":"via nginx"}"#])
+        .arg("--batch")
+        .arg(Value::Array(batch).to_string())
         .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(40), cmd.output())
-        .await
-        .expect("py_client finished within 40 s")
-        .expect("py_client ran");
+    let t = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20 * cells.len() as u64 + 20),
+        cmd.output(),
+    )
+    .await
+    .expect("py_client finished in time")
+    .expect("py_client ran");
+    let took = t.elapsed();
     assert!(
         out.status.success(),
-        "py_client --transport {transport} {url} failed: {}",
+        "py_client --batch ({what}) failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(results.len(), cells.len());
+    for ((transport, r), v) in cells.iter().zip(&results) {
+        let what = format!("{what}: {transport} {}", r.id);
+        let ok = &v["ok"];
+        assert_eq!(ok["transport"], *transport, "{what}: {v}");
+        assert_eq!(
+            ok["tools"],
+            json!(["demo.echo", "demo.slow"]),
+            "{what}: {v}"
+        );
+        assert_eq!(
+            ok["steps"]["call"]["ok"]["call"]["content"][0]["text"],
+            format!("{}:via nginx", r.agent),
+            "{what}: {v}"
+        );
+    }
+    took
 }
 
 /// A registration as the proxy returned it.
@@ -424,15 +457,6 @@ fn assert_node_id(id: &str) {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
         "{id}"
-    );
-}
-
-fn served_by_python(v: &Value, reg: &Reg, what: &str) {
-    assert_eq!(v["tools"], json!(["demo.echo", "demo.slow"]), "{what}: {v}");
-    assert_eq!(
-        v["call"]["content"][0]["text"],
-        format!("{}:via nginx", reg.agent),
-        "{what}: {v}"
     );
 }
 
@@ -509,19 +533,20 @@ async fn two_nodes_behind_nginx() {
     let b = regs.iter().find(|r| r.node() == "n2").unwrap().clone();
 
     // --- Served through the proxy by the official Python SDK, SSE and Streamable HTTP.
-    for r in [&a, &b] {
-        let t = Instant::now();
-        let v = py_client("sse", &r.sse_url, &r.token).await;
-        served_by_python(&v, r, "sse");
-        figures.push((format!("py_client sse ({})", r.node()), ms(t.elapsed())));
-        let t = Instant::now();
-        let v = py_client("streamable", &r.mcp_url, &r.token).await;
-        served_by_python(&v, r, "streamable");
-        figures.push((
-            format!("py_client streamable ({})", r.node()),
-            ms(t.elapsed()),
-        ));
-    }
+    let took = served_by_python(
+        &[
+            ("sse", &a),
+            ("streamable", &a),
+            ("sse", &b),
+            ("streamable", &b),
+        ],
+        "both nodes",
+    )
+    .await;
+    figures.push((
+        "py_client: 4 connections, 2 per node (one process)".into(),
+        ms(took),
+    ));
 
     // --- Streams are not buffered: the endpoint event, a call's reply and 1 s keep-alive
     // comments arrive through nginx as they are written.
@@ -668,15 +693,6 @@ async fn two_nodes_behind_nginx() {
     // --- n1 stops: n2's registrations are still served, new registrations land on n2.
     let took = n1.stop();
     figures.push(("n1 graceful stop (SIGTERM)".into(), ms(took)));
-    let t = Instant::now();
-    let v = py_client("streamable", &b.mcp_url, &b.token).await;
-    served_by_python(&v, &b, "streamable after n1 stopped");
-    figures.push((
-        "py_client streamable (n2, n1 stopped)".into(),
-        ms(t.elapsed()),
-    ));
-    let v = py_client("sse", &b.sse_url, &b.token).await;
-    served_by_python(&v, &b, "sse after n1 stopped");
     // n1's registrations ended with it (the harness registers again): 502 from the proxy.
     assert_eq!(initialize(&a.mcp_url, &a.token, None).await, 502);
     let t = Instant::now();
@@ -693,8 +709,15 @@ async fn two_nodes_behind_nginx() {
         assert_eq!(r.node(), "n2", "{r:?}");
         assert_eq!(initialize(&r.mcp_url, &r.token, None).await, 200);
     }
-    let v = py_client("streamable", &later[0].mcp_url, &later[0].token).await;
-    served_by_python(&v, &later[0], "new registration on n2");
+    let took = served_by_python(
+        &[("streamable", &b), ("sse", &b), ("streamable", &later[0])],
+        "n1 stopped",
+    )
+    .await;
+    figures.push((
+        "py_client: 3 connections to n2, n1 stopped".into(),
+        ms(took),
+    ));
 
     // --- Audit: every node's lines (its stdout, as a collector reads it) carry its node id.
     // (n2 is still running: a line it is writing may not have been read yet; not counted.)
@@ -715,7 +738,7 @@ async fn two_nodes_behind_nginx() {
             .filter(|r| r["event"] == "governed_mcp_call" && r["registration_id"] == id)
             .count()
     };
-    // sse, streamable (py_client); SSE raw call (b only); after the stop twice more (b).
+    // sse, streamable (py_client); the raw SSE call (b only); after the stop twice more (b).
     assert_eq!(calls_of(&n1_records, &a.id), 2);
     assert_eq!(calls_of(&n2_records, &b.id), 5);
     assert!(n1_records.iter().any(|r| r["event"] == "daemon_stopped"));
