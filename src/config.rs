@@ -225,9 +225,9 @@ fn default_max_in_flight() -> usize {
 /// The longest `node_id`: it prefixes every registration id and URL of the node.
 pub const NODE_ID_MAX: usize = 16;
 
-/// A node id: 1-16 characters of `[a-z0-9]` — no `.`, the separator in `<node_id>.<random>`,
-/// and no base64url character outside it, so one regex (`^/gw/([a-z0-9]+)\.`) reads the node
-/// of any registration path.
+/// A node id: 1-16 characters of `[a-z0-9]`. Neither it nor base64url has a `.`, the
+/// separator in `<node_id>.<random>`, so one regex (`^/gw/([a-z0-9]+)\.`) reads the node of
+/// any registration path.
 pub fn valid_node_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= NODE_ID_MAX

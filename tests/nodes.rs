@@ -640,6 +640,20 @@ async fn two_nodes_behind_nginx() {
         401,
         "n2's token on n1's registration"
     );
+    // A percent-encoded `.` names the same registration on the proxy (which routes on the
+    // decoded path) and on the node (which decodes the raw one it is passed).
+    let encoded = b.id.replacen('.', "%2E", 1);
+    assert_eq!(
+        initialize(&format!("{proxy}/gw/{encoded}/mcp"), &b.token, None).await,
+        200
+    );
+    let (s, v) = admin(
+        Method::GET,
+        &format!("{proxy_admin}/v1/registrations/{encoded}"),
+        None,
+    )
+    .await;
+    assert_eq!((s, v["id"].as_str()), (200, Some(b.id.as_str())), "{v}");
     // n2's random part under n1's prefix is routed to n1, which does not hold it.
     let moved = format!("{proxy}/gw/n1.{}/mcp", b.id.split_once('.').unwrap().1);
     assert_eq!(initialize(&moved, &b.token, None).await, 404);
