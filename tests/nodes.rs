@@ -207,6 +207,30 @@ struct Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Nginx {
+    /// SIGTERM to the master, which stops its workers and waits for them; SIGKILL alone would
+    /// leave the workers running (and listening) as orphans. Bounded: after 5 s the workers
+    /// and the master are killed.
+    fn shutdown(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let workers = self.workers();
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for w in workers {
+            let _ = kill(Pid::from_raw(w as i32), Signal::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -294,6 +318,48 @@ impl Nginx {
             std::thread::sleep(Duration::from_millis(20));
         }
         nginx
+    }
+
+    /// The master's children (its workers), from /proc.
+    fn workers(&self) -> Vec<u32> {
+        let master = self.child.id();
+        let ppid_of = |pid: &str| -> Option<u32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            stat.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                let pid: u32 = name.parse().ok()?;
+                (ppid_of(&name)? == master).then_some(pid)
+            })
+            .collect()
+    }
+
+    /// Stops nginx as Drop does, and checks that it and every worker are gone.
+    fn stop(mut self) {
+        let workers = self.workers();
+        assert!(!workers.is_empty(), "nginx has no worker");
+        self.shutdown();
+        let exited = self.child.try_wait().unwrap();
+        assert!(exited.is_some(), "nginx master still running");
+        for w in workers {
+            let state = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap_or_default();
+            let running = state
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|st| st != "Z");
+            assert!(!running, "nginx worker {w} outlived its master");
+        }
     }
 
     fn logs(&self) -> String {
@@ -799,6 +865,7 @@ async fn two_nodes_behind_nginx() {
         !log.contains("[emerg]") && !log.contains("[alert]"),
         "{log}"
     );
+    nginx.stop();
 
     figures.push(("whole test".into(), ms(t_all.elapsed())));
     eprintln!("nodes.rs figures:");
