@@ -54,9 +54,10 @@ pub async fn serve(listener: TcpListener, hub: Arc<Hub>, stop: CancellationToken
 /// connection should not be as large as the largest handler's future (ARCHITECTURE.md).
 type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-/// A tool call's two routes (`POST /gw/<id>/mcp`, `POST /gw/<id>/messages[/]` with a plain
-/// base64url id, which the router would decode to the same id) go straight to their handlers;
-/// every other request goes through the router, the reference for 404, 405 and decoding.
+/// A tool call's two routes (`POST /gw/<id>/mcp`, `POST /gw/<id>/messages[/]` with a plain id:
+/// base64url, or `<node>.<base64url>`, which the router would decode to the same id) go
+/// straight to their handlers; every other request goes through the router, the reference
+/// for 404, 405 and decoding.
 fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Incoming>) -> Reply {
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
@@ -82,11 +83,11 @@ enum Hot {
     Messages,
 }
 
-/// `/gw/<id>/mcp` or `/gw/<id>/messages[/]` with an id of base64url characters only.
+/// `/gw/<id>/mcp` or `/gw/<id>/messages[/]` with an id shaped like a registration id
+/// (`registry::id_shaped`: base64url, optionally after `<node>.`).
 fn hot_route(path: &str) -> Option<(&str, Hot)> {
     let (id, rest) = path.strip_prefix("/gw/")?.split_once('/')?;
-    let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
-    if id.is_empty() || !id.bytes().all(plain) {
+    if !crate::registry::id_shaped(id) {
         return None;
     }
     match rest {
@@ -192,11 +193,24 @@ mod tests {
         assert_eq!(hot_route("/gw/aZ0-_9/mcp"), Some(("aZ0-_9", Hot::Mcp)));
         assert_eq!(hot_route("/gw/-x/messages/"), Some(("-x", Hot::Messages)));
         assert_eq!(hot_route("/gw/x/messages"), Some(("x", Hot::Messages)));
+        // A node's ids (DESIGN.md §8): `<node>.<base64url>`.
+        assert_eq!(
+            hot_route("/gw/n1.aZ0-_9/mcp"),
+            Some(("n1.aZ0-_9", Hot::Mcp))
+        );
+        assert_eq!(
+            hot_route("/gw/n1.-x/messages/"),
+            Some(("n1.-x", Hot::Messages))
+        );
         for path in [
             "/gw//mcp",
             "/gw/a%2Db/mcp",
+            "/gw/n1%2Eab/mcp",
             "/gw/../mcp",
-            "/gw/a.b/mcp",
+            "/gw/./mcp",
+            "/gw/a.b.c/mcp",
+            "/gw/A1.b/mcp",
+            "/gw/n1./mcp",
             "/gw/x/mcp/",
             "/gw/x/mcp/extra",
             "/gw/x/sse",
