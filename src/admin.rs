@@ -142,6 +142,11 @@ fn bad_request(message: impl Into<String>) -> Response {
 }
 
 async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Response {
+    if let Err(refused) = crate::server::strict_http(req.version(), req.headers()) {
+        let mut r = error(refused.status, refused.message);
+        refused.close(&mut r);
+        return r;
+    }
     let presented = bearer(req.headers()).unwrap_or_default();
     let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
     if presented.is_empty() || !bool::from(digest.ct_eq(st.token_digest.as_ref())) {

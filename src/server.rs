@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -65,6 +65,15 @@ fn dispatch(
     router: &TowerToHyperService<Router>,
     req: Request<Incoming>,
 ) -> Reply {
+    if let Err(refused) = strict_http(req.version(), req.headers()) {
+        let mut resp = endpoint::http_error(
+            refused.status,
+            crate::mcp::jsonrpc::INVALID_REQUEST,
+            refused.message,
+        );
+        refused.close(&mut resp);
+        return Box::pin(std::future::ready(Ok(resp)));
+    }
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
             let (gw, id, req) = (
@@ -83,6 +92,71 @@ fn dispatch(
         }
     }
     Box::pin(router.call(req))
+}
+
+/// Why a request was refused before routing (see [`strict_http`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub status: StatusCode,
+    pub message: &'static str,
+}
+
+impl Refused {
+    /// Marks the response `Connection: close`: a client that sent ambiguous framing or
+    /// identity headers is not kept for another request.
+    pub fn close(&self, resp: &mut Response) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+}
+
+/// The strict-HTTP pre-check both listeners run before routing (the data listener in
+/// [`dispatch`], `/healthz` included; the admin listener before its token check), on what
+/// hyper leaves to the application:
+/// - more than one `Authorization` → 400 (which one would count is ambiguous);
+/// - HTTP/1.1 without exactly one `Host`, or any request with more than one → 400
+///   (RFC 9112 §3.2; the Host/Origin allow-list then judges the one value);
+/// - a `Transfer-Encoding` other than a single `chunked` → 501 (RFC 9112 §6.1). hyper
+///   itself answers 400 when `chunked` is not the last coding (the length is unknowable,
+///   §6.3), drops `Content-Length` beside `Transfer-Encoding` and closes the connection after
+///   such a request, and refuses differing `Content-Length`s.
+///
+/// Messages name the rule, never a header's value (it may be a token).
+pub fn strict_http(version: axum::http::Version, headers: &HeaderMap) -> Result<(), Refused> {
+    use axum::http::header::{AUTHORIZATION, HOST, TRANSFER_ENCODING};
+    let bad = |message| {
+        Err(Refused {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        })
+    };
+    if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        return bad("bad request: more than one Authorization header");
+    }
+    let hosts = headers.get_all(HOST).iter().take(2).count();
+    if hosts > 1 {
+        return bad("bad request: more than one Host header");
+    }
+    if hosts == 0 && version == axum::http::Version::HTTP_11 {
+        return bad("bad request: an HTTP/1.1 request needs a Host header");
+    }
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    if let Some(first) = codings.next() {
+        if !first.eq_ignore_ascii_case(b"chunked") || codings.next().is_some() {
+            return Err(Refused {
+                status: StatusCode::NOT_IMPLEMENTED,
+                message: "not implemented: the only Transfer-Encoding accepted is a single chunked",
+            });
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, PartialEq)]
@@ -200,6 +274,61 @@ async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strict_http_refuses_ambiguous_identity_and_framing_headers() {
+        use axum::http::{HeaderValue, Version};
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, HeaderValue::from_static(v));
+            }
+            h
+        };
+        let status = |v, pairs: &[(&'static str, &'static str)]| {
+            strict_http(v, &headers(pairs)).map_err(|r| r.status.as_u16())
+        };
+        let h11 = Version::HTTP_11;
+        let host = ("host", "localhost");
+        assert_eq!(status(h11, &[host]), Ok(()));
+        assert_eq!(
+            status(h11, &[host, ("transfer-encoding", "Chunked")]),
+            Ok(())
+        );
+        assert_eq!(status(Version::HTTP_10, &[]), Ok(()));
+        assert_eq!(status(h11, &[]), Err(400));
+        assert_eq!(status(h11, &[host, host]), Err(400));
+        assert_eq!(status(Version::HTTP_10, &[host, host]), Err(400));
+        assert_eq!(
+            status(
+                h11,
+                &[
+                    host,
+                    ("authorization", "Bearer a"),
+                    ("authorization", "Bearer a")
+                ]
+            ),
+            Err(400)
+        );
+        for te in ["gzip, chunked", "chunked, chunked", "identity", "x"] {
+            assert_eq!(
+                status(h11, &[host, ("transfer-encoding", te)]),
+                Err(501),
+                "{te}"
+            );
+        }
+        assert_eq!(
+            status(
+                h11,
+                &[
+                    host,
+                    ("transfer-encoding", "gzip"),
+                    ("transfer-encoding", "chunked")
+                ]
+            ),
+            Err(501)
+        );
+    }
 
     #[test]
     fn only_plain_ids_on_the_two_call_routes_are_routed_directly() {

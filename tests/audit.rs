@@ -1151,7 +1151,12 @@ async fn the_audit_file_its_head_and_its_rotations_are_created_owner_only() {
     files.extend(segs.iter().cloned());
     let modes: Vec<(String, u32)> = files
         .iter()
-        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), mode(p)))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                mode(p),
+            )
+        })
         .collect();
     let wrong: Vec<_> = modes.iter().filter(|(_, m)| *m != 0o600).collect();
     write_figures(
@@ -1166,7 +1171,10 @@ async fn the_audit_file_its_head_and_its_rotations_are_created_owner_only() {
     assert!(
         wrong.is_empty(),
         "not 0600: {:?}",
-        wrong.iter().map(|(n, m)| format!("{n} {m:o}")).collect::<Vec<_>>()
+        wrong
+            .iter()
+            .map(|(n, m)| format!("{n} {m:o}"))
+            .collect::<Vec<_>>()
     );
     assert_eq!(read_chain(&path).unwrap().len(), 40);
 }
