@@ -790,3 +790,199 @@ async fn sigterm_under_load_loses_no_acknowledged_call() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(d.marked_processes(), Vec::<u32>::new());
 }
+
+/// `(pid, ppid, pgrp, state)` of every process in /proc.
+fn processes() -> Vec<(i32, i32, i32, char)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if let (Some(state), Some(ppid), Some(pgrp)) = (
+            f.first().and_then(|s| s.chars().next()),
+            f.get(1).and_then(|s| s.parse().ok()),
+            f.get(2).and_then(|s| s.parse().ok()),
+        ) {
+            out.push((pid, ppid, pgrp, state));
+        }
+    }
+    out
+}
+
+/// Every process (zombies included) in process group `pgid`.
+fn group_members(pgid: i32) -> Vec<(i32, char)> {
+    processes()
+        .into_iter()
+        .filter(|p| p.2 == pgid)
+        .map(|p| (p.0, p.3))
+        .collect()
+}
+
+/// Polls until group `pgid` has no live process, then none at all (zombies reaped: by init,
+/// for members whose parent is gone); returns both times in ms, or None.
+fn wait_group_gone(pgid: i32, limit: Duration) -> (Option<u128>, Option<u128>) {
+    let t0 = Instant::now();
+    let mut live_gone = None;
+    while t0.elapsed() < limit {
+        let members = group_members(pgid);
+        if live_gone.is_none() && members.iter().all(|(_, state)| *state == 'Z') {
+            live_gone = Some(t0.elapsed().as_millis());
+        }
+        if members.is_empty() {
+            return (live_gone, Some(t0.elapsed().as_millis()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (live_gone, None)
+}
+
+/// SIGKILLs the pids it holds when dropped (the setsid() grandchildren nothing else reaches).
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Teardown of a child that ignores SIGTERM and stdin EOF and has a grandchild that ignores
+/// SIGTERM too: a release (admin DELETE) and the daemon's exit — graceful (grace 10 s) and
+/// forced (grace 2 s, shorter than the polite steps) — each end with no process left in the
+/// group (/proc, zombies included). A second grandchild calls setsid(): it leaves the group,
+/// and survives, as docs/upstreams.md says.
+#[tokio::test]
+async fn release_and_daemon_exit_leave_no_process_of_a_stubborn_group() {
+    let script = format!(
+        "{}/tests/fixtures/faulty_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let upstream = format!(
+        "[[upstreams]]\nid = \"stubborn\"\ncommand = \"python3\"\nargs = [{script:?}, \"--stubborn\", \"--setsid-grandchild\"]\nsharing = \"per_registration\"\n"
+    );
+    let mut runs = Vec::new();
+    for grace in [10u64, 2] {
+        let mut d = Daemon::start(&format!("shutdown_grace_s = {grace}\n{upstream}"));
+        let daemon_pid = d.child.id() as i32;
+        let mut leaders: Vec<i32> = Vec::new();
+        let mut ids = Vec::new();
+        let mut clients = Vec::new();
+        for agent in ["released", "kept"] {
+            let reg = d
+                .register(json!({"agent_id": agent, "tools": ["stubborn.*"]}))
+                .await;
+            let mut c = SseClient::connect(
+                reg["sse_url"].as_str().unwrap(),
+                reg["token"].as_str().unwrap(),
+            )
+            .await;
+            c.initialize().await;
+            let r = c.call("stubborn.echo", json!({"text": "hi"})).await;
+            assert_eq!(text_of(&r), "echo:hi", "{r}");
+            let new: Vec<i32> = processes()
+                .into_iter()
+                .filter(|p| p.1 == daemon_pid && !leaders.contains(&p.0))
+                .map(|p| p.0)
+                .collect();
+            assert_eq!(new.len(), 1, "one child per registration: {new:?}");
+            leaders.push(new[0]);
+            ids.push(reg["id"].as_str().unwrap().to_string());
+            clients.push(c);
+        }
+        // Each group: the child and its grandchild; the setsid() grandchild is outside it.
+        // (The pool's start-up probe spawned a child too: its setsid() grandchild is out
+        // there as well; `marked_processes` finds them all below.)
+        let mut escapees = KillOnDrop(
+            processes()
+                .into_iter()
+                .filter(|p| leaders.contains(&p.1) && !leaders.contains(&p.2))
+                .map(|p| p.0)
+                .collect(),
+        );
+        assert_eq!(escapees.0.len(), 2, "one setsid() grandchild per child");
+        let members: Vec<usize> = leaders.iter().map(|l| group_members(*l).len()).collect();
+        assert!(members.iter().all(|n| *n >= 2), "{members:?}");
+
+        let t_release = Instant::now();
+        let (s, _) = d
+            .admin(
+                reqwest::Method::DELETE,
+                &format!("/v1/registrations/{}", ids[0]),
+                None,
+            )
+            .await;
+        assert_eq!(s, 204);
+        let release_ms = t_release.elapsed().as_millis();
+        let released_ms = wait_group_gone(leaders[0], Duration::from_secs(15));
+        assert!(
+            released_ms.1.is_some(),
+            "released group left: {:?}",
+            group_members(leaders[0])
+        );
+
+        let t0 = Instant::now();
+        d.signal(Signal::SIGTERM);
+        let (code, exit_s) = d.wait_exit(Duration::from_secs(30));
+        let exit_gone_ms = wait_group_gone(leaders[1], Duration::from_secs(5));
+        let total_ms = t0.elapsed().as_millis();
+        assert!(
+            exit_gone_ms.1.is_some(),
+            "group left after the daemon's exit (grace {grace}): {:?}\n{}",
+            group_members(leaders[1]),
+            d.stderr()
+        );
+        // Graceful within a 10 s grace; a 2 s grace is shorter than the polite steps.
+        assert_eq!(code, Some(if grace == 10 { 0 } else { 2 }), "{}", d.stderr());
+        // What is left of everything the daemon started: only the setsid() grandchildren
+        // (each the leader of its own session), the probe's included.
+        let left = d.marked_processes();
+        escapees.0.extend(left.iter().map(|p| *p as i32));
+        let sessions: Vec<i32> = processes()
+            .into_iter()
+            .filter(|p| left.contains(&(p.0 as u32)) && p.2 == p.0 && p.3 != 'Z')
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(
+            sessions.len(),
+            left.len(),
+            "processes left that did not leave their group: {left:?} (setsid: {sessions:?})"
+        );
+        assert!(left.len() >= 2, "the setsid() grandchildren outlive the group: {left:?}");
+        runs.push(json!({
+            "shutdown_grace_s": grace,
+            "group_members_before": members,
+            "release_returned_after_ms": release_ms,
+            "release_group_no_live_process_after_ms": released_ms.0.map(|m| m + release_ms),
+            "release_group_empty_after_ms": released_ms.1.map(|m| m + release_ms),
+            "daemon_exit_code": code,
+            "daemon_exit_ms": (exit_s * 1000.0).round(),
+            "exit_group_no_live_process_after_ms": exit_gone_ms.0,
+            "exit_group_empty_after_ms": exit_gone_ms.1,
+            "since_sigterm_ms": total_ms,
+            "processes_left_in_groups": leaders.iter().map(|l| group_members(*l).len()).sum::<usize>(),
+            "setsid_grandchildren_left": left.len(),
+        }));
+        drop(escapees);
+    }
+    write_figures("teardown", json!({ "runs": runs }));
+}
+
+/// Writes a test's figures to target/reliability/<name>.json (RELIABILITY.md is built from them).
+fn write_figures(name: &str, v: Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reliability");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&v).unwrap(),
+    )
+    .unwrap();
+}

@@ -135,6 +135,9 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
     };
     tokio::select! {
         _ = graceful => {
+            // Every upstream group was torn down by now; any left (a teardown cut short
+            // whose transport is still referenced) is killed rather than left behind.
+            kill_upstream_groups();
             eprintln!("gatehouse: stopped");
             ExitCode::SUCCESS
         }
@@ -146,6 +149,16 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
 
 fn forced(why: &str) -> ExitCode {
     eprintln!("gatehouse: {why}: forced exit");
+    // `exit` runs no destructor: the upstream process groups still being torn down politely
+    // are SIGKILLed here, or they would outlive the daemon.
+    kill_upstream_groups();
     // Leaves at once: a blocked worker thread would otherwise hold the runtime's shutdown.
     std::process::exit(2)
+}
+
+fn kill_upstream_groups() {
+    let n = crate::upstream::kill_all_groups();
+    if n > 0 {
+        eprintln!("gatehouse: SIGKILL sent to {n} upstream process group(s)");
+    }
 }

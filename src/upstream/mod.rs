@@ -38,6 +38,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use connection::Connection;
+pub use stdio::kill_all_groups;
 pub use pool::Pool;
 
 /// Protocol version requested in `initialize` unless [`ConnectOptions::protocol_version`] says otherwise.
