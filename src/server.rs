@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -19,9 +20,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::connections::{Activity, Guarded, GuardedBody, Limits};
 use crate::endpoint;
 use crate::gateway::Gateway;
 
@@ -44,9 +47,10 @@ pub fn router(gateway: Gateway) -> Router {
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
 pub async fn serve(listener: TcpListener, gateway: Gateway, stop: CancellationToken) {
+    let limits = Limits::data(&gateway.config().connections);
     let router = TowerToHyperService::new(router(gateway.clone()));
     let service = service_fn(move |req| dispatch(&gateway, &router, req));
-    serve_http1(listener, service, stop, "data").await;
+    serve_http1(listener, service, stop, "data", limits).await;
 }
 
 /// A request's future, boxed (one allocation per request, as axum's router makes): hyper
@@ -184,18 +188,30 @@ fn hot_route(path: &str) -> Option<(&str, Hot)> {
 /// every connection is asked to finish its current exchange and close, and this returns
 /// when all have.
 ///
+/// `limits` (`crate::connections`): at most `limits.max` connections at once — one over it
+/// gets a canned 503 and is closed, without a task — and each connection's header and idle
+/// timeouts.
+///
 /// Written on hyper's HTTP/1 connection rather than `axum::serve`: axum serves through
 /// hyper-util's protocol-detecting builder, which first reads up to 24 bytes into a buffer of
 /// its own to tell HTTP/2 from HTTP/1 and then hands them back. hyper's first read then sees
 /// an incomplete head, so its read buffer grows from 8 to 16 KiB on every connection (and
 /// stays so while the connection lives: an idle SSE session's largest cost). We serve
 /// HTTP/1.1 only, so there is nothing to detect.
-pub async fn serve_http1<S>(listener: TcpListener, service: S, stop: CancellationToken, name: &str)
-where
+pub async fn serve_http1<S>(
+    listener: TcpListener,
+    service: S,
+    stop: CancellationToken,
+    name: &str,
+    limits: Limits,
+) where
     S: Service<Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     let conns = TaskTracker::new();
+    let permits = Arc::new(Semaphore::new(limits.max));
+    // Refusals since the cap was last reached (logged once per episode, not per connection).
+    let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -214,6 +230,25 @@ where
                 }
             }
         };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if refused == 0 {
+                    tracing::warn!(
+                        listener = name,
+                        max = limits.max,
+                        "connection cap reached; refusing new connections with 503"
+                    );
+                }
+                refused += 1;
+                limits.refuse(tcp);
+                continue;
+            }
+        };
+        if refused > 0 {
+            tracing::info!(listener = name, refused, "below the connection cap again");
+            refused = 0;
+        }
         // TCP_NODELAY: replies and SSE events are small writes; with Nagle on, an event
         // written while the previous one is unacknowledged waits for the peer's delayed ACK
         // (tens of ms).
@@ -223,8 +258,20 @@ where
         // A clone of the service is an `Arc` clone (no per-connection copy of the route table).
         let service = service.clone();
         let stop = stop.clone();
+        let activity = Activity::new();
+        let io = TokioIo::new(Guarded::new(tcp, activity.clone(), &limits));
         conns.spawn(async move {
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            let _permit = permit;
+            // Busy from the call to the end of the response body (`connections` docs).
+            let service = service_fn(move |req| {
+                let busy = activity.begin();
+                let reply = service.call(req);
+                async move {
+                    let resp = reply.await?;
+                    Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, busy)))
+                }
+            });
+            let conn = http1::Builder::new().serve_connection(io, service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
