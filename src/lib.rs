@@ -18,6 +18,7 @@ mod call;
 pub mod cli;
 pub mod config;
 mod config_load;
+mod connections;
 mod demo_upstream;
 mod endpoint;
 mod expiry;

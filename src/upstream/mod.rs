@@ -39,6 +39,7 @@ mod types;
 pub use connection::Connection;
 pub use forward::{CallIds, ForwardCall, ForwardOutcome};
 pub use pool::{Pool, UpstreamInfo};
+pub use stdio::kill_all_groups;
 pub use types::{
     ConnectOptions, Downstream, ForwardError, IdCounter, RequestOptions, RequestTag, Response,
     Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
