@@ -24,6 +24,7 @@ pub mod registry;
 pub mod server;
 pub mod session;
 mod sync;
+pub mod tool_name;
 pub mod tools;
 pub mod upstream;
 
