@@ -66,6 +66,7 @@ pub struct Config {
     /// hex digits of its digest; two tools under one name are refused at registration.
     /// Needs a separator other than `"."`. An upstream's `model_safe_names` overrides it.
     pub model_safe_tool_names: bool,
+    pub connections: ConnectionConfig,
     pub sessions: SessionConfig,
     pub audit: AuditConfig,
     pub upstreams: Vec<UpstreamConfig>,
@@ -88,9 +89,36 @@ impl Default for Config {
             shutdown_grace_s: 10,
             tool_name_separator: ".".into(),
             model_safe_tool_names: false,
+            connections: ConnectionConfig::default(),
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
             upstreams: Vec::new(),
+        }
+    }
+}
+
+/// Connection bounds of the listeners (`crate::connections`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionConfig {
+    /// Longest wait for a request's head (request line and headers), from the connection's
+    /// accept, or from the first byte of a next request on a kept-alive connection; a slower
+    /// client is disconnected (slowloris), seconds. Both listeners.
+    pub header_timeout_s: u64,
+    /// A kept-alive connection with no request in flight (an open SSE stream is one) and no
+    /// byte of a next request is closed after this many seconds. Both listeners.
+    pub idle_timeout_s: u64,
+    /// Connections held at once on the data listener; beyond it a new connection gets a
+    /// canned 503 and is closed. 0 = auto: 3/4 of the open-files limit, at most 16384.
+    pub max: usize,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig {
+            header_timeout_s: 30,
+            idle_timeout_s: 75,
+            max: 0,
         }
     }
 }
@@ -339,6 +367,23 @@ impl Config {
         if self.keepalive_s == 0 {
             return Err(ConfigError::Invalid(
                 "keepalive_s must be at least 1".into(),
+            ));
+        }
+        let c = &self.connections;
+        if !(1..=3600).contains(&c.header_timeout_s) {
+            return Err(ConfigError::Invalid(
+                "connections.header_timeout_s must be 1-3600".into(),
+            ));
+        }
+        if !(1..=86_400).contains(&c.idle_timeout_s) {
+            return Err(ConfigError::Invalid(
+                "connections.idle_timeout_s must be 1-86400".into(),
+            ));
+        }
+        if c.max > 1_000_000 {
+            return Err(ConfigError::Invalid(
+                "connections.max must be at most 1000000 (0 = auto, from the open-files limit)"
+                    .into(),
             ));
         }
         if let Some(node) = &self.node_id {

@@ -14,6 +14,7 @@ pub mod call;
 pub mod cli;
 pub mod config;
 pub mod config_load;
+pub mod connections;
 pub mod demo_upstream;
 pub mod endpoint;
 pub mod gateway;
