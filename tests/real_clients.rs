@@ -79,13 +79,14 @@ pub async fn mcp1(transport: &str, reg: &Registration, call: &str, args: &str) -
     } else {
         reg.mcp_url()
     };
+    // `--token=…`: a base64url token may begin with `-`, which argparse would read as an option.
+    let token = format!("--token={}", reg.token());
     let a = [
         "--transport",
         transport,
         "--url",
         &url,
-        "--token",
-        reg.token(),
+        &token,
         "--call",
         call,
         "--args",
@@ -96,11 +97,11 @@ pub async fn mcp1(transport: &str, reg: &Registration, call: &str, args: &str) -
 }
 
 pub async fn fastmcp(url: &str, reg: &Registration, call: &str, args: &str) -> Value {
+    let token = format!("--token={}", reg.token());
     let a = [
         "--url",
         url,
-        "--token",
-        reg.token(),
+        &token,
         "--call",
         call,
         "--args",
