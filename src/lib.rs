@@ -27,7 +27,7 @@ mod sync;
 pub mod tools;
 pub mod upstream;
 
-pub use config::Config;
+pub use config::{Config, ConfigError};
 pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
 pub use registry::{Limits, RegistrationSpec};
-pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
+pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult, LOG_LEVELS};
