@@ -159,7 +159,7 @@ def text_of(result: Any) -> str:
 class Daemon:
     """A real `gatehouse serve` on ephemeral ports, stopped at teardown."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, upstreams: str = "") -> None:
         self.config = tmp / "daemon.toml"
         self.token_file = tmp / "admin.token"
         self.config.write_text(
@@ -169,7 +169,7 @@ admin_listen = "127.0.0.1:0"
 admin_token_file = "{self.token_file}"
 [audit]
 path = "{tmp / 'daemon-audit.jsonl'}"
-"""
+{upstreams}"""
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEHOUSE_")}
         self.proc = subprocess.Popen(
