@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the third-party MCP peers that gatehouse's integration tests run against.
 #
-#   tests/peers/setup.sh                 # Python venv (.venv, from requirements.txt) + npm peers (node_modules)
+#   tests/peers/setup.sh                 # Python venv (.venv, from requirements.txt and
+#                                        # requirements-python.txt: maturin, pytest) + npm peers (node_modules)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
@@ -46,7 +47,7 @@ stamp_ok() { # stamp_ok STAMPFILE KEY
 
 # ---------------------------------------------------------------- Python: .venv
 py_version="$(python3 -c 'import sys; print(sys.version)')"
-py_key="$(KEY_EXTRA="$py_version" key_of "$here/requirements.txt")"
+py_key="$(KEY_EXTRA="$py_version" key_of "$here/requirements.txt" "$here/requirements-python.txt")"
 py_stamp="$here/.venv/.setup-stamp"
 if stamp_ok "$py_stamp" "$py_key" && [[ -x "$here/.venv/bin/python" ]]; then
   :
@@ -55,10 +56,13 @@ else
   rm -rf "$here/.venv"
   python3 -m venv "$here/.venv" || die "python3 -m venv failed (is the venv module installed?)"
   "$here/.venv/bin/python" -m pip install --disable-pip-version-check --no-input -q \
-    -r "$here/requirements.txt" || die "pip install -r requirements.txt failed"
+    -r "$here/requirements.txt" -r "$here/requirements-python.txt" \
+    || die "pip install -r requirements.txt -r requirements-python.txt failed"
   "$here/.venv/bin/python" -m pip check >/dev/null || die "pip check failed"
   "$here/.venv/bin/python" -c 'import mcp, httpx2, uvicorn; from mcp.server.mcpserver import MCPServer' \
     || die "the mcp SDK does not import in .venv"
+  "$here/.venv/bin/python" -m maturin --version >/dev/null || die "maturin does not run in .venv"
+  "$here/.venv/bin/python" -m pytest --version >/dev/null || die "pytest does not run in .venv"
   echo "$py_key" > "$py_stamp"
 fi
 

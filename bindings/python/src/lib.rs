@@ -56,9 +56,7 @@ fn gateway_err(py: Python<'_>, e: GatewayError) -> PyErr {
                  with gw.add_tool(), or declare the upstream in the config"
             ),
         ),
-        GatewayError::InvalidSpec(m) if m.starts_with("bad grant") => {
-            py_err(py, "UnknownGrant", m)
-        }
+        GatewayError::InvalidSpec(m) if m.starts_with("bad grant") => py_err(py, "UnknownGrant", m),
         GatewayError::InvalidSpec(m) => py_err(py, "RegistrationError", m),
         GatewayError::Config(e) => py_err(py, "BadConfig", e.to_string()),
         GatewayError::Bind { addr, source } => py_err(
@@ -155,8 +153,8 @@ impl Drop for Shared {
                 Python::attach(|py| {
                     py.detach(move || {
                         handle.block_on(async {
-                            let _ = tokio::time::timeout(Duration::from_secs(10), gw.shutdown())
-                                .await;
+                            let _ =
+                                tokio::time::timeout(Duration::from_secs(10), gw.shutdown()).await;
                         })
                     })
                 });
@@ -181,7 +179,7 @@ impl NativeGateway {
     /// defaults; then the overrides; `self_exe` is what `command = "@self"` upstreams run.
     #[new]
     #[pyo3(signature = (config_path=None, config_toml=None, listen=None, audit_path=None, linger_ms=None, public_url=None, self_exe=None, worker_threads=2, tool_threads=64))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments, one per override
     fn new(
         py: Python<'_>,
         config_path: Option<String>,
@@ -267,7 +265,12 @@ impl NativeGateway {
         if self.shared.pid != std::process::id() {
             return Ok(false);
         }
-        Ok(self.shared.check(py).ok().and_then(|g| g.local_addr()).is_some())
+        Ok(self
+            .shared
+            .check(py)
+            .ok()
+            .and_then(|g| g.local_addr())
+            .is_some())
     }
 
     /// `"host:port"` of the data listener, or None.
@@ -297,7 +300,9 @@ impl NativeGateway {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.shared.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.shared
+            .closed
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Adds a tool to the catalog: registrations then grant it by name.
@@ -308,6 +313,7 @@ impl NativeGateway {
 
     /// Registers an execution (the GIL is released while the gateway works).
     #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments, one per spec field
     fn register(
         &self,
         py: Python<'_>,
@@ -337,7 +343,9 @@ impl NativeGateway {
                 py_err(
                     py,
                     "RegistrationError",
-                    format!("limits: {e} (allowed keys: max_calls, max_concurrent, call_timeout_s)"),
+                    format!(
+                        "limits: {e} (allowed keys: max_calls, max_concurrent, call_timeout_s)"
+                    ),
                 )
             })?;
             spec = spec.limits(limits);
@@ -429,7 +437,11 @@ impl NativeRegistration {
         let Some(reg) = lock(&self.reg).take() else {
             return Ok(());
         };
-        if self.shared.closed.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .shared
+            .closed
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             // The gateway's shutdown already released it: dropping it is a no-op.
             return Ok(());
         }
@@ -516,10 +528,15 @@ fn echo_tool(name: String) -> NativeTool {
         "required": ["text"]
     });
     NativeTool {
-        tool: InProcessTool::new(&name, "Echoes text (Rust)", schema, |args, _ctx| async move {
-            let text = args.get("text").and_then(Value::as_str).unwrap_or("");
-            Ok(ToolResult::text(text))
-        }),
+        tool: InProcessTool::new(
+            &name,
+            "Echoes text (Rust)",
+            schema,
+            |args, _ctx| async move {
+                let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+                Ok(ToolResult::text(text))
+            },
+        ),
     }
 }
 
