@@ -29,13 +29,17 @@ pub enum AuditError {
     Stopped,
 }
 
-/// One audit record. `ts`, `seq` and `prev` are set by the writer.
+/// One audit record. `ts`, `seq`, `node_id` and `prev` are set by the writer.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Record {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ts: String,
     #[serde(default)]
     pub seq: u64,
+    /// The node that wrote the record (`node_id` of the config; absent without one), so a
+    /// collector gathering several nodes' lines can tell their chains apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
     pub event: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registration_id: Option<String>,
@@ -90,12 +94,27 @@ impl Record {
     /// `prev` given by the writer. Written field by field, with no intermediate `String`s: the
     /// chain hashes these exact bytes, and a test holds them equal to serde's.
     pub fn encode_line(&self, ts: &str, seq: u64, prev: &str, out: &mut Vec<u8>) {
+        self.encode_line_on(None, ts, seq, prev, out)
+    }
+
+    /// [`Record::encode_line`] on a node: `node` (when the record has none) is its `node_id`.
+    pub fn encode_line_on(
+        &self,
+        node: Option<&str>,
+        ts: &str,
+        seq: u64,
+        prev: &str,
+        out: &mut Vec<u8>,
+    ) {
         let mut line = Line::open(out);
         let ts = if self.ts.is_empty() { ts } else { &self.ts };
         if !ts.is_empty() {
             line.str("ts", ts);
         }
         line.u64("seq", seq);
+        if let Some(node) = self.node_id.as_deref().or(node) {
+            line.str("node_id", node);
+        }
         line.str("event", &self.event);
         line.opt_str("registration_id", &self.registration_id);
         line.opt_str("agent_id", &self.agent_id);
@@ -368,14 +387,18 @@ const HEAD_TRAIL: Duration = Duration::from_millis(100);
 impl Audit {
     /// Starts the writer thread; the file is created if absent and the chain continued.
     pub fn start(config: &AuditConfig) -> Result<Audit, AuditError> {
+        Self::start_on(config, None)
+    }
+
+    /// [`Audit::start`] on a node: every record gets `node_id` (DESIGN.md §8).
+    pub fn start_on(config: &AuditConfig, node_id: Option<&str>) -> Result<Audit, AuditError> {
         let (tx, rx) = std::sync::mpsc::channel();
         let healthy = Arc::new(AtomicBool::new(true));
         let depth = Arc::new(AtomicUsize::new(0));
         let counters = Arc::new(Counters::default());
-        let writer = Arc::new(std::sync::Mutex::new(Writer::open(
-            config,
-            counters.clone(),
-        )?));
+        let mut writer = Writer::open(config, counters.clone())?;
+        writer.node_id = node_id.map(str::to_string);
+        let writer = Arc::new(std::sync::Mutex::new(writer));
         let inline = config.fsync != FsyncPolicy::Always;
         let (h, d, w) = (healthy.clone(), depth.clone(), writer.clone());
         let handle = std::thread::Builder::new()
@@ -724,6 +747,8 @@ struct Writer {
     regular: bool,
     seq: u64,
     prev: String,
+    /// Written into every record that has none (the config's `node_id`).
+    node_id: Option<String>,
     fsync: FsyncPolicy,
     fsync_interval: Duration,
     last_sync: Instant,
@@ -816,6 +841,7 @@ impl Writer {
             regular: false,
             seq,
             prev,
+            node_id: None,
             fsync: config.fsync,
             fsync_interval: Duration::from_millis(config.fsync_interval_ms),
             last_sync: Instant::now(),
@@ -946,7 +972,7 @@ impl Writer {
                 None => &self.prev,
             };
             let start = buf.len();
-            r.encode_line(now, seq, prev, &mut buf);
+            r.encode_line_on(self.node_id.as_deref(), now, seq, prev, &mut buf);
             last = Some(hex_digest(&Sha256::digest(&buf[start..])));
             buf.push(b'\n');
         }
@@ -1184,9 +1210,17 @@ mod tests {
     /// What the writer wrote before `encode_line`: serde's encoding of the record with `ts`
     /// (if it had none), `seq` and `prev` set.
     fn serde_line(r: &Record, ts: &str, seq: u64, prev: &str) -> String {
+        serde_line_on(r, None, ts, seq, prev)
+    }
+
+    /// ...and with `node_id` (if it had none) set to `node`.
+    fn serde_line_on(r: &Record, node: Option<&str>, ts: &str, seq: u64, prev: &str) -> String {
         let mut r = r.clone();
         if r.ts.is_empty() {
             r.ts = ts.to_string();
+        }
+        if r.node_id.is_none() {
+            r.node_id = node.map(str::to_string);
         }
         r.seq = seq;
         r.prev = prev.to_string();
@@ -1199,11 +1233,18 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
+    fn encoded_on(r: &Record, node: Option<&str>, ts: &str, seq: u64, prev: &str) -> String {
+        let mut out = Vec::new();
+        r.encode_line_on(node, ts, seq, prev, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn encoded_lines_are_serdes_bytes() {
         let full = Record {
             ts: String::new(),
             seq: 0,
+            node_id: None,
             event: "governed_mcp_call".into(),
             registration_id: Some("q0b6zN3Lq6m1o0m9v5d0Yw".into()),
             agent_id: Some("agent \"7\"\\\n\u{1}\u{7f}é🙂".into()),
@@ -1238,7 +1279,24 @@ mod tests {
         ] {
             assert_eq!(encoded(&r, ts, 7, prev), serde_line(&r, ts, 7, prev));
             assert_eq!(encoded(&r, "", 1, ""), serde_line(&r, "", 1, ""));
+            // On a node (DESIGN.md §8): the writer's node id, or the record's own.
+            for node in [Some("n1"), Some("0"), None] {
+                assert_eq!(
+                    encoded_on(&r, node, ts, 7, prev),
+                    serde_line_on(&r, node, ts, 7, prev)
+                );
+                let own = Record {
+                    node_id: Some("own".into()),
+                    ..r.clone()
+                };
+                assert_eq!(
+                    encoded_on(&own, node, ts, 7, prev),
+                    serde_line_on(&own, node, ts, 7, prev)
+                );
+            }
         }
+        assert!(encoded_on(&full, Some("n1"), ts, 7, prev)
+            .starts_with(r#"{"ts":"2026-11-29T12:00:00.000000Z","seq":7,"node_id":"n1","event":"#));
         for d in [
             f64::NAN,
             f64::INFINITY,
@@ -1266,6 +1324,7 @@ mod tests {
             code in proptest::option::of(proptest::num::i64::ANY),
             ms in proptest::option::of(proptest::num::f64::ANY),
             seq in proptest::num::u64::ANY,
+            node in proptest::option::of("[a-z0-9]{1,16}"),
         ) {
             let r = Record {
                 agent_id: agent,
@@ -1277,6 +1336,10 @@ mod tests {
             };
             let ts = "2026-11-29T12:00:00.123456Z";
             proptest::prop_assert_eq!(encoded(&r, ts, seq, GENESIS), serde_line(&r, ts, seq, GENESIS));
+            proptest::prop_assert_eq!(
+                encoded_on(&r, node.as_deref(), ts, seq, GENESIS),
+                serde_line_on(&r, node.as_deref(), ts, seq, GENESIS)
+            );
         }
     }
 

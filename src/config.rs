@@ -34,8 +34,13 @@ pub struct Config {
     /// Where the daemon writes a generated admin token (mode 0600) when
     /// `GATEHOUSE_ADMIN_TOKEN` is not set; the CLI verbs read it from there.
     pub admin_token_file: PathBuf,
-    /// Base URL written into registration URLs; default `http://<bound address>`.
+    /// Base URL written into registration URLs; default `http://<bound address>`. Behind an
+    /// L7 proxy (several nodes, DESIGN.md §8), the proxy's address.
     pub public_url: Option<String>,
+    /// This node's name when several gatehouse nodes sit behind one L7 proxy: registration
+    /// ids become `<node_id>.<random>`, so the proxy routes each to the node that owns it;
+    /// audit records carry it. 1-16 characters of `[a-z0-9]`. None: ids are plain random.
+    pub node_id: Option<String>,
     /// How long the lazily started server stays up after the last registration, in ms.
     pub linger_ms: u64,
     /// Interval of SSE keep-alive comments, in seconds.
@@ -64,6 +69,7 @@ impl Default for Config {
             admin_listen: "127.0.0.1:8788".into(),
             admin_token_file: PathBuf::from("gatehouse-admin.token"),
             public_url: None,
+            node_id: None,
             linger_ms: 1000,
             keepalive_s: 15,
             max_body_bytes: 4 * 1024 * 1024,
@@ -216,6 +222,20 @@ fn default_max_in_flight() -> usize {
     64
 }
 
+/// The longest `node_id`: it prefixes every registration id and URL of the node.
+pub const NODE_ID_MAX: usize = 16;
+
+/// A node id: 1-16 characters of `[a-z0-9]`. Neither it nor base64url has a `.`, the
+/// separator in `<node_id>.<random>`, so one regex (`^/gw/([a-z0-9]+)\.`) reads the node of
+/// any registration path.
+pub fn valid_node_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= NODE_ID_MAX
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
 /// The characters allowed in tool names seen by agents.
 pub fn valid_tool_name(name: &str) -> bool {
     !name.is_empty()
@@ -268,6 +288,13 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "keepalive_s must be at least 1".into(),
             ));
+        }
+        if let Some(node) = &self.node_id {
+            if !valid_node_id(node) {
+                return Err(ConfigError::Invalid(format!(
+                    "node_id = {node:?}: must be 1-{NODE_ID_MAX} characters of [a-z0-9] (registration ids become <node_id>.<random>)"
+                )));
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {

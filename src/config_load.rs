@@ -66,7 +66,8 @@ pub fn load_with_env(
     Ok(config)
 }
 
-/// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`.
+/// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`,
+/// `GATEHOUSE_NODE_ID`.
 /// (`GATEHOUSE_ADMIN_TOKEN` is read by the admin API itself and never stored in the config.)
 pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
     let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
@@ -78,6 +79,9 @@ pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
     }
     if let Some(v) = get("GATEHOUSE_AUDIT_PATH") {
         config.audit.path = PathBuf::from(v);
+    }
+    if let Some(v) = get("GATEHOUSE_NODE_ID") {
+        config.node_id = Some(v);
     }
 }
 

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::lease::Leases;
 use crate::metrics::Metrics;
 use crate::registry::{
-    new_registration_id, new_token, RegistrationSpec, RegistrationState, Registry,
+    new_registration_id_on, new_token, RegistrationSpec, RegistrationState, Registry,
 };
 use crate::session::SessionTable;
 use crate::sync::lock;
@@ -124,7 +124,7 @@ impl Gateway {
     /// Builds a gateway. Opens the audit file; binds nothing until the first registration.
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
         config.validate()?;
-        let audit = Audit::start(&config.audit)?;
+        let audit = Audit::start_on(&config.audit, config.node_id.as_deref())?;
         let pool = Pool::new(&config.upstreams, audit.clone())
             .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
         let gateway = Gateway {
@@ -235,7 +235,7 @@ impl Gateway {
             .await
             .map_err(GatewayError::InvalidSpec)?;
         let tools = self.resolve_grants(&spec, &upstream_tools)?;
-        let id = new_registration_id();
+        let id = new_registration_id_on(self.inner.config.node_id.as_deref());
         let token = new_token();
         let state = Arc::new(RegistrationState::new(id, &token, &spec, tools));
         let base_url = {

@@ -31,6 +31,30 @@ pub fn new_registration_id() -> String {
     random_b64(16)
 }
 
+/// A registration id of a node: `<node>.<128 random bits, base64url>` with a node id
+/// (`[a-z0-9]`, see `config::valid_node_id`), else a plain [`new_registration_id`]. `.` is in
+/// neither part, so the node is everything before the first `.` (DESIGN.md §8).
+pub fn new_registration_id_on(node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{node}.{}", new_registration_id()),
+        None => new_registration_id(),
+    }
+}
+
+/// Is `id` shaped like a registration id: base64url characters, optionally after a node
+/// prefix `<[a-z0-9]+>.`? (A shape check for fast paths; the registry decides what exists.)
+pub fn id_shaped(id: &str) -> bool {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+    };
+    match id.split_once('.') {
+        None => plain(id),
+        Some((node, random)) => crate::config::valid_node_id(node) && plain(random),
+    }
+}
+
 /// A bearer token: 256 bits.
 pub fn new_token() -> String {
     random_b64(32)
@@ -248,6 +272,28 @@ mod tests {
         assert_eq!(URL_SAFE_NO_PAD.decode(&a).map(|v| v.len()).ok(), Some(16));
         let t = new_token();
         assert_eq!(URL_SAFE_NO_PAD.decode(&t).map(|v| v.len()).ok(), Some(32));
+    }
+
+    #[test]
+    fn node_ids_prefix_the_random_part_and_keep_128_bits() {
+        assert_eq!(new_registration_id_on(None).len(), 22);
+        let a = new_registration_id_on(Some("n1"));
+        let (node, random) = a.split_once('.').unwrap();
+        assert_eq!(node, "n1");
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(random).map(|v| v.len()).ok(),
+            Some(16)
+        );
+        assert!(!random.contains('.'));
+        assert_ne!(a, new_registration_id_on(Some("n1")));
+        for id in [a.as_str(), "abc", "-x_Y", "n1.-x", "0.a"] {
+            assert!(id_shaped(id), "{id}");
+        }
+        for id in [
+            "", ".", "n1.", ".abc", "N1.abc", "a.b.c", "..", "a-b.c", "a%2Eb", "a/b",
+        ] {
+            assert!(!id_shaped(id), "{id}");
+        }
     }
 
     #[test]

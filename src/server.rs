@@ -55,11 +55,11 @@ pub async fn serve(listener: TcpListener, gateway: Gateway, stop: CancellationTo
 type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
 /// The two routes every tool call takes — `POST /gw/<id>/mcp` and `POST /gw/<id>/messages/`
-/// (or without the slash) with a plain base64url id — go straight to their handlers; axum's
+/// (or without the slash) with a plain id (base64url, or `<node>.<base64url>`) — go straight to their handlers; axum's
 /// route match, path-parameter decoding and wrappers cost ~8% of such a request. Every other
 /// request goes through the router, whose answers (404, 405 with `Allow`, percent-decoded
 /// ids) stay the reference; for the ids routed directly, the router would extract the same
-/// id (there is nothing to decode in `[A-Za-z0-9_-]`).
+/// id (there is nothing to decode in `[A-Za-z0-9_.-]`).
 fn dispatch(
     gateway: &Gateway,
     router: &TowerToHyperService<Router>,
@@ -91,11 +91,11 @@ enum Hot {
     Messages,
 }
 
-/// `/gw/<id>/mcp` or `/gw/<id>/messages[/]` with an id of base64url characters only.
+/// `/gw/<id>/mcp` or `/gw/<id>/messages[/]` with an id shaped like a registration id
+/// (`registry::id_shaped`: base64url, optionally after `<node>.`).
 fn hot_route(path: &str) -> Option<(&str, Hot)> {
     let (id, rest) = path.strip_prefix("/gw/")?.split_once('/')?;
-    let plain = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
-    if id.is_empty() || !id.bytes().all(plain) {
+    if !crate::registry::id_shaped(id) {
         return None;
     }
     match rest {
@@ -206,11 +206,24 @@ mod tests {
         assert_eq!(hot_route("/gw/aZ0-_9/mcp"), Some(("aZ0-_9", Hot::Mcp)));
         assert_eq!(hot_route("/gw/-x/messages/"), Some(("-x", Hot::Messages)));
         assert_eq!(hot_route("/gw/x/messages"), Some(("x", Hot::Messages)));
+        // A node's ids (DESIGN.md §8): `<node>.<base64url>`.
+        assert_eq!(
+            hot_route("/gw/n1.aZ0-_9/mcp"),
+            Some(("n1.aZ0-_9", Hot::Mcp))
+        );
+        assert_eq!(
+            hot_route("/gw/n1.-x/messages/"),
+            Some(("n1.-x", Hot::Messages))
+        );
         for path in [
             "/gw//mcp",
             "/gw/a%2Db/mcp",
+            "/gw/n1%2Eab/mcp",
             "/gw/../mcp",
-            "/gw/a.b/mcp",
+            "/gw/./mcp",
+            "/gw/a.b.c/mcp",
+            "/gw/A1.b/mcp",
+            "/gw/n1./mcp",
             "/gw/x/mcp/",
             "/gw/x/mcp/extra",
             "/gw/x/sse",

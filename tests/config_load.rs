@@ -38,6 +38,7 @@ fn shipped_config_is_valid_and_writes_every_default() {
         "admin_listen",
         "admin_token_file",
         "public_url",
+        "node_id",
         "linger_ms",
         "keepalive_s",
         "max_body_bytes",
@@ -103,6 +104,59 @@ fn unknown_keys_and_bad_values_name_line_and_key() {
     );
     let e = load_with_env(&p, no_env).unwrap_err().to_string();
     assert!(e.contains("line 2") && e.contains("admin_listen"), "{e}");
+}
+
+#[test]
+fn node_id_from_file_or_env_validated_with_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "n.toml",
+        "listen = \"127.0.0.1:0\"\nnode_id = \"n1\"\n",
+    );
+    assert_eq!(
+        load_with_env(&p, no_env).unwrap().node_id.as_deref(),
+        Some("n1")
+    );
+    assert_eq!(load_with_env(&shipped(), no_env).unwrap().node_id, None);
+    let env = |k: &str| (k == "GATEHOUSE_NODE_ID").then(|| "b7".to_string());
+    assert_eq!(
+        load_with_env(&p, env).unwrap().node_id.as_deref(),
+        Some("b7")
+    );
+    assert_eq!(
+        load_with_env(&shipped(), env).unwrap().node_id.as_deref(),
+        Some("b7")
+    );
+    // Not [a-z0-9], empty, too long: refused, naming the line and key.
+    for bad in ["N1", "n-1", "n.1", "n_1", "", "abcdefghijklmnopq", "é"] {
+        let p = write(
+            dir.path(),
+            "bad-node.toml",
+            &format!("listen = \"127.0.0.1:0\"\nnode_id = {bad:?}\n"),
+        );
+        let e = load_with_env(&p, no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("line 2") && e.contains("node_id") && e.contains("[a-z0-9]"),
+            "{bad:?}: {e}"
+        );
+    }
+    let env = |k: &str| (k == "GATEHOUSE_NODE_ID").then(|| "Node/1".to_string());
+    let e = load_with_env(&shipped(), env).unwrap_err().to_string();
+    assert!(e.contains("node_id") && e.contains("Node/1"), "{e}");
+    // check-config reports it.
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .arg("check-config")
+        .arg(dir.path().join("n.toml"))
+        .env("GATEHOUSE_NODE_ID", "n2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("node n2"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

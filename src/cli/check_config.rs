@@ -20,12 +20,16 @@ pub fn run(a: CheckConfigArgs) -> ExitCode {
     match config_load::load(&path) {
         Ok(c) => {
             println!(
-                "{}: ok ({} upstream{}; listen {}, admin {})",
+                "{}: ok ({} upstream{}; listen {}, admin {}{})",
                 path.display(),
                 c.upstreams.len(),
                 if c.upstreams.len() == 1 { "" } else { "s" },
                 c.listen,
                 c.admin_listen,
+                match &c.node_id {
+                    Some(n) => format!(", node {n}: ids {n}.<random>"),
+                    None => String::new(),
+                },
             );
             ExitCode::SUCCESS
         }

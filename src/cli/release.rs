@@ -9,7 +9,8 @@ use super::admin_client::{block_on, AdminConn};
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The registration id (base64url: it may begin with `-`).
+    /// The registration id (base64url, which may begin with `-`; `<node>.<base64url>` on a
+    /// node with `node_id`).
     #[arg(allow_hyphen_values = true)]
     pub id: String,
     #[command(flatten)]

@@ -10,7 +10,8 @@ use super::admin_client::{block_on, parse_ttl, AdminConn};
 
 #[derive(Debug, Args)]
 pub struct RenewArgs {
-    /// The registration id (base64url: it may begin with `-`).
+    /// The registration id (base64url, which may begin with `-`; `<node>.<base64url>` on a
+    /// node with `node_id`).
     #[arg(allow_hyphen_values = true)]
     pub id: String,
     /// New lease length from now (default: the registration's own ttl).

