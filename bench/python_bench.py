@@ -166,7 +166,8 @@ def main() -> int:
     )
     print(f"\n2. tools/call over Streamable HTTP, {args.seconds:.0f} s per line "
           "(client processes; gateway-process CPU per call)")
-    print(f"   {'tool':<26}{'clients':>8}{'calls/s':>12}{'CPU µs/call':>14}{'vs Rust':>10}")
+    print(f"   {'tool':<26}{'clients':>8}{'calls/s':>12}{'CPU µs/call':>14}"
+          f"{'calls/s vs Rust':>17}{'CPU vs Rust':>13}")
     figures: dict[tuple[str, int], tuple[float, float]] = {}
     for clients in (1, 8):
         for tool, label in (
@@ -176,8 +177,9 @@ def main() -> int:
         ):
             rate, cpu = run_clients(reg, tool, clients, args.seconds)
             figures[(tool, clients)] = (rate, cpu)
-            base = figures[("rust_echo", clients)][0]
-            print(f"   {label:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}{base / rate:>9.2f}x")
+            base_rate, base_cpu = figures[("rust_echo", clients)]
+            print(f"   {label:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}"
+                  f"{base_rate / rate:>16.2f}x{cpu / base_cpu:>12.2f}x")
     reg.release()
 
     # 3. RSS growth
