@@ -127,10 +127,22 @@ pub async fn bind(addr: &str) -> Result<TcpListener, AdminError> {
         })
 }
 
-/// Serves the admin API until `stop` fires.
+/// Serves the admin API until `stop` fires, with the default connection bounds.
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
+    let limits = crate::connections::Limits::admin(&Default::default());
+    serve_with(listener, router, stop, limits).await;
+}
+
+/// Serves the admin API until `stop` fires, with these connection bounds (the daemon's:
+/// `connections::Limits::admin` of its config).
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+    limits: crate::connections::Limits,
+) {
     let service = hyper_util::service::TowerToHyperService::new(router);
-    crate::server::serve_http1(listener, service, stop, "admin").await;
+    crate::server::serve_http1(listener, service, stop, "admin", limits).await;
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -142,6 +154,11 @@ fn bad_request(message: impl Into<String>) -> Response {
 }
 
 async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Response {
+    if let Err(refused) = crate::server::strict_http(req.version(), req.headers()) {
+        let mut r = error(refused.status, refused.message);
+        refused.close(&mut r);
+        return r;
+    }
     let presented = bearer(req.headers()).unwrap_or_default();
     let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
     if presented.is_empty() || !bool::from(digest.ct_eq(st.token_digest.as_ref())) {

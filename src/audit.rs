@@ -543,6 +543,12 @@ pub fn read_head(path: &Path) -> std::io::Result<Option<Head>> {
     }
 }
 
+/// The mode the audit file and its head sidecar are created with: records name agents,
+/// tools and argument digests, so only the daemon's user reads them. Rotated segments are the
+/// file renamed, so they keep it. An existing file keeps the mode it has (an operator may
+/// have opened it to a log collector's group on purpose).
+const OWNER_ONLY: u32 = 0o600;
+
 /// Width of the head sidecar: its JSON padded with spaces, then a newline. Written in place
 /// at offset 0 (one `pwrite` of one sector) so that updating it after every batch costs no
 /// file creation, rename or writeback; `seq` only grows, so the JSON never outgrows it.
@@ -567,11 +573,13 @@ fn head_bytes(head: &Head) -> std::io::Result<Vec<u8>> {
 /// the first update it keeps the head that was there).
 /// A longer leftover (an older format) is cut to the width.
 fn open_head(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(OWNER_ONLY)
         .open(head_path(path))?;
     if f.metadata()?.len() > HEAD_WIDTH as u64 {
         f.set_len(HEAD_WIDTH as u64)?;
@@ -879,9 +887,11 @@ impl Writer {
             if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 let _ = std::fs::create_dir_all(dir);
             }
+            use std::os::unix::fs::OpenOptionsExt;
             let mut f = OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(OWNER_ONLY)
                 .open(&self.path)
                 .map_err(|e| self.unavailable(e))?;
             let meta = f.metadata().map_err(|e| self.unavailable(e))?;

@@ -205,6 +205,7 @@ pub async fn run(
             Backend::Upstream {
                 upstream,
                 tool: upstream_tool,
+                ..
             } => {
                 let fwd = Box::pin(gw.pool().forward(crate::upstream::pool::ForwardCall {
                     registration: reg,

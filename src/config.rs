@@ -57,6 +57,16 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// Grace period of a graceful shutdown, in seconds.
     pub shutdown_grace_s: u64,
+    /// Between an upstream's id and its tool names as agents see them: `"."` (default),
+    /// `"_"` or `"__"`. An upstream's `name_separator` overrides it. Grants always name
+    /// upstream tools `<upstream>.<tool>` (docs/upstreams.md, "Tool names").
+    pub tool_name_separator: String,
+    /// Keep every exposed upstream tool name within `^[a-zA-Z0-9_-]{1,64}$` (the function-name
+    /// rule of some model APIs): other characters become `_`, a longer name ends in `_` + 8
+    /// hex digits of its digest; two tools under one name are refused at registration.
+    /// Needs a separator other than `"."`. An upstream's `model_safe_names` overrides it.
+    pub model_safe_tool_names: bool,
+    pub connections: ConnectionConfig,
     pub sessions: SessionConfig,
     pub audit: AuditConfig,
     pub upstreams: Vec<UpstreamConfig>,
@@ -77,9 +87,38 @@ impl Default for Config {
             allow_loopback_origins: true,
             allowed_hosts: Vec::new(),
             shutdown_grace_s: 10,
+            tool_name_separator: ".".into(),
+            model_safe_tool_names: false,
+            connections: ConnectionConfig::default(),
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
             upstreams: Vec::new(),
+        }
+    }
+}
+
+/// Connection bounds of the listeners (`crate::connections`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionConfig {
+    /// Longest wait for a request's head (request line and headers), from the connection's
+    /// accept, or from the first byte of a next request on a kept-alive connection; a slower
+    /// client is disconnected (slowloris), seconds. Both listeners.
+    pub header_timeout_s: u64,
+    /// A kept-alive connection with no request in flight (an open SSE stream is one) and no
+    /// byte of a next request is closed after this many seconds. Both listeners.
+    pub idle_timeout_s: u64,
+    /// Connections held at once on the data listener; beyond it a new connection gets a
+    /// canned 503 and is closed. 0 = auto: 3/4 of the open-files limit, at most 16384.
+    pub max: usize,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig {
+            header_timeout_s: 30,
+            idle_timeout_s: 75,
+            max: 0,
         }
     }
 }
@@ -210,6 +249,29 @@ pub struct UpstreamConfig {
     /// clients that call fixed tool names. Grants still name them `<id>.<tool>` or `<id>.*`.
     #[serde(default)]
     pub bare_names: bool,
+    /// This upstream's separator (`"."`, `"_"`, `"__"`); unset: the gateway's
+    /// `tool_name_separator`.
+    #[serde(default)]
+    pub name_separator: Option<String>,
+    /// This upstream's model-safe rule; unset: the gateway's `model_safe_tool_names`.
+    #[serde(default)]
+    pub model_safe_names: Option<bool>,
+}
+
+impl UpstreamConfig {
+    /// How this upstream's tools are named, the gateway's defaults filled in by
+    /// [`Config::resolved_upstreams`] (unset here: `.`, not model-safe).
+    pub fn name_rule(&self) -> crate::tool_name::Rule {
+        crate::tool_name::Rule {
+            separator: self
+                .name_separator
+                .as_deref()
+                .and_then(crate::tool_name::Separator::parse)
+                .unwrap_or_default(),
+            bare: self.bare_names,
+            model_safe: self.model_safe_names.unwrap_or(false),
+        }
+    }
 }
 
 fn default_call_timeout() -> u64 {
@@ -271,6 +333,24 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The naming rule of an upstream: its own keys, else the gateway's.
+    pub fn name_rule_of(&self, u: &UpstreamConfig) -> crate::tool_name::Rule {
+        self.resolved(u).name_rule()
+    }
+
+    fn resolved(&self, u: &UpstreamConfig) -> UpstreamConfig {
+        let mut u = u.clone();
+        u.name_separator
+            .get_or_insert_with(|| self.tool_name_separator.clone());
+        u.model_safe_names.get_or_insert(self.model_safe_tool_names);
+        u
+    }
+
+    /// The upstreams with the gateway-wide naming defaults filled in (what the pool runs).
+    pub fn resolved_upstreams(&self) -> Vec<UpstreamConfig> {
+        self.upstreams.iter().map(|u| self.resolved(u)).collect()
+    }
+
     /// Checks what serde cannot: addresses, ids, one transport per upstream.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.listen
@@ -289,12 +369,35 @@ impl Config {
                 "keepalive_s must be at least 1".into(),
             ));
         }
+        let c = &self.connections;
+        if !(1..=3600).contains(&c.header_timeout_s) {
+            return Err(ConfigError::Invalid(
+                "connections.header_timeout_s must be 1-3600".into(),
+            ));
+        }
+        if !(1..=86_400).contains(&c.idle_timeout_s) {
+            return Err(ConfigError::Invalid(
+                "connections.idle_timeout_s must be 1-86400".into(),
+            ));
+        }
+        if c.max > 1_000_000 {
+            return Err(ConfigError::Invalid(
+                "connections.max must be at most 1000000 (0 = auto, from the open-files limit)"
+                    .into(),
+            ));
+        }
         if let Some(node) = &self.node_id {
             if !valid_node_id(node) {
                 return Err(ConfigError::Invalid(format!(
                     "node_id = {node:?}: must be 1-{NODE_ID_MAX} characters of [a-z0-9] (registration ids become <node_id>.<random>)"
                 )));
             }
+        }
+        if crate::tool_name::Separator::parse(&self.tool_name_separator).is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "tool_name_separator = {:?}: must be \".\", \"_\" or \"__\"",
+                self.tool_name_separator
+            )));
         }
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {
@@ -318,6 +421,21 @@ impl Config {
                         u.id
                     )))
                 }
+            }
+            if let Some(sep) = &u.name_separator {
+                if crate::tool_name::Separator::parse(sep).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: name_separator = {sep:?}: must be \".\", \"_\" or \"__\"",
+                        u.id
+                    )));
+                }
+            }
+            let rule = self.name_rule_of(u);
+            if rule.model_safe && !rule.bare && rule.separator == crate::tool_name::Separator::Dot {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?}: model-safe tool names cannot contain \".\": set name_separator (or tool_name_separator) to \"_\" or \"__\"",
+                    u.id
+                )));
             }
             for (from, to) in &u.rename {
                 if !valid_tool_name(to) {

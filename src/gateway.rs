@@ -125,7 +125,7 @@ impl Gateway {
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
         config.validate()?;
         let audit = Audit::start_on(&config.audit, config.node_id.as_deref())?;
-        let pool = Pool::new(&config.upstreams, audit.clone())
+        let pool = Pool::new(&config.resolved_upstreams(), audit.clone())
             .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
         let gateway = Gateway {
             inner: Arc::new(Inner {
@@ -305,7 +305,7 @@ impl Gateway {
             granted.extend(
                 upstream_tools
                     .iter()
-                    .filter(|t| grant_matches(pattern, &t.name) || grant_matches_bare(pattern, t))
+                    .filter(|t| grant_matches_upstream(pattern, t))
                     .cloned(),
             );
             if granted.len() == before {
@@ -322,6 +322,18 @@ impl Gateway {
                     ),
                 }));
             }
+        }
+        let described = granted.iter().map(|t| {
+            let who = match &t.backend {
+                Backend::InProcess(_) => format!("in-process tool {:?}", t.name),
+                Backend::Upstream { grant_name, .. } => format!("upstream tool {grant_name:?}"),
+            };
+            (t.name.as_str(), who)
+        });
+        if let Some((name, a, b)) = crate::tool_name::first_collision(described) {
+            return Err(GatewayError::InvalidSpec(format!(
+                "tool name collision: {a} and {b} are both exposed as {name:?}; rename one (the upstream's `rename`) or choose another separator"
+            )));
         }
         Ok(ToolSet::new(granted))
     }
@@ -638,13 +650,12 @@ impl Drop for Registration {
     }
 }
 
-/// A tool exposed without its `<upstream>.` prefix (`bare_names`) is still granted by
-/// `<upstream>.<name>` and `<upstream>.*`.
-fn grant_matches_bare(pattern: &str, t: &GrantedTool) -> bool {
+/// An upstream tool is granted by its grant name `<upstream>.<tool>` (and `<upstream>.*`),
+/// and only by it, whatever its exposed name (`bare_names`, separator, model-safe rule;
+/// `tool_name`): one rule, so a grant means the same under every naming config.
+fn grant_matches_upstream(pattern: &str, t: &GrantedTool) -> bool {
     match &t.backend {
-        Backend::Upstream { upstream, .. } if !t.name.starts_with(&format!("{upstream}.")) => {
-            grant_matches(pattern, &format!("{upstream}.{}", t.name))
-        }
-        _ => false,
+        Backend::Upstream { grant_name, .. } => grant_matches(pattern, grant_name),
+        Backend::InProcess(_) => false,
     }
 }

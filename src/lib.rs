@@ -14,6 +14,7 @@ pub mod call;
 pub mod cli;
 pub mod config;
 pub mod config_load;
+pub mod connections;
 pub mod demo_upstream;
 pub mod endpoint;
 pub mod gateway;
@@ -24,6 +25,7 @@ pub mod registry;
 pub mod server;
 pub mod session;
 mod sync;
+pub mod tool_name;
 pub mod tools;
 pub mod upstream;
 

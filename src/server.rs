@@ -4,11 +4,12 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -19,9 +20,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::connections::{Activity, Guarded, GuardedBody, Limits};
 use crate::endpoint;
 use crate::gateway::Gateway;
 
@@ -38,15 +41,44 @@ pub fn router(gateway: Gateway) -> Router {
                 .get(endpoint::streamable_http::get)
                 .delete(endpoint::streamable_http::delete),
         )
+        // OAuth-aware clients after a 401 (endpoint::oauth): the RFC 9728 document of each
+        // endpoint, and the discovery/registration paths they fall back to, which answer
+        // that tokens are issued out of band.
+        .route(
+            "/.well-known/oauth-protected-resource/gw/{id}/{tail}",
+            get(endpoint::oauth::protected_resource),
+        )
+        .route(
+            endpoint::oauth::PRM_PREFIX,
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/oauth-authorization-server",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/oauth-authorization-server/{*rest}",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/openid-configuration",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/openid-configuration/{*rest}",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route("/register", post(endpoint::oauth::no_client_registration))
         .fallback(not_found)
         .with_state(gateway)
 }
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
 pub async fn serve(listener: TcpListener, gateway: Gateway, stop: CancellationToken) {
+    let limits = Limits::data(&gateway.config().connections);
     let router = TowerToHyperService::new(router(gateway.clone()));
     let service = service_fn(move |req| dispatch(&gateway, &router, req));
-    serve_http1(listener, service, stop, "data").await;
+    serve_http1(listener, service, stop, "data", limits).await;
 }
 
 /// A request's future, boxed (one allocation per request, as axum's router makes): hyper
@@ -65,6 +97,15 @@ fn dispatch(
     router: &TowerToHyperService<Router>,
     req: Request<Incoming>,
 ) -> Reply {
+    if let Err(refused) = strict_http(req.version(), req.headers()) {
+        let mut resp = endpoint::http_error(
+            refused.status,
+            crate::mcp::jsonrpc::INVALID_REQUEST,
+            refused.message,
+        );
+        refused.close(&mut resp);
+        return Box::pin(std::future::ready(Ok(resp)));
+    }
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
             let (gw, id, req) = (
@@ -83,6 +124,71 @@ fn dispatch(
         }
     }
     Box::pin(router.call(req))
+}
+
+/// Why a request was refused before routing (see [`strict_http`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub status: StatusCode,
+    pub message: &'static str,
+}
+
+impl Refused {
+    /// Marks the response `Connection: close`: a client that sent ambiguous framing or
+    /// identity headers is not kept for another request.
+    pub fn close(&self, resp: &mut Response) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+}
+
+/// The strict-HTTP pre-check both listeners run before routing (the data listener in
+/// [`dispatch`], `/healthz` included; the admin listener before its token check), on what
+/// hyper leaves to the application:
+/// - more than one `Authorization` → 400 (which one would count is ambiguous);
+/// - HTTP/1.1 without exactly one `Host`, or any request with more than one → 400
+///   (RFC 9112 §3.2; the Host/Origin allow-list then judges the one value);
+/// - a `Transfer-Encoding` other than a single `chunked` → 501 (RFC 9112 §6.1). hyper
+///   itself answers 400 when `chunked` is not the last coding (the length is unknowable,
+///   §6.3), drops `Content-Length` beside `Transfer-Encoding` and closes the connection after
+///   such a request, and refuses differing `Content-Length`s.
+///
+/// Messages name the rule, never a header's value (it may be a token).
+pub fn strict_http(version: axum::http::Version, headers: &HeaderMap) -> Result<(), Refused> {
+    use axum::http::header::{AUTHORIZATION, HOST, TRANSFER_ENCODING};
+    let bad = |message| {
+        Err(Refused {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        })
+    };
+    if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
+        return bad("bad request: more than one Authorization header");
+    }
+    let hosts = headers.get_all(HOST).iter().take(2).count();
+    if hosts > 1 {
+        return bad("bad request: more than one Host header");
+    }
+    if hosts == 0 && version == axum::http::Version::HTTP_11 {
+        return bad("bad request: an HTTP/1.1 request needs a Host header");
+    }
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    if let Some(first) = codings.next() {
+        if !first.eq_ignore_ascii_case(b"chunked") || codings.next().is_some() {
+            return Err(Refused {
+                status: StatusCode::NOT_IMPLEMENTED,
+                message: "not implemented: the only Transfer-Encoding accepted is a single chunked",
+            });
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, PartialEq)]
@@ -110,18 +216,30 @@ fn hot_route(path: &str) -> Option<(&str, Hot)> {
 /// every connection is asked to finish its current exchange and close, and this returns
 /// when all have.
 ///
+/// `limits` (`crate::connections`): at most `limits.max` connections at once — one over it
+/// gets a canned 503 and is closed, without a task — and each connection's header and idle
+/// timeouts.
+///
 /// Written on hyper's HTTP/1 connection rather than `axum::serve`: axum serves through
 /// hyper-util's protocol-detecting builder, which first reads up to 24 bytes into a buffer of
 /// its own to tell HTTP/2 from HTTP/1 and then hands them back. hyper's first read then sees
 /// an incomplete head, so its read buffer grows from 8 to 16 KiB on every connection (and
 /// stays so while the connection lives: an idle SSE session's largest cost). We serve
 /// HTTP/1.1 only, so there is nothing to detect.
-pub async fn serve_http1<S>(listener: TcpListener, service: S, stop: CancellationToken, name: &str)
-where
+pub async fn serve_http1<S>(
+    listener: TcpListener,
+    service: S,
+    stop: CancellationToken,
+    name: &str,
+    limits: Limits,
+) where
     S: Service<Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     let conns = TaskTracker::new();
+    let permits = Arc::new(Semaphore::new(limits.max));
+    // Refusals since the cap was last reached (logged once per episode, not per connection).
+    let mut refused: u64 = 0;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -140,6 +258,25 @@ where
                 }
             }
         };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if refused == 0 {
+                    tracing::warn!(
+                        listener = name,
+                        max = limits.max,
+                        "connection cap reached; refusing new connections with 503"
+                    );
+                }
+                refused += 1;
+                limits.refuse(tcp);
+                continue;
+            }
+        };
+        if refused > 0 {
+            tracing::info!(listener = name, refused, "below the connection cap again");
+            refused = 0;
+        }
         // TCP_NODELAY: replies and SSE events are small writes; with Nagle on, an event
         // written while the previous one is unacknowledged waits for the peer's delayed ACK
         // (tens of ms).
@@ -149,8 +286,20 @@ where
         // A clone of the service is an `Arc` clone (no per-connection copy of the route table).
         let service = service.clone();
         let stop = stop.clone();
+        let activity = Activity::new();
+        let io = TokioIo::new(Guarded::new(tcp, activity.clone(), &limits));
         conns.spawn(async move {
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            let _permit = permit;
+            // Busy from the call to the end of the response body (`connections` docs).
+            let service = service_fn(move |req| {
+                let busy = activity.begin();
+                let reply = service.call(req);
+                async move {
+                    let resp = reply.await?;
+                    Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, busy)))
+                }
+            });
+            let conn = http1::Builder::new().serve_connection(io, service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
@@ -200,6 +349,61 @@ async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strict_http_refuses_ambiguous_identity_and_framing_headers() {
+        use axum::http::{HeaderValue, Version};
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(*k, HeaderValue::from_static(v));
+            }
+            h
+        };
+        let status = |v, pairs: &[(&'static str, &'static str)]| {
+            strict_http(v, &headers(pairs)).map_err(|r| r.status.as_u16())
+        };
+        let h11 = Version::HTTP_11;
+        let host = ("host", "localhost");
+        assert_eq!(status(h11, &[host]), Ok(()));
+        assert_eq!(
+            status(h11, &[host, ("transfer-encoding", "Chunked")]),
+            Ok(())
+        );
+        assert_eq!(status(Version::HTTP_10, &[]), Ok(()));
+        assert_eq!(status(h11, &[]), Err(400));
+        assert_eq!(status(h11, &[host, host]), Err(400));
+        assert_eq!(status(Version::HTTP_10, &[host, host]), Err(400));
+        assert_eq!(
+            status(
+                h11,
+                &[
+                    host,
+                    ("authorization", "Bearer a"),
+                    ("authorization", "Bearer a")
+                ]
+            ),
+            Err(400)
+        );
+        for te in ["gzip, chunked", "chunked, chunked", "identity", "x"] {
+            assert_eq!(
+                status(h11, &[host, ("transfer-encoding", te)]),
+                Err(501),
+                "{te}"
+            );
+        }
+        assert_eq!(
+            status(
+                h11,
+                &[
+                    host,
+                    ("transfer-encoding", "gzip"),
+                    ("transfer-encoding", "chunked")
+                ]
+            ),
+            Err(501)
+        );
+    }
 
     #[test]
     fn only_plain_ids_on_the_two_call_routes_are_routed_directly() {

@@ -1127,3 +1127,65 @@ async fn head_catches_up_with_the_last_record_while_running() {
         drop(audit);
     }
 }
+
+#[tokio::test]
+async fn the_audit_file_its_head_and_its_rotations_are_created_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    // With the usual umask (022) a file created the ordinary way is world-readable: the
+    // control file shows this test can tell the difference.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control");
+    std::fs::write(&control, "x").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&control), 0o644, "umask did not apply");
+    let path = dir.path().join("audit.jsonl");
+    let mut cfg = audit_config(&path);
+    cfg.rotate_bytes = 1500;
+    write_records(&cfg, 30).await;
+    // A restart opens the same files again (and creates the next rotations).
+    write_records(&cfg, 10).await;
+    let segs = segments(&path).unwrap();
+    assert!(segs.len() >= 3, "{segs:?}");
+    let mut files: Vec<PathBuf> = vec![path.clone(), head_path(&path)];
+    files.extend(segs.iter().cloned());
+    let modes: Vec<(String, u32)> = files
+        .iter()
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                mode(p),
+            )
+        })
+        .collect();
+    let wrong: Vec<_> = modes.iter().filter(|(_, m)| *m != 0o600).collect();
+    write_figures(
+        "audit_modes",
+        json!({
+            "files_checked": files.len(),
+            "rotations": segs.len(),
+            "not_owner_only": wrong.len(),
+            "modes": modes.iter().map(|(n, m)| json!({"file": n, "mode": format!("{m:o}")})).collect::<Vec<_>>(),
+        }),
+    );
+    assert!(
+        wrong.is_empty(),
+        "not 0600: {:?}",
+        wrong
+            .iter()
+            .map(|(n, m)| format!("{n} {m:o}"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(read_chain(&path).unwrap().len(), 40);
+}
+
+/// Writes a test's figures to target/reliability/<name>.json (RELIABILITY.md is built from them).
+fn write_figures(name: &str, v: Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reliability");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&v).unwrap(),
+    )
+    .unwrap();
+}

@@ -38,6 +38,12 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn start(extra: &str) -> Daemon {
+        Daemon::start_with(extra, None)
+    }
+
+    /// `ulimit`: a shell snippet run before the daemon is exec'ed (e.g. to lower its
+    /// open-files limits); the child's pid stays the daemon's.
+    fn start_with(extra: &str, ulimit: Option<&str>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("gatehouse.toml");
         std::fs::write(
@@ -50,7 +56,17 @@ impl Daemon {
         )
         .unwrap();
         let marker = gatehouse::registry::new_registration_id();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        let mut cmd = match ulimit {
+            None => Command::new(env!("CARGO_BIN_EXE_gatehouse")),
+            Some(snippet) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("{snippet} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_gatehouse"));
+                c
+            }
+        };
+        let mut child = cmd
             .args(["serve", "--test-tools", "--config"])
             .arg(&config)
             .env_remove("GATEHOUSE_ADMIN_TOKEN")
@@ -789,4 +805,455 @@ async fn sigterm_under_load_loses_no_acknowledged_call() {
     );
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(d.marked_processes(), Vec::<u32>::new());
+}
+
+/// `(pid, ppid, pgrp, state)` of every process in /proc.
+fn processes() -> Vec<(i32, i32, i32, char)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if let (Some(state), Some(ppid), Some(pgrp)) = (
+            f.first().and_then(|s| s.chars().next()),
+            f.get(1).and_then(|s| s.parse().ok()),
+            f.get(2).and_then(|s| s.parse().ok()),
+        ) {
+            out.push((pid, ppid, pgrp, state));
+        }
+    }
+    out
+}
+
+/// Every process (zombies included) in process group `pgid`.
+fn group_members(pgid: i32) -> Vec<(i32, char)> {
+    processes()
+        .into_iter()
+        .filter(|p| p.2 == pgid)
+        .map(|p| (p.0, p.3))
+        .collect()
+}
+
+/// Polls until group `pgid` has no live process, then none at all (zombies reaped: by init,
+/// for members whose parent is gone); returns both times in ms, or None.
+fn wait_group_gone(pgid: i32, limit: Duration) -> (Option<u128>, Option<u128>) {
+    let t0 = Instant::now();
+    let mut live_gone = None;
+    while t0.elapsed() < limit {
+        let members = group_members(pgid);
+        if live_gone.is_none() && members.iter().all(|(_, state)| *state == 'Z') {
+            live_gone = Some(t0.elapsed().as_millis());
+        }
+        if members.is_empty() {
+            return (live_gone, Some(t0.elapsed().as_millis()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (live_gone, None)
+}
+
+/// SIGKILLs the pids it holds when dropped (the setsid() grandchildren nothing else reaches).
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Teardown of a child that ignores SIGTERM and stdin EOF and has a grandchild that ignores
+/// SIGTERM too: a release (admin DELETE) and the daemon's exit — graceful (grace 10 s) and
+/// forced (grace 2 s, shorter than the polite steps) — each end with no process left in the
+/// group (/proc, zombies included). A second grandchild calls setsid(): it leaves the group,
+/// and survives, as docs/upstreams.md says.
+#[tokio::test]
+async fn release_and_daemon_exit_leave_no_process_of_a_stubborn_group() {
+    let script = format!(
+        "{}/tests/fixtures/faulty_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let upstream = format!(
+        "[[upstreams]]\nid = \"stubborn\"\ncommand = \"python3\"\nargs = [{script:?}, \"--stubborn\", \"--setsid-grandchild\"]\nsharing = \"per_registration\"\n"
+    );
+    let mut runs = Vec::new();
+    for grace in [10u64, 2] {
+        let mut d = Daemon::start(&format!("shutdown_grace_s = {grace}\n{upstream}"));
+        let daemon_pid = d.child.id() as i32;
+        let mut leaders: Vec<i32> = Vec::new();
+        let mut ids = Vec::new();
+        let mut clients = Vec::new();
+        for agent in ["released", "kept"] {
+            let reg = d
+                .register(json!({"agent_id": agent, "tools": ["stubborn.*"]}))
+                .await;
+            let mut c = SseClient::connect(
+                reg["sse_url"].as_str().unwrap(),
+                reg["token"].as_str().unwrap(),
+            )
+            .await;
+            c.initialize().await;
+            let r = c.call("stubborn.echo", json!({"text": "hi"})).await;
+            assert_eq!(text_of(&r), "echo:hi", "{r}");
+            let new: Vec<i32> = processes()
+                .into_iter()
+                .filter(|p| p.1 == daemon_pid && !leaders.contains(&p.0))
+                .map(|p| p.0)
+                .collect();
+            assert_eq!(new.len(), 1, "one child per registration: {new:?}");
+            leaders.push(new[0]);
+            ids.push(reg["id"].as_str().unwrap().to_string());
+            clients.push(c);
+        }
+        // Each group: the child and its grandchild; the setsid() grandchild is outside it.
+        // (The pool's start-up probe spawned a child too: its setsid() grandchild is out
+        // there as well; `marked_processes` finds them all below.)
+        let mut escapees = KillOnDrop(
+            processes()
+                .into_iter()
+                .filter(|p| leaders.contains(&p.1) && !leaders.contains(&p.2))
+                .map(|p| p.0)
+                .collect(),
+        );
+        assert_eq!(escapees.0.len(), 2, "one setsid() grandchild per child");
+        let members: Vec<usize> = leaders.iter().map(|l| group_members(*l).len()).collect();
+        assert!(members.iter().all(|n| *n >= 2), "{members:?}");
+
+        let t_release = Instant::now();
+        let (s, _) = d
+            .admin(
+                reqwest::Method::DELETE,
+                &format!("/v1/registrations/{}", ids[0]),
+                None,
+            )
+            .await;
+        assert_eq!(s, 204);
+        let release_ms = t_release.elapsed().as_millis();
+        let released_ms = wait_group_gone(leaders[0], Duration::from_secs(15));
+        assert!(
+            released_ms.1.is_some(),
+            "released group left: {:?}",
+            group_members(leaders[0])
+        );
+
+        let t0 = Instant::now();
+        d.signal(Signal::SIGTERM);
+        let (code, exit_s) = d.wait_exit(Duration::from_secs(30));
+        let exit_gone_ms = wait_group_gone(leaders[1], Duration::from_secs(5));
+        let total_ms = t0.elapsed().as_millis();
+        assert!(
+            exit_gone_ms.1.is_some(),
+            "group left after the daemon's exit (grace {grace}): {:?}\n{}",
+            group_members(leaders[1]),
+            d.stderr()
+        );
+        // Graceful within a 10 s grace; a 2 s grace is shorter than the polite steps.
+        assert_eq!(
+            code,
+            Some(if grace == 10 { 0 } else { 2 }),
+            "{}",
+            d.stderr()
+        );
+        // What is left of everything the daemon started: only the setsid() grandchildren
+        // (each the leader of its own session), the probe's included.
+        let left = d.marked_processes();
+        escapees.0.extend(left.iter().map(|p| *p as i32));
+        let sessions: Vec<i32> = processes()
+            .into_iter()
+            .filter(|p| left.contains(&(p.0 as u32)) && p.2 == p.0 && p.3 != 'Z')
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(
+            sessions.len(),
+            left.len(),
+            "processes left that did not leave their group: {left:?} (setsid: {sessions:?})"
+        );
+        assert!(
+            left.len() >= 2,
+            "the setsid() grandchildren outlive the group: {left:?}"
+        );
+        runs.push(json!({
+            "shutdown_grace_s": grace,
+            "group_members_before": members,
+            "release_returned_after_ms": release_ms,
+            "release_group_no_live_process_after_ms": released_ms.0.map(|m| m + release_ms),
+            "release_group_empty_after_ms": released_ms.1.map(|m| m + release_ms),
+            "daemon_exit_code": code,
+            "daemon_exit_ms": (exit_s * 1000.0).round(),
+            "exit_group_no_live_process_after_ms": exit_gone_ms.0,
+            "exit_group_empty_after_ms": exit_gone_ms.1,
+            "since_sigterm_ms": total_ms,
+            "processes_left_in_groups": leaders.iter().map(|l| group_members(*l).len()).sum::<usize>(),
+            "setsid_grandchildren_left": left.len(),
+        }));
+        drop(escapees);
+    }
+    write_figures("teardown", json!({ "runs": runs }));
+}
+
+/// Writes a test's figures to target/reliability/<name>.json (RELIABILITY.md is built from them).
+fn write_figures(name: &str, v: Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reliability");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&v).unwrap(),
+    )
+    .unwrap();
+}
+
+/// One request on a raw connection; returns (status, body) or None if the connection ended
+/// first. Reads exactly one response (by content-length), so the connection stays usable.
+async fn raw_get(tcp: &mut tokio::net::TcpStream, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                let status = head.get(9..12)?.parse().ok()?;
+                return Some((status, body[..len].to_string()));
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut chunk))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Waits until the peer closes `tcp` (EOF or reset); returns the ms it took, or None.
+async fn closed_after(tcp: &mut tokio::net::TcpStream, limit: Duration) -> Option<u128> {
+    use tokio::io::AsyncReadExt;
+    let t0 = Instant::now();
+    let mut sink = [0u8; 1024];
+    loop {
+        let left = limit.checked_sub(t0.elapsed())?;
+        match tokio::time::timeout(left, tcp.read(&mut sink)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(t0.elapsed().as_millis()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+/// Connection bounds, through the daemon with an open-files limit of 256 (soft) / 512 (hard):
+/// it raises the soft limit to the hard one and caps data connections at 3/4 of it. 1,000
+/// sockets that send nothing neither lock the admin API out nor an open connection; a new
+/// connection gets a fast 503 until the silent ones hit the header timeout, then a bystander
+/// is served. A slowloris head is cut at the header timeout, an idle kept-alive connection at
+/// the idle timeout (not the header timeout), while an SSE stream and a call longer than both
+/// stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    const SILENT: usize = 1000;
+    let d = Daemon::start_with(
+        "keepalive_s = 1\n[connections]\nheader_timeout_s = 1\nidle_timeout_s = 2\n",
+        Some("ulimit -Sn 256 && ulimit -Hn 512"),
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).unwrap();
+    let nofile: Vec<u64> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(nofile, vec![512, 512], "soft limit raised to the hard one");
+    assert!(
+        d.stderr().contains("data connections at most 384"),
+        "{}",
+        d.stderr()
+    );
+    let data = d.data.trim_start_matches("http://").to_string();
+
+    // Open before the flood, kept alive through it.
+    let mut kept = TcpStream::connect(&data).await.unwrap();
+    assert_eq!(raw_get(&mut kept, "/healthz").await.map(|r| r.0), Some(200));
+
+    let t_flood = Instant::now();
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(TcpStream::connect(&data).await.unwrap());
+    }
+    let flood_ms = t_flood.elapsed().as_millis();
+    // The admin API answers at once.
+    let t = Instant::now();
+    let (s, _) = d
+        .admin(reqwest::Method::GET, "/v1/registrations", None)
+        .await;
+    let admin_ms = t.elapsed().as_millis();
+    assert_eq!(s, 200);
+    // The open connection still serves.
+    assert_eq!(
+        raw_get(&mut kept, "/healthz").await.map(|r| r.0),
+        Some(200),
+        "an open connection keeps working at the cap"
+    );
+    // A new connection is refused fast, with a clear 503.
+    let t = Instant::now();
+    let mut fresh = TcpStream::connect(&data).await.unwrap();
+    let refused = raw_get(&mut fresh, "/healthz").await;
+    let refused_ms = t.elapsed().as_millis();
+    let (status, body) = refused.expect("an answer, not a reset");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("connection limit"), "{body}");
+    // A bystander retrying is served once the silent sockets hit the header timeout.
+    let mut attempts = 0;
+    let bystander_ms = loop {
+        attempts += 1;
+        let mut tcp = TcpStream::connect(&data).await.unwrap();
+        if raw_get(&mut tcp, "/healthz").await.map(|r| r.0) == Some(200) {
+            break t_flood.elapsed().as_millis();
+        }
+        assert!(
+            t_flood.elapsed() < Duration::from_secs(10),
+            "bystander never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Every silent socket was answered 503 at once or closed by the header timeout.
+    let (mut got_503, mut closed_silently) = (0, 0);
+    for mut tcp in silent {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), tcp.read_to_end(&mut out)).await;
+        if out.starts_with(b"HTTP/1.1 503") {
+            got_503 += 1;
+        } else if out.is_empty() {
+            closed_silently += 1;
+        }
+    }
+    assert_eq!(got_503 + closed_silently, SILENT);
+    // At most 384 held at once; more than 384 in all when the flood outlasts the header
+    // timeout (slots freed by it are taken by the next silent sockets).
+    let rounds = 1 + flood_ms as usize / 1000;
+    assert!(
+        got_503 > 0 && closed_silently <= 384 * rounds,
+        "{got_503} refused / {closed_silently} held, flood {flood_ms} ms"
+    );
+    assert!(bystander_ms < 5000, "{bystander_ms}");
+
+    // Slowloris: a header line every 200 ms, never the end of the head.
+    let mut slow = TcpStream::connect(&data).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let slowloris_ms = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if slow.write_all(b"x-slow: 1\r\n").await.is_err() {
+            break t.elapsed().as_millis();
+        }
+        if let Ok(Some(ms)) = tokio::time::timeout(
+            Duration::from_millis(1),
+            closed_after(&mut slow, Duration::from_millis(1)),
+        )
+        .await
+        {
+            let _ = ms;
+            break t.elapsed().as_millis();
+        }
+        assert!(t.elapsed() < Duration::from_secs(6), "slowloris never cut");
+    };
+    assert!((800..2500).contains(&slowloris_ms), "{slowloris_ms}");
+
+    // Idle keep-alive: closed at the idle timeout (2 s), not the header timeout (1 s).
+    let mut idle = TcpStream::connect(&data).await.unwrap();
+    assert_eq!(raw_get(&mut idle, "/healthz").await.map(|r| r.0), Some(200));
+    let idle_ms = closed_after(&mut idle, Duration::from_secs(6))
+        .await
+        .expect("idle connection closed");
+    assert!((1800..3500).contains(&idle_ms), "{idle_ms}");
+
+    // Not idle: an SSE stream open for 2x the idle timeout, a reply on it after a call that
+    // outlasts both timeouts, and a Streamable HTTP call in flight as long.
+    let reg = d
+        .register(json!({"agent_id": "conn", "tools": ["demo.*"]}))
+        .await;
+    let token = reg["token"].as_str().unwrap().to_string();
+    let mut sse = SseClient::connect(reg["sse_url"].as_str().unwrap(), &token).await;
+    sse.initialize().await;
+    let t = Instant::now();
+    let r = sse.call("demo.slow", json!({"ms": 4000})).await;
+    let sse_ms = t.elapsed().as_millis();
+    assert_eq!(text_of(&r), "done", "{r}");
+    let mcp = reg["mcp_url"].as_str().unwrap().to_string();
+    let init = http()
+        .post(&mcp)
+        .bearer_auth(&token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"0"}}}))
+        .send()
+        .await
+        .unwrap();
+    let sid = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let t = Instant::now();
+    let call = http()
+        .post(&mcp)
+        .bearer_auth(&token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"demo.slow","arguments":{"ms":3000}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(call.status(), 200);
+    let body = call.text().await.unwrap();
+    let slow_call_ms = t.elapsed().as_millis();
+    assert!(body.contains("done"), "{body}");
+
+    write_figures(
+        "connections",
+        json!({
+            "nofile_soft_at_start": 256,
+            "nofile_after_raise": nofile[0],
+            "data_connection_cap": 384,
+            "header_timeout_s": 1,
+            "idle_timeout_s": 2,
+            "silent_sockets": SILENT,
+            "silent_sockets_opened_in_ms": flood_ms,
+            "silent_refused_with_503": got_503,
+            "silent_held_then_closed_by_header_timeout": closed_silently,
+            "admin_answered_during_flood_ms": admin_ms,
+            "open_connection_served_during_flood": true,
+            "refused_connection_answered_in_ms": refused_ms,
+            "bystander_served_after_ms": bystander_ms,
+            "bystander_attempts": attempts,
+            "slowloris_cut_after_ms": slowloris_ms,
+            "idle_keepalive_closed_after_ms": idle_ms,
+            "sse_call_reply_after_ms": sse_ms,
+            "streamable_call_in_flight_ms": slow_call_ms,
+        }),
+    );
 }

@@ -956,13 +956,24 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
         );
         before_init += 2;
     }
-    b_serves(&fx, &b_session, cases.len()).await;
+    // Strict HTTP: what reqwest cannot send (duplicate Host, no Host, odd framing) goes raw.
+    let data_addr = base.trim_start_matches("http://").to_string();
+    let admin_addr = fx.admin.trim_start_matches("http://").to_string();
+    let raw = raw_corpus(fx.a.id(), fx.a.token(), &a_session);
+    for c in &raw {
+        let addr = if c.admin { &admin_addr } else { &data_addr };
+        let request = c.request.replace("{ADMIN}", ADMIN_TOKEN);
+        if let Err(e) = c.check(addr, request.as_bytes()).await {
+            failures.push(format!("raw {}: {e}", c.name));
+        }
+    }
+    b_serves(&fx, &b_session, cases.len() + raw.len()).await;
     // No call of A's corpus was recorded under another agent.
     let calls = fx.tg.calls();
     assert!(calls
         .iter()
         .all(|r| r.agent_id.as_deref() != Some("agent-r")));
-    let total = cases.len() + before_init;
+    let total = cases.len() + before_init + raw.len();
     write_figures(
         "hostile",
         json!({
@@ -970,6 +981,8 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
             "endpoints": ["POST /gw/<id>/mcp", "GET /gw/<id>/mcp", "DELETE /gw/<id>/mcp", "GET /gw/<id>/sse", "POST /gw/<id>/messages/", "admin /v1/*", "other paths"],
             "checks_that_another_registration_still_serves": checks_of_b + 1,
             "mismatches": failures.len(),
+            "strict_http_cases": raw.len(),
+            "strict_http": raw.iter().map(|c| json!({"case": c.name, "status": c.status})).collect::<Vec<_>>(),
         }),
     );
     assert!(total >= 150, "corpus has {total} cases");
@@ -979,6 +992,266 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// A request written byte for byte (what an HTTP client library would not send).
+struct RawCase {
+    name: &'static str,
+    admin: bool,
+    request: String,
+    status: u16,
+    /// The refusal is the gateway's own: a clear message in the body (data listener: a
+    /// JSON-RPC error). hyper's parse errors (400 on framing, 431) have an empty body.
+    ours: bool,
+}
+
+impl RawCase {
+    async fn check(&self, addr: &str, request: &[u8]) -> Result<(), String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        // A peer that refuses early may close before the whole request is written.
+        let _ = tcp.write_all(request).await;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out)).await;
+        if read.is_err() {
+            return Err("no end of response in 10 s".into());
+        }
+        let text = String::from_utf8_lossy(&out);
+        let status: Option<u16> = text
+            .strip_prefix("HTTP/1.1 ")
+            .or_else(|| text.strip_prefix("HTTP/1.0 "))
+            .and_then(|r| r.get(..3))
+            .and_then(|s| s.parse().ok());
+        if status != Some(self.status) {
+            return Err(format!(
+                "status {status:?}, want {} ({:?})",
+                self.status,
+                &text[..text.len().min(300)]
+            ));
+        }
+        // A later response starts right after the previous one's body.
+        let responses =
+            1 + text.matches("}HTTP/1.").count() + text.matches("\r\n\r\nHTTP/1.").count();
+        if responses != 1 {
+            return Err(format!(
+                "{responses} responses on one connection (smuggled request answered?)"
+            ));
+        }
+        if self.ours {
+            let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+            let v: Value =
+                serde_json::from_str(body).map_err(|_| format!("body is not JSON: {body:?}"))?;
+            let msg = if self.admin {
+                &v["error"]
+            } else {
+                &v["error"]["message"]
+            };
+            let clear = msg.as_str().is_some_and(|m| {
+                m.starts_with("bad request:") || m.starts_with("not implemented:")
+            });
+            if !clear || (!self.admin && v["jsonrpc"] != "2.0") {
+                return Err(format!("unclear error body {body}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Strict HTTP on both listeners, `/healthz` included; and what hyper refuses by itself
+/// (431, differing lengths, a last coding that is not chunked, CL beside TE).
+fn raw_corpus(a_id: &str, a_token: &str, a_session: &str) -> Vec<RawCase> {
+    let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mcp = |extra: &str, body: &str| {
+        format!(
+            "POST /gw/{a_id}/mcp HTTP/1.1\r\n{extra}content-type: application/json\r\naccept: {ACCEPT_BOTH}\r\nmcp-session-id: {a_session}\r\nmcp-protocol-version: 2025-06-18\r\nconnection: close\r\n\r\n{body}"
+        )
+    };
+    let auth = format!("authorization: Bearer {a_token}\r\n");
+    let host = "host: localhost\r\n";
+    let cl = format!("content-length: {}\r\n", ping.len());
+    let chunked = format!("{:x}\r\n{ping}\r\n0\r\n\r\n", ping.len());
+    let healthz =
+        |extra: &str| format!("GET /healthz HTTP/1.1\r\n{extra}connection: close\r\n\r\n");
+    let admin =
+        |extra: &str| format!("GET /v1/registrations HTTP/1.1\r\n{extra}connection: close\r\n\r\n");
+    let admin_auth = "authorization: Bearer {ADMIN}\r\n";
+    let data = |name, request: String, status, ours| RawCase {
+        name,
+        admin: false,
+        request,
+        status,
+        ours,
+    };
+    let adm = |name, request: String, status, ours| RawCase {
+        name,
+        admin: true,
+        request,
+        status,
+        ours,
+    };
+    vec![
+        data(
+            "control: well-formed",
+            mcp(&format!("{host}{auth}{cl}"), ping),
+            200,
+            false,
+        ),
+        data(
+            "duplicate Authorization (same token)",
+            mcp(&format!("{host}{auth}{auth}{cl}"), ping),
+            400,
+            true,
+        ),
+        data(
+            "duplicate Authorization (token, then another)",
+            mcp(
+                &format!("{host}{auth}authorization: Bearer nope\r\n{cl}"),
+                ping,
+            ),
+            400,
+            true,
+        ),
+        data(
+            "HTTP/1.1 without Host",
+            mcp(&format!("{auth}{cl}"), ping),
+            400,
+            true,
+        ),
+        data(
+            "duplicate Host",
+            mcp(&format!("{host}{host}{auth}{cl}"), ping),
+            400,
+            true,
+        ),
+        data(
+            "duplicate Host, the second foreign",
+            mcp(&format!("{host}host: evil.example\r\n{auth}{cl}"), ping),
+            400,
+            true,
+        ),
+        data(
+            "control: HTTP/1.0 without Host",
+            mcp(&format!("{auth}{cl}"), ping).replacen("HTTP/1.1", "HTTP/1.0", 1),
+            200,
+            false,
+        ),
+        data(
+            "control: Transfer-Encoding chunked",
+            mcp(
+                &format!("{host}{auth}transfer-encoding: chunked\r\n"),
+                &chunked,
+            ),
+            200,
+            false,
+        ),
+        data(
+            "Transfer-Encoding gzip, chunked",
+            mcp(
+                &format!("{host}{auth}transfer-encoding: gzip, chunked\r\n"),
+                &chunked,
+            ),
+            501,
+            true,
+        ),
+        data(
+            "Transfer-Encoding gzip then chunked (two lines)",
+            mcp(
+                &format!("{host}{auth}transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n"),
+                &chunked,
+            ),
+            501,
+            true,
+        ),
+        data(
+            "Transfer-Encoding chunked then gzip (hyper: 400)",
+            mcp(
+                &format!("{host}{auth}transfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n"),
+                &chunked,
+            ),
+            400,
+            false,
+        ),
+        data(
+            "Transfer-Encoding gzip alone (hyper: 400)",
+            mcp(
+                &format!("{host}{auth}transfer-encoding: gzip\r\n{cl}"),
+                ping,
+            ),
+            400,
+            false,
+        ),
+        data(
+            "smuggling: Content-Length beside chunked, a second request after the chunks",
+            mcp(
+                &format!("{host}{auth}content-length: 4\r\ntransfer-encoding: chunked\r\n"),
+                &format!("{chunked}GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n"),
+            )
+            // No `connection: close` of our own: hyper must close after this request.
+            .replace("connection: close\r\n", ""),
+            200,
+            false,
+        ),
+        data(
+            "differing Content-Lengths (hyper: 400)",
+            mcp(&format!("{host}{auth}{cl}content-length: 3\r\n"), ping),
+            400,
+            false,
+        ),
+        data(
+            "500 KB header (hyper: 431)",
+            mcp(
+                &format!("{host}{auth}x-big: {}\r\n{cl}", "b".repeat(500_000)),
+                ping,
+            ),
+            431,
+            false,
+        ),
+        data("control: /healthz", healthz(host), 200, false),
+        data("/healthz without Host", healthz(""), 400, true),
+        data(
+            "/healthz duplicate Host",
+            healthz(&format!("{host}{host}")),
+            400,
+            true,
+        ),
+        data(
+            "/healthz Transfer-Encoding gzip, chunked",
+            healthz(&format!("{host}transfer-encoding: gzip, chunked\r\n"))
+                .replace("\r\n\r\n", "\r\n\r\n0\r\n\r\n"),
+            501,
+            true,
+        ),
+        adm(
+            "control: admin list",
+            admin(&format!("{host}{admin_auth}")),
+            200,
+            false,
+        ),
+        adm(
+            "admin duplicate Authorization",
+            admin(&format!("{host}{admin_auth}{admin_auth}")),
+            400,
+            true,
+        ),
+        adm("admin without Host", admin(admin_auth), 400, true),
+        adm(
+            "admin duplicate Host",
+            admin(&format!("{host}{host}{admin_auth}")),
+            400,
+            true,
+        ),
+        adm(
+            "admin Transfer-Encoding gzip, chunked",
+            admin(&format!(
+                "{host}{admin_auth}transfer-encoding: gzip, chunked\r\n"
+            ))
+            .replace("\r\n\r\n", "\r\n\r\n0\r\n\r\n"),
+            501,
+            true,
+        ),
+    ]
 }
 
 /// Writes a test's figures to target/reliability/<name>.json (RELIABILITY.md is built from them).

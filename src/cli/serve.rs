@@ -73,6 +73,26 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
         (Ok(t), Ok(i)) => (t, i),
         (Err(e), _) | (_, Err(e)) => return fail(format!("cannot handle signals: {e}")),
     };
+    // Before anything is sized from it (the data listener's auto connection cap).
+    match crate::connections::raise_nofile_limit() {
+        Ok((before, now)) if before != now => {
+            eprintln!("gatehouse: open-files limit raised from {before} to {now}")
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("gatehouse: cannot raise the open-files limit: {e}"),
+    }
+    let data_limits = crate::connections::Limits::data(&config.connections);
+    let nofile = crate::connections::nofile_soft_limit();
+    eprintln!(
+        "gatehouse: open-files limit {nofile}; data connections at most {}",
+        data_limits.max
+    );
+    if data_limits.max as u64 > nofile.saturating_sub(64) {
+        eprintln!(
+            "gatehouse: warning: connections.max = {} leaves too few of the {nofile} file descriptors for the rest (accepts will fail before the cap)",
+            data_limits.max
+        );
+    }
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let admin_listen = config.admin_listen.clone();
     let gw = match Gateway::new(config) {
@@ -101,10 +121,11 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
         Err(e) => return fail(e),
     };
     let stop_admin = CancellationToken::new();
-    let admin_task = tokio::spawn(admin::serve(
+    let admin_task = tokio::spawn(admin::serve_with(
         listener,
         admin::router(gw.clone(), &token),
         stop_admin.clone(),
+        crate::connections::Limits::admin(&gw.config().connections),
     ));
     drop(token);
     eprintln!("gatehouse: data listener on http://{data_addr}");
@@ -135,6 +156,9 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
     };
     tokio::select! {
         _ = graceful => {
+            // Every upstream group was torn down by now; any left (a teardown cut short
+            // whose transport is still referenced) is killed rather than left behind.
+            kill_upstream_groups();
             eprintln!("gatehouse: stopped");
             ExitCode::SUCCESS
         }
@@ -146,6 +170,16 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
 
 fn forced(why: &str) -> ExitCode {
     eprintln!("gatehouse: {why}: forced exit");
+    // `exit` runs no destructor: the upstream process groups still being torn down politely
+    // are SIGKILLed here, or they would outlive the daemon.
+    kill_upstream_groups();
     // Leaves at once: a blocked worker thread would otherwise hold the runtime's shutdown.
     std::process::exit(2)
+}
+
+fn kill_upstream_groups() {
+    let n = crate::upstream::kill_all_groups();
+    if n > 0 {
+        eprintln!("gatehouse: SIGKILL sent to {n} upstream process group(s)");
+    }
 }

@@ -2,6 +2,7 @@
 //! the transports (`sse`: legacy HTTP+SSE; `streamable_http`: Streamable HTTP, both eras,
 //! with its stateless 2026-07-28 half in `stateless`).
 
+pub mod oauth;
 pub mod sse;
 pub mod stateless;
 pub mod streamable_http;
@@ -37,15 +38,6 @@ pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
         Bytes::from(bytes),
     )
         .into_response()
-}
-
-fn unauthorized(message: &str) -> Response {
-    let mut r = http_error(StatusCode::UNAUTHORIZED, jsonrpc::INVALID_REQUEST, message);
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"gatehouse\""),
-    );
-    r
 }
 
 /// Is a present `Origin` allowed? Loopback origins are, by default; others only if listed.
@@ -136,15 +128,20 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The checks every agent request passes, in order: Host and Origin (403), registration
-/// (404), token (401). The token is compared with this registration's token only.
-pub fn authorize(
-    gw: &Gateway,
-    id: &str,
-    headers: &HeaderMap,
-) -> Result<Arc<RegistrationState>, Response> {
+/// Which endpoint of a registration a request is for (its 401 points at that endpoint's
+/// protected-resource metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// `/gw/<id>/sse` and `/gw/<id>/messages/`.
+    Sse,
+    /// `/gw/<id>/mcp`.
+    Mcp,
+}
+
+/// Host and Origin (403): DNS-rebinding protection, before anything else.
+pub fn check_host_origin(config: &Config, headers: &HeaderMap) -> Result<(), Response> {
     if let Some(host) = headers.get(header::HOST) {
-        let ok = host.to_str().is_ok_and(|h| host_allowed(gw.config(), h));
+        let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
         if !ok {
             return Err(http_error(
                 StatusCode::FORBIDDEN,
@@ -154,9 +151,7 @@ pub fn authorize(
         }
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let ok = origin
-            .to_str()
-            .is_ok_and(|o| origin_allowed(gw.config(), o));
+        let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
         if !ok {
             return Err(http_error(
                 StatusCode::FORBIDDEN,
@@ -165,6 +160,19 @@ pub fn authorize(
             ));
         }
     }
+    Ok(())
+}
+
+/// The checks every agent request passes, in order: Host and Origin (403), registration
+/// (404), token (401, with the OAuth-aware challenge of `oauth::unauthorized`). The token is
+/// compared with this registration's token only.
+pub fn authorize(
+    gw: &Gateway,
+    id: &str,
+    surface: Surface,
+    headers: &HeaderMap,
+) -> Result<Arc<RegistrationState>, Response> {
+    check_host_origin(gw.config(), headers)?;
     let Some(reg) = gw.registry().get(id) else {
         return Err(http_error(
             StatusCode::NOT_FOUND,
@@ -173,9 +181,21 @@ pub fn authorize(
         ));
     };
     match bearer(headers) {
-        None => Err(unauthorized("missing bearer token")),
+        None => Err(oauth::unauthorized(
+            gw,
+            headers,
+            id,
+            surface,
+            oauth::Refusal::Missing,
+        )),
         Some(t) if reg.token_matches(t) => Ok(reg),
-        Some(_) => Err(unauthorized("invalid bearer token")),
+        Some(_) => Err(oauth::unauthorized(
+            gw,
+            headers,
+            id,
+            surface,
+            oauth::Refusal::Invalid,
+        )),
     }
 }
 

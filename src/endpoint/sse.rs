@@ -93,7 +93,7 @@ pub async fn open(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
+    let reg = match authorize(&gw, &id, super::Surface::Sse, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -181,7 +181,7 @@ pub async fn message(State(gw): State<Gateway>, Path(id): Path<String>, req: Req
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
     let (uri, headers) = (&parts.uri, &parts.headers);
-    let reg = match authorize(&gw, &id, headers) {
+    let reg = match authorize(&gw, &id, super::Surface::Sse, headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };

@@ -128,7 +128,7 @@ pub async fn post(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let reg = match authorize(&gw, &id, &headers) {
+    let reg = match authorize(&gw, &id, super::Surface::Mcp, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -630,7 +630,7 @@ pub async fn get(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
+    let reg = match authorize(&gw, &id, super::Surface::Mcp, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -710,7 +710,7 @@ pub async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let reg = match authorize(&gw, &id, &headers) {
+    let reg = match authorize(&gw, &id, super::Surface::Mcp, &headers) {
         Ok(r) => r,
         Err(resp) => return resp,
     };

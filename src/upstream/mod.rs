@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use connection::Connection;
 pub use pool::Pool;
+pub use stdio::kill_all_groups;
 
 /// Protocol version requested in `initialize` unless [`ConnectOptions::protocol_version`] says otherwise.
 pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";

@@ -305,14 +305,14 @@ pub fn transport_for(config: &UpstreamConfig) -> Result<Transport, String> {
     })
 }
 
-/// The name agents see for an upstream tool.
-pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
+/// The name agents see for an upstream tool, and its grant name `<upstream>.<tool>`
+/// (`tool_name`: `rename`, then the upstream's separator and model-safe rule).
+pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> (String, String) {
     let local = config.rename.get(tool).map(String::as_str).unwrap_or(tool);
-    if config.bare_names {
-        local.to_string()
-    } else {
-        format!("{}.{}", config.id, local)
-    }
+    (
+        crate::tool_name::exposed(&config.id, local, config.name_rule()),
+        crate::tool_name::grant_name(&config.id, local),
+    )
 }
 
 /// Drops the 2026-07-28 per-request envelope (`io.modelcontextprotocol/protocolVersion`,
@@ -470,7 +470,7 @@ impl Pool {
                 let Some(tool) = t.get("name").and_then(Value::as_str) else {
                     continue;
                 };
-                let name = exposed_name(&up.spec.config, tool);
+                let (name, grant_name) = exposed_name(&up.spec.config, tool);
                 if !crate::config::valid_tool_name(&name) {
                     tracing::warn!(upstream = %id, tool, "tool not exposed: its name is not 1-128 characters of [A-Za-z0-9_.-]");
                     continue;
@@ -485,6 +485,7 @@ impl Pool {
                     backend: Backend::Upstream {
                         upstream: id.to_string(),
                         tool: tool.to_string(),
+                        grant_name,
                     },
                 });
             }

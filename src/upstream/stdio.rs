@@ -7,8 +7,14 @@
 //! Invariants:
 //! - The child is the leader of its own process group (`process_group(0)`), so signals to the
 //!   group reach grandchildren that launchers like `npx`/`sh` leave behind.
-//! - Every task is owned by the transport's `JoinSet` (aborted on drop); dropping the transport
-//!   without [`StdioTransport::shutdown`] SIGKILLs the group, and the child is `kill_on_drop`.
+//! - Every task but the exit watcher is owned by the transport's `JoinSet` (aborted on drop).
+//!   The watcher is never aborted: it reaps the leader, so no zombie is left behind, and its
+//!   life is bounded by the child's, which teardown ends with SIGKILL at the latest. Dropping the transport
+//!   before [`StdioTransport::shutdown`] has finished — never called, or cut short by a
+//!   caller's timeout (a release is bounded by `pool::RELEASE_TIMEOUT`) — SIGKILLs the group,
+//!   and the child is `kill_on_drop`.
+//! - Every group not yet known to be empty is in a process-wide set, so a daemon that must
+//!   exit before its teardown finished SIGKILLs them all first ([`kill_all_groups`]).
 //! - The connection is declared closed when the child exits, even if a grandchild keeps stdout
 //!   open, so pending requests never wait for an EOF that may not come.
 
@@ -45,6 +51,23 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// Polling interval while waiting for a process group to empty.
 const GROUP_POLL: Duration = Duration::from_millis(20);
 
+/// Process groups of stdio children not yet known to be empty (the leader's pid, which is
+/// the group id). Process-wide, like the pids themselves: `kill_all_groups` is for a process
+/// about to exit without running destructors.
+static LIVE_GROUPS: Mutex<std::collections::BTreeSet<i32>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// SIGKILLs every process group a stdio transport of this process spawned and has not seen
+/// empty yet; returns how many were signalled. For the daemon's forced exit
+/// (`std::process::exit` runs no destructor, so no transport's `Drop` would).
+pub fn kill_all_groups() -> usize {
+    let groups: Vec<i32> = lock(&LIVE_GROUPS).iter().copied().collect();
+    for pgid in &groups {
+        signal_group("*", Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+    groups.len()
+}
+
 pub(crate) struct StdioTransport {
     upstream_id: String,
     pid: u32,
@@ -52,6 +75,9 @@ pub(crate) struct StdioTransport {
     close_stdin: CancellationToken,
     exited: watch::Receiver<bool>,
     tasks: Mutex<JoinSet<()>>,
+    /// The exit watcher (see the module's invariants: it outlives the transport until the
+    /// leader is reaped; dropping the handle detaches it).
+    _watcher: tokio::task::JoinHandle<()>,
     torn_down: AtomicBool,
     grace: Duration,
 }
@@ -89,6 +115,9 @@ impl StdioTransport {
                 "upstream process pipes unavailable".to_owned(),
             ));
         };
+        if let Some(pgid) = pgid_of(pid) {
+            lock(&LIVE_GROUPS).insert(pgid.as_raw());
+        }
         let upstream_id = core.upstream_id.clone();
         tracing::info!(upstream = %upstream_id, epoch = core.epoch, pid, command, "spawned upstream process");
 
@@ -109,7 +138,7 @@ impl StdioTransport {
         ));
         tasks.spawn(forward_stderr(upstream_id.clone(), BufReader::new(stderr)));
         let watcher_core = core.clone();
-        tasks.spawn(async move {
+        let watcher = tokio::spawn(async move {
             let reason = match child.wait().await {
                 Ok(status) => format!("upstream process exited ({status})"),
                 Err(err) => format!("upstream process wait failed: {err}"),
@@ -124,6 +153,7 @@ impl StdioTransport {
             close_stdin,
             exited: exited_rx,
             tasks: Mutex::new(tasks),
+            _watcher: watcher,
             torn_down: AtomicBool::new(false),
             grace,
         })
@@ -157,10 +187,11 @@ impl StdioTransport {
     }
 
     /// Graceful teardown: close stdin → wait `grace` → SIGTERM the group → wait `grace` →
-    /// SIGKILL the group → reap the leader. Then abort the remaining tasks.
+    /// SIGKILL the group → wait for the group to empty. Then abort the remaining tasks. If
+    /// this future is dropped before its end, the transport's `Drop` SIGKILLs the group.
     pub(crate) async fn shutdown(&self) {
-        self.torn_down.store(true, Ordering::SeqCst);
         let Some(pgid) = pgid_of(self.pid) else {
+            self.torn_down.store(true, Ordering::SeqCst);
             return;
         };
         let mut exited = self.exited.clone();
@@ -184,7 +215,16 @@ impl StdioTransport {
                 if !wait_exited(&mut exited, KILL_WAIT).await {
                     tracing::warn!(upstream = %self.upstream_id, pid = self.pid, "upstream process not reaped after SIGKILL");
                 }
+                // SIGKILL cannot be caught, but the members die one by one.
+                let deadline = Instant::now() + KILL_WAIT;
+                while group_alive(pgid) && Instant::now() < deadline {
+                    tokio::time::sleep(GROUP_POLL).await;
+                }
             }
+        }
+        self.torn_down.store(true, Ordering::SeqCst);
+        if !group_alive(pgid) {
+            lock(&LIVE_GROUPS).remove(&pgid.as_raw());
         }
         lock(&self.tasks).abort_all();
         tracing::info!(upstream = %self.upstream_id, pid = self.pid, "upstream process torn down");
@@ -193,13 +233,21 @@ impl StdioTransport {
 
 impl Drop for StdioTransport {
     fn drop(&mut self) {
+        let Some(pgid) = pgid_of(self.pid) else {
+            return;
+        };
         if !self.torn_down.load(Ordering::SeqCst) {
-            // No time to be graceful: kill the whole group. The JoinSet aborts the tasks when it
-            // drops, and the child (kill_on_drop) is then reaped by tokio in the background.
-            if let Some(pgid) = pgid_of(self.pid) {
-                signal_group(&self.upstream_id, pgid, Signal::SIGKILL);
+            // No time to be graceful (never shut down, or the shutdown was cut short): kill the
+            // whole group. The JoinSet aborts the pipe tasks when it drops; the watcher reaps
+            // the leader.
+            if group_alive(pgid) {
+                tracing::warn!(upstream = %self.upstream_id, pgid = self.pid, "upstream teardown cut short; sending SIGKILL to the process group");
             }
+            signal_group(&self.upstream_id, pgid, Signal::SIGKILL);
         }
+        // SIGKILLed or seen empty: nothing of the group can outlive it (but a member that
+        // called setsid(), which left the group; docs/upstreams.md).
+        lock(&LIVE_GROUPS).remove(&pgid.as_raw());
     }
 }
 

@@ -1,0 +1,347 @@
+//! Connection bounds of both listeners (`server::serve_http1`): the cap on connections held
+//! at once, the header-read timeout (slowloris) and the idle keep-alive timeout, and the
+//! open-files limit they are sized from.
+//!
+//! The timeouts follow nginx's split rather than hyper's `header_read_timeout`: hyper starts
+//! that timer whenever a connection waits for a head — on a kept-alive connection, right after
+//! the previous response — so it would close idle connections at the header timeout. Here a
+//! connection is, at any time, in one [`Phase`]:
+//! - `Head`: waiting for (the rest of) a request head — from the accept, or from the first
+//!   byte of a next request — for at most `header_timeout`; then the connection is closed;
+//! - `Busy`: a request is in flight, from its head to the last byte of its response (an SSE
+//!   stream stays busy while it is open): no timeout here;
+//! - `Idle`: kept alive, nothing in flight, no byte of a next request: closed (a quiet EOF to
+//!   hyper) after `idle_timeout`.
+//!
+//! The IO wrapper [`Guarded`] sees the bytes and owns the timer; the service wrapper marks a
+//! request busy from its call until its response body ([`GuardedBody`]) is dropped, which
+//! hyper does once the body is fully written or the connection ends.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::task::AtomicWaker;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use crate::config::ConnectionConfig;
+use crate::sync::lock;
+
+/// The auto cap never goes above this: at roughly 12-20 KiB per idle connection (hyper's
+/// 8 KiB read buffer, the task, the socket's kernel buffers aside) 16384 connections stay in
+/// the low hundreds of MB.
+const AUTO_MAX: usize = 16_384;
+
+/// The bounds one listener applies.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Connections held at once; beyond it a new connection gets `refusal` and is closed.
+    pub max: usize,
+    /// The canned response written to a connection over the cap.
+    refusal: Bytes,
+}
+
+impl Limits {
+    /// The data listener's: `connections.max`, or 3/4 of the open-files soft limit (at most
+    /// [`AUTO_MAX`]) when it is 0.
+    pub fn data(config: &ConnectionConfig) -> Limits {
+        let max = match config.max {
+            0 => auto_max(nofile_soft_limit()),
+            n => n,
+        };
+        let body = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"gateway connection limit reached: retry later"}}"#;
+        Limits::new(config, max, body)
+    }
+
+    /// The admin listener's: the same timeouts, its own cap (1/16 of the open-files limit,
+    /// 16-1024), so a flood of the data listener never takes the admin API's descriptors and
+    /// the reverse.
+    pub fn admin(config: &ConnectionConfig) -> Limits {
+        let max = usize::try_from(nofile_soft_limit() / 16)
+            .unwrap_or(1024)
+            .clamp(16, 1024);
+        Limits::new(
+            config,
+            max,
+            br#"{"error":"admin connection limit reached: retry later"}"#,
+        )
+    }
+
+    fn new(config: &ConnectionConfig, max: usize, body: &[u8]) -> Limits {
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        Limits {
+            header_timeout: Duration::from_secs(config.header_timeout_s.max(1)),
+            idle_timeout: Duration::from_secs(config.idle_timeout_s.max(1)),
+            max: max.max(1),
+            refusal: Bytes::from([head.as_bytes(), body].concat()),
+        }
+    }
+
+    /// Answers a connection over the cap and closes it, without a task or a wait: the canned
+    /// 503 goes into the fresh socket's empty send buffer in one non-blocking write, bytes the
+    /// client already sent are read off (so the close is a FIN, not a reset that could discard
+    /// the answer), then the socket is closed. A client whose request arrives after the close
+    /// may see a reset instead.
+    pub fn refuse(&self, tcp: TcpStream) {
+        use std::io::{Read, Write};
+        let Ok(mut tcp) = tcp.into_std() else { return };
+        let _ = tcp.write(&self.refusal);
+        let _ = tcp.shutdown(std::net::Shutdown::Write);
+        let mut sink = [0u8; 4096];
+        for _ in 0..4 {
+            match tcp.read(&mut sink) {
+                Ok(n) if n > 0 => continue,
+                _ => break,
+            }
+        }
+    }
+}
+
+/// 3/4 of the open-files limit, at most [`AUTO_MAX`] and at least 1: the rest is for the
+/// admin listener, upstream pipes and HTTP clients, the audit file, and the runtime.
+pub fn auto_max(nofile: u64) -> usize {
+    usize::try_from(nofile / 4 * 3)
+        .unwrap_or(AUTO_MAX)
+        .clamp(1, AUTO_MAX)
+}
+
+/// The open-files soft limit (1024, the usual default, if it cannot be read).
+pub fn nofile_soft_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, Resource};
+    getrlimit(Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024)
+}
+
+/// Raises the open-files soft limit to the hard limit (the daemon, at start); returns
+/// `(soft before, soft now)`.
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    }
+    Ok((soft, soft.max(hard)))
+}
+
+/// What a connection waits for (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Head { since: Instant },
+    Busy,
+    Idle { since: Instant },
+}
+
+/// One connection's phase, shared by its IO ([`Guarded`]) and its requests ([`Busy`]).
+#[derive(Debug)]
+pub struct Activity {
+    phase: Mutex<Phase>,
+    in_flight: AtomicUsize,
+    /// The connection task's waker, woken when the last request in flight ends (the idle
+    /// timer must start even if no byte comes).
+    waker: AtomicWaker,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            phase: Mutex::new(Phase::Head {
+                since: Instant::now(),
+            }),
+            in_flight: AtomicUsize::new(0),
+            waker: AtomicWaker::new(),
+        })
+    }
+
+    /// A request's head was read: the connection is busy until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.phase) = Phase::Busy;
+        Busy(self.clone())
+    }
+}
+
+/// Held by a request from its call to the end of its response body.
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *lock(&self.0.phase) = Phase::Idle {
+                since: Instant::now(),
+            };
+            self.0.waker.wake();
+        }
+    }
+}
+
+/// A response body that keeps its connection busy until it is dropped.
+pub struct GuardedBody<B> {
+    body: B,
+    _busy: Busy,
+}
+
+impl<B> GuardedBody<B> {
+    pub fn new(body: B, busy: Busy) -> Self {
+        GuardedBody { body, _busy: busy }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for GuardedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A TCP stream that enforces the header and idle timeouts of its connection.
+pub struct Guarded {
+    io: TcpStream,
+    activity: Arc<Activity>,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    /// The timer and the deadline it is set to (allocated on the first wait).
+    timer: Option<(Pin<Box<Sleep>>, Instant)>,
+}
+
+impl Guarded {
+    pub fn new(io: TcpStream, activity: Arc<Activity>, limits: &Limits) -> Guarded {
+        Guarded {
+            io,
+            activity,
+            header_timeout: limits.header_timeout,
+            idle_timeout: limits.idle_timeout,
+            timer: None,
+        }
+    }
+
+    /// Nothing to read now: `Ready` with the verdict if the phase's deadline has passed (or
+    /// passes while the timer is polled), else `Pending` with the timer armed.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.activity.waker.register(cx.waker());
+        let phase = *lock(&self.activity.phase);
+        let (deadline, expired) = match phase {
+            Phase::Busy => return Poll::Pending,
+            Phase::Head { since } => (
+                since + self.header_timeout,
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "request head not received in time",
+                )),
+            ),
+            // A quiet EOF: hyper closes an idle connection without an error.
+            Phase::Idle { since } => (since + self.idle_timeout, Ok(())),
+        };
+        if Instant::now() >= deadline {
+            return Poll::Ready(expired);
+        }
+        let (sleep, armed) = self
+            .timer
+            .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(deadline)), deadline));
+        if *armed != deadline {
+            sleep.as_mut().reset(deadline);
+            *armed = deadline;
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(expired),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    // The first byte of a next request starts its header timeout.
+                    let mut phase = lock(&this.activity.phase);
+                    if matches!(*phase, Phase::Idle { .. }) {
+                        *phase = Phase::Head {
+                            since: Instant::now(),
+                        };
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => this.poll_deadline(cx),
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_cap_is_three_quarters_of_the_fd_limit_within_bounds() {
+        assert_eq!(auto_max(1024), 768);
+        assert_eq!(auto_max(256), 192);
+        assert_eq!(auto_max(1 << 20), AUTO_MAX);
+        assert_eq!(auto_max(0), 1);
+    }
+}
