@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the third-party MCP peers that gatehouse's integration tests run against.
 #
-#   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x, .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x)
+#   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x + maturin/pytest for tests/python,
+#                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x)
 #                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote;
 #                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
@@ -48,10 +49,12 @@ stamp_ok() { # stamp_ok STAMPFILE KEY
 }
 
 # ---------------------------------------------------------------- Python: venvs
-venv_install() { # venv_install VENV REQUIREMENTS IMPORT-CHECK
-  local venv="$here/$1" req="$here/$2" check="$3"
+venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
+  local venv="$here/$1" check="$3" f
+  local -a reqs=() pipargs=()
+  for f in $2; do reqs+=("$here/$f"); pipargs+=(-r "$here/$f"); done
   local py_version; py_version="$(python3 -c 'import sys; print(sys.version)')"
-  local key; key="$(KEY_EXTRA="$py_version" key_of "$req")"
+  local key; key="$(KEY_EXTRA="$py_version" key_of "${reqs[@]}")"
   local stamp="$venv/.setup-stamp"
   if stamp_ok "$stamp" "$key" && [[ -x "$venv/bin/python" ]]; then
     return 0
@@ -60,15 +63,16 @@ venv_install() { # venv_install VENV REQUIREMENTS IMPORT-CHECK
   rm -rf "$venv"
   python3 -m venv "$venv" || die "python3 -m venv failed (is the venv module installed?)"
   "$venv/bin/python" -m pip install --disable-pip-version-check --no-input -q \
-    -r "$req" || die "pip install -r $2 failed"
+    "${pipargs[@]}" || die "pip install -r $2 failed"
   "$venv/bin/python" -m pip check >/dev/null || die "pip check failed in $1"
   "$venv/bin/python" -c "$check" || die "the peers of $2 do not import in $1"
   echo "$key" > "$stamp"
 }
 
-# The official SDK 2.x (py_client.py, conformance_server.py).
-venv_install .venv requirements.txt \
-  'import mcp, httpx2, uvicorn; from mcp.server.mcpserver import MCPServer'
+# The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
+# and run the Python package's tests (tests/python) in the same venv.
+venv_install .venv "requirements.txt requirements-python.txt" \
+  'import mcp, httpx2, uvicorn, maturin, pytest; from mcp.server.mcpserver import MCPServer'
 # The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
 venv_install .venv-mcp1 requirements-mcp1.txt \
   'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
