@@ -49,6 +49,11 @@ struct Opts {
     duration: Duration,
     warmup: Duration,
     concurrency: Vec<usize>,
+    /// `--calls N`: each load point makes exactly N calls (no warm-up) instead of running for
+    /// `duration`; for instruction counts under callgrind.
+    calls: Option<u64>,
+    /// `--targets a,b`: in the proxy section, only the rows whose name contains one of these.
+    targets: Vec<String>,
 }
 
 fn opts() -> Opts {
@@ -61,6 +66,8 @@ fn opts() -> Opts {
         duration: Duration::from_secs(3),
         warmup: Duration::from_millis(500),
         concurrency: vec![1, 8, 64],
+        calls: None,
+        targets: Vec::new(),
     };
     let mut i = 0;
     while i < args.len() {
@@ -94,6 +101,17 @@ fn opts() -> Opts {
                     o.concurrency = v.split(',').filter_map(|c| c.parse().ok()).collect();
                 }
             }
+            "--calls" => {
+                i += 1;
+                o.calls = args.get(i).and_then(|s| s.parse().ok());
+            }
+            "--targets" => {
+                i += 1;
+                o.targets = args
+                    .get(i)
+                    .map(|s| s.split(',').map(str::to_lowercase).collect())
+                    .unwrap_or_default();
+            }
             "--duration-ms" => {
                 i += 1;
                 if let Some(ms) = args.get(i).and_then(|s| s.parse().ok()) {
@@ -111,8 +129,10 @@ fn opts() -> Opts {
     o
 }
 
+/// `NAME=KIND:URL[|TOOL]` (the tool's name as the proxy exposes it; `echo` by default).
 fn parse_external(spec: &str) -> Option<(String, Target)> {
     let (name, rest) = spec.split_once('=')?;
+    let (rest, tool) = rest.split_once('|').unwrap_or((rest, "echo"));
     let (kind, url) = rest.split_once(':')?;
     let url = url.strip_prefix("//").map(|_| url).unwrap_or(url);
     let u: http::Uri = url.parse().ok()?;
@@ -124,13 +144,13 @@ fn parse_external(spec: &str) -> Option<(String, Target)> {
             addr,
             sse_path: path,
             token: None,
-            tool: "echo".into(),
+            tool: tool.into(),
         },
         "streamable" => Target::Streamable {
             addr,
             path,
             token: None,
-            tool: "echo".into(),
+            tool: tool.into(),
             version: "2025-03-26",
         },
         _ => return None,
@@ -543,21 +563,27 @@ fn check_reply(st: http::StatusCode, body: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Runs `concurrency` workers against `target` for `opts.duration` after a warm-up.
+/// Runs `concurrency` workers against `target` for `opts.duration` after a warm-up, or (with
+/// `--calls N`) for exactly N calls without a warm-up.
 async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
     let mut conns = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         conns.push(open(target).await?);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(o.calls.is_some()));
+    // Calls left to start in `--calls` mode (never reaches zero otherwise).
+    let left = Arc::new(AtomicU64::new(o.calls.unwrap_or(u64::MAX)));
     let errors = Arc::new(AtomicU64::new(0));
     let first_error = Arc::new(Mutex::new(None::<String>));
     let mut handles = Vec::new();
+    let t0 = Instant::now();
+    let cpu0 = server_cpu_ticks();
     for (w, mut c) in conns.into_iter().enumerate() {
-        let (stop, measuring, errors, first_error) = (
+        let (stop, measuring, left, errors, first_error) = (
             stop.clone(),
             measuring.clone(),
+            left.clone(),
             errors.clone(),
             first_error.clone(),
         );
@@ -565,6 +591,12 @@ async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
             let mut lat: Vec<u32> = Vec::with_capacity(1 << 16);
             let mut id = (w as u64) << 32;
             while !stop.load(Ordering::Relaxed) {
+                if left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_err()
+                {
+                    break;
+                }
                 id += 1;
                 let t = Instant::now();
                 let r = c.call(id).await;
@@ -588,21 +620,34 @@ async fn load(target: &Target, concurrency: usize, o: &Opts) -> Result<Stats> {
             lat
         }));
     }
-    tokio::time::sleep(o.warmup).await;
-    measuring.store(true, Ordering::Relaxed);
-    let t0 = Instant::now();
-    let cpu0 = server_cpu_ticks();
-    tokio::time::sleep(o.duration).await;
-    measuring.store(false, Ordering::Relaxed);
-    let cpu1 = server_cpu_ticks();
-    let elapsed = t0.elapsed();
-    stop.store(true, Ordering::Relaxed);
+    // Duration mode: the period and its CPU, taken as it ends (before the workers finish
+    // their last calls).
+    let timed = if o.calls.is_some() {
+        None
+    } else {
+        tokio::time::sleep(o.warmup).await;
+        measuring.store(true, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let cpu0 = server_cpu_ticks();
+        tokio::time::sleep(o.duration).await;
+        measuring.store(false, Ordering::Relaxed);
+        let cpu1 = server_cpu_ticks();
+        let elapsed = t0.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        Some((elapsed, cpu0, cpu1))
+    };
     let mut all = Vec::new();
+    let wait = if o.calls.is_some() {
+        Duration::from_secs(3600)
+    } else {
+        Duration::from_secs(10)
+    };
     for h in handles {
-        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(10), h).await {
+        if let Ok(Ok(v)) = tokio::time::timeout(wait, h).await {
             all.extend(v);
         }
     }
+    let (elapsed, cpu0, cpu1) = timed.unwrap_or_else(|| (t0.elapsed(), cpu0, server_cpu_ticks()));
     if let Some(e) = first_error.lock().unwrap().take() {
         eprintln!("  first error: {e}");
     }
@@ -726,6 +771,132 @@ async fn bare_server(body: Bytes) -> Result<SocketAddr> {
         }
     });
     Ok(addr)
+}
+
+// ------------------------------------------------------------------------------------------
+// The proxy section's ceiling: a minimal HTTP -> stdio proxy
+// ------------------------------------------------------------------------------------------
+
+type MinimalPending = Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
+
+/// The least an HTTP -> stdio MCP proxy does: a hyper server, one shared `gatehouse
+/// echo-upstream` child, ids rewritten from an atomic counter, a pending map, one writer task
+/// for the child's stdin and one reader task for its stdout; no auth, no audit, no sessions.
+/// The body is parsed into a `Value` and the reply re-encoded, as a proxy that rewrites ids
+/// must. `initialize` is answered from the child's own (one) initialize result; notifications
+/// get 202 and are not forwarded (the child was initialized once, by the proxy).
+async fn minimal_proxy() -> Result<(SocketAddr, tokio::process::Child)> {
+    let mut child = tokio::process::Command::new(GATEHOUSE_BIN)
+        .arg("echo-upstream")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let pending: MinimalPending = Arc::new(Mutex::new(HashMap::new()));
+    let next = Arc::new(AtomicU64::new(1));
+    let (lines_tx, mut lines_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let p2 = pending.clone();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let Some(id) = v.get("id").and_then(Value::as_u64) else {
+                continue;
+            };
+            let waiter = p2.lock().unwrap().remove(&id);
+            if let Some(tx) = waiter {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(line) = lines_rx.recv().await {
+            if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    // One request through the child: rewrite the id, wait for the reply, restore the id.
+    let forward = {
+        let (pending, next, lines_tx) = (pending.clone(), next.clone(), lines_tx.clone());
+        move |mut msg: Value| {
+            let (pending, next, lines_tx) = (pending.clone(), next.clone(), lines_tx.clone());
+            async move {
+                let original = msg.get_mut("id").map(Value::take).unwrap_or(Value::Null);
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                msg["id"] = Value::from(id);
+                let (tx, rx) = oneshot::channel();
+                pending.lock().unwrap().insert(id, tx);
+                let mut line = serde_json::to_vec(&msg)?;
+                line.push(b'\n');
+                lines_tx.send(line).map_err(|_| anyhow!("child stdin gone"))?;
+                let mut reply = rx.await.map_err(|_| anyhow!("child gone"))?;
+                reply["id"] = original;
+                anyhow::Ok(reply)
+            }
+        }
+    };
+    let init = forward(serde_json::from_slice::<Value>(&init_body("2025-06-18"))?).await?;
+    let mut initialized = INITIALIZED.as_bytes().to_vec();
+    initialized.push(b'\n');
+    lines_tx
+        .send(initialized)
+        .map_err(|_| anyhow!("child stdin gone"))?;
+    let init_result = Arc::new(init.get("result").cloned().context("initialize result")?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let (forward, init_result) = (forward.clone(), init_result.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (forward, init_result) = (forward.clone(), init_result.clone());
+                    async move {
+                        let reply = async {
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let msg: Value = serde_json::from_slice(&body)?;
+                            let id = msg.get("id").cloned();
+                            let method = msg.get("method").and_then(Value::as_str);
+                            anyhow::Ok(match (id, method) {
+                                (None, _) => None,
+                                (Some(id), Some("initialize")) => Some(
+                                    json!({"jsonrpc":"2.0","id":id,"result":(*init_result).clone()}),
+                                ),
+                                _ => Some(forward(msg).await?),
+                            })
+                        }
+                        .await;
+                        let resp = match reply {
+                            Ok(Some(v)) => http::Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from(
+                                    serde_json::to_vec(&v).unwrap_or_default(),
+                                ))),
+                            Ok(None) => http::Response::builder()
+                                .status(202)
+                                .body(Full::new(Bytes::new())),
+                            Err(e) => http::Response::builder()
+                                .status(500)
+                                .body(Full::new(Bytes::from(e.to_string()))),
+                        };
+                        Ok::<_, std::convert::Infallible>(resp.unwrap())
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, child))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1044,6 +1215,18 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         ),
     ];
     targets.extend(o.external.iter().cloned());
+    // The section's ceiling: a minimal HTTP -> stdio proxy in front of its own child.
+    let (min_addr, _min_child) = srv.block_on(minimal_proxy())?;
+    let minimal = Target::Streamable {
+        addr: min_addr,
+        path: "/mcp".into(),
+        token: None,
+        tool: "echo".into(),
+        version: "2025-06-18",
+    };
+    const MINIMAL: &str = "ceiling: minimal HTTP→stdio proxy (Streamable HTTP)";
+    const DIRECT: &str = "for scale: upstream alone (stdio, multiplexed)";
+    const BARE: &str = "for scale: bare hyper, canned reply (no upstream)";
     // What any HTTP front end can reach here: a bare hyper server with a canned tool result.
     let canned = Bytes::from(
         json!({"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"x"}],"isError":false}})
@@ -1053,20 +1236,34 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         addr: srv.block_on(bare_server(canned.clone()))?,
         body: canned,
     };
-    r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) direct vs proxied\n");
+    let wanted = |name: &str| {
+        let name = name.to_lowercase();
+        o.targets.is_empty() || o.targets.iter().any(|t| name.contains(t.as_str()))
+    };
+    r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) behind each proxy, against a minimal proxy\n");
+    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on.\n");
     r.line(TABLE_HEAD);
     for &c in &o.concurrency {
-        let base = cli.block_on(load(&direct, c, o))?;
-        row(r, "upstream alone (stdio, multiplexed)", c, &base, None);
-        let http = cli.block_on(load(&ceiling, c, o))?;
-        row(
-            r,
-            "for scale: bare hyper, canned reply (no upstream)",
-            c,
-            &http,
-            Some(&base),
-        );
+        let base = if wanted(MINIMAL) {
+            let b = cli.block_on(load(&minimal, c, o))?;
+            row(r, MINIMAL, c, &b, None);
+            Some(b)
+        } else {
+            None
+        };
+        if wanted(DIRECT) {
+            let s = cli.block_on(load(&direct, c, o))?;
+            row(r, DIRECT, c, &s, base.as_ref());
+        }
+        if wanted(BARE) {
+            let s = cli.block_on(load(&ceiling, c, o))?;
+            row(r, BARE, c, &s, base.as_ref());
+        }
+        let mut seen: Vec<(String, Stats)> = Vec::new();
         for (name, t) in &targets {
+            if !wanted(name) {
+                continue;
+            }
             let s = match cli.block_on(load(t, c, o)) {
                 Ok(s) => s,
                 Err(e) => {
@@ -1074,36 +1271,54 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
                     continue;
                 }
             };
-            row(r, name, c, &s, Some(&base));
-            // Each proxy verdict says beside it what an HTTP front end with nothing behind it
-            // reaches in the same run: the part of the figure no gateway can remove here.
-            if name.starts_with("gateway → stdio, Streamable") {
-                if c == 64 {
-                    r.throughput_verdict(
-                        "proxy: ≥ 80% of upstream-alone calls/s at 64 clients",
-                        &s,
-                        &base,
-                        0.8,
-                        Some(format!(
-                            "bare hyper with a canned reply: {:.0}%",
-                            100.0 * http.rps / base.rps
-                        )),
-                    );
-                }
-                if c == 1 {
-                    r.latency_verdict(
-                        "proxy: ≤ 100 µs added p50 at 1 client",
-                        &s,
-                        &base,
-                        100.0,
-                        Some(format!(
-                            "one HTTP exchange with a canned reply (bare hyper p50): {:.0} µs, so the gateway's own share is {:+.0} µs",
-                            http.p50_us,
-                            s.p50_us - base.p50_us - http.p50_us
-                        )),
+            row(r, name, c, &s, base.as_ref());
+            seen.push((name.clone(), s));
+        }
+        let Some(base) = base else { continue };
+        let get = |prefix: &str| seen.iter().find(|(n, _)| n.starts_with(prefix)).map(|(_, s)| s);
+        let streamable = get("gateway → stdio, Streamable");
+        let sse = get("gateway → stdio, legacy SSE");
+        match (c, streamable) {
+            (64, Some(s)) => {
+                r.throughput_verdict(
+                    "proxy Streamable HTTP: ≥ 75% of the minimal proxy's calls/s at 64 clients",
+                    s,
+                    &base,
+                    0.75,
+                    None,
+                );
+                if let Some(m) = get("Rust mcp-proxy") {
+                    r.verdict(
+                        "proxy Streamable HTTP: ≥ 2× the Rust mcp-proxy 0.6.0 at 64 clients",
+                        s.rps >= 2.0 * m.rps,
+                        format!("{:.2}× ({:.0} vs {:.0})", s.rps / m.rps, s.rps, m.rps),
                     );
                 }
             }
+            (8, Some(s)) => r.throughput_verdict(
+                "proxy Streamable HTTP: ≥ 80% of the minimal proxy's calls/s at 8 clients",
+                s,
+                &base,
+                0.8,
+                None,
+            ),
+            (1, Some(s)) => r.latency_verdict(
+                "proxy Streamable HTTP: ≤ 20 µs p50 over the minimal proxy at 1 client",
+                s,
+                &base,
+                20.0,
+                None,
+            ),
+            _ => {}
+        }
+        if let (64, Some(s)) = (c, sse) {
+            r.throughput_verdict(
+                "proxy legacy SSE: ≥ 65% of the minimal proxy's calls/s at 64 clients",
+                s,
+                &base,
+                0.65,
+                None,
+            );
         }
     }
     srv.block_on(async {
