@@ -77,6 +77,8 @@ pub struct UpstreamInfo {
     pub effective_sharing: Option<Sharing>,
     /// Respawns after the first spawn, over all its connections.
     pub restarts: u64,
+    /// Call notifications its connections could not deliver (`NotificationsRefused`).
+    pub notifications_refused: u64,
     pub connections: Vec<ConnectionInfo>,
 }
 
@@ -92,6 +94,7 @@ impl Pool {
                         id: config.id.clone(),
                         config,
                         transport,
+                        refused: Default::default(),
                     }),
                     catalog: tokio::sync::Mutex::new(None),
                     slots: Mutex::new(Slots::default()),
@@ -358,6 +361,7 @@ impl Pool {
                     id: up.spec.id.clone(),
                     effective_sharing: effective,
                     restarts,
+                    notifications_refused: up.spec.refused.get(),
                     connections,
                 }
             })
