@@ -190,3 +190,97 @@ async fn bursts_arrive_whole_and_in_order_on_every_transport() {
     let _ = server.await;
     tg.gateway.shutdown().await;
 }
+
+fn announcer(sharing: &str, lease: bool) -> UpstreamConfig {
+    let script = repo_root().join("tests/fixtures/announcer_server.py");
+    let args = if lease {
+        format!("[{:?}, \"--lease\"]", script.display().to_string())
+    } else {
+        format!("[{:?}]", script.display().to_string())
+    };
+    toml::from_str(&format!(
+        "id = \"ann\"\ncommand = \"python3\"\nargs = {args}\nsharing = \"{sharing}\"\ncall_timeout_s = 10\n"
+    ))
+    .unwrap()
+}
+
+/// Messages on a session's stream within `secs` (after the call's reply), by method.
+async fn drain(c: &mut SseClient, secs: u64) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Some(m) = c.next_message(secs).await {
+        out.push(m);
+    }
+    out
+}
+
+/// Issue 18 item 3: notifications outside any call go to the sessions of the registration
+/// that owns the connection (`per_registration`) or holds the lease they name (`leased`), to
+/// no one else; on `shared`, where no registration can be named, they are counted and not
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_wide_notifications_go_to_the_owning_registration_only() {
+    for (sharing, lease, delivered) in [
+        ("per_registration", false, true),
+        ("leased", true, true),
+        ("shared", false, false),
+    ] {
+        let tg = TestGateway::with(|c| {
+            c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+            c.upstreams = vec![announcer(sharing, lease)];
+        });
+        let a = tg
+            .gateway
+            .register(RegistrationSpec::new("a").grant("ann.*"))
+            .await
+            .unwrap();
+        let b = tg
+            .gateway
+            .register(RegistrationSpec::new("b").grant("ann.*"))
+            .await
+            .unwrap();
+        let mut ca = SseClient::connect(&a.sse_url(), a.token()).await;
+        ca.initialize().await;
+        let mut cb = SseClient::connect(&b.sse_url(), b.token()).await;
+        cb.initialize().await;
+        // B's connection exists too (its own process on per_registration).
+        let announce =
+            |tag: &str| serde_json::json!({"name": "ann.announce", "arguments": {"tag": tag}});
+        let (r, _) = cb.request_with_notes("tools/call", announce("b0")).await;
+        assert_eq!(text_of(&r), "announced b0", "{r}");
+        let _ = drain(&mut cb, 1).await;
+        // The notifications follow the reply upstream but take another path through the
+        // gateway (no audit write): they may reach the stream before the reply.
+        let (r, mut got_a) = ca.request_with_notes("tools/call", announce("a1")).await;
+        assert_eq!(text_of(&r), "announced a1", "{r}");
+        got_a.extend(drain(&mut ca, 2).await);
+        let got_b = drain(&mut cb, 1).await;
+        let methods = |v: &[Value]| -> Vec<String> {
+            v.iter()
+                .map(|m| m["method"].as_str().unwrap_or("").to_string())
+                .collect()
+        };
+        if delivered {
+            assert_eq!(
+                methods(&got_a),
+                vec!["notifications/message", "notifications/resources/updated"],
+                "{sharing}: {got_a:?}"
+            );
+            assert_eq!(got_a[0]["params"]["data"], "outside a1", "{sharing}");
+            assert_eq!(got_a[1]["params"]["uri"], "announcer://a1", "{sharing}");
+            // The lease id is the gateway's business, not the client's.
+            assert!(
+                got_a[0]["params"]["_meta"]
+                    .get("io.gatehouse/lease")
+                    .is_none(),
+                "{got_a:?}"
+            );
+        } else {
+            assert!(got_a.is_empty(), "{sharing}: {got_a:?}");
+        }
+        assert!(
+            got_b.is_empty(),
+            "{sharing}: B got A's notifications: {got_b:?}"
+        );
+        tg.gateway.shutdown().await;
+    }
+}

@@ -256,6 +256,14 @@ impl UpstreamError {
 pub trait Downstream: Send + Sync {
     /// An upstream's tools changed: tell the sessions of every registration granted one.
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()>;
+    /// A connection-wide notification (a log outside a call, a list change, a resource
+    /// update) for the sessions of the registration that owns the connection or the lease it
+    /// names; how many sessions it was queued on.
+    fn notify_registration<'a>(
+        &'a self,
+        registration_id: &'a str,
+        msg: Value,
+    ) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(
