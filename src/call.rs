@@ -200,6 +200,7 @@ pub async fn run(
             Backend::Upstream {
                 upstream,
                 tool: upstream_tool,
+                ..
             } => {
                 let fwd = Box::pin(gw.pool().forward(ForwardCall {
                     registration: reg,

@@ -57,6 +57,15 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// Grace period of a graceful shutdown, in seconds.
     pub shutdown_grace_s: u64,
+    /// Between an upstream's id and its tool names as agents see them: `"."` (default),
+    /// `"_"` or `"__"`. An upstream's `name_separator` overrides it. Grants always name
+    /// upstream tools `<upstream>.<tool>` (docs/upstreams.md, "Tool names").
+    pub tool_name_separator: String,
+    /// Keep every exposed upstream tool name within `^[a-zA-Z0-9_-]{1,64}$` (the function-name
+    /// rule of some model APIs): other characters become `_`, a longer name ends in `_` + 8
+    /// hex digits of its digest; two tools under one name are refused at registration.
+    /// Needs a separator other than `"."`. An upstream's `model_safe_names` overrides it.
+    pub model_safe_tool_names: bool,
     pub connections: ConnectionConfig,
     pub sessions: SessionConfig,
     pub audit: AuditConfig,
@@ -78,6 +87,8 @@ impl Default for Config {
             allow_loopback_origins: true,
             allowed_hosts: Vec::new(),
             shutdown_grace_s: 10,
+            tool_name_separator: ".".into(),
+            model_safe_tool_names: false,
             connections: ConnectionConfig::default(),
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
@@ -238,6 +249,29 @@ pub struct UpstreamConfig {
     /// clients that call fixed tool names. Grants still name them `<id>.<tool>` or `<id>.*`.
     #[serde(default)]
     pub bare_names: bool,
+    /// This upstream's separator (`"."`, `"_"`, `"__"`); unset: the gateway's
+    /// `tool_name_separator`.
+    #[serde(default)]
+    pub name_separator: Option<String>,
+    /// This upstream's model-safe rule; unset: the gateway's `model_safe_tool_names`.
+    #[serde(default)]
+    pub model_safe_names: Option<bool>,
+}
+
+impl UpstreamConfig {
+    /// How this upstream's tools are named, the gateway's defaults filled in by
+    /// [`Config::resolved_upstreams`] (unset here: `.`, not model-safe).
+    pub fn name_rule(&self) -> crate::tool_name::Rule {
+        crate::tool_name::Rule {
+            separator: self
+                .name_separator
+                .as_deref()
+                .and_then(crate::tool_name::Separator::parse)
+                .unwrap_or_default(),
+            bare: self.bare_names,
+            model_safe: self.model_safe_names.unwrap_or(false),
+        }
+    }
 }
 
 fn default_call_timeout() -> u64 {
@@ -299,6 +333,24 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The naming rule of an upstream: its own keys, else the gateway's.
+    pub fn name_rule_of(&self, u: &UpstreamConfig) -> crate::tool_name::Rule {
+        self.resolved(u).name_rule()
+    }
+
+    fn resolved(&self, u: &UpstreamConfig) -> UpstreamConfig {
+        let mut u = u.clone();
+        u.name_separator
+            .get_or_insert_with(|| self.tool_name_separator.clone());
+        u.model_safe_names.get_or_insert(self.model_safe_tool_names);
+        u
+    }
+
+    /// The upstreams with the gateway-wide naming defaults filled in (what the pool runs).
+    pub fn resolved_upstreams(&self) -> Vec<UpstreamConfig> {
+        self.upstreams.iter().map(|u| self.resolved(u)).collect()
+    }
+
     /// Checks what serde cannot: addresses, ids, one transport per upstream.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.listen
@@ -341,6 +393,12 @@ impl Config {
                 )));
             }
         }
+        if crate::tool_name::Separator::parse(&self.tool_name_separator).is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "tool_name_separator = {:?}: must be \".\", \"_\" or \"__\"",
+                self.tool_name_separator
+            )));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {
             if !valid_tool_name(&u.id) || u.id.contains('.') {
@@ -363,6 +421,21 @@ impl Config {
                         u.id
                     )))
                 }
+            }
+            if let Some(sep) = &u.name_separator {
+                if crate::tool_name::Separator::parse(sep).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: name_separator = {sep:?}: must be \".\", \"_\" or \"__\"",
+                        u.id
+                    )));
+                }
+            }
+            let rule = self.name_rule_of(u);
+            if rule.model_safe && !rule.bare && rule.separator == crate::tool_name::Separator::Dot {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?}: model-safe tool names cannot contain \".\": set name_separator (or tool_name_separator) to \"_\" or \"__\"",
+                    u.id
+                )));
             }
             for (from, to) in &u.rename {
                 if !valid_tool_name(to) {

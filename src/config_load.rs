@@ -197,14 +197,13 @@ pub const SELF_EXE_ENV: &str = "GATEHOUSE_SELF_EXE";
 pub fn resolve_transports(
     config: &Config,
 ) -> Result<Vec<(UpstreamConfig, UpstreamTransport)>, ConfigError> {
+    // With the naming defaults filled in (`Config::resolved_upstreams`): what the pool runs.
     config
-        .upstreams
-        .iter()
+        .resolved_upstreams()
+        .into_iter()
         .map(|u| {
-            Ok((
-                u.clone(),
-                resolve_transport(u).map_err(ConfigError::Invalid)?,
-            ))
+            let t = resolve_transport(&u).map_err(ConfigError::Invalid)?;
+            Ok((u, t))
         })
         .collect()
 }

@@ -285,7 +285,7 @@ impl Gateway {
             granted.extend(
                 upstream_tools
                     .iter()
-                    .filter(|t| grant_matches(pattern, &t.name) || grant_matches_bare(pattern, t))
+                    .filter(|t| grant_matches_upstream(pattern, t))
                     .cloned(),
             );
             if granted.len() == before {
@@ -302,6 +302,18 @@ impl Gateway {
                     ),
                 }));
             }
+        }
+        let described = granted.iter().map(|t| {
+            let who = match &t.backend {
+                Backend::InProcess(_) => format!("in-process tool {:?}", t.name),
+                Backend::Upstream { grant_name, .. } => format!("upstream tool {grant_name:?}"),
+            };
+            (t.name.as_str(), who)
+        });
+        if let Some((name, a, b)) = crate::tool_name::first_collision(described) {
+            return Err(GatewayError::InvalidSpec(format!(
+                "tool name collision: {a} and {b} are both exposed as {name:?}; rename one (the upstream's `rename`) or choose another separator"
+            )));
         }
         Ok(ToolSet::new(granted))
     }
@@ -339,6 +351,7 @@ impl Gateway {
             hub.sessions().run_reaper(reaper_stop).await;
         });
         lc.starts += 1;
+        self.inner.hub.set_local_addr(addr);
         tracing::info!(%addr, "data server started");
         lc.server = Some(RunningServer {
             addr,
@@ -620,13 +633,12 @@ impl Drop for Registration {
     }
 }
 
-/// A tool exposed without its `<upstream>.` prefix (`bare_names`) is still granted by
-/// `<upstream>.<name>` and `<upstream>.*`.
-fn grant_matches_bare(pattern: &str, t: &GrantedTool) -> bool {
+/// An upstream tool is granted by its grant name `<upstream>.<tool>` (and `<upstream>.*`),
+/// and only by it, whatever its exposed name (`bare_names`, separator, model-safe rule;
+/// `tool_name`): one rule, so a grant means the same under every naming config.
+fn grant_matches_upstream(pattern: &str, t: &GrantedTool) -> bool {
     match &t.backend {
-        Backend::Upstream { upstream, .. } if !t.name.starts_with(&format!("{upstream}.")) => {
-            grant_matches(pattern, &format!("{upstream}.{}", t.name))
-        }
-        _ => false,
+        Backend::Upstream { grant_name, .. } => grant_matches(pattern, grant_name),
+        Backend::InProcess(_) => false,
     }
 }

@@ -23,6 +23,8 @@ pub struct Hub {
     pool: Pool,
     audit: Audit,
     metrics: Metrics,
+    /// The data listener's bound address, once the server started (a fallback base URL).
+    local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
 }
 
 impl Hub {
@@ -36,6 +38,7 @@ impl Hub {
             pool,
             audit,
             metrics: Metrics::new(),
+            local_addr: std::sync::Mutex::new(None),
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
@@ -64,6 +67,14 @@ impl Hub {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        *crate::sync::lock(&self.local_addr)
+    }
+
+    pub(crate) fn set_local_addr(&self, addr: std::net::SocketAddr) {
+        *crate::sync::lock(&self.local_addr) = Some(addr);
     }
 
     /// Sends `notifications/tools/list_changed` to every session of a registration, each on

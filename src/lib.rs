@@ -30,6 +30,7 @@ mod registry;
 mod server;
 mod session;
 mod sync;
+mod tool_name;
 mod tools;
 mod upstream;
 

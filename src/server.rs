@@ -41,6 +41,34 @@ pub fn router(hub: Arc<Hub>) -> Router {
                 .get(endpoint::streamable_http::get)
                 .delete(endpoint::streamable_http::delete),
         )
+        // OAuth-aware clients after a 401 (endpoint::oauth): the RFC 9728 document of each
+        // endpoint, and the discovery/registration paths they fall back to, which answer
+        // that tokens are issued out of band.
+        .route(
+            "/.well-known/oauth-protected-resource/gw/{id}/{tail}",
+            get(endpoint::oauth::protected_resource),
+        )
+        .route(
+            endpoint::oauth::PRM_PREFIX,
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/oauth-authorization-server",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/oauth-authorization-server/{*rest}",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/openid-configuration",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route(
+            "/.well-known/openid-configuration/{*rest}",
+            get(endpoint::oauth::no_authorization_server),
+        )
+        .route("/register", post(endpoint::oauth::no_client_registration))
         .fallback(not_found)
         .with_state(hub)
 }

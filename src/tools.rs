@@ -188,6 +188,9 @@ pub enum Backend {
         upstream: String,
         /// The tool's name at the upstream.
         tool: String,
+        /// `<upstream>.<tool after rename>`: what grants match (`tool_name`), whatever the
+        /// separator and length rule made of the exposed name.
+        grant_name: String,
     },
 }
 

@@ -21,6 +21,7 @@ RULES = [
     # Leaves.
     ("config", ["*"], []),
     ("config_load", ["*"], []),
+    ("tool_name", ["*"], []),
     ("audit", ["*"], []),
     # Only the gateway starts the server; nothing below it names the gateway.
     ("hub", ["gateway", "server", "endpoint", "admin", "cli"], []),
@@ -31,7 +32,7 @@ RULES = [
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
 ]
 # What the leaves may still use.
-LEAF_ALLOWED = {"config": ["sync"], "config_load": ["config", "sync", "upstream::types"],
+LEAF_ALLOWED = {"config": ["sync", "tool_name"], "config_load": ["config", "sync", "tool_name"],
                 "audit": ["config", "sync"]}
 
 

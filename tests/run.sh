@@ -15,6 +15,16 @@ python3 tests/modgraph.py
 # --- end issue 16 ---
 echo "== cargo test =="
 cargo test --locked --all-targets
+# ---- Python package (issue 15): build bindings/python into the peers' venv, run tests/python.
+# maturin builds the extension in the `wheel` profile, release without debuginfo, as
+# `pip install ./bindings/python` does (most of this block's time); pytest drives it with the
+# MCP Python SDK and a real `gatehouse serve` (target/debug/gatehouse, built by cargo test above).
+echo "== Python package: maturin develop (wheel profile), pytest tests/python =="
+VIRTUAL_ENV="$PWD/tests/peers/.venv" PATH="$PWD/tests/peers/.venv/bin:$PATH" \
+  tests/peers/.venv/bin/python -m maturin develop --profile wheel --locked -q -m bindings/python/Cargo.toml
+GATEHOUSE_BIN="$PWD/target/debug/gatehouse" \
+  tests/peers/.venv/bin/python -m pytest tests/python -q -p no:cacheprovider --timeout 300
+# ---- end of the Python package block
 echo "== official MCP conformance suite, directly and through the gateway =="
 bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
 echo "== RELIABILITY.md =="

@@ -54,14 +54,6 @@ impl Rejection {
         Self::new(StatusCode::FORBIDDEN, jsonrpc::INVALID_REQUEST, message)
     }
 
-    /// 401 with -32600 and `WWW-Authenticate: Bearer`.
-    pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, jsonrpc::INVALID_REQUEST, message).with_header(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"gatehouse\""),
-        )
-    }
-
     /// 503 with -32603 (a session cap).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(

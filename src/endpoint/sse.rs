@@ -38,7 +38,7 @@ pub async fn open(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, &headers)?;
+    let reg = authorize(&gw, &id, super::Surface::Sse, &headers)?;
     let session = gw
         .sessions()
         .create(&reg, Transport::Sse)
@@ -72,7 +72,7 @@ pub async fn message(
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
     let (uri, headers) = (&parts.uri, &parts.headers);
-    let reg = authorize(&gw, &id, headers)?;
+    let reg = authorize(&gw, &id, super::Surface::Sse, headers)?;
     let Some(sid) =
         query_param(uri.query(), &["session_id", "sessionId"]).filter(|s| !s.is_empty())
     else {

@@ -108,7 +108,7 @@ pub async fn post(
 ) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let reg = authorize(&gw, &id, &headers)?;
+    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     if !accepts(&headers, true, true) {
         return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
@@ -329,7 +329,7 @@ pub async fn get(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, &headers)?;
+    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     if !accepts(&headers, false, true) {
         return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
@@ -381,7 +381,7 @@ pub async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, &headers)?;
+    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     let session = require_session(&gw, &reg, &headers)?;
     gw.sessions().close(&session.id);
     tracing::debug!(registration = %reg.id, session = %session.id, "streamable session deleted");

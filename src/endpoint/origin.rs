@@ -1,0 +1,165 @@
+//! The first check of every agent request: its `Host` and `Origin` (403), against DNS
+//! rebinding, before the registration is even looked up.
+
+use axum::http::{header, HeaderMap};
+
+use super::Rejection;
+use crate::config::Config;
+
+/// Host and Origin (403): DNS-rebinding protection, before anything else.
+pub fn check_host_origin(config: &Config, headers: &HeaderMap) -> Result<(), Rejection> {
+    if let Some(host) = headers.get(header::HOST) {
+        let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
+        if !ok {
+            return Err(Rejection::forbidden("forbidden: Host not allowed"));
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
+        if !ok {
+            return Err(Rejection::forbidden("forbidden: Origin not allowed"));
+        }
+    }
+    Ok(())
+}
+
+/// Is a present `Origin` allowed? Loopback origins are, by default; others only if listed.
+pub fn origin_allowed(config: &Config, origin: &str) -> bool {
+    if config.allowed_origins.iter().any(|o| o == origin) {
+        return true;
+    }
+    if !config.allow_loopback_origins {
+        return false;
+    }
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let Some(hostport) = rest else { return false };
+    if hostport.contains('/') || hostport.contains('@') {
+        return false;
+    }
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((h, port)) if port.is_empty() || valid_port(port) => return h == "::1",
+            _ => return false,
+        }
+    } else {
+        match hostport.split_once(':') {
+            Some((h, port)) if valid_port(port) => h,
+            Some(_) => return false,
+            None => hostport,
+        }
+    };
+    host.eq_ignore_ascii_case("localhost") || host == "127.0.0.1"
+}
+
+fn valid_port(p: &str) -> bool {
+    p.strip_prefix(':')
+        .unwrap_or(p)
+        .parse::<u16>()
+        .is_ok_and(|_| !p.is_empty())
+}
+
+/// Splits `host[:port]` (IPv6 in brackets); `None` if malformed.
+fn split_host(hostport: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(v6) = hostport.strip_prefix('[') {
+        let (h, rest) = v6.split_once(']')?;
+        return match rest.strip_prefix(':') {
+            None if rest.is_empty() => Some((h, None)),
+            Some(p) if valid_port(p) => Some((h, Some(p))),
+            _ => None,
+        };
+    }
+    match hostport.split_once(':') {
+        Some((h, p)) if valid_port(p) && !h.is_empty() => Some((h, Some(p))),
+        Some(_) => None,
+        None if !hostport.is_empty() => Some((hostport, None)),
+        None => None,
+    }
+}
+
+/// Is a `Host` header allowed? Loopback hosts (any port), the host of `public_url`, and
+/// `allowed_hosts` entries (`host` for any port, or exact `host:port`). DNS rebinding makes
+/// a hostile name resolve to this listener; its Host header gives it away.
+pub fn host_allowed(config: &Config, host: &str) -> bool {
+    let Some((name, port)) = split_host(host) else {
+        return false;
+    };
+    if name.eq_ignore_ascii_case("localhost") || name == "127.0.0.1" || name == "::1" {
+        return true;
+    }
+    let public = config.public_url.as_deref().and_then(|u| {
+        let rest = u
+            .strip_prefix("http://")
+            .or_else(|| u.strip_prefix("https://"))?;
+        rest.split('/').next()
+    });
+    public
+        .into_iter()
+        .chain(config.allowed_hosts.iter().map(String::as_str))
+        .filter_map(split_host)
+        .any(|(h, p)| h.eq_ignore_ascii_case(name) && (p.is_none() || p == port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_origins() {
+        let c = Config::default();
+        for ok in [
+            "http://localhost",
+            "http://localhost:3000",
+            "https://127.0.0.1:8080",
+            "http://[::1]:99",
+        ] {
+            assert!(origin_allowed(&c, ok), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.nip.io",
+            "null",
+            "http://localhost:99999",
+            "http://user@localhost",
+        ] {
+            assert!(!origin_allowed(&c, bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hosts() {
+        let mut c = Config {
+            public_url: Some("https://gw.example:8443/base".into()),
+            allowed_hosts: vec!["mcp.internal".into(), "other.internal:99".into()],
+            ..Config::default()
+        };
+        for ok in [
+            "localhost",
+            "localhost:8787",
+            "127.0.0.1:1",
+            "[::1]:80",
+            "gw.example:8443",
+            "mcp.internal",
+            "mcp.internal:1234",
+            "other.internal:99",
+        ] {
+            assert!(host_allowed(&c, ok), "{ok}");
+        }
+        for bad in [
+            "evil.example.com",
+            "evil.example.com:8787",
+            "gw.example:1",
+            "other.internal:98",
+            "127.0.0.1.nip.io",
+            "localhost:99999",
+            "",
+            "[::1",
+        ] {
+            assert!(!host_allowed(&c, bad), "{bad}");
+        }
+        c.public_url = None;
+        assert!(!host_allowed(&c, "gw.example:8443"));
+    }
+}

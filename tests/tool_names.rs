@@ -1,0 +1,230 @@
+//! Tool names as agents see them (docs/upstreams.md "Tool names"; issue 18 item 7): the
+//! gateway-wide and per-upstream separator (`.`, `_`, `__`), the opt-in model-safe rule
+//! (`^[a-zA-Z0-9_-]{1,64}$`, a digest suffix on overflow), collisions refused at registration
+//! naming both tools, and grants that name `<upstream>.<tool>` whatever the separator — all
+//! through a real upstream (the helpdesk demo, a stdio child) and a real SSE client.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{text_of, SseClient, TestGateway};
+use gatehouse::config::UpstreamConfig;
+use gatehouse::{Config, RegistrationSpec};
+use serde_json::json;
+
+fn helpdesk(id: &str, more_toml: &str) -> UpstreamConfig {
+    std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\nsharing = \"shared\"\ncall_timeout_s = 10\n{more_toml}\n"
+    ))
+    .unwrap()
+}
+
+fn gateway(f: impl FnOnce(&mut Config)) -> TestGateway {
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        f(c);
+    })
+}
+
+fn model_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separators_gateway_wide_and_per_upstream_and_grants_keep_working() {
+    let tg = gateway(|c| {
+        c.tool_name_separator = "__".into();
+        c.upstreams = vec![
+            helpdesk("hd", ""),
+            helpdesk("legacy", "name_separator = \".\""),
+            helpdesk("flat", "name_separator = \"_\""),
+        ];
+    });
+    // Globs and exact grants name `<upstream>.<tool>`, whatever the separator.
+    let reg = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("a")
+                .grant("hd.*")
+                .grant("legacy.open_case")
+                .grant("flat.list_notes"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reg.tools(),
+        vec![
+            "flat_list_notes",
+            "hd__add_note",
+            "hd__add_note_slow",
+            "hd__list_notes",
+            "hd__open_case",
+            "legacy.open_case",
+        ]
+    );
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    assert_eq!(c.tool_names().await, reg.tools());
+    let r = c.call("hd__open_case", json!({"title": "t"})).await;
+    assert!(text_of(&r).starts_with("opened case-"), "{r}");
+    let r = c.call("legacy.open_case", json!({"title": "t"})).await;
+    assert!(text_of(&r).starts_with("opened case-"), "{r}");
+    // The dotted name is not a second way in once the separator is `__`.
+    let r = c.call("hd.open_case", json!({"title": "t"})).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // An exposed name is not a grant: grants mean the same under every naming config.
+    let err = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("hd__open_case"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("matches no tool"), "{err}");
+    // The audit names the tool as the agent called it.
+    let calls = tg.calls();
+    assert_eq!(calls[0].tool.as_deref(), Some("hd__open_case"));
+    tg.gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_safe_names_fit_the_rule_with_a_digest_on_overflow() {
+    let long = format!("create.{}", "very_long_case_opening_tool_name_".repeat(3));
+    let tg = gateway(|c| {
+        c.tool_name_separator = "_".into();
+        c.model_safe_tool_names = true;
+        c.upstreams = vec![helpdesk(
+            "helpdesk",
+            &format!("rename = {{ open_case = \"{long}\", list_notes = \"notes.list\" }}"),
+        )];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("helpdesk.*"))
+        .await
+        .unwrap();
+    let names = reg.tools();
+    assert!(names.iter().all(|n| model_safe(n)), "{names:?}");
+    assert!(
+        names.contains(&"helpdesk_notes_list".to_string()),
+        "{names:?}"
+    );
+    let opener = names
+        .iter()
+        .find(|n| n.starts_with("helpdesk_create_very"))
+        .unwrap()
+        .clone();
+    assert_eq!(opener.len(), 64);
+    // Deterministic: the same name in another registration, and across gateways.
+    let again = tg
+        .gateway
+        .register(RegistrationSpec::new("b").grant(format!("helpdesk.{long}")))
+        .await
+        .unwrap();
+    assert_eq!(again.tools(), vec![opener.clone()]);
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    let r = c.call(&opener, json!({"title": "t"})).await;
+    assert!(text_of(&r).starts_with("opened case-"), "{r}");
+    tg.gateway.shutdown().await;
+
+    let tg2 = gateway(|c| {
+        c.tool_name_separator = "_".into();
+        c.model_safe_tool_names = true;
+        c.upstreams = vec![helpdesk(
+            "helpdesk",
+            &format!("rename = {{ open_case = \"{long}\" }}"),
+        )];
+    });
+    let reg2 = tg2
+        .gateway
+        .register(RegistrationSpec::new("a").grant("helpdesk.*"))
+        .await
+        .unwrap();
+    assert!(reg2.tools().contains(&opener));
+    tg2.gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collisions_are_refused_at_registration_naming_both_tools() {
+    let tg = gateway(|c| {
+        c.upstreams = vec![helpdesk(
+            "helpdesk",
+            "name_separator = \"__\"\nmodel_safe_names = true\nrename = { open_case = \"x.y\", list_notes = \"x_y\" }",
+        )];
+    });
+    let err = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("helpdesk.*"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("collision"), "{err}");
+    assert!(err.contains("\"helpdesk.x.y\""), "{err}");
+    assert!(err.contains("\"helpdesk.x_y\""), "{err}");
+    assert!(err.contains("\"helpdesk__x_y\""), "{err}");
+    // Granting only one of them is fine.
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("helpdesk.x.y"))
+        .await
+        .unwrap();
+    assert_eq!(reg.tools(), vec!["helpdesk__x_y"]);
+    tg.gateway.shutdown().await;
+
+    // An in-process tool against a bare upstream name, the same.
+    let tg = gateway(|c| {
+        c.upstreams = vec![helpdesk("helpdesk", "bare_names = true")];
+    });
+    let err = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("a")
+                .grant("helpdesk.open_case")
+                .with_tool(common::echo_tool("open_case", "E")),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("in-process tool \"open_case\"") && err.contains("\"helpdesk.open_case\""),
+        "{err}"
+    );
+    tg.gateway.shutdown().await;
+}
+
+#[test]
+fn config_keys_are_validated() {
+    let ok = |t: &str| {
+        Config::from_toml_str(t)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let up = "[[upstreams]]\nid = \"hd\"\ncommand = \"x\"\n";
+    assert!(ok(&format!("tool_name_separator = \"__\"\n{up}")).is_ok());
+    let e = ok(&format!("tool_name_separator = \"-\"\n{up}")).unwrap_err();
+    assert!(e.contains("tool_name_separator"), "{e}");
+    let e = ok(&format!("{up}name_separator = \"::\"\n")).unwrap_err();
+    assert!(e.contains("name_separator"), "{e}");
+    // Model-safe names cannot keep the `.` separator.
+    let e = ok(&format!("model_safe_tool_names = true\n{up}")).unwrap_err();
+    assert!(e.contains("model-safe") && e.contains("\"hd\""), "{e}");
+    assert!(ok(&format!(
+        "model_safe_tool_names = true\n{up}name_separator = \"_\"\n"
+    ))
+    .is_ok());
+    assert!(ok(&format!(
+        "model_safe_tool_names = true\n{up}bare_names = true\n"
+    ))
+    .is_ok());
+    assert!(ok(&format!(
+        "{up}model_safe_names = true\nname_separator = \"__\"\n"
+    ))
+    .is_ok());
+    // The shipped config stays valid.
+    Config::from_file(&common::repo_root().join("config/gatehouse.toml")).unwrap();
+}
