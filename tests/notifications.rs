@@ -216,7 +216,7 @@ async fn drain(c: &mut SseClient, secs: u64) -> Vec<Value> {
 /// Issue 18 item 3: notifications outside any call go to the sessions of the registration
 /// that owns the connection (`per_registration`) or holds the lease they name (`leased`), to
 /// no one else; on `shared`, where no registration can be named, they are counted and not
-/// delivered.
+/// delivered. Item 2: `resources/updated` only to the sessions subscribed to the URI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_wide_notifications_go_to_the_owning_registration_only() {
     for (sharing, lease, delivered) in [
@@ -240,6 +240,16 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
             .unwrap();
         let mut ca = SseClient::connect(&a.sse_url(), a.token()).await;
         ca.initialize().await;
+        // Item 2: A's first session subscribes to the URI; its second does not.
+        let sub = ca
+            .request(
+                "resources/subscribe",
+                serde_json::json!({"uri": "announcer://a1"}),
+            )
+            .await;
+        assert!(sub.get("result").is_some(), "{sub}");
+        let mut ca2 = SseClient::connect(&a.sse_url(), a.token()).await;
+        ca2.initialize().await;
         let mut cb = SseClient::connect(&b.sse_url(), b.token()).await;
         cb.initialize().await;
         // B's connection exists too (its own process on per_registration).
@@ -254,6 +264,7 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
         assert_eq!(text_of(&r), "announced a1", "{r}");
         got_a.extend(drain(&mut ca, 2).await);
         let got_b = drain(&mut cb, 1).await;
+        let got_a2 = drain(&mut ca2, 1).await;
         let methods = |v: &[Value]| -> Vec<String> {
             v.iter()
                 .map(|m| m["method"].as_str().unwrap_or("").to_string())
@@ -267,6 +278,12 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
             );
             assert_eq!(got_a[0]["params"]["data"], "outside a1", "{sharing}");
             assert_eq!(got_a[1]["params"]["uri"], "announcer://a1", "{sharing}");
+            // The unsubscribed session of A hears the log, not the resource update.
+            assert_eq!(
+                methods(&got_a2),
+                vec!["notifications/message"],
+                "{sharing}: {got_a2:?}"
+            );
             // The lease id is the gateway's business, not the client's.
             assert!(
                 got_a[0]["params"]["_meta"]
@@ -275,7 +292,10 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
                 "{got_a:?}"
             );
         } else {
-            assert!(got_a.is_empty(), "{sharing}: {got_a:?}");
+            assert!(
+                got_a.is_empty() && got_a2.is_empty(),
+                "{sharing}: {got_a:?} {got_a2:?}"
+            );
         }
         assert!(
             got_b.is_empty(),
