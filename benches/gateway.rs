@@ -52,7 +52,7 @@ struct Opts {
     /// `--calls N`: each load point makes exactly N calls (no warm-up) instead of running for
     /// `duration`; for instruction counts under callgrind.
     calls: Option<u64>,
-    /// `--targets a,b`: in the proxy section, only the rows whose name contains one of these.
+    /// `--targets a;b`: in the proxy section, only the rows whose name contains one of these.
     targets: Vec<String>,
 }
 
@@ -109,7 +109,7 @@ fn opts() -> Opts {
                 i += 1;
                 o.targets = args
                     .get(i)
-                    .map(|s| s.split(',').map(str::to_lowercase).collect())
+                    .map(|s| s.split(';').map(str::to_lowercase).collect())
                     .unwrap_or_default();
             }
             "--duration-ms" => {
@@ -1498,12 +1498,13 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
     let n = want.min(fd_limit().saturating_sub(1_000));
     let dir = tempfile::tempdir()?;
     let mut cfg = gateway_config(dir.path());
-    cfg.sessions.max_per_registration = n;
-    cfg.sessions.max_sessions = cfg.sessions.max_sessions.max(n);
+    // Both kinds of idle session are held at once.
+    cfg.sessions.max_per_registration = 2 * n;
+    cfg.sessions.max_sessions = cfg.sessions.max_sessions.max(2 * n);
     let gw = srv.block_on(async { Gateway::new(cfg) })?;
     // The harness's usual model: tools in the gateway catalog, granted by name.
     gw.add_tool(echo_tool());
-    let (per_reg, per_sess, sessions) = srv.block_on(async {
+    let (per_reg, per_sess, sessions, per_str, str_sessions) = srv.block_on(async {
         let _ = gw.pin_server();
         // One registration first: the server, the catalog and the allocator are warm.
         let first = gw
@@ -1521,6 +1522,30 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after_regs = rss_kib();
         let addr = gw.local_addr().context("no listener")?;
+        // Idle Streamable HTTP sessions (initialize + notifications/initialized, then nothing),
+        // opened over one keep-alive connection and kept while the SSE sessions are measured.
+        let mut s = connect(addr).await?;
+        let path = format!("/gw/{}/mcp", first.id());
+        let token = Some(first.token().to_string());
+        for _ in 0..n {
+            let req = auth(post(addr, &path, Bytes::new()), &token)
+                .body(Full::new(init_body("2025-06-18")))?;
+            let (st, h, _) = roundtrip(&mut s, req).await?;
+            let sid = h
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+                .with_context(|| format!("initialize: {st}, no session id"))?;
+            let req = auth(post(addr, &path, Bytes::new()), &token)
+                .header("mcp-protocol-version", "2025-06-18")
+                .header("mcp-session-id", sid)
+                .body(Full::new(Bytes::from_static(INITIALIZED.as_bytes())))?;
+            roundtrip(&mut s, req).await?;
+        }
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after_streamable = rss_kib();
+        let streamable_sessions = gatehouse::testing::sessions(&gw).len();
         let mut child = tokio::process::Command::new(std::env::current_exe()?)
             .args(["--bench", "--idle-client"])
             .arg(addr.to_string())
@@ -1539,15 +1564,18 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_sess = rss_kib();
-        let sessions = gatehouse::testing::sessions(&gw).len();
+        let sessions = gatehouse::testing::sessions(&gw).len() - streamable_sessions;
         drop(child.stdin.take());
         let _ = child.wait().await;
         drop(regs);
         drop(first);
         anyhow::Ok((
             (after_regs.saturating_sub(before)) as f64 * 1024.0 / n as f64,
-            (after_sess.saturating_sub(after_regs)) as f64 * 1024.0 / sessions.max(1) as f64,
+            (after_sess.saturating_sub(after_streamable)) as f64 * 1024.0 / sessions.max(1) as f64,
             sessions,
+            (after_streamable.saturating_sub(after_regs)) as f64 * 1024.0
+                / streamable_sessions.max(1) as f64,
+            streamable_sessions,
         ))
     })?;
     r.line(&format!(
@@ -1558,6 +1586,27 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
         "- {sessions} idle legacy SSE sessions (stream open, endpoint event read; client ends in a child process, so this is the gateway's side alone): {:.2} KiB each",
         per_sess / 1024.0
     ));
+    r.line(&format!(
+        "- {str_sessions} idle Streamable HTTP sessions (initialized, no stream open; opened over one keep-alive connection): {:.2} KiB each",
+        per_str / 1024.0
+    ));
+    r.verdict(
+        "idle Streamable HTTP session ≤ 12 KiB",
+        per_str <= 12.0 * 1024.0 && str_sessions == n,
+        format!("{:.2} KiB ({str_sessions} sessions)", per_str / 1024.0),
+    );
+    let daemon = idle_daemon_rss_kib();
+    r.line(&format!(
+        "- Idle daemon (`gatehouse serve`, no upstream, no registration, 1 s after start): {}",
+        daemon.as_ref().map_or_else(|e| format!("not measured: {e:#}"), |k| format!("{:.1} MB RSS", *k as f64 / 1024.0))
+    ));
+    if let Ok(k) = daemon {
+        r.verdict(
+            "idle daemon ~10 MB RSS (≤ 12 MB)",
+            k <= 12 * 1024,
+            format!("{:.1} MB", k as f64 / 1024.0),
+        );
+    }
     r.verdict(
         "idle registration ≤ 4 KiB",
         per_reg <= 4096.0,
@@ -1570,6 +1619,36 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
     );
     srv.block_on(gw.shutdown());
     Ok(())
+}
+
+/// RSS of an idle `gatehouse serve` (empty config, loopback listeners, audit in a temp dir).
+fn idle_daemon_rss_kib() -> Result<u64> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("gatehouse.toml");
+    std::fs::write(&cfg, "")?;
+    let mut child = std::process::Command::new(GATEHOUSE_BIN)
+        .arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        .env("GATEHOUSE_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("GATEHOUSE_AUDIT_PATH", dir.path().join("audit.jsonl"))
+        .env("GATEHOUSE_ADMIN_TOKEN", "bench-admin-token-0123456789abcdef")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    std::thread::sleep(Duration::from_secs(1));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+    let _ = child.kill();
+    let _ = child.wait();
+    let status = status?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS (did the daemon exit?)")
 }
 
 /// `--idle-client ADDR ID TOKEN N`: opens N legacy SSE streams with plain blocking sockets,

@@ -207,8 +207,9 @@ pub async fn run(
                     session: ctx.session.clone(),
                     upstream,
                     tool: upstream_tool,
-                    params: params.clone(),
-                    arguments: args.clone(),
+                    // Moved, not copied: nothing reads them after the call is under way.
+                    params,
+                    arguments: args,
                     cancel: cancel.clone(),
                     notify: ctx.notify.clone(),
                     ids: Some(&call_ids),
@@ -249,7 +250,8 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
     use ForwardOutcome as F;
     match outcome {
         F::Result(v) => {
-            let o = if ToolResult(v.clone()).is_error() {
+            // Read in place: the result is not copied to look at one member.
+            let o = if v.get("isError").and_then(Value::as_bool) == Some(true) {
                 Outcome::ToolError
             } else {
                 Outcome::Ok

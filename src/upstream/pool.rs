@@ -234,7 +234,9 @@ impl Pool {
             .get(upstream_id)
             .ok_or_else(|| ForwardError::UnknownUpstream(upstream_id.to_string()))?;
         if lock(&up.slots).effective.is_none() {
-            self.catalog(upstream_id)
+            // Boxed: the first call's rare path (spawn, initialize, tools/list) would otherwise
+            // make every forwarded call's future as large as it (BENCHMARKS.md, issue 19).
+            Box::pin(self.catalog(upstream_id))
                 .await
                 .map_err(|source| ForwardError::Unavailable {
                     upstream: upstream_id.to_string(),
