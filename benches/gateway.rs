@@ -833,7 +833,9 @@ async fn minimal_proxy() -> Result<(SocketAddr, tokio::process::Child)> {
                 pending.lock().unwrap().insert(id, tx);
                 let mut line = serde_json::to_vec(&msg)?;
                 line.push(b'\n');
-                lines_tx.send(line).map_err(|_| anyhow!("child stdin gone"))?;
+                lines_tx
+                    .send(line)
+                    .map_err(|_| anyhow!("child stdin gone"))?;
                 let mut reply = rx.await.map_err(|_| anyhow!("child gone"))?;
                 reply["id"] = original;
                 anyhow::Ok(reply)
@@ -1275,7 +1277,11 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             seen.push((name.clone(), s));
         }
         let Some(base) = base else { continue };
-        let get = |prefix: &str| seen.iter().find(|(n, _)| n.starts_with(prefix)).map(|(_, s)| s);
+        let get = |prefix: &str| {
+            seen.iter()
+                .find(|(n, _)| n.starts_with(prefix))
+                .map(|(_, s)| s)
+        };
         let streamable = get("gateway → stdio, Streamable");
         let sse = get("gateway → stdio, legacy SSE");
         match (c, streamable) {
@@ -1598,7 +1604,10 @@ fn idle(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
     let daemon = idle_daemon_rss_kib();
     r.line(&format!(
         "- Idle daemon (`gatehouse serve`, no upstream, no registration, 1 s after start): {}",
-        daemon.as_ref().map_or_else(|e| format!("not measured: {e:#}"), |k| format!("{:.1} MB RSS", *k as f64 / 1024.0))
+        daemon.as_ref().map_or_else(
+            |e| format!("not measured: {e:#}"),
+            |k| format!("{:.1} MB RSS", *k as f64 / 1024.0)
+        )
     ));
     if let Ok(k) = daemon {
         r.verdict(
@@ -1633,7 +1642,10 @@ fn idle_daemon_rss_kib() -> Result<u64> {
         .env("GATEHOUSE_LISTEN", "127.0.0.1:0")
         .env("GATEHOUSE_ADMIN_LISTEN", "127.0.0.1:0")
         .env("GATEHOUSE_AUDIT_PATH", dir.path().join("audit.jsonl"))
-        .env("GATEHOUSE_ADMIN_TOKEN", "bench-admin-token-0123456789abcdef")
+        .env(
+            "GATEHOUSE_ADMIN_TOKEN",
+            "bench-admin-token-0123456789abcdef",
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
