@@ -94,6 +94,9 @@ pub(super) struct Slot {
     crash_epoch: AtomicU64,
     pub in_flight: AtomicUsize,
     pub permits: Arc<Semaphore>,
+    /// Calls in flight (waiting for a permit included) per registration, for the
+    /// per-registration share of a shared or leased slot's permits.
+    pub holders: Mutex<std::collections::HashMap<String, usize>>,
     last_used: Mutex<Instant>,
     pub leases: Leases,
     pub stop: CancellationToken,
@@ -127,6 +130,7 @@ impl Slot {
             crash_epoch: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
+            holders: Mutex::new(std::collections::HashMap::new()),
             last_used: Mutex::new(Instant::now()),
             leases: Leases::default(),
             stop: CancellationToken::new(),
@@ -249,6 +253,44 @@ impl Slot {
             self.count_crash(epoch);
             tracing::warn!(upstream = %self.spec.id, epoch, ?pid, %reason, "upstream connection died; the next call respawns it");
             self.record("upstream_exited", epoch, pid, Some(reason));
+        }
+    }
+}
+
+/// One registration's call counted against its share of a shared slot's permits; the
+/// count goes down when it ends.
+pub(super) struct Share {
+    slot: Arc<Slot>,
+    registration_id: String,
+}
+
+impl Share {
+    /// Counts one more call of `registration_id` on `slot`, unless it holds `cap` already.
+    pub fn take(slot: &Arc<Slot>, registration_id: &str, cap: usize) -> Option<Share> {
+        let mut holders = lock(&slot.holders);
+        let n = holders.entry(registration_id.to_string()).or_insert(0);
+        if *n >= cap {
+            if *n == 0 {
+                holders.remove(registration_id);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            slot: slot.clone(),
+            registration_id: registration_id.to_string(),
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut holders = lock(&self.slot.holders);
+        if let Some(n) = holders.get_mut(&self.registration_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                holders.remove(&self.registration_id);
+            }
         }
     }
 }
