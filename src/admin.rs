@@ -350,6 +350,9 @@ pub struct UpstreamStatus {
     pub sharing: String,
     /// Connection (re)spawns after the first.
     pub restarts: u64,
+    /// Call notifications (progress, logs) that could not be delivered: the call ended
+    /// first, or its caller took none for the grace. Never dropped without being counted.
+    pub notifications_refused: u64,
     pub connections: Vec<ConnectionStatus>,
 }
 
@@ -382,6 +385,7 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
                 transport: if u.command.is_some() { "stdio" } else { "http" }.into(),
                 sharing: sharing.as_str().into(),
                 restarts: info.map(|i| i.restarts).unwrap_or(0),
+                notifications_refused: info.map(|i| i.notifications_refused).unwrap_or(0),
                 connections: info
                     .map(|i| {
                         i.connections
@@ -406,13 +410,18 @@ async fn upstreams(State(st): State<AdminState>) -> Response {
 
 /// The gauges of one gateway, read now.
 pub fn snapshot(gw: &Gateway) -> Snapshot {
+    let status = upstream_status(gw);
     Snapshot {
+        notifications_refused: status
+            .iter()
+            .map(|u| (u.id.clone(), u.notifications_refused))
+            .collect(),
         registrations: gw.registry().len(),
         sessions: gw.sessions().len(),
         leases: gw.deadlines().len(),
         audit_queue_depth: gw.audit().queue_depth(),
         audit_healthy: gw.audit().is_healthy(),
-        upstreams: upstream_status(gw)
+        upstreams: status
             .into_iter()
             .map(|u| {
                 let in_flight = u.connections.iter().map(|c| c.in_flight).sum();

@@ -102,6 +102,47 @@ impl Downstream for Hub {
         })
     }
 
+    fn notify_registration<'a>(
+        &'a self,
+        registration_id: &'a str,
+        msg: Value,
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let level = (msg.get("method").and_then(Value::as_str)
+                == Some("notifications/message"))
+            .then(|| {
+                msg.get("params")
+                    .and_then(|p| p.get("level"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            });
+            // A resource update goes to the sessions that subscribed to its URI only.
+            let updated = (msg.get("method").and_then(Value::as_str)
+                == Some("notifications/resources/updated"))
+            .then(|| {
+                msg.get("params")
+                    .and_then(|p| p.get("uri"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            });
+            let mut n = 0;
+            for s in self.sessions.sessions_of(registration_id) {
+                if level.as_deref().is_some_and(|l| !s.wants_log(l)) {
+                    continue;
+                }
+                if updated.as_deref().is_some_and(|u| !s.is_subscribed(u)) {
+                    continue;
+                }
+                if self.sessions.deliver(&s, msg.clone()).await {
+                    n += 1;
+                }
+            }
+            n
+        })
+    }
+
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
         Box::pin(self.sessions.deliver(session, msg))
     }

@@ -58,6 +58,8 @@ pub struct Snapshot {
     pub audit_healthy: bool,
     /// Per upstream: (id, live connections, in-flight calls, restarts).
     pub upstreams: Vec<(String, usize, usize, u64)>,
+    /// Per upstream: call notifications not delivered (`NotificationsRefused`).
+    pub notifications_refused: Vec<(String, u64)>,
 }
 
 /// One tool's call metrics, taken from the families once: a call updates them without
@@ -85,6 +87,7 @@ pub struct Metrics {
     upstream_connections: Family<UpstreamLabel, Gauge>,
     upstream_in_flight: Family<UpstreamLabel, Gauge>,
     upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
+    notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -162,6 +165,12 @@ impl Metrics {
             "Upstream connection (re)spawns after the first",
             upstream_restarts.clone(),
         );
+        let notifications_refused = Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "notifications_refused",
+            "Call notifications (progress, logs) from an upstream that were not delivered: the call ended first, or its caller took none for the grace",
+            notifications_refused.clone(),
+        );
         Metrics {
             registry,
             calls,
@@ -177,6 +186,7 @@ impl Metrics {
             upstream_connections,
             upstream_in_flight,
             upstream_restarts,
+            notifications_refused,
         }
     }
 
@@ -251,6 +261,15 @@ impl Metrics {
                 c.inc_by(restarts - seen);
             }
         }
+        for (id, refused) in &snap.notifications_refused {
+            let c = self.notifications_refused.get_or_create(&UpstreamLabel {
+                upstream: id.clone(),
+            });
+            let seen = c.get();
+            if *refused > seen {
+                c.inc_by(refused - seen);
+            }
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "metrics encoding failed");
@@ -273,6 +292,7 @@ mod tests {
             registrations: 2,
             audit_queue_depth: 5,
             upstreams: vec![("helpdesk".into(), 1, 0, 3)],
+            notifications_refused: vec![("helpdesk".into(), 2)],
             ..Default::default()
         });
         assert!(
@@ -290,7 +310,8 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"gatehouse_upstream_restarts_total{upstream="helpdesk"} 3"#),
+            text.contains(r#"gatehouse_notifications_refused_total{upstream="helpdesk"} 2"#)
+                && text.contains(r#"gatehouse_upstream_restarts_total{upstream="helpdesk"} 3"#),
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));

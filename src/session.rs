@@ -139,9 +139,33 @@ pub struct Session {
     last_active: Mutex<Instant>,
     /// `logging/setLevel`: 0 = not set (every log passes), else severity index + 1.
     log_level: AtomicU8,
+    /// URIs this session subscribed to (`resources/subscribe` the upstream accepted); only
+    /// their `notifications/resources/updated` reach it. At most `MAX_SUBSCRIPTIONS`.
+    subscriptions: Mutex<std::collections::HashSet<String>>,
 }
 
+/// Resource subscriptions one session may hold (a bound, like every table).
+pub const MAX_SUBSCRIPTIONS: usize = 1024;
+
 impl Session {
+    /// Records a subscription; false if the session already holds `MAX_SUBSCRIPTIONS`.
+    pub fn subscribe(&self, uri: &str) -> bool {
+        let mut subs = lock(&self.subscriptions);
+        if subs.len() >= MAX_SUBSCRIPTIONS && !subs.contains(uri) {
+            return false;
+        }
+        subs.insert(uri.to_string());
+        true
+    }
+
+    pub fn unsubscribe(&self, uri: &str) {
+        lock(&self.subscriptions).remove(uri);
+    }
+
+    pub fn is_subscribed(&self, uri: &str) -> bool {
+        lock(&self.subscriptions).contains(uri)
+    }
+
     /// The negotiated revision (one of the gateway's own version strings: no copy per
     /// request).
     pub fn protocol_version(&self) -> Option<&'static str> {
@@ -328,6 +352,7 @@ impl SessionTable {
             streams: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             log_level: AtomicU8::new(0),
+            subscriptions: Mutex::new(std::collections::HashSet::new()),
         });
         // At a cap, the oldest idle session (of the registration, or of the gateway) is
         // evicted through `close`; when none is idle, the caller answers 503.

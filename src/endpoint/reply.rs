@@ -259,7 +259,7 @@ pub(crate) fn to_session_stream(
         // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
-        let (ntx, mut nrx) = mpsc::channel::<Value>(1);
+        let (ntx, mut nrx) = mpsc::channel::<Value>(64);
         let mut ctx = ctx;
         ctx.notify = Some(ntx);
         let gw = ctx.hub.clone();

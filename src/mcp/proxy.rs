@@ -325,7 +325,19 @@ async fn serve(
                 }
                 .to_value());
             };
-            call(ctx, id, &up, method, params, cancel).await
+            let r = call(ctx, id, &up, method, params, cancel).await;
+            // The session hears `resources/updated` for what it subscribed to (and the
+            // upstream accepted), and for nothing else.
+            if let (Ok(_), Some(s)) = (&r, &ctx.session) {
+                match method {
+                    "resources/subscribe" if !s.subscribe(&uri) => {
+                        tracing::warn!(session = %s.id, "too many resource subscriptions; not recorded");
+                    }
+                    "resources/unsubscribe" => s.unsubscribe(&uri),
+                    _ => {}
+                }
+            }
+            r
         }
         "completion/complete" => {
             let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);

@@ -140,6 +140,7 @@ impl Connection {
             opts.epoch,
             opts.ids.clone(),
             events,
+            opts.notifications_refused.clone(),
         ));
         let transport = match &opts.transport {
             Transport::Stdio {

@@ -11,7 +11,9 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{IdCounter, RequestTag, UpstreamError, UpstreamEvent};
+use super::{
+    IdCounter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent, NOTIFY_GRACE,
+};
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
@@ -52,6 +54,9 @@ struct PendingRequest {
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
     tag: Option<RequestTag>,
+    /// Its consumer took no notification for [`NOTIFY_GRACE`]: later ones are refused at
+    /// once (counted), so one stuck caller holds the reader once, not once per notification.
+    stalled: bool,
 }
 
 #[derive(Default)]
@@ -69,6 +74,7 @@ pub(crate) struct Core {
     state: Mutex<State>,
     pub(super) closed: CancellationToken,
     events: mpsc::UnboundedSender<UpstreamEvent>,
+    refused: NotificationsRefused,
 }
 
 impl Core {
@@ -82,6 +88,7 @@ impl Core {
         epoch: u64,
         ids: IdCounter,
         events: mpsc::UnboundedSender<UpstreamEvent>,
+        refused: NotificationsRefused,
     ) -> Self {
         Self {
             upstream_id,
@@ -90,6 +97,7 @@ impl Core {
             state: Mutex::new(State::default()),
             closed: CancellationToken::new(),
             events,
+            refused,
         }
     }
 
@@ -112,6 +120,7 @@ impl Core {
                 progress,
                 notifications,
                 tag,
+                stalled: false,
             },
         );
         Ok(rx)
@@ -157,7 +166,12 @@ impl Core {
     /// (the answer to a server `ping`).
     ///
     /// `related_hint` is the request whose response stream carried the message (HTTP), if known.
-    pub(crate) fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
+    ///
+    /// A call's progress and logs are handed to its channel with `send().await`: when the
+    /// caller is slower than the upstream, the reader waits (backpressure) — at most
+    /// [`NOTIFY_GRACE`] per call, after which that call's notifications are refused and
+    /// counted. Nothing is dropped silently; order is the upstream's.
+    pub(crate) async fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
         let Value::Object(mut obj) = msg else {
             tracing::warn!(upstream = %self.upstream_id, "ignoring non-object JSON-RPC message from upstream");
             return None;
@@ -175,7 +189,7 @@ impl Core {
         match (method, id) {
             (Some(method), Some(id)) => self.on_server_request(id, method, params, related_hint),
             (Some(method), None) => {
-                self.on_notification(method, params, related_hint);
+                self.on_notification(method, params, related_hint).await;
                 None
             }
             (None, Some(id)) => {
@@ -216,10 +230,34 @@ impl Core {
         }
     }
 
-    fn on_notification(&self, method: String, params: Option<Value>, related_hint: Option<u64>) {
+    /// Hands one notification of pending request `id` to its channel (see [`Core::dispatch`]).
+    async fn deliver(&self, id: u64, sink: mpsc::Sender<Value>, msg: Value) {
+        match tokio::time::timeout(NOTIFY_GRACE, sink.send(msg)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                // The call ended between the lookup and the send.
+                self.refused.inc();
+                tracing::debug!(upstream = %self.upstream_id, jsonrpc.id = id, "call ended; notification not delivered (counted)");
+            }
+            Err(_) => {
+                self.refused.inc();
+                if let Some(p) = lock(&self.state).pending.get_mut(&id) {
+                    p.stalled = true;
+                }
+                tracing::warn!(upstream = %self.upstream_id, jsonrpc.id = id, grace_s = NOTIFY_GRACE.as_secs(), "caller took no notification within the grace; refusing this call's notifications (counted)");
+            }
+        }
+    }
+
+    async fn on_notification(
+        &self,
+        method: String,
+        params: Option<Value>,
+        related_hint: Option<u64>,
+    ) {
         if method == "notifications/progress" {
             if let Some(params) = params {
-                self.on_progress(params);
+                self.on_progress(params).await;
             }
             return;
         }
@@ -235,19 +273,22 @@ impl Core {
                         _ => None,
                     }
                 });
-                related
-                    .and_then(|id| state.pending.get(&id))
-                    .and_then(|p| p.notifications.clone())
+                related.and_then(|id| {
+                    let p = state.pending.get(&id)?;
+                    Some((id, p.notifications.clone()?, p.stalled))
+                })
             };
-            if let Some(sink) = sink {
+            if let Some((id, sink, stalled)) = sink {
                 let mut msg = Map::new();
                 msg.insert("jsonrpc".into(), Value::String("2.0".into()));
                 msg.insert("method".into(), Value::String(method));
                 if let Some(p) = params {
                     msg.insert("params".into(), p);
                 }
-                if sink.try_send(Value::Object(msg)).is_err() {
-                    tracing::debug!(upstream = %self.upstream_id, "log channel full or closed; dropping notifications/message");
+                if stalled {
+                    self.refused.inc();
+                } else {
+                    self.deliver(id, sink, Value::Object(msg)).await;
                 }
                 return;
             }
@@ -259,7 +300,7 @@ impl Core {
         });
     }
 
-    fn on_progress(&self, mut params: Value) {
+    async fn on_progress(&self, mut params: Value) {
         let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
             tracing::debug!(upstream = %self.upstream_id, "dropping progress with a token we never issued");
             return;
@@ -279,8 +320,9 @@ impl Core {
                 .and_then(|pending| pending.progress.as_ref())
                 .filter(|route| route.token == token)
                 .map(|route| (route.original.clone(), route.sink.clone()))
+                .map(|(o, s)| (o, s, state.pending.get(&id).is_some_and(|p| p.stalled)))
         };
-        let Some((original, sink)) = route else {
+        let Some((original, sink, stalled)) = route else {
             tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");
             return;
         };
@@ -288,11 +330,8 @@ impl Core {
             *slot = original;
         }
         match sink {
-            Some(sink) => {
-                if let Err(mpsc::error::TrySendError::Full(_)) = sink.try_send(params) {
-                    tracing::debug!(upstream = %self.upstream_id, jsonrpc.id = id, "progress channel full; dropping update");
-                }
-            }
+            Some(_) if stalled => self.refused.inc(),
+            Some(sink) => self.deliver(id, sink, params).await,
             None => {
                 let _ = self.events.send(UpstreamEvent::Progress {
                     epoch: self.epoch,

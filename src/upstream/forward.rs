@@ -19,6 +19,10 @@ use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 use crate::session::Session;
 
+/// Notifications of one call queued between the upstream reader and the call's forwarding
+/// loop (bounded; the reader waits when it is full).
+const NOTES_QUEUE: usize = 64;
+
 /// One forwarded `tools/call`.
 pub struct ForwardCall<'a> {
     pub registration: &'a Arc<RegistrationState>,
@@ -137,33 +141,42 @@ impl Pool {
         );
 
         let (started_tx, started_rx) = oneshot::channel();
-        let (progress_tx, mut progress_rx) = match &call.notify {
+        // One channel for the call's progress (params) and logs (whole messages), so they
+        // reach the caller in the upstream's order. The upstream reader waits for room in it
+        // (`core::Core::dispatch`), and this loop waits for room in the caller's channel:
+        // backpressure end to end, nothing dropped on the way.
+        let (notes_tx, mut notes_rx) = match &call.notify {
             Some(_) => {
-                let (tx, rx) = mpsc::channel(64);
+                let (tx, rx) = mpsc::channel::<Value>(NOTES_QUEUE);
                 (Some(tx), Some(rx))
             }
             None => (None, None),
         };
-        let (logs_tx, mut logs_rx) = match &call.notify {
-            Some(_) => {
-                let (tx, rx) = mpsc::channel(64);
-                (Some(tx), Some(rx))
-            }
-            None => (None, None),
-        };
+        let (progress_tx, logs_tx) = (notes_tx.clone(), notes_tx);
         // Upstream logs pass the session's `logging/setLevel` filter on their way to the client.
         let session = call.session.clone();
-        let forward_log = |msg: Value| {
-            let level = msg
-                .get("params")
-                .and_then(|p| p.get("level"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if let (Some(n), true) = (
-                &call.notify,
-                session.as_ref().is_none_or(|s| s.wants_log(level)),
-            ) {
-                let _ = n.try_send(msg);
+        let notify = call.notify.clone();
+        let forward_note = |msg: Value| {
+            let notify = notify.clone();
+            let session = session.clone();
+            async move {
+                let Some(n) = notify else { return };
+                let msg = if msg.get("method").is_some() {
+                    // A log: it passes the session's `logging/setLevel` filter.
+                    let level = msg
+                        .get("params")
+                        .and_then(|p| p.get("level"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    if !session.as_ref().is_none_or(|s| s.wants_log(level)) {
+                        return;
+                    }
+                    msg
+                } else {
+                    jsonrpc::notification("notifications/progress", Some(msg))
+                };
+                // Closed only once the caller is gone (its transport ended the call).
+                let _ = n.send(msg).await;
             }
         };
         let timeout = in_use.remaining();
@@ -196,31 +209,19 @@ impl Pool {
                         }
                     }
                 }
-                l = async { match logs_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                    match l {
-                        Some(l) => forward_log(l),
-                        None => logs_rx = None,
-                    }
-                }
-                p = async { match progress_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                    match (p, &call.notify) {
-                        (Some(p), Some(n)) => {
-                            let _ = n.try_send(jsonrpc::notification("notifications/progress", Some(p)));
-                        }
-                        _ => progress_rx = None,
+                note = async { match notes_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match note {
+                        Some(note) => forward_note(note).await,
+                        None => notes_rx = None,
                     }
                 }
             }
         };
-        // Logs and progress sent before the response are still delivered, and before the reply.
-        if let Some(rx) = logs_rx.as_mut() {
-            while let Ok(l) = rx.try_recv() {
-                forward_log(l);
-            }
-        }
-        if let (Some(rx), Some(n)) = (progress_rx.as_mut(), &call.notify) {
-            while let Ok(p) = rx.try_recv() {
-                let _ = n.try_send(jsonrpc::notification("notifications/progress", Some(p)));
+        // Notifications sent before the response are still delivered, and before the reply
+        // (the reader handed each over before it read the response).
+        if let Some(rx) = notes_rx.as_mut() {
+            while let Ok(note) = rx.try_recv() {
+                forward_note(note).await;
             }
         }
         fwd.outcome = match result {

@@ -275,7 +275,7 @@ impl Shared {
             let is_ours =
                 msg.get("method").is_none() && msg.get("id").and_then(Value::as_u64) == Some(id);
             answered |= is_ours;
-            if let Some(reply) = core.dispatch(msg, Some(id)) {
+            if let Some(reply) = core.dispatch(msg, Some(id)).await {
                 if let Err(err) = self.post_accepted(core, &reply).await {
                     tracing::debug!(upstream = %self.upstream_id, error = %err, "could not answer upstream ping");
                 }

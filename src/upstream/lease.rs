@@ -25,6 +25,14 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
 pub(super) struct Leases(Mutex<HashMap<String, String>>);
 
 impl Leases {
+    /// The registration holding `lease` on this slot, if any.
+    pub fn registration_of(&self, lease: &str) -> Option<String> {
+        lock(&self.0)
+            .iter()
+            .find(|(_, l)| l.as_str() == lease)
+            .map(|(r, _)| r.clone())
+    }
+
     /// The registration's lease on this slot, minted on first use.
     pub fn lease_for(&self, registration_id: &str) -> String {
         lock(&self.0)

@@ -41,6 +41,7 @@ pub use forward::{CallIds, ForwardCall, ForwardOutcome};
 pub use pool::{Pool, UpstreamInfo};
 pub use stdio::kill_all_groups;
 pub use types::{
-    ConnectOptions, Downstream, ForwardError, IdCounter, RequestOptions, RequestTag, Response,
-    Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    ConnectOptions, Downstream, ForwardError, IdCounter, NotificationsRefused, RequestOptions,
+    RequestTag, Response, Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY, NOTIFY_GRACE,
+    SUPPORTED_PROTOCOL_VERSIONS,
 };

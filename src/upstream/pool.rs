@@ -77,6 +77,8 @@ pub struct UpstreamInfo {
     pub effective_sharing: Option<Sharing>,
     /// Respawns after the first spawn, over all its connections.
     pub restarts: u64,
+    /// Call notifications its connections could not deliver (`NotificationsRefused`).
+    pub notifications_refused: u64,
     pub connections: Vec<ConnectionInfo>,
 }
 
@@ -92,6 +94,7 @@ impl Pool {
                         id: config.id.clone(),
                         config,
                         transport,
+                        refused: Default::default(),
                     }),
                     catalog: tokio::sync::Mutex::new(None),
                     slots: Mutex::new(Slots::default()),
@@ -139,7 +142,7 @@ impl Pool {
             return Ok(c.clone());
         }
         // (`leased` is decided below, once the server's capabilities are known.)
-        let probe = self.new_slot(&up.spec, false);
+        let probe = self.new_slot(&up.spec, false, None);
         let conn = probe.connection().await?;
         let catalog = match Catalog::fetch(&conn).await {
             Ok(c) => Arc::new(c),
@@ -203,7 +206,9 @@ impl Pool {
         Ok(out)
     }
 
-    fn new_slot(&self, spec: &Arc<Spec>, leased: bool) -> Arc<Slot> {
+    /// A slot and its event task; `owner` is the registration a `per_registration` slot
+    /// serves (connection-wide notifications go to its sessions).
+    fn new_slot(&self, spec: &Arc<Spec>, leased: bool, owner: Option<&str>) -> Arc<Slot> {
         self.start_reaper();
         let (slot, rx) = Slot::new(spec, self.inner.audit.clone(), leased);
         self.inner.tasks.spawn(run_events(
@@ -211,6 +216,7 @@ impl Pool {
             Arc::downgrade(&slot),
             rx,
             slot.stop.clone(),
+            owner.map(str::to_string),
         ));
         slot
     }
@@ -243,13 +249,13 @@ impl Pool {
             Some(Sharing::PerRegistration) | None => Ok(slots
                 .per_registration
                 .entry(registration_id.to_string())
-                .or_insert_with(|| self.new_slot(&up.spec, false))
+                .or_insert_with(|| self.new_slot(&up.spec, false, Some(registration_id)))
                 .clone()),
             Some(sharing) => {
                 let leased = sharing == Sharing::Leased;
                 Ok(slots
                     .shared
-                    .get_or_insert_with(|| self.new_slot(&up.spec, leased))
+                    .get_or_insert_with(|| self.new_slot(&up.spec, leased, None))
                     .clone())
             }
         }
@@ -358,6 +364,7 @@ impl Pool {
                     id: up.spec.id.clone(),
                     effective_sharing: effective,
                     restarts,
+                    notifications_refused: up.spec.refused.get(),
                     connections,
                 }
             })
@@ -434,12 +441,62 @@ impl Pool {
     }
 }
 
+/// The connection-wide notifications delivered to a registration's sessions.
+const ROUTED: [&str; 4] = [
+    "notifications/message",
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
+/// A notification outside any call (a log, a list change, a resource update): to the
+/// sessions of the registration that owns the connection (`per_registration`) or holds the
+/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). On a `shared` connection no
+/// registration can be named: not delivered, counted (`notifications_refused`), logged at
+/// debug. So is any other method.
+async fn connection_wide(
+    pool: &PoolInner,
+    slot: &Slot,
+    owner: Option<&str>,
+    method: String,
+    params: Option<Value>,
+) {
+    let registration = owner.map(str::to_string).or_else(|| {
+        params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get(super::lease::LEASE_META_KEY))
+            .and_then(Value::as_str)
+            .and_then(|lease| slot.leases.registration_of(lease))
+    });
+    let downstream = pool.downstream.get().and_then(Weak::upgrade);
+    let (Some(registration), Some(downstream), true) =
+        (registration, downstream, ROUTED.contains(&method.as_str()))
+    else {
+        slot.spec.refused.inc();
+        tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
+        return;
+    };
+    let mut params = params;
+    if let Some(meta) = params
+        .as_mut()
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+    {
+        meta.remove(super::lease::LEASE_META_KEY);
+    }
+    let msg = crate::mcp::jsonrpc::notification(&method, params);
+    let n = downstream.notify_registration(&registration, msg).await;
+    tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+}
+
 /// A slot's event task: what its connections report.
 async fn run_events(
     pool: Weak<PoolInner>,
     slot: Weak<Slot>,
     mut rx: mpsc::UnboundedReceiver<UpstreamEvent>,
     stop: CancellationToken,
+    owner: Option<String>,
 ) {
     loop {
         let ev = tokio::select! {
@@ -452,13 +509,17 @@ async fn run_events(
         let Some(slot) = slot.upgrade() else { return };
         match ev {
             UpstreamEvent::Closed { epoch, reason } => slot.on_closed(epoch, reason),
-            UpstreamEvent::Notification { method, epoch, .. } => {
+            UpstreamEvent::Notification {
+                method,
+                epoch,
+                params,
+            } => {
                 if method == "notifications/tools/list_changed" {
                     if let Some(pool) = pool.upgrade() {
                         tools_changed(&pool, &slot, epoch).await;
                     }
-                } else {
-                    tracing::debug!(upstream = %slot.spec.id, method, "upstream notification not routed");
+                } else if let Some(pool) = pool.upgrade() {
+                    connection_wide(&pool, &slot, owner.as_deref(), method, params).await;
                 }
             }
             UpstreamEvent::Progress { .. } => {}

@@ -26,6 +26,8 @@ pub(super) struct Spec {
     pub id: String,
     pub config: UpstreamConfig,
     pub transport: Transport,
+    /// Call notifications this upstream's connections could not deliver (metrics).
+    pub refused: super::NotificationsRefused,
 }
 
 /// The sharing in effect once the server is known: `leased` without the lease extension
@@ -172,6 +174,7 @@ impl Slot {
         let mut opts = ConnectOptions::new(self.spec.id.clone(), self.spec.transport.clone());
         opts.epoch = epoch;
         opts.ids = self.ids.clone();
+        opts.notifications_refused = self.spec.refused.clone();
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
         match Connection::connect(opts, self.events_tx.clone()).await {
             Ok(c) => {

@@ -367,7 +367,7 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
                 }
                 match serde_json::from_slice::<Value>(line) {
                     Ok(msg) => {
-                        if let Some(reply) = core.dispatch(msg, None) {
+                        if let Some(reply) = core.dispatch(msg, None).await {
                             match encode_line(&reply) {
                                 Ok(reply) => {
                                     if out.try_send(reply).is_err() {

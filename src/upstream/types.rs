@@ -52,6 +52,27 @@ impl Default for IdCounter {
     }
 }
 
+/// Notifications of a call that the gateway could not deliver (the call ended first, or its
+/// consumer took none for [`NOTIFY_GRACE`]): counted, never dropped silently. One per
+/// upstream, shared by its connections; the `gatehouse_notifications_refused` metric.
+#[derive(Debug, Clone, Default)]
+pub struct NotificationsRefused(Arc<AtomicU64>);
+
+impl NotificationsRefused {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// How long an upstream reader waits for room in a call's notification channel before it
+/// gives up on that call's notifications (counted in [`NotificationsRefused`]). While it
+/// waits, the reader reads nothing more from the connection: that is the backpressure.
+pub const NOTIFY_GRACE: Duration = Duration::from_secs(10);
+
 /// Everything needed to open one connection. Build with [`ConnectOptions::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -72,6 +93,8 @@ pub struct ConnectOptions {
     pub protocol_version: String,
     /// stdio teardown: how long to wait after closing stdin, and again after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Where undeliverable call notifications are counted (the upstream's counter).
+    pub notifications_refused: NotificationsRefused,
 }
 
 impl ConnectOptions {
@@ -91,6 +114,7 @@ impl ConnectOptions {
             client_capabilities: serde_json::json!({}),
             protocol_version: DEFAULT_PROTOCOL_VERSION.to_owned(),
             shutdown_grace: Duration::from_secs(2),
+            notifications_refused: NotificationsRefused::default(),
         }
     }
 }
@@ -104,8 +128,9 @@ pub struct RequestOptions {
     /// [`UpstreamError::Cancelled`].
     pub cancel: CancellationToken,
     /// Receives `notifications/progress` params for this request with the caller's original
-    /// `progressToken` restored. Delivery is best-effort (`try_send`: a full channel drops the
-    /// update) and stops once the response arrived. Without a sender, progress for a request
+    /// `progressToken` restored. The reader waits for room (backpressure), at most
+    /// [`NOTIFY_GRACE`] per call, then refuses and counts ([`NotificationsRefused`]); delivery
+    /// stops once the response arrived. Without a sender, progress for a request
     /// that carried a token is emitted as [`UpstreamEvent::Progress`] instead.
     pub progress: Option<tokio::sync::mpsc::Sender<Value>>,
     /// Receives the upstream request id as soon as it is assigned (before sending), for audit.
@@ -231,6 +256,14 @@ impl UpstreamError {
 pub trait Downstream: Send + Sync {
     /// An upstream's tools changed: tell the sessions of every registration granted one.
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()>;
+    /// A connection-wide notification (a log outside a call, a list change, a resource
+    /// update) for the sessions of the registration that owns the connection or the lease it
+    /// names; how many sessions it was queued on.
+    fn notify_registration<'a>(
+        &'a self,
+        registration_id: &'a str,
+        msg: Value,
+    ) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(

@@ -51,7 +51,8 @@ class _LoopThread:
 
 class Registration:
     """One agent execution's registration: hand ``sse_url``/``mcp_url`` and ``token`` to the
-    agent. A context manager (sync and async) that releases on exit."""
+    agent. A context manager (sync and async) that releases on exit; like the Rust guard, it is
+    also released when garbage-collected unreleased."""
 
     def __init__(self, gateway: "Gateway", native: Any) -> None:
         self._gateway = gateway

@@ -1,0 +1,306 @@
+//! No notification dropped on any transport (DESIGN.md §5; issue 18 item 1): a fastmcp
+//! upstream (`tests/peers/burst_server.py`, stdio) sends 1,000 progress notifications and
+//! 1,000 logs, alternating, as fast as it can; the official Python SDK 1.x
+//! (`tests/peers/mcp1_client.py`) over legacy SSE and Streamable HTTP, and fastmcp
+//! (`tests/peers/fastmcp_client.py`) over stateless 2026-07-28 and legacy SSE, receive all
+//! 2,000, in the upstream's order, then the result; `gatehouse_notifications_refused` stays 0.
+//! Before the fix the SDK 1.x over legacy SSE got 403 progress and 566 logs of 1,000.
+//! A missing peer fails the test: run tests/peers/setup.sh.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use gatehouse::config::UpstreamConfig;
+use gatehouse::{Registration, RegistrationSpec};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+const N: u64 = 1000;
+
+fn peer(rel: &str) -> PathBuf {
+    let p = repo_root().join("tests/peers").join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run tests/peers/setup.sh",
+        p.display()
+    );
+    p
+}
+
+fn burst_upstream() -> UpstreamConfig {
+    toml::from_str(&format!(
+        "id = \"burst\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 60\n",
+        peer(".venv-fastmcp/bin/python").display().to_string(),
+        peer("burst_server.py").display().to_string()
+    ))
+    .unwrap()
+}
+
+async fn run_py(venv: &str, script: &str, args: Vec<String>) -> Value {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(peer(&format!("{venv}/bin/python")))
+            .arg(peer(script))
+            .args(&args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the peer finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn args(reg: &Registration, url: &str, transport: Option<&str>) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    if let Some(t) = transport {
+        a.extend(["--transport".into(), t.into()]);
+    }
+    a.extend([
+        "--url".into(),
+        url.into(),
+        // `=`: a base64url token may begin with `-`.
+        format!("--token={}", reg.token()),
+        "--call".into(),
+        "burst.burst".into(),
+        "--args".into(),
+        format!("{{\"n\":{N}}}"),
+        "--progress".into(),
+    ]);
+    a
+}
+
+fn assert_whole_burst(what: &str, out: &Value) {
+    let progress: Vec<u64> = out["progress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_f64().unwrap() as u64)
+        .collect();
+    let logs: Vec<String> = out["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        // fastmcp's `ctx.info` sends `data: {"msg": …, "extra": …}`.
+        .filter_map(|l| l.get("msg").unwrap_or(l).as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        (progress.len(), logs.len()),
+        (N as usize, N as usize),
+        "{what}: received {} progress notifications and {} logs of {N} each",
+        progress.len(),
+        logs.len()
+    );
+    assert_eq!(
+        progress,
+        (1..=N).collect::<Vec<_>>(),
+        "{what}: progress out of order"
+    );
+    let want: Vec<String> = (1..=N).map(|i| format!("l{i}")).collect();
+    assert_eq!(logs, want, "{what}: logs out of order");
+    assert_eq!(
+        out["call"]["content"][0]["text"],
+        format!("sent {N}"),
+        "{what}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_arrive_whole_and_in_order_on_every_transport() {
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![burst_upstream()];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("burst").grant("burst.*"))
+        .await
+        .unwrap();
+
+    let out = run_py(
+        ".venv-mcp1",
+        "mcp1_client.py",
+        args(&reg, &reg.sse_url(), Some("sse")),
+    )
+    .await;
+    assert_whole_burst("Python SDK 1.x over legacy SSE", &out);
+    let out = run_py(
+        ".venv-mcp1",
+        "mcp1_client.py",
+        args(&reg, &reg.mcp_url(), Some("streamable")),
+    )
+    .await;
+    assert_whole_burst("Python SDK 1.x over Streamable HTTP", &out);
+    let out = run_py(
+        ".venv-fastmcp",
+        "fastmcp_client.py",
+        args(&reg, &reg.mcp_url(), None),
+    )
+    .await;
+    assert_whole_burst("fastmcp, stateless 2026-07-28", &out);
+    let out = run_py(
+        ".venv-fastmcp",
+        "fastmcp_client.py",
+        args(&reg, &reg.sse_url(), None),
+    )
+    .await;
+    assert_whole_burst("fastmcp over legacy SSE", &out);
+    let transports: Vec<String> = tg
+        .calls()
+        .iter()
+        .map(|r| r.transport.clone().unwrap())
+        .collect();
+    assert_eq!(
+        transports,
+        vec!["sse", "streamable_http", "stateless", "sse"]
+    );
+
+    // Nothing was refused, and the metric says so.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(gatehouse::testing::admin::serve(
+        listener,
+        gatehouse::testing::admin::router(tg.gateway.clone(), "admin-secret"),
+        stop.clone(),
+    ));
+    let metrics = http()
+        .get(format!("{admin}/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"gatehouse_notifications_refused_total{upstream="burst"} 0"#),
+        "{metrics}"
+    );
+    stop.cancel();
+    let _ = server.await;
+    tg.gateway.shutdown().await;
+}
+
+fn announcer(sharing: &str, lease: bool) -> UpstreamConfig {
+    let script = repo_root().join("tests/fixtures/announcer_server.py");
+    let args = if lease {
+        format!("[{:?}, \"--lease\"]", script.display().to_string())
+    } else {
+        format!("[{:?}]", script.display().to_string())
+    };
+    toml::from_str(&format!(
+        "id = \"ann\"\ncommand = \"python3\"\nargs = {args}\nsharing = \"{sharing}\"\ncall_timeout_s = 10\n"
+    ))
+    .unwrap()
+}
+
+/// Messages on a session's stream within `secs` (after the call's reply), by method.
+async fn drain(c: &mut SseClient, secs: u64) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Some(m) = c.next_message(secs).await {
+        out.push(m);
+    }
+    out
+}
+
+/// Issue 18 item 3: notifications outside any call go to the sessions of the registration
+/// that owns the connection (`per_registration`) or holds the lease they name (`leased`), to
+/// no one else; on `shared`, where no registration can be named, they are counted and not
+/// delivered. Item 2: `resources/updated` only to the sessions subscribed to the URI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_wide_notifications_go_to_the_owning_registration_only() {
+    for (sharing, lease, delivered) in [
+        ("per_registration", false, true),
+        ("leased", true, true),
+        ("shared", false, false),
+    ] {
+        let tg = TestGateway::with(|c| {
+            c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+            c.upstreams = vec![announcer(sharing, lease)];
+        });
+        let a = tg
+            .gateway
+            .register(RegistrationSpec::new("a").grant("ann.*"))
+            .await
+            .unwrap();
+        let b = tg
+            .gateway
+            .register(RegistrationSpec::new("b").grant("ann.*"))
+            .await
+            .unwrap();
+        let mut ca = SseClient::connect(&a.sse_url(), a.token()).await;
+        ca.initialize().await;
+        // Item 2: A's first session subscribes to the URI; its second does not.
+        let sub = ca
+            .request(
+                "resources/subscribe",
+                serde_json::json!({"uri": "announcer://a1"}),
+            )
+            .await;
+        assert!(sub.get("result").is_some(), "{sub}");
+        let mut ca2 = SseClient::connect(&a.sse_url(), a.token()).await;
+        ca2.initialize().await;
+        let mut cb = SseClient::connect(&b.sse_url(), b.token()).await;
+        cb.initialize().await;
+        // B's connection exists too (its own process on per_registration).
+        let announce =
+            |tag: &str| serde_json::json!({"name": "ann.announce", "arguments": {"tag": tag}});
+        let (r, _) = cb.request_with_notes("tools/call", announce("b0")).await;
+        assert_eq!(text_of(&r), "announced b0", "{r}");
+        let _ = drain(&mut cb, 1).await;
+        // The notifications follow the reply upstream but take another path through the
+        // gateway (no audit write): they may reach the stream before the reply.
+        let (r, mut got_a) = ca.request_with_notes("tools/call", announce("a1")).await;
+        assert_eq!(text_of(&r), "announced a1", "{r}");
+        got_a.extend(drain(&mut ca, 2).await);
+        let got_b = drain(&mut cb, 1).await;
+        let got_a2 = drain(&mut ca2, 1).await;
+        let methods = |v: &[Value]| -> Vec<String> {
+            v.iter()
+                .map(|m| m["method"].as_str().unwrap_or("").to_string())
+                .collect()
+        };
+        if delivered {
+            assert_eq!(
+                methods(&got_a),
+                vec!["notifications/message", "notifications/resources/updated"],
+                "{sharing}: {got_a:?}"
+            );
+            assert_eq!(got_a[0]["params"]["data"], "outside a1", "{sharing}");
+            assert_eq!(got_a[1]["params"]["uri"], "announcer://a1", "{sharing}");
+            // The unsubscribed session of A hears the log, not the resource update.
+            assert_eq!(
+                methods(&got_a2),
+                vec!["notifications/message"],
+                "{sharing}: {got_a2:?}"
+            );
+            // The lease id is the gateway's business, not the client's.
+            assert!(
+                got_a[0]["params"]["_meta"]
+                    .get("io.gatehouse/lease")
+                    .is_none(),
+                "{got_a:?}"
+            );
+        } else {
+            assert!(
+                got_a.is_empty() && got_a2.is_empty(),
+                "{sharing}: {got_a:?} {got_a2:?}"
+            );
+        }
+        assert!(
+            got_b.is_empty(),
+            "{sharing}: B got A's notifications: {got_b:?}"
+        );
+        tg.gateway.shutdown().await;
+    }
+}
