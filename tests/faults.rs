@@ -606,3 +606,46 @@ async fn one_registration_cannot_hold_every_permit_and_waiting_counts_against_th
         }),
     );
 }
+
+/// Issue 17 item 5 (part): 1,000 `tools/list_changed` in a burst cost at most a few catalog
+/// refreshes (one in flight plus a dirty flag), not 1,000; the upstream keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_list_changed_is_coalesced_into_a_few_refreshes() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record.jsonl");
+    let mut up = faulty_as("lc", 30, "");
+    up.env
+        .insert("FAULTY_RECORD".into(), record.display().to_string());
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![up];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("lc.*"))
+        .await
+        .unwrap();
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    let lists = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"tools/list\""))
+            .count()
+    };
+    let before = lists();
+    let r = c.call("lc.flood_list_changed", json!({"n": 1000})).await;
+    assert_eq!(text_of(&r), "announced");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(text_of(&c.call("lc.ok", json!({})).await), "ok");
+    let refreshes = lists() - before;
+    assert!(
+        (1..=4).contains(&refreshes),
+        "1,000 list_changed cost {refreshes} tools/list refreshes"
+    );
+    append_figures(
+        "list_changed",
+        json!({"announced": 1000, "refreshes": refreshes}),
+    );
+}

@@ -241,7 +241,10 @@ impl Pool {
                 }
             }
             Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
-            Err(UpstreamError::Timeout(d)) => ForwardOutcome::Timeout(d),
+            // The whole of `call_timeout_s` (the request had what the permit wait left of it).
+            Err(UpstreamError::Timeout(_)) => {
+                ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
+            }
             Err(e) => ForwardOutcome::Failed(e.into()),
         };
         fwd

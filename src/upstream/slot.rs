@@ -99,6 +99,9 @@ pub(super) struct Slot {
     /// Calls in flight (waiting for a permit included) per registration, for the
     /// per-registration share of a shared or leased slot's permits.
     pub holders: Mutex<std::collections::HashMap<String, usize>>,
+    /// `tools/list_changed` refreshes: one in flight, plus whether another was announced
+    /// meanwhile.
+    pub refresh: Mutex<Refresh>,
     last_used: Mutex<Instant>,
     pub leases: Leases,
     pub stop: CancellationToken,
@@ -133,6 +136,7 @@ impl Slot {
             in_flight: AtomicUsize::new(0),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
             holders: Mutex::new(std::collections::HashMap::new()),
+            refresh: Mutex::new(Refresh::default()),
             last_used: Mutex::new(Instant::now()),
             leases: Leases::default(),
             stop: CancellationToken::new(),
@@ -258,6 +262,13 @@ impl Slot {
             self.record("upstream_exited", epoch, pid, Some(reason));
         }
     }
+}
+
+/// The coalescing state of a slot's catalog refreshes.
+#[derive(Debug, Default)]
+pub(super) struct Refresh {
+    pub in_flight: bool,
+    pub dirty: bool,
 }
 
 /// One registration's call counted against its share of a shared slot's permits; the
