@@ -81,7 +81,54 @@ pub struct Record {
     pub prev: String,
 }
 
+/// The longest a tool name may be in an audit record (bytes); longer ones are cut and
+/// digested ([`bound_text`]). MCP tool names are 1-128 characters; 256 leaves room for a
+/// gateway prefix.
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
+/// The longest free text (reason, label, agent id, signal) may be in an audit record (bytes).
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// `s` if it fits in `max` bytes, else its first bytes (cut at a character boundary) then
+/// `…[cut: N bytes, sha256:<hex of the whole>]`: a record stays small whatever a client
+/// sent, and the digest still tells two long values apart.
+pub fn bound_text(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let digest = hex::encode(Sha256::digest(s.as_bytes()));
+    let mut end = max.min(s.len()) / 2;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let total = s.len();
+    s.truncate(end);
+    s.push_str(&format!("…[cut: {total} bytes, sha256:{digest}]"));
+}
+
 impl Record {
+    /// Cuts over-long fields (tool names, free text) so that no request can make a record
+    /// large: what a client controls is at most a few hundred bytes per field here.
+    pub fn bounded(mut self) -> Self {
+        for (field, max) in [
+            (&mut self.tool, MAX_TOOL_NAME_BYTES),
+            (&mut self.reason, MAX_TEXT_BYTES),
+            (&mut self.label, MAX_TEXT_BYTES),
+            (&mut self.agent_id, MAX_TEXT_BYTES),
+            (&mut self.session_id, MAX_TOOL_NAME_BYTES),
+            (&mut self.signal, MAX_TEXT_BYTES),
+        ] {
+            if let Some(s) = field {
+                bound_text(s, max);
+            }
+        }
+        if let Some(tools) = &mut self.tools {
+            for t in tools {
+                bound_text(t, MAX_TOOL_NAME_BYTES);
+            }
+        }
+        self
+    }
+
     pub fn event(event: &str) -> Self {
         Record {
             event: event.to_string(),
@@ -444,6 +491,7 @@ impl Audit {
         &self,
         record: Record,
     ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
+        let record = record.bounded();
         let pending = if self.inline {
             Pending::Done(self.write_inline(record))
         } else {
@@ -473,6 +521,7 @@ impl Audit {
     /// Writes a record without waiting for a sync (for `Drop` paths). It is still written, in
     /// order.
     pub fn record_detached(&self, record: Record) {
+        let record = record.bounded();
         if self.inline {
             let _ = self.write_inline(record);
             return;

@@ -14,7 +14,7 @@ use crate::audit::{digest_value, Outcome, Record};
 use crate::mcp::jsonrpc::{self, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
-use crate::upstream::{CallIds, ForwardCall, ForwardOutcome};
+use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome};
 
 /// How a call ended, before it is turned into a reply.
 enum Ended {
@@ -87,6 +87,27 @@ pub async fn run(
             .await;
         }
     };
+    if name.len() > crate::audit::MAX_TOOL_NAME_BYTES {
+        // Not echoed: the reply names the rule, the record a cut, digested copy.
+        let mut rec = base_record(ctx, Some(&name));
+        rec.set_outcome(Outcome::Denied);
+        rec.reason = Some(format!(
+            "tool name too long ({} bytes; at most {})",
+            name.len(),
+            crate::audit::MAX_TOOL_NAME_BYTES
+        ));
+        rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+        let e = Ended::Error(
+            jsonrpc::INVALID_PARAMS,
+            format!(
+                "Unknown tool: the name is too long ({} bytes; tool names are at most {} bytes)",
+                name.len(),
+                crate::audit::MAX_TOOL_NAME_BYTES
+            ),
+            Outcome::Denied,
+        );
+        return Box::pin(finish(ctx, rec, started, id, e)).await;
+    }
     let mut rec = base_record(ctx, Some(&name));
     // Redacted keys are left out of the digest too: a digest of a low-entropy secret could be
     // brute-forced offline.
@@ -259,6 +280,10 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
             Ended::Result(v, o)
         }
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
+        F::Failed(why @ ForwardError::Busy { .. }) => {
+            tracing::info!(tool = name, error = %why, "call refused: the registration holds its share of the upstream");
+            Ended::Error(jsonrpc::BUSY, why.to_string(), Outcome::Denied)
+        }
         F::Failed(why) => {
             tracing::warn!(tool = name, error = %why, side = ?why.side(), "upstream call failed");
             Ended::Error(
@@ -353,6 +378,9 @@ async fn finish(
             Some(jsonrpc::success(id.clone(), result))
         }
         Ended::Error(code, message, outcome) => {
+            if outcome == Outcome::Denied && rec.reason.is_none() {
+                rec.reason = Some(message.clone());
+            }
             rec.set_outcome(outcome);
             rec.error_code = Some(code);
             Some(jsonrpc::error_response(

@@ -138,6 +138,12 @@ pub struct SessionConfig {
     /// How long a message may wait for room in a full session queue before the reader counts
     /// as stuck and its session is closed, milliseconds.
     pub slow_reader_grace_ms: u64,
+    /// Bytes queued for one session's stream (the encoded events) before the session counts
+    /// as a slow reader; one message larger than this still goes, alone.
+    pub queue_bytes: usize,
+    /// Requests in flight at once on one session; one more is refused at once (429,
+    /// -32030), never queued.
+    pub max_in_flight: usize,
 }
 
 impl Default for SessionConfig {
@@ -148,6 +154,8 @@ impl Default for SessionConfig {
             max_per_registration: 64,
             queue: 256,
             slow_reader_grace_ms: 10_000,
+            queue_bytes: 4 * 1024 * 1024,
+            max_in_flight: 128,
         }
     }
 }
@@ -242,6 +250,11 @@ pub struct UpstreamConfig {
     /// Calls in flight on one connection at once.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Calls one registration may have in flight (waiting for a permit included) on a
+    /// `shared` or `leased` connection; unset: half of `max_in_flight` (at least 1), so one
+    /// registration cannot hold every permit. Over it a call is refused at once (-32030).
+    #[serde(default)]
+    pub max_in_flight_per_registration: Option<usize>,
     /// Renames: upstream tool name -> name agents see (without the `<id>.` prefix).
     #[serde(default)]
     pub rename: BTreeMap<String, String>,
@@ -259,6 +272,13 @@ pub struct UpstreamConfig {
 }
 
 impl UpstreamConfig {
+    /// One registration's share of a shared or leased connection's permits.
+    pub fn registration_share(&self) -> usize {
+        self.max_in_flight_per_registration
+            .unwrap_or(self.max_in_flight.div_ceil(2))
+            .clamp(1, self.max_in_flight.max(1))
+    }
+
     /// How this upstream's tools are named, the gateway's defaults filled in by
     /// [`Config::resolved_upstreams`] (unset here: `.`, not model-safe).
     pub fn name_rule(&self) -> crate::tool_name::Rule {
@@ -386,6 +406,17 @@ impl Config {
                     .into(),
             ));
         }
+        let s = &self.sessions;
+        if !(64 * 1024..=1 << 30).contains(&s.queue_bytes) {
+            return Err(ConfigError::Invalid(
+                "sessions.queue_bytes must be 65536-1073741824".into(),
+            ));
+        }
+        if !(1..=65_536).contains(&s.max_in_flight) {
+            return Err(ConfigError::Invalid(
+                "sessions.max_in_flight must be 1-65536".into(),
+            ));
+        }
         if let Some(node) = &self.node_id {
             if !valid_node_id(node) {
                 return Err(ConfigError::Invalid(format!(
@@ -412,6 +443,20 @@ impl Config {
                     "upstream id {:?} is declared twice",
                     u.id
                 )));
+            }
+            if u.max_in_flight == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?}: max_in_flight must be at least 1",
+                    u.id
+                )));
+            }
+            if let Some(n) = u.max_in_flight_per_registration {
+                if n == 0 || n > u.max_in_flight {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: max_in_flight_per_registration must be 1-{} (its max_in_flight)",
+                        u.id, u.max_in_flight
+                    )));
+                }
             }
             match (&u.command, &u.url) {
                 (Some(_), None) | (None, Some(_)) => {}

@@ -321,12 +321,19 @@ fn is_connection_error(e: &std::io::Error) -> bool {
     )
 }
 
-async fn healthz(State(gw): State<Arc<Hub>>) -> Json<serde_json::Value> {
-    Json(json!({
+/// `GET /healthz`: the same Host/Origin allow-list as every other path (403), so a
+/// rebinding page cannot read the counts either. A probe that sends the pod IP as Host needs
+/// that address in `allowed_hosts`.
+async fn healthz(
+    State(gw): State<Arc<Hub>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<serde_json::Value>, endpoint::Rejection> {
+    endpoint::origin::check_host_origin(gw.config(), &headers)?;
+    Ok(Json(json!({
         "ok": true,
         "registrations": gw.registry().len(),
         "sessions": gw.sessions().len(),
-    }))
+    })))
 }
 
 async fn not_found() -> Response {

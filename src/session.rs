@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +51,68 @@ pub enum SessionError {
     RegistrationCap(usize),
 }
 
+/// One message queued for a session's stream: its compact JSON (encoded once, here), and
+/// the share of the session's byte budget it holds until the stream takes it.
+pub struct Queued {
+    pub json: Bytes,
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// The sending side of a session's server-to-client queue, bounded in messages
+/// (`sessions.queue`) and in bytes (`sessions.queue_bytes`): a reader that stops reading
+/// holds at most that much, then its session is closed after the grace.
+#[derive(Clone)]
+pub struct Outbound {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+    budget: usize,
+}
+
+impl Outbound {
+    /// A new queue for one stream, sized from the config.
+    pub fn new(config: &SessionConfig) -> (Outbound, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(config.queue.max(1));
+        // Permits are counted in `u32` by `acquire_many`; the config caps the budget at 1 GiB.
+        let budget = config.queue_bytes.clamp(1, u32::MAX as usize >> 1);
+        let out = Outbound {
+            tx,
+            bytes: Arc::new(Semaphore::new(budget)),
+            budget,
+        };
+        (out, rx)
+    }
+
+    pub fn same_channel(&self, other: &Outbound) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+
+    /// The budget a message of `len` bytes holds: all of it, or the whole budget for a
+    /// message larger than it (which then goes alone).
+    fn share(&self, len: usize) -> u32 {
+        u32::try_from(len.clamp(1, self.budget)).unwrap_or(u32::MAX >> 1)
+    }
+
+    /// Bytes queued and not yet taken by the stream.
+    pub fn queued_bytes(&self) -> usize {
+        self.budget - self.bytes.available_permits().min(self.budget)
+    }
+}
+
+/// Why a request could not start on a session.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallRefused {
+    /// The id names a request of this session still in flight (ids must not be reused).
+    #[error("invalid request: a request with this id is already in flight on this session (request ids must not be reused)")]
+    DuplicateId,
+    /// The session holds its maximum of requests in flight.
+    #[error("busy: this session has {0} requests in flight, its maximum (sessions.max_in_flight); retry once one ends")]
+    TooMany(usize),
+}
+
+/// Cancellations that named no request in flight, remembered (per session, at most this
+/// many) in case the request they name has not started yet: it starts cancelled.
+const EARLY_CANCELS: usize = 16;
+
 /// How many times `create` tries to make room by evicting before it gives up (503).
 const EVICTION_ATTEMPTS: usize = 8;
 
@@ -63,9 +126,14 @@ pub struct Session {
     protocol_version: Mutex<Option<&'static str>>,
     initialized: AtomicBool,
     /// Where server-to-client messages for this session go (the SSE stream).
-    outbound: Mutex<Option<mpsc::Sender<Value>>>,
-    /// Downstream request id key -> the call's cancellation token.
+    outbound: Mutex<Option<Outbound>>,
+    /// Downstream request id key -> the call's cancellation token. An id stays here until
+    /// its call ends (a cancelled call included), so it cannot be reused meanwhile.
     in_flight: Mutex<HashMap<String, CancellationToken>>,
+    /// Most requests in flight at once (`sessions.max_in_flight`).
+    max_in_flight: usize,
+    /// Ids of `notifications/cancelled` that named no request in flight (bounded).
+    early_cancels: Mutex<std::collections::VecDeque<String>>,
     /// Open server-to-client streams (an SSE session's stream, a Streamable HTTP GET).
     streams: AtomicUsize,
     last_active: Mutex<Instant>,
@@ -148,19 +216,42 @@ impl Session {
         *lock(&self.last_active)
     }
 
-    pub fn set_outbound(&self, tx: Option<mpsc::Sender<Value>>) {
+    pub fn set_outbound(&self, tx: Option<Outbound>) {
         *lock(&self.outbound) = tx;
     }
 
-    pub fn outbound(&self) -> Option<mpsc::Sender<Value>> {
+    pub fn outbound(&self) -> Option<Outbound> {
         lock(&self.outbound).clone()
     }
 
-    /// Tracks a call so `notifications/cancelled` can find it. Returns the call's token.
-    pub fn begin_call(&self, id: &Value) -> CancellationToken {
+    /// Whether the session has a server-to-client stream.
+    pub fn has_outbound(&self) -> bool {
+        lock(&self.outbound).is_some()
+    }
+
+    /// Tracks a call so `notifications/cancelled` can find it. Returns the call's token, or
+    /// why it may not start: its id is in flight already (-32600), or the session holds its
+    /// maximum of requests in flight. A call named by an earlier cancellation starts
+    /// cancelled.
+    pub fn begin_call(&self, id: &Value) -> Result<CancellationToken, CallRefused> {
+        let key = jsonrpc::id_key(id);
         let token = self.cancel.child_token();
-        lock(&self.in_flight).insert(jsonrpc::id_key(id), token.clone());
-        token
+        {
+            let mut in_flight = lock(&self.in_flight);
+            if in_flight.contains_key(&key) {
+                return Err(CallRefused::DuplicateId);
+            }
+            if in_flight.len() >= self.max_in_flight {
+                return Err(CallRefused::TooMany(self.max_in_flight));
+            }
+            in_flight.insert(key.clone(), token.clone());
+        }
+        let mut early = lock(&self.early_cancels);
+        if let Some(i) = early.iter().position(|k| *k == key) {
+            early.remove(i);
+            token.cancel();
+        }
+        Ok(token)
     }
 
     /// Ends a call; its end counts as activity (the idle clock restarts).
@@ -187,15 +278,28 @@ impl Session {
         self.in_flight() == 0 && self.streams.load(Ordering::Acquire) == 0
     }
 
-    /// Cancels the in-flight call with this downstream id, if any. Returns whether one was found.
+    /// Cancels the in-flight call with this downstream id. Returns whether one was found; if
+    /// none was, the id is remembered (the last few) so that a request racing its own
+    /// cancellation (sent on another connection) starts cancelled. The call keeps its id
+    /// until it ends.
     pub fn cancel_call(&self, id: &Value) -> bool {
-        let token = lock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        let key = jsonrpc::id_key(id);
+        let token = lock(&self.in_flight).get(&key).cloned();
         match token {
             Some(t) => {
                 t.cancel();
                 true
             }
-            None => false,
+            None => {
+                let mut early = lock(&self.early_cancels);
+                if !early.contains(&key) {
+                    if early.len() >= EARLY_CANCELS {
+                        early.pop_front();
+                    }
+                    early.push_back(key);
+                }
+                false
+            }
         }
     }
 
@@ -243,6 +347,8 @@ impl SessionTable {
             initialized: AtomicBool::new(false),
             outbound: Mutex::new(None),
             in_flight: Mutex::new(HashMap::new()),
+            max_in_flight: self.config.max_in_flight.max(1),
+            early_cancels: Mutex::new(std::collections::VecDeque::new()),
             streams: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             log_level: AtomicU8::new(0),
@@ -301,12 +407,19 @@ impl SessionTable {
             .unwrap_or_default()
     }
 
-    /// Looks a session up under one registration; never crosses registrations.
-    pub fn get(&self, registration_id: &str, session_id: &str) -> Option<Arc<Session>> {
+    /// Looks a session up under one registration and on the transport that minted it; never
+    /// crosses registrations, and a legacy SSE session id is unknown on Streamable HTTP (and
+    /// the reverse): a session is bound to its transport.
+    pub fn get(
+        &self,
+        registration_id: &str,
+        session_id: &str,
+        transport: Transport,
+    ) -> Option<Arc<Session>> {
         let t = lock(&self.tables);
         t.sessions
             .get(session_id)
-            .filter(|s| s.registration.id == registration_id)
+            .filter(|s| s.registration.id == registration_id && s.transport == transport)
             .cloned()
     }
 
@@ -336,27 +449,71 @@ impl SessionTable {
         removed
     }
 
-    /// Sends a message on a session's server-to-client stream; a reader stuck past the grace
+    /// Sends a message on a session's server-to-client stream, encoded once; the queue is
+    /// bounded in messages and in bytes, and a reader stuck past the grace
     /// (`sessions.slow_reader_grace_ms`) loses its session. Returns whether it was queued.
     pub async fn deliver(&self, session: &Session, msg: Value) -> bool {
-        let Some(tx) = session.outbound() else {
+        let Some(out) = session.outbound() else {
             return false;
         };
         if session.cancel.is_cancelled() {
             return false;
         }
+        // Serializing a `Value` cannot fail (map keys are strings).
+        let Ok(json) = serde_json::to_vec(&msg) else {
+            return false;
+        };
+        drop(msg);
+        let json = Bytes::from(json);
+        let share = out.share(json.len());
         // Room in the queue (the usual case): no deadline to set up.
-        let msg = match tx.try_send(msg) {
-            Ok(()) => return true,
-            Err(mpsc::error::TrySendError::Closed(_)) => return false,
-            Err(mpsc::error::TrySendError::Full(msg)) => msg,
+        let queued = match out.bytes.clone().try_acquire_many_owned(share) {
+            Ok(permit) => match out.tx.try_send(Queued {
+                json,
+                _bytes: permit,
+            }) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Full(q)) => Ok(q),
+            },
+            Err(tokio::sync::TryAcquireError::Closed) => return false,
+            Err(tokio::sync::TryAcquireError::NoPermits) => Err(json),
         };
         let grace = Duration::from_millis(self.config.slow_reader_grace_ms);
-        match tx.send_timeout(msg, grace).await {
+        let deadline = Instant::now() + grace;
+        let sent = async {
+            let q = match queued {
+                Ok(q) => q,
+                Err(json) => {
+                    let permit = tokio::time::timeout_at(
+                        deadline,
+                        out.bytes.clone().acquire_many_owned(share),
+                    )
+                    .await
+                    .map_err(|_| true)?
+                    .map_err(|_| false)?;
+                    Queued {
+                        json,
+                        _bytes: permit,
+                    }
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            out.tx
+                .send_timeout(q, left)
+                .await
+                .map_err(|e| matches!(e, mpsc::error::SendTimeoutError::Timeout(_)))
+        };
+        match sent.await {
             Ok(()) => true,
-            Err(e) => {
-                if matches!(e, mpsc::error::SendTimeoutError::Timeout(_)) {
-                    tracing::warn!(session = %session.id, "slow SSE reader: session closed");
+            Err(timed_out) => {
+                if timed_out {
+                    tracing::warn!(
+                        session = %session.id,
+                        queued_bytes = out.queued_bytes(),
+                        grace_ms = self.config.slow_reader_grace_ms,
+                        "slow reader: its stream took nothing within the grace; session closed"
+                    );
                     self.close(&session.id);
                 }
                 false

@@ -1193,3 +1193,81 @@ fn write_figures(name: &str, v: Value) {
     )
     .unwrap();
 }
+
+/// Issue 17 item 6: a denied call with a 1 MiB tool name (and a 1 MiB label on the
+/// registration) writes a record of a few hundred bytes: the name is cut and digested, the
+/// reply says it was too long without echoing it, and the chain still verifies.
+#[tokio::test]
+async fn over_long_tool_names_and_texts_are_cut_and_digested_in_audit_and_reply() {
+    let tg = TestGateway::start();
+    let reg = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("a")
+                .label("L".repeat(1 << 20))
+                .with_tool(echo_tool("echo", "e")),
+        )
+        .await
+        .unwrap();
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    let before = std::fs::metadata(tg.audit_path()).unwrap().len();
+    let long = format!("{}{}", "x".repeat(1 << 20), "TAIL");
+    let r = c.call(&long, json!({})).await;
+    let reply_bytes = r.to_string().len();
+    let message = r["error"]["message"].as_str().unwrap().to_string();
+    assert_eq!(r["error"]["code"], -32602, "{message}");
+    assert!(message.contains("too long"), "{message}");
+    assert!(
+        reply_bytes < 512 && !message.contains("xxxxxxxx"),
+        "the reply does not echo the name ({reply_bytes} bytes)"
+    );
+    // An ordinary unknown tool is still named in its reply.
+    let r = c.call("nope", json!({})).await;
+    assert!(r["error"]["message"].as_str().unwrap().contains("nope"));
+    let grown = std::fs::metadata(tg.audit_path()).unwrap().len() - before;
+    let calls = tg.calls();
+    let rec = calls
+        .iter()
+        .find(|r| r.tool.as_deref().is_some_and(|t| t.starts_with("xxx")))
+        .unwrap();
+    let tool = rec.tool.clone().unwrap();
+    let digest = hex_sha256(long.as_bytes());
+    assert!(
+        tool.len() <= 256 && tool.contains(&format!("sha256:{digest}")),
+        "cut and digested: {tool}"
+    );
+    assert_eq!(rec.outcome.as_deref(), Some("denied"));
+    assert!(rec.label.as_ref().unwrap().len() <= 1024);
+    let longest_line = lines(&tg.audit_path())
+        .iter()
+        .map(String::len)
+        .max()
+        .unwrap();
+    assert!(
+        longest_line < 4096,
+        "no record is large: the longest line is {longest_line} bytes"
+    );
+    assert!(
+        grown < 8192,
+        "two denied calls grew the audit by {grown} bytes"
+    );
+    let report = verify(&tg.audit_path());
+    assert!(report.error.is_none(), "{:?}", report.error);
+    write_figures(
+        "audit_bounds",
+        json!({
+            "tool_name_bytes_sent": long.len(),
+            "label_bytes_registered": 1 << 20,
+            "reply_bytes": reply_bytes,
+            "record_tool_bytes": tool.len(),
+            "longest_audit_line_bytes": longest_line,
+            "audit_growth_for_two_denied_calls_bytes": grown,
+        }),
+    );
+}
+
+fn hex_sha256(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}

@@ -8,12 +8,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use gatehouse::config::UpstreamConfig;
 use gatehouse::{InProcessTool, RegistrationSpec, ToolResult};
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
 fn faulty(timeout_s: u64) -> UpstreamConfig {
     let script = format!(
@@ -299,4 +301,351 @@ fn append_figures(name: &str, v: Value) {
         serde_json::to_string_pretty(&v).unwrap(),
     )
     .unwrap();
+}
+
+/// A tool that answers `kb` KiB of text.
+fn big_tool() -> InProcessTool {
+    InProcessTool::new(
+        "big",
+        "Answers kb KiB of text",
+        json!({"type":"object","properties":{"kb":{"type":"integer"}}}),
+        |args, _ctx| async move {
+            let kb = args.get("kb").and_then(Value::as_u64).unwrap_or(256) as usize;
+            Ok(ToolResult::text("b".repeat(kb * 1024)))
+        },
+    )
+}
+
+/// Issue 17 item 2: every session of one registration holds large unread replies. Each
+/// session's queue is bounded in bytes (`sessions.queue_bytes`, 1 MiB here), its calls in
+/// flight by `sessions.max_in_flight` (4 here), so the process grows by at most a few MiB per
+/// session whatever the clients push, and each slow reader is closed after its grace. Before,
+/// the queue was bounded in messages only (256): 96 replies of 256 KiB per session all
+/// queued (192 MiB for 8 sessions) and no session was ever closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_holding_large_unread_replies_stays_bounded_in_bytes() {
+    const SESSIONS: usize = 8;
+    const CALLS: usize = 96;
+    const REPLY_KB: u64 = 256;
+    let tg = TestGateway::with(|c| {
+        c.sessions.queue_bytes = 1 << 20;
+        c.sessions.max_in_flight = 4;
+        c.sessions.max_per_registration = SESSIONS;
+        c.sessions.slow_reader_grace_ms = 1_000;
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("hoarder").with_tool(big_tool()))
+        .await
+        .unwrap();
+    let base = reg.sse_url().split("/gw/").next().unwrap().to_string();
+    // Open every session: read the endpoint event, then never read again.
+    let mut streams = Vec::new();
+    let mut endpoints = Vec::new();
+    for _ in 0..SESSIONS {
+        let mut resp = http()
+            .get(reg.sse_url())
+            .bearer_auth(reg.token())
+            .send()
+            .await
+            .unwrap();
+        let first = resp.chunk().await.unwrap().unwrap();
+        let endpoint = String::from_utf8_lossy(&first)
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap()
+            .to_string();
+        let url = format!("{base}{endpoint}");
+        for body in [
+            json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"h","version":"0"}}}),
+            json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        ] {
+            let r = http()
+                .post(&url)
+                .bearer_auth(reg.token())
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 202);
+        }
+        endpoints.push(url);
+        streams.push(resp);
+    }
+    let rss0 = rss_kb();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss0));
+    let sampling = CancellationToken::new();
+    let sampler = {
+        let (peak, stop) = (peak.clone(), sampling.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                peak.fetch_max(rss_kb(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    let mut pushers = Vec::new();
+    for url in endpoints.clone() {
+        let token = reg.token().to_string();
+        pushers.push(tokio::spawn(async move {
+            let client = http();
+            let (mut accepted, mut busy) = (0, 0);
+            let mut id = 1;
+            while accepted < CALLS {
+                let r = client
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .json(&json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"big","arguments":{"kb":REPLY_KB}}}))
+                    .send()
+                    .await
+                    .unwrap();
+                match r.status().as_u16() {
+                    202 => {
+                        accepted += 1;
+                        id += 1;
+                    }
+                    429 => {
+                        busy += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    404 => break, // closed as a slow reader
+                    s => panic!("unexpected status {s}"),
+                }
+            }
+            (accepted, busy)
+        }));
+    }
+    let mut accepted = 0;
+    let mut busy = 0;
+    for p in pushers {
+        let (a, b) = p.await.unwrap();
+        accepted += a;
+        busy += b;
+    }
+    // Every slow reader is closed once its grace ran out.
+    let mut closed_after = None;
+    while t.elapsed() < Duration::from_secs(30) {
+        if gatehouse::testing::sessions(&tg.gateway)
+            .sessions_of(reg.id())
+            .is_empty()
+        {
+            closed_after = Some(t.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sampling.cancel();
+    let _ = sampler.await;
+    let left = gatehouse::testing::sessions(&tg.gateway)
+        .sessions_of(reg.id())
+        .len();
+    let closed_after = closed_after.unwrap_or_else(|| {
+        panic!("{left} slow sessions were never closed (accepted {accepted}, busy {busy})")
+    });
+    let peak_growth_kb = peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(rss0);
+    let pushed_kb = (SESSIONS * CALLS) as u64 * REPLY_KB;
+    // Per session: its queue (1 MiB), 4 replies waiting for room (each as a value and its
+    // encoding), what hyper buffers: about 3.6 MiB; 48 MiB for 8 sessions is the bound. (The
+    // kernel's socket buffers, a few MiB per connection, hold the rest of what was sent.)
+    let bound_kb = 48 * 1024;
+    assert!(
+        peak_growth_kb < bound_kb,
+        "RSS grew {peak_growth_kb} kB with {SESSIONS} unread sessions (bound {bound_kb} kB; the clients tried to push {pushed_kb} kB)"
+    );
+    drop(streams);
+    // A reader that reads gets replies larger than the byte budget (each goes alone).
+    let mut good = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    good.initialize().await;
+    let r = good.call("big", json!({"kb": 2048})).await;
+    assert_eq!(text_of(&r).len(), 2048 * 1024);
+    append_figures(
+        "session_bytes",
+        json!({
+            "sessions": SESSIONS,
+            "queue_bytes": 1 << 20,
+            "max_in_flight": 4,
+            "reply_kb": REPLY_KB,
+            "calls_accepted": accepted,
+            "calls_refused_busy": busy,
+            "pushed_kb_tried": pushed_kb,
+            "rss_peak_growth_kb": peak_growth_kb,
+            "rss_bound_kb": bound_kb,
+            "all_closed_after_ms": closed_after.as_millis(),
+            "grace_ms": 1000,
+            "reply_larger_than_budget_delivered_kb": 2048,
+        }),
+    );
+}
+
+fn faulty_as(id: &str, timeout_s: u64, more: &str) -> UpstreamConfig {
+    let script = format!(
+        "{}/tests/fixtures/faulty_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = {timeout_s}\n{more}\n"
+    ))
+    .unwrap()
+}
+
+/// Issue 17 item 3: on a shared upstream with 4 permits, one registration gets at most its
+/// share (2 by default): its 3 calls over it are refused at once with -32030 and audited
+/// `denied`, and another registration is served meanwhile. The wait for a permit counts
+/// against the call's `call_timeout_s`: a call queued behind calls that hold every permit
+/// ends at its own timeout, not at the others' timeout plus its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_registration_cannot_hold_every_permit_and_waiting_counts_against_the_timeout() {
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![
+            faulty_as("pool4", 30, "max_in_flight = 4"),
+            faulty_as(
+                "pool2",
+                2,
+                "max_in_flight = 2\nmax_in_flight_per_registration = 2",
+            ),
+        ];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let hog = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("hog")
+                .grant("pool4.*")
+                .grant("pool2.*"),
+        )
+        .await
+        .unwrap();
+    let fair = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("fair")
+                .grant("pool4.*")
+                .grant("pool2.*"),
+        )
+        .await
+        .unwrap();
+    let mut h = SseClient::connect(&hog.sse_url(), hog.token()).await;
+    h.initialize().await;
+    let mut f = SseClient::connect(&fair.sse_url(), fair.token()).await;
+    f.initialize().await;
+    assert_eq!(text_of(&f.call("pool4.ok", json!({})).await), "ok");
+
+    // The hog fires 5 calls that never answer.
+    let t = Instant::now();
+    for id in 100..105 {
+        let r = h
+            .post(json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"pool4.hang","arguments":{}}}))
+            .await;
+        assert_eq!(r.status(), 202);
+    }
+    let mut refused = Vec::new();
+    while refused.len() < 3 && t.elapsed() < Duration::from_secs(5) {
+        if let Some(m) = h.next_message(5).await {
+            refused.push(m);
+        }
+    }
+    let refused_within = t.elapsed();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    for r in &refused {
+        assert_eq!(r["error"]["code"], -32030, "{r}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("busy"),
+            "{r}"
+        );
+    }
+    assert!(
+        refused_within < Duration::from_secs(2),
+        "refused promptly: {refused_within:?}"
+    );
+    // The other registration is served on the same upstream meanwhile.
+    let t_fair = Instant::now();
+    assert_eq!(text_of(&f.call("pool4.ok", json!({})).await), "ok");
+    let fair_served_ms = t_fair.elapsed().as_millis() as u64;
+    let denied: Vec<_> = tg
+        .calls()
+        .into_iter()
+        .filter(|r| r.agent_id.as_deref() == Some("hog") && r.outcome.as_deref() == Some("denied"))
+        .collect();
+    assert_eq!(denied.len(), 3, "each refusal is audited");
+    assert!(denied[0]
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("max_in_flight_per_registration"));
+
+    // pool2: both permits held by two hanging calls of the hog (2 s timeout); the fair
+    // registration's call waits for a permit from 0.5 s and must end at its own 2 s.
+    for id in 200..202 {
+        h.post(json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"pool2.hang","arguments":{}}}))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t_wait = Instant::now();
+    let r = f.call("pool2.hang", json!({})).await;
+    let waited = t_wait.elapsed();
+    assert!(text_of(&r).contains("timed out"), "{r}");
+    assert!(
+        waited < Duration::from_millis(2_700),
+        "the permit wait counts against the timeout: ended after {waited:?} (old: the others' 1.5 s + its own 2 s)"
+    );
+    append_figures(
+        "fairness",
+        json!({
+            "upstream_permits": 4,
+            "registration_share": 2,
+            "calls_fired": 5,
+            "refused_busy": refused.len(),
+            "refused_within_ms": refused_within.as_millis(),
+            "refusals_audited_denied": denied.len(),
+            "other_registration_served_ms": fair_served_ms,
+            "queued_call_timeout_s": 2,
+            "queued_call_ended_after_ms": waited.as_millis(),
+        }),
+    );
+}
+
+/// Issue 17 item 5 (part): 1,000 `tools/list_changed` in a burst cost at most a few catalog
+/// refreshes (one in flight plus a dirty flag), not 1,000; the upstream keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_list_changed_is_coalesced_into_a_few_refreshes() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record.jsonl");
+    let mut up = faulty_as("lc", 30, "");
+    up.env
+        .insert("FAULTY_RECORD".into(), record.display().to_string());
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![up];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("lc.*"))
+        .await
+        .unwrap();
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    let lists = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"tools/list\""))
+            .count()
+    };
+    let before = lists();
+    let r = c.call("lc.flood_list_changed", json!({"n": 1000})).await;
+    assert_eq!(text_of(&r), "announced");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(text_of(&c.call("lc.ok", json!({})).await), "ok");
+    let refreshes = lists() - before;
+    assert!(
+        (1..=4).contains(&refreshes),
+        "1,000 list_changed cost {refreshes} tools/list refreshes"
+    );
+    append_figures(
+        "list_changed",
+        json!({"announced": 1000, "refreshes": refreshes}),
+    );
 }

@@ -1049,7 +1049,9 @@ impl RawCase {
                 &v["error"]["message"]
             };
             let clear = msg.as_str().is_some_and(|m| {
-                m.starts_with("bad request:") || m.starts_with("not implemented:")
+                m.starts_with("bad request:")
+                    || m.starts_with("not implemented:")
+                    || m.starts_with("forbidden:")
             });
             if !clear || (!self.admin && v["jsonrpc"] != "2.0") {
                 return Err(format!("unclear error body {body}"));
@@ -1210,6 +1212,18 @@ fn raw_corpus(a_id: &str, a_token: &str, a_session: &str) -> Vec<RawCase> {
         ),
         data("control: /healthz", healthz(host), 200, false),
         data("/healthz without Host", healthz(""), 400, true),
+        data(
+            "/healthz foreign Host (DNS rebinding)",
+            healthz("host: evil.example\r\n"),
+            403,
+            true,
+        ),
+        data(
+            "/healthz foreign Origin",
+            healthz(&format!("{host}origin: http://evil.example\r\n")),
+            403,
+            true,
+        ),
         data(
             "/healthz duplicate Host",
             healthz(&format!("{host}{host}")),

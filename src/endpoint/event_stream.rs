@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::random_b64;
+use crate::session::Queued;
 
 /// A keep-alive comment.
 pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
@@ -87,9 +88,19 @@ pub fn response(body: Body) -> Response {
     resp
 }
 
+/// A queued message as a `message` event: the JSON was encoded when it was queued
+/// (compact JSON holds no line break, so it is one `data:` line).
+fn sse_queued(json: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 24);
+    out.extend_from_slice(b"event: message\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
 struct SessionStream<G> {
     first: VecDeque<Bytes>,
-    rx: mpsc::Receiver<Value>,
+    rx: mpsc::Receiver<Queued>,
     cancel: CancellationToken,
     ticker: tokio::time::Interval,
     /// Dropped with the stream (closes the session or clears its stream).
@@ -97,10 +108,11 @@ struct SessionStream<G> {
 }
 
 /// A session's server-to-client stream: the `first` events, then every message queued on
-/// `rx`, with a keep-alive every `period`, until `cancel` fires or the queue closes.
+/// `rx`, with a keep-alive every `period`, until `cancel` fires or the queue closes. A
+/// message's share of the session's byte budget is freed as the stream takes it.
 pub fn session_stream<G: Send + 'static>(
     first: VecDeque<Bytes>,
-    rx: mpsc::Receiver<Value>,
+    rx: mpsc::Receiver<Queued>,
     cancel: CancellationToken,
     period: Duration,
     guard: G,
@@ -119,7 +131,7 @@ pub fn session_stream<G: Send + 'static>(
         tokio::select! {
             biased;
             _ = st.cancel.cancelled() => None,
-            msg = st.rx.recv() => msg.map(|v| (Ok(sse_json("message", &v)), st)),
+            msg = st.rx.recv() => msg.map(|q| (Ok(sse_queued(&q.json)), st)),
             _ = st.ticker.tick() => Some((Ok(Bytes::from_static(KEEPALIVE)), st)),
         }
     });

@@ -63,6 +63,31 @@ impl Rejection {
         )
     }
 
+    /// A request a session may not start (`Session::begin_call`): a reused id in flight
+    /// is 400 with -32600; a session at its maximum in flight 429 with -32030 and
+    /// `Retry-After: 1`. Either carries the request's id.
+    pub fn call_refused(why: crate::session::CallRefused, id: Value) -> Self {
+        let r = match why {
+            crate::session::CallRefused::DuplicateId => Self::bad_request(why.to_string()),
+            crate::session::CallRefused::TooMany(_) => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                jsonrpc::BUSY,
+                why.to_string(),
+            )
+            .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")),
+        };
+        r.with_id(Some(id))
+    }
+
+    /// The same refusal as a JSON-RPC error object (one item of a batch).
+    pub fn call_refused_value(why: crate::session::CallRefused, id: Value) -> Value {
+        let code = match why {
+            crate::session::CallRefused::DuplicateId => jsonrpc::INVALID_REQUEST,
+            crate::session::CallRefused::TooMany(_) => jsonrpc::BUSY,
+        };
+        RpcError::new(Some(id), code, why.to_string()).to_value()
+    }
+
     pub fn with_id(mut self, id: Option<Value>) -> Self {
         self.error.id = id;
         self

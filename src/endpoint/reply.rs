@@ -285,10 +285,12 @@ pub(crate) fn to_session_stream(
         while let Ok(n) = nrx.try_recv() {
             gw.sessions().deliver(&session, n).await;
         }
-        session.end_call(&id);
+        // The call counts as in flight until its reply is queued, so a session's replies
+        // waiting for room are bounded by `sessions.max_in_flight` too.
         if let Some(r) = reply {
             gw.sessions().deliver(&session, r).await;
         }
+        session.end_call(&id);
     };
     // Spawned, not polled here first: the POST is answered 202 at once, whatever the tool does
     // (even one that blocks its thread), and the reply follows on the stream.

@@ -9,7 +9,6 @@ use std::time::Duration;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::mpsc;
 
 use super::event_stream::{self, sse_event};
 use super::reply;
@@ -18,7 +17,7 @@ use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::mcp::request::RequestCtx;
-use crate::session::Transport;
+use crate::session::{Outbound, Transport};
 
 /// Closes the session when the stream is dropped (client gone, release, shutdown).
 struct SessionGuard {
@@ -43,7 +42,7 @@ pub async fn open(
         .sessions()
         .create(&reg, Transport::Sse)
         .map_err(|e| Rejection::unavailable(e.to_string()))?;
-    let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
+    let (tx, rx) = Outbound::new(gw.sessions().config());
     session.set_outbound(Some(tx));
     session.stream_opened();
     let endpoint = format!("/gw/{}/messages/?session_id={}", reg.id, session.id);
@@ -78,7 +77,7 @@ pub async fn message(
     else {
         return Err(Rejection::bad_request("session_id is required"));
     };
-    let Some(session) = gw.sessions().get(&reg.id, sid) else {
+    let Some(session) = gw.sessions().get(&reg.id, sid, Transport::Sse) else {
         return Err(Rejection::not_found("session not found"));
     };
     session.touch();
@@ -101,11 +100,14 @@ pub async fn message(
         registration: reg.clone(),
         session: Some(session.clone()),
         transport: Transport::Sse,
-        notify: session.outbound(),
+        // A request gets its own channel (`reply::to_session_stream`).
+        notify: None,
     };
     match msg {
         Message::Request { id, method, params } => {
-            let cancel = session.begin_call(&id);
+            let cancel = session
+                .begin_call(&id)
+                .map_err(|why| Rejection::call_refused(why, id.clone()))?;
             reply::to_session_stream(ctx, session, id, method, params, cancel);
         }
         Message::Notification { method, params } => {

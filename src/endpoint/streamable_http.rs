@@ -19,7 +19,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 use super::event_stream;
 use super::reply::{reply, ReplyOpts};
@@ -33,7 +32,7 @@ use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::mcp::request::RequestCtx;
 use crate::mcp::LEGACY_VERSIONS;
 use crate::registry::RegistrationState;
-use crate::session::{Session, Transport};
+use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
 const ASSUMED_VERSION: &str = "2025-03-26";
@@ -73,11 +72,7 @@ fn require_session(
             "bad request: Mcp-Session-Id header is required (send initialize first)",
         ));
     };
-    let Some(session) = gw
-        .sessions()
-        .get(&reg.id, sid)
-        .filter(|s| s.transport == Transport::StreamableHttp)
-    else {
+    let Some(session) = gw.sessions().get(&reg.id, sid, Transport::StreamableHttp) else {
         return Err(Rejection::not_found(
             "session not found: initialize again without Mcp-Session-Id",
         ));
@@ -177,7 +172,9 @@ async fn legacy_single(
     let ctx = session_ctx(&gw, &reg, &session);
     match msg {
         Message::Request { id, method, params } => {
-            let cancel = session.begin_call(&id);
+            let cancel = session
+                .begin_call(&id)
+                .map_err(|why| Rejection::call_refused(why, id.clone()))?;
             let opts = ReplyOpts {
                 priming: version.as_str() >= PRIMING_SINCE,
                 cancel_on_drop: false,
@@ -276,7 +273,13 @@ async fn legacy_batch(
                 .to_value(),
             ),
             Ok(Message::Request { id, method, params }) => {
-                let cancel = session.begin_call(&id);
+                let cancel = match session.begin_call(&id) {
+                    Ok(c) => c,
+                    Err(why) => {
+                        replies.push(Rejection::call_refused_value(why, id));
+                        continue;
+                    }
+                };
                 let ctx = ctx.clone();
                 let session = session.clone();
                 calls.push(async move {
@@ -306,7 +309,7 @@ async fn legacy_batch(
 /// Clears a session's GET stream when the stream is dropped.
 struct GetStreamGuard {
     session: Arc<Session>,
-    tx: mpsc::Sender<Value>,
+    tx: Outbound,
 }
 
 impl Drop for GetStreamGuard {
@@ -349,14 +352,14 @@ pub async fn get(
     }
     let version = legacy_version(&headers)?.to_string();
     let session = require_session(&gw, &reg, &headers)?;
-    if session.outbound().is_some() {
+    if session.has_outbound() {
         return Err(Rejection::new(
             StatusCode::CONFLICT,
             jsonrpc::INVALID_REQUEST,
             "conflict: this session already has a GET stream",
         ));
     }
-    let (tx, rx) = mpsc::channel(gw.sessions().config().queue.max(1));
+    let (tx, rx) = Outbound::new(gw.sessions().config());
     session.set_outbound(Some(tx.clone()));
     session.stream_opened();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));

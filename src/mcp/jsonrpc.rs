@@ -10,6 +10,10 @@ pub const INVALID_REQUEST: i64 = -32600;
 pub const METHOD_NOT_FOUND: i64 = -32601;
 pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
+/// Server-defined: the gateway holds as many requests of this caller in flight as it allows
+/// (a session's `sessions.max_in_flight`, a registration's share of an upstream's permits).
+/// Prompt and never queued: the caller may retry once one of its requests ended.
+pub const BUSY: i64 = -32030;
 /// 2026-07-28: a mirrored header disagrees with the body.
 pub const HEADER_MISMATCH: i64 = -32020;
 /// 2026-07-28: the request needs a client capability it did not declare.

@@ -13,8 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::lease::upstream_meta;
 use super::pool::Pool;
 use super::routing::CallOwner;
-use super::slot::{Busy, Slot};
-
+use super::slot::{Busy, Share, Slot};
 use super::{Connection, ForwardError, RequestOptions, UpstreamError};
 use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
@@ -86,8 +85,21 @@ pub struct Forwarded {
 struct InUse {
     slot: Arc<Slot>,
     conn: Connection,
+    /// When the call's upstream timeout (`call_timeout_s`) runs out: it began before the
+    /// wait for a permit, so waiting counts against it.
+    deadline: tokio::time::Instant,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _share: Option<Share>,
     _busy: Busy,
+}
+
+impl InUse {
+    /// What is left of the call's timeout.
+    fn remaining(&self) -> Duration {
+        self.deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(1))
+    }
 }
 
 impl Pool {
@@ -104,6 +116,10 @@ impl Pool {
         {
             Ok(u) => u,
             Err(ForwardError::Cancelled) => return fwd,
+            Err(ForwardError::Upstream(UpstreamError::Timeout(d))) => {
+                fwd.outcome = ForwardOutcome::Timeout(d);
+                return fwd;
+            }
             Err(e) => {
                 fwd.outcome = ForwardOutcome::Failed(e);
                 return fwd;
@@ -163,7 +179,7 @@ impl Pool {
                 let _ = n.send(msg).await;
             }
         };
-        let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
+        let timeout = in_use.remaining();
         let owner = CallOwner {
             registration_id: call.registration.id.clone(),
             session: call.session.clone(),
@@ -225,7 +241,10 @@ impl Pool {
                 }
             }
             Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
-            Err(UpstreamError::Timeout(d)) => ForwardOutcome::Timeout(d),
+            // The whole of `call_timeout_s` (the request had what the permit wait left of it).
+            Err(UpstreamError::Timeout(_)) => {
+                ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
+            }
             Err(e) => ForwardOutcome::Failed(e.into()),
         };
         fwd
@@ -248,7 +267,7 @@ impl Pool {
         let mut params = params;
         upstream_meta(&mut params, registration, lease_of(slot, registration));
         let opts = RequestOptions {
-            timeout: Some(Duration::from_secs(slot.spec.config.call_timeout_s.max(1))),
+            timeout: Some(in_use.remaining()),
             cancel,
             ..RequestOptions::default()
         };
@@ -262,34 +281,70 @@ impl Pool {
     }
 
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
-    /// (spawned if needed) — each step abandoned when `cancel` fires.
+    /// (spawned if needed) — each step abandoned when `cancel` fires, and the whole bounded by
+    /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's
+    /// timeout). On a shared or leased slot a registration holding its share of the permits
+    /// (`max_in_flight_per_registration`) is refused at once ([`ForwardError::Busy`]).
     async fn acquire(
         &self,
         upstream: &str,
         registration_id: &str,
         cancel: &CancellationToken,
     ) -> Result<InUse, ForwardError> {
+        let began = tokio::time::Instant::now();
         let slot = tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
             s = self.slot_for(upstream, registration_id) => s?,
         };
+        let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
+        let deadline = began + timeout;
+        let share = if self.is_shared(upstream) {
+            let cap = slot.spec.config.registration_share();
+            match Share::take(&slot, registration_id, cap) {
+                Some(s) => Some(s),
+                None => {
+                    return Err(ForwardError::Busy {
+                        upstream: upstream.to_string(),
+                        cap,
+                    })
+                }
+            }
+        } else {
+            None
+        };
         let busy = Busy::new(&slot);
+        let timed_out = || ForwardError::Upstream(UpstreamError::Timeout(timeout));
         let permit = tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+            () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
             p = slot.permits.clone().acquire_owned() => p.map_err(|_| ForwardError::ShuttingDown)?,
         };
         let conn = tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+            () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
             c = slot.connection() => c?,
         };
         Ok(InUse {
             slot,
             conn,
+            deadline,
             _permit: permit,
+            _share: share,
             _busy: busy,
+        })
+    }
+
+    /// Whether `upstream`'s connections are shared between registrations (`shared`, or
+    /// `leased` with the extension): its permits are then divided.
+    fn is_shared(&self, upstream: &str) -> bool {
+        self.inner.upstreams.get(upstream).is_some_and(|u| {
+            matches!(
+                crate::sync::lock(&u.slots).effective,
+                Some(crate::config::Sharing::Shared | crate::config::Sharing::Leased)
+            )
         })
     }
 }

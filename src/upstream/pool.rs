@@ -518,7 +518,7 @@ async fn run_events(
             } => {
                 if method == "notifications/tools/list_changed" {
                     if let Some(pool) = pool.upgrade() {
-                        tools_changed(&pool, &slot, epoch).await;
+                        refresh_coalesced(&pool, &slot, epoch);
                     }
                 } else if let Some(pool) = pool.upgrade() {
                     connection_wide(&pool, &slot, owner.as_deref(), method, params).await;
@@ -553,6 +553,36 @@ async fn run_events(
 
 /// `notifications/tools/list_changed`: the catalog is fetched again, and the sessions of every
 /// registration granted a tool of this upstream are told (by the gateway's hub).
+/// `tools/list_changed`, coalesced: one refresh in flight per slot (on the pool's tracker, so
+/// the event task goes on reading) plus a dirty flag; a flood of N announcements costs at
+/// most two refreshes after the first, not N.
+fn refresh_coalesced(pool: &Arc<PoolInner>, slot: &Arc<Slot>, epoch: u64) {
+    {
+        let mut r = lock(&slot.refresh);
+        if r.in_flight {
+            r.dirty = true;
+            return;
+        }
+        r.in_flight = true;
+    }
+    let (weak, slot) = (Arc::downgrade(pool), slot.clone());
+    pool.tasks.spawn(async move {
+        loop {
+            let Some(pool) = weak.upgrade() else {
+                lock(&slot.refresh).in_flight = false;
+                return;
+            };
+            tools_changed(&pool, &slot, epoch).await;
+            let mut r = lock(&slot.refresh);
+            if !r.dirty {
+                r.in_flight = false;
+                return;
+            }
+            r.dirty = false;
+        }
+    });
+}
+
 async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
     let conn = slot.current_of(epoch);
     if let (Some(conn), Some(up)) = (conn, pool.upstreams.get(&slot.spec.id)) {

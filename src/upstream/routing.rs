@@ -134,7 +134,7 @@ impl ClientRequests {
         };
         // (Legacy SSE: the call's sink *is* the session stream; the fallback then fails alike.)
         let delivered =
-            on_call_stream || (session.outbound().is_some() && ds.deliver(&session, msg).await);
+            on_call_stream || (session.has_outbound() && ds.deliver(&session, msg).await);
         if delivered {
             return;
         }

@@ -96,6 +96,12 @@ pub(super) struct Slot {
     crash_epoch: AtomicU64,
     pub in_flight: AtomicUsize,
     pub permits: Arc<Semaphore>,
+    /// Calls in flight (waiting for a permit included) per registration, for the
+    /// per-registration share of a shared or leased slot's permits.
+    pub holders: Mutex<std::collections::HashMap<String, usize>>,
+    /// `tools/list_changed` refreshes: one in flight, plus whether another was announced
+    /// meanwhile.
+    pub refresh: Mutex<Refresh>,
     last_used: Mutex<Instant>,
     pub leases: Leases,
     pub stop: CancellationToken,
@@ -129,6 +135,8 @@ impl Slot {
             crash_epoch: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
+            holders: Mutex::new(std::collections::HashMap::new()),
+            refresh: Mutex::new(Refresh::default()),
             last_used: Mutex::new(Instant::now()),
             leases: Leases::default(),
             stop: CancellationToken::new(),
@@ -254,6 +262,51 @@ impl Slot {
             self.count_crash(epoch);
             tracing::warn!(upstream = %self.spec.id, epoch, ?pid, %reason, "upstream connection died; the next call respawns it");
             self.record("upstream_exited", epoch, pid, Some(reason));
+        }
+    }
+}
+
+/// The coalescing state of a slot's catalog refreshes.
+#[derive(Debug, Default)]
+pub(super) struct Refresh {
+    pub in_flight: bool,
+    pub dirty: bool,
+}
+
+/// One registration's call counted against its share of a shared slot's permits; the
+/// count goes down when it ends.
+pub(super) struct Share {
+    slot: Arc<Slot>,
+    registration_id: String,
+}
+
+impl Share {
+    /// Counts one more call of `registration_id` on `slot`, unless it holds `cap` already.
+    pub fn take(slot: &Arc<Slot>, registration_id: &str, cap: usize) -> Option<Share> {
+        let mut holders = lock(&slot.holders);
+        let n = holders.entry(registration_id.to_string()).or_insert(0);
+        if *n >= cap {
+            if *n == 0 {
+                holders.remove(registration_id);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            slot: slot.clone(),
+            registration_id: registration_id.to_string(),
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut holders = lock(&self.slot.holders);
+        if let Some(n) = holders.get_mut(&self.registration_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                holders.remove(&self.registration_id);
+            }
         }
     }
 }

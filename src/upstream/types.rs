@@ -300,6 +300,11 @@ pub enum ForwardError {
         upstream: String,
         source: UpstreamError,
     },
+    /// The registration holds its share of this upstream's permits already
+    /// (`max_in_flight_per_registration` on a shared or leased connection): refused at once,
+    /// never queued.
+    #[error("busy: this registration has {cap} calls in flight on upstream {upstream:?}, its share of the upstream's permits (max_in_flight_per_registration); retry once one ends")]
+    Busy { upstream: String, cap: usize },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
 }
@@ -307,7 +312,7 @@ pub enum ForwardError {
 impl ForwardError {
     pub fn side(&self) -> Side {
         match self {
-            ForwardError::Cancelled => Side::Downstream,
+            ForwardError::Cancelled | ForwardError::Busy { .. } => Side::Downstream,
             ForwardError::UnknownUpstream(_) | ForwardError::ShuttingDown => Side::Internal,
             ForwardError::Unavailable { .. } | ForwardError::Upstream(_) => Side::Upstream,
         }
