@@ -28,6 +28,11 @@ fn faulty(timeout_s: u64) -> UpstreamConfig {
     .unwrap()
 }
 
+/// The tests of this binary run one at a time: three of them bound the process's RSS
+/// (`rss_kb`), which the others' traffic would count too (one pushes ~200 MiB at its sessions),
+/// and the coalescing count depends on the machine not being busy with another test's flood.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn rss_kb() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()
@@ -81,6 +86,7 @@ fn is_error(r: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_faults_fail_the_call_and_are_audited_and_the_upstream_recovers() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut fx = setup().await;
     let mut figures = Vec::new();
     assert_eq!(text_of(&fx.fa.call("faulty.ok", json!({})).await), "ok");
@@ -192,6 +198,7 @@ fn chatty_tool() -> InProcessTool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_sse_reader_loses_its_session_and_others_are_unaffected() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let tg = TestGateway::with(|c| {
         c.sessions.queue = 4;
         c.sessions.slow_reader_grace_ms = 300;
@@ -324,6 +331,7 @@ fn big_tool() -> InProcessTool {
 /// queued (192 MiB for 8 sessions) and no session was ever closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_session_holding_large_unread_replies_stays_bounded_in_bytes() {
+    let _one = ONE_AT_A_TIME.lock().await;
     const SESSIONS: usize = 8;
     const CALLS: usize = 96;
     const REPLY_KB: u64 = 256;
@@ -498,6 +506,7 @@ fn faulty_as(id: &str, timeout_s: u64, more: &str) -> UpstreamConfig {
 /// ends at its own timeout, not at the others' timeout plus its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_registration_cannot_hold_every_permit_and_waiting_counts_against_the_timeout() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let tg = TestGateway::with(|c| {
         c.upstreams = vec![
             faulty_as("pool4", 30, "max_in_flight = 4"),
@@ -611,6 +620,7 @@ async fn one_registration_cannot_hold_every_permit_and_waiting_counts_against_th
 /// refreshes (one in flight plus a dirty flag), not 1,000; the upstream keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_list_changed_is_coalesced_into_a_few_refreshes() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("record.jsonl");
     let mut up = faulty_as("lc", 30, "");
@@ -640,8 +650,11 @@ async fn a_flood_of_list_changed_is_coalesced_into_a_few_refreshes() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(text_of(&c.call("lc.ok", json!({})).await), "ok");
     let refreshes = lists() - before;
+    // One refresh in flight plus a dirty flag: how many refreshes a flood costs depends on how
+    // long one takes against the flood's rate (4 on a quiet machine, 5 seen under load 7);
+    // without coalescing it is one per announcement (1,000).
     assert!(
-        (1..=4).contains(&refreshes),
+        (1..=20).contains(&refreshes),
         "1,000 list_changed cost {refreshes} tools/list refreshes"
     );
     append_figures(
