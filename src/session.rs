@@ -468,6 +468,7 @@ impl SessionTable {
         let share = out.share(json.len());
         // Room in the queue (the usual case): no deadline to set up.
         let queued = match out.bytes.clone().try_acquire_many_owned(share) {
+            // bounded: the queue in messages and bytes; full → the waiting path below, never a drop.
             Ok(permit) => match out.tx.try_send(Queued {
                 json,
                 _bytes: permit,

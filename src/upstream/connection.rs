@@ -102,6 +102,7 @@ impl TransportHandle {
     }
 
     /// Best-effort, non-blocking send (used from `Drop`).
+    // why: a `Drop` cannot wait; see `StdioTransport::try_send` (bounded queue, logged drop).
     fn try_send(&self, core: &Arc<Core>, msg: Value) {
         match self {
             Self::Stdio(stdio) => stdio.try_send(&msg),
@@ -522,6 +523,7 @@ impl Drop for PendingGuard<'_> {
         let inner = &self.conn.inner;
         if inner.core.remove(self.id) && self.cancellable && !inner.core.closed.is_cancelled() {
             tracing::debug!(upstream = %inner.core.upstream_id, jsonrpc.id = self.id, "request dropped; cancelling upstream");
+            // why: from Drop; bounded, a drop is logged (see `Transport::try_send`).
             inner.transport.try_send(
                 &inner.core,
                 cancelled_notification(self.id, "request abandoned"),

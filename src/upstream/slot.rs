@@ -120,6 +120,9 @@ impl Slot {
         audit: Audit,
         leased: bool,
     ) -> (Arc<Slot>, mpsc::UnboundedReceiver<UpstreamEvent>) {
+        // why: not bounded yet — issue 17 item 5 (open): the events of one slot's connections;
+        // list_changed is coalesced, call notifications go to bounded per-call channels, but a
+        // flood of connection-wide notifications is not rate-limited here yet.
         let (tx, rx) = mpsc::unbounded_channel();
         let slot = Arc::new(Slot {
             spec: spec.clone(),

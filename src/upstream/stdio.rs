@@ -173,6 +173,9 @@ impl StdioTransport {
     }
 
     /// Queues one message without waiting; drops it (with a log line) if the queue is full.
+    // why: only for what a `Drop` sends (a request abandoned → `notifications/cancelled`), where
+    // nothing can wait; the queue is the bounded stdin queue, and a full one means the upstream is
+    // not reading, so the cancel would not be read either.
     pub(crate) fn try_send(&self, msg: &Value) {
         match encode_line(msg) {
             Ok(line) => {
@@ -370,6 +373,8 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
                         if let Some(reply) = core.dispatch(msg, None).await {
                             match encode_line(&reply) {
                                 Ok(reply) => {
+                                    // why: the reader must not wait on its own stdin queue (bounded);
+                                    // a full queue drops this reply to a server→client ping, logged.
                                     if out.try_send(reply).is_err() {
                                         tracing::debug!(upstream = %core.upstream_id, "outbound queue full; dropping reply to upstream");
                                     }
