@@ -234,6 +234,23 @@ fn require(path: &std::path::Path) {
     );
 }
 
+/// The next stdout line answering `id`, or `Err` after 30 s.
+async fn reply_with_id(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    id: i64,
+) -> Result<Value, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
+            if v["id"] == id {
+                return v;
+            }
+        }
+        Value::Null
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_remote_reports_the_invalid_token() {
     let proxy = peers().join("node_modules/mcp-remote/dist/proxy.js");
@@ -277,33 +294,36 @@ async fn mcp_remote_reports_the_invalid_token() {
         .kill_on_drop(true);
     let mut child = cmd.spawn().unwrap();
     let mut input = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    // A client waits for initialize's answer before anything else: mcp-remote forwards each
+    // stdin line as it comes, so a tools/list written at once can reach us before the session
+    // id exists (CI saw exactly that: "Mcp-Session-Id header is required").
+    input
+        .write_all(format!("{init}\n").as_bytes())
+        .await
+        .unwrap();
+    let initialized = reply_with_id(&mut lines, 1)
+        .await
+        .expect("initialize through mcp-remote");
+    assert!(
+        initialized["result"]["protocolVersion"].is_string(),
+        "{initialized}"
+    );
     input
         .write_all(
             format!(
-                "{init}\n{}\n",
-                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+                "{}\n{}\n",
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#
             )
             .as_bytes(),
         )
         .await
         .unwrap();
-    input
-        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\"}\n")
+    let listed = reply_with_id(&mut lines, 2)
         .await
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    let listed = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(l) = lines.next_line().await.unwrap() {
-            let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
-            if v["id"] == 2 {
-                return v;
-            }
-        }
-        Value::Null
-    })
-    .await
-    .expect("tools/list through mcp-remote");
+        .expect("tools/list through mcp-remote");
     assert_eq!(listed["result"]["tools"][0]["name"], "echo", "{listed}");
     drop(input);
     let _ = child.kill().await;
