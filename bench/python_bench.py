@@ -134,6 +134,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--cycles", type=int, default=2000)
     ap.add_argument("--rss-registrations", type=int, default=10_000)
+    ap.add_argument("--clients", default="1,8", help="client counts of part 2, e.g. 8")
+    ap.add_argument("--tools", default="rust_echo,py_echo,py_async_echo",
+                    help="tools of part 2 (rust_echo, py_echo, py_async_echo)")
+    ap.add_argument("--pause", action="store_true",
+                    help="print the pid and wait for Enter before part 2 (to attach a profiler)")
     args = ap.parse_args()
 
     import gatehouse
@@ -169,20 +174,31 @@ def main() -> int:
     print(f"   {'tool':<26}{'clients':>8}{'calls/s':>12}{'CPU µs/call':>14}"
           f"{'calls/s vs Rust':>17}{'CPU vs Rust':>13}")
     figures: dict[tuple[str, int], tuple[float, float]] = {}
-    for clients in (1, 8):
-        for tool, label in (
-            ("rust_echo", "Rust in-process"),
-            ("py_echo", "Python sync (thread)"),
-            ("py_async_echo", "Python async (loop)"),
-        ):
+    labels = {
+        "rust_echo": "Rust in-process",
+        "py_echo": "Python sync (thread)",
+        "py_async_echo": "Python async (loop)",
+    }
+    tools = [t for t in args.tools.split(",") if t]
+    if args.pause:
+        print(f"   pid {os.getpid()}: press Enter to start part 2", flush=True)
+        sys.stdin.readline()
+    for clients in (int(c) for c in args.clients.split(",") if c):
+        for tool in tools:
             rate, cpu = run_clients(reg, tool, clients, args.seconds)
             figures[(tool, clients)] = (rate, cpu)
-            base_rate, base_cpu = figures[("rust_echo", clients)]
-            print(f"   {label:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}"
-                  f"{base_rate / rate:>16.2f}x{cpu / base_cpu:>12.2f}x")
+            base = figures.get(("rust_echo", clients))
+            vs = (f"{base[0] / rate:>16.2f}x{cpu / base[1]:>12.2f}x" if base and tool != "rust_echo"
+                  else f"{1:>16.2f}x{1:>12.2f}x" if base else "")
+            print(f"   {labels[tool]:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}{vs}", flush=True)
     reg.release()
 
     # 3. RSS growth
+    if args.rss_registrations <= 0:
+        keep.release()
+        gw.close()
+        return 0
+
     def cycle(i: int) -> None:
         with gw.register(f"rss-{i}", tools=[py_echo]) as r:
             c = Conn(r.mcp_url, r.token)

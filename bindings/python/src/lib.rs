@@ -13,7 +13,11 @@
 //! destructors that would touch locks and threads the child does not have (the Python package
 //! also closes the inherited listening socket; see `gatehouse/_fork.py`).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gatehouse::{
@@ -24,7 +28,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// Notifications a tool's context may queue before `report_progress`/`log` wait for room.
@@ -108,6 +112,8 @@ struct Shared {
     handle: tokio::runtime::Handle,
     gateway: Mutex<Option<Gateway>>,
     closed: std::sync::atomic::AtomicBool,
+    /// The threads of sync Python tools.
+    pool: Arc<ToolPool>,
 }
 
 impl Shared {
@@ -132,6 +138,7 @@ impl Shared {
                 let _ = tokio::time::timeout(Duration::from_secs(30), gw.shutdown()).await;
             });
         }
+        self.pool.close(Some(CLOSE_WAIT));
     }
 }
 
@@ -161,6 +168,7 @@ impl Drop for Shared {
             }
         }
         drop(gw);
+        self.pool.close(None);
         if let Some(rt) = rt {
             rt.shutdown_background();
         }
@@ -255,6 +263,7 @@ impl NativeGateway {
                 handle,
                 gateway: Mutex::new(Some(gateway)),
                 closed: std::sync::atomic::AtomicBool::new(false),
+                pool: ToolPool::new(tool_threads),
             }),
         })
     }
@@ -481,23 +490,45 @@ struct NativeTool {
 
 #[pymethods]
 impl NativeTool {
-    /// `invoker(arguments_json, ctx)` returns the `CallToolResult` as a JSON string, or a
-    /// `concurrent.futures.Future` of one (a coroutine submitted to an event loop).
+    /// A sync tool (`gateway=`): `invoker(arguments_json, ctx)` runs on one of the gateway's
+    /// tool threads and returns the `CallToolResult` as a JSON string. An async tool (`port=`,
+    /// the `LoopPort` of its event loop): `invoker(arguments_json, ctx, done)` runs on the loop
+    /// and returns the JSON at once (bad arguments) or the task it created with `done` as its
+    /// done-callback.
     #[new]
-    #[pyo3(signature = (name, description, input_schema_json, invoker, annotations_json=None))]
+    #[pyo3(signature = (name, description, input_schema_json, invoker, annotations_json=None, gateway=None, port=None))]
     fn new(
         name: String,
         description: String,
         input_schema_json: String,
         invoker: Py<PyAny>,
         annotations_json: Option<String>,
+        gateway: Option<PyRef<'_, NativeGateway>>,
+        port: Option<PyRef<'_, LoopPort>>,
     ) -> PyResult<Self> {
         let schema: Value = serde_json::from_str(&input_schema_json)
             .map_err(|e| PyValueError::new_err(format!("input_schema is not JSON: {e}")))?;
         let invoker = Arc::new(invoker);
-        let mut tool = InProcessTool::new(&name, &description, schema, move |args, ctx| {
-            call_python(invoker.clone(), args, ctx)
-        });
+        let mut tool = match (port, gateway) {
+            (Some(port), _) => {
+                let port = port.port.clone();
+                InProcessTool::new(&name, &description, schema, move |args, ctx| {
+                    call_async(port.clone(), invoker.clone(), args, ctx)
+                })
+            }
+            (None, Some(gw)) => {
+                let pool = gw.shared.pool.clone();
+                InProcessTool::new(&name, &description, schema, move |args, ctx| {
+                    call_sync(pool.clone(), invoker.clone(), args, ctx)
+                })
+            }
+            (None, None) => {
+                return Err(PyValueError::new_err(
+                    "a Python tool needs gateway= (sync: the gateway's tool threads) or port= \
+                     (async: its event loop's LoopPort)",
+                ))
+            }
+        };
         if let Some(a) = annotations_json {
             let a: Value = serde_json::from_str(&a)
                 .map_err(|e| PyValueError::new_err(format!("annotations are not JSON: {e}")))?;
@@ -565,6 +596,19 @@ struct CallContext {
 }
 
 impl CallContext {
+    fn of(ctx: &ToolContext, notes: mpsc::Sender<Note>) -> Self {
+        CallContext {
+            agent_id: ctx.agent_id.to_string(),
+            registration_id: ctx.registration_id.to_string(),
+            label: ctx.label.as_deref().map(str::to_string),
+            session_id: ctx.session_id.as_deref().map(str::to_string),
+            wants_progress: ctx.wants_progress(),
+            cancel: ctx.cancel.clone(),
+            notes,
+            handle: tokio::runtime::Handle::current(),
+        }
+    }
+
     fn send(&self, py: Python<'_>, note: Note) {
         match self.notes.try_send(note) {
             Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -641,18 +685,444 @@ impl CallContext {
     }
 }
 
-/// Calls `fut.result()` when an event loop's task ends and hands the JSON to the handler.
-#[pyclass(frozen, module = "gatehouse._native")]
-struct Done {
-    tx: Mutex<Option<oneshot::Sender<Result<String, String>>>>,
+// ---------------------------------------------------------------- sync tools: the tool pool
+
+/// How long an idle tool thread waits for a call before it ends.
+const IDLE_KEEP: Duration = Duration::from_secs(10);
+/// How long `Gateway.close` waits for the tool threads to end (a sync tool still running
+/// after the shutdown cancelled its call keeps its thread until it returns).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+thread_local! {
+    /// Set on the pool's own threads (a close from a tool must not wait for itself).
+    static IN_POOL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-impl Done {
-    fn send(&self, r: Result<String, String>) {
-        if let Some(tx) = lock(&self.tx).take() {
+/// Persistent threads that run sync Python tools. Each is attached to the interpreter once
+/// (its thread state lives as long as the thread) and waits for work detached (GIL released),
+/// so a call costs one wake and a GIL acquisition, not a thread state created and destroyed
+/// per call (which, through `PyGILState_Ensure` on a runtime blocking thread, mmapped and
+/// unmapped Python's frame stack every call). At most `max` threads: a call first takes one of
+/// `permits` (`max` of them, waited for within the call's timeout and cancellation), so every
+/// job has a thread (an idle one, or a new one) and no job ever queues.
+struct ToolPool {
+    permits: Arc<Semaphore>,
+    state: Mutex<PoolState>,
+    exited: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    /// Idle threads, the most recently idle last (it is handed the next job: warm caches).
+    idle: Vec<Arc<Worker>>,
+    threads: usize,
+    closed: bool,
+}
+
+/// One tool thread's mailbox.
+#[derive(Default)]
+struct Worker {
+    slot: Mutex<Slot>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    job: Option<SyncJob>,
+    stop: bool,
+}
+
+struct SyncJob {
+    invoker: Arc<Py<PyAny>>,
+    args_json: String,
+    ctx: CallContext,
+    done: oneshot::Sender<Result<String, String>>,
+    /// Held until the thread is idle again (see `ToolPool`).
+    permit: OwnedSemaphorePermit,
+}
+
+impl SyncJob {
+    /// Runs the tool (GIL held); gives the permit back to be released once the thread is idle.
+    fn run(self, py: Python<'_>) -> OwnedSemaphorePermit {
+        let SyncJob {
+            invoker,
+            args_json,
+            ctx,
+            done,
+            permit,
+        } = self;
+        if done.is_closed() {
+            return permit; // the call ended (cancel, release, timeout) before its turn
+        }
+        let r = match invoker.call1(py, (args_json, ctx)) {
+            Ok(out) => out
+                .extract::<String>(py)
+                .map_err(|_| "the tool's invoker did not return a JSON string".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = done.send(r);
+        permit
+    }
+}
+
+impl Worker {
+    fn give(&self, job: SyncJob) {
+        lock(&self.slot).job = Some(job);
+        self.wake.notify_one();
+    }
+
+    fn stop(&self) {
+        lock(&self.slot).stop = true;
+        self.wake.notify_one();
+    }
+
+    /// The next job; None when told to stop or after `keep` without one.
+    fn wait(&self, keep: Duration) -> Option<SyncJob> {
+        let deadline = std::time::Instant::now() + keep;
+        let mut slot = lock(&self.slot);
+        loop {
+            if let Some(job) = slot.job.take() {
+                return Some(job);
+            }
+            let now = std::time::Instant::now();
+            if slot.stop || now >= deadline {
+                return None;
+            }
+            slot = match self.wake.wait_timeout(slot, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+impl ToolPool {
+    fn new(max: usize) -> Arc<Self> {
+        Arc::new(ToolPool {
+            permits: Arc::new(Semaphore::new(max.max(1))),
+            state: Mutex::new(PoolState::default()),
+            exited: Condvar::new(),
+        })
+    }
+
+    /// A permit to run one sync tool: waits while `max` are running (the call's timeout and
+    /// cancellation end the wait, as they end the call).
+    async fn permit(&self) -> Result<OwnedSemaphorePermit, ToolError> {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ToolError::new("the gateway is closed"))
+    }
+
+    /// Hands `job` to an idle thread, or starts a thread for it (the permit guarantees room).
+    fn submit(self: &Arc<Self>, job: SyncJob) -> Result<(), ToolError> {
+        let mut st = lock(&self.state);
+        if st.closed {
+            return Err(ToolError::new("the gateway is closed"));
+        }
+        if let Some(w) = st.idle.pop() {
+            drop(st);
+            w.give(job);
+            return Ok(());
+        }
+        st.threads += 1;
+        drop(st);
+        let pool = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gatehouse-py".into())
+            // The pool owns the thread: it counts it, and `close` stops and waits for it.
+            .spawn(move || pool.thread_main(job));
+        match spawned {
+            Ok(_detached) => Ok(()),
+            Err(e) => {
+                self.exit_one();
+                Err(ToolError::new(format!("cannot start a tool thread: {e}")))
+            }
+        }
+    }
+
+    fn thread_main(self: Arc<Self>, first: SyncJob) {
+        IN_POOL.with(|f| f.set(true));
+        let me = Arc::new(Worker::default());
+        // Attached once for the thread's life; detached (GIL released) whenever it waits.
+        Python::attach(|py| py.detach(|| self.serve(&me, first)));
+    }
+
+    fn serve(&self, me: &Arc<Worker>, first: SyncJob) {
+        let mut next = Some(first);
+        loop {
+            let job = match next.take() {
+                Some(job) => job,
+                None => match me.wait(IDLE_KEEP) {
+                    Some(job) => job,
+                    None if self.retire(me) => return,
+                    None => continue, // handed a job as it timed out: the slot has it
+                },
+            };
+            let permit = Python::attach(|py| job.run(py));
+            let mut st = lock(&self.state);
+            if st.closed {
+                drop(st);
+                drop(permit);
+                self.exit_one();
+                return;
+            }
+            st.idle.push(me.clone()); // bounded: at most `max` threads exist
+            drop(st);
+            drop(permit); // after going idle: a permit always finds an idle thread or room
+        }
+    }
+
+    /// Whether the idle thread `me` ends now (closed, or idle too long and still unclaimed).
+    fn retire(&self, me: &Arc<Worker>) -> bool {
+        let mut st = lock(&self.state);
+        if !st.closed {
+            match st.idle.iter().position(|w| Arc::ptr_eq(w, me)) {
+                Some(i) => {
+                    st.idle.remove(i);
+                }
+                None => return false,
+            }
+        }
+        drop(st);
+        self.exit_one();
+        true
+    }
+
+    fn exit_one(&self) {
+        let mut st = lock(&self.state);
+        st.threads = st.threads.saturating_sub(1);
+        drop(st);
+        self.exited.notify_all();
+    }
+
+    /// Stops the pool: idle threads end now, busy ones when their tool returns; waits up to
+    /// `wait` for them (never on a pool thread itself).
+    fn close(&self, wait: Option<Duration>) {
+        self.permits.close();
+        let idle = {
+            let mut st = lock(&self.state);
+            st.closed = true;
+            std::mem::take(&mut st.idle)
+        };
+        for w in idle {
+            w.stop();
+        }
+        let Some(wait) = wait else { return };
+        if IN_POOL.with(|f| f.get()) {
+            return;
+        }
+        let deadline = std::time::Instant::now() + wait;
+        let mut st = lock(&self.state);
+        while st.threads > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return;
+            }
+            st = match self.exited.wait_timeout(st, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+async fn call_sync(
+    pool: Arc<ToolPool>,
+    invoker: Arc<Py<PyAny>>,
+    args: Value,
+    ctx: ToolContext,
+) -> Result<ToolResult, ToolError> {
+    let (note_tx, note_rx) = mpsc::channel(NOTE_QUEUE);
+    let (done_tx, done_rx) = oneshot::channel();
+    let permit = tokio::select! {
+        biased;
+        p = pool.permit() => p?,
+        _ = ctx.cancel.cancelled() => return Err(ToolError::new("cancelled")),
+    };
+    pool.submit(SyncJob {
+        invoker,
+        args_json: args.to_string(),
+        ctx: CallContext::of(&ctx, note_tx),
+        done: done_tx,
+        permit,
+    })?;
+    outcome(&ctx, note_rx, done_rx, None).await
+}
+
+// ---------------------------------------------------------------- async tools: the loop port
+
+/// Coroutine submissions a loop port holds before a call waits for room (within its timeout).
+const PORT_ROOM: usize = 1024;
+
+/// The way into one event loop for coroutine tools: the runtime's threads queue a job and, if
+/// no wake is pending, write one byte to a socket the loop watches (`loop.add_reader`); the
+/// loop's callback (`drain`) takes every queued job in one go and starts their tasks. No GIL on
+/// the Rust side, one loop wake per batch, no thread between the runtime and the loop. A cancel
+/// goes the same way (after its call's start, so the task exists or is skipped).
+struct Port {
+    queue: Mutex<PortQueue>,
+    /// `PORT_ROOM` starts queued at most; a start's permit is released when the loop takes it.
+    room: Arc<Semaphore>,
+    tx: UnixStream,
+    rx: UnixStream,
+    pid: u32,
+}
+
+#[derive(Default)]
+struct PortQueue {
+    jobs: VecDeque<PortJob>,
+    wake_pending: bool,
+}
+
+enum PortJob {
+    Start(AsyncJob),
+    Cancel(Arc<AsyncCall>),
+}
+
+struct AsyncJob {
+    invoker: Arc<Py<PyAny>>,
+    args_json: String,
+    ctx: CallContext,
+    call: Arc<AsyncCall>,
+    _room: OwnedSemaphorePermit,
+}
+
+/// One async call as the loop and the handler share it.
+struct AsyncCall {
+    done: Mutex<Option<oneshot::Sender<Result<String, String>>>>,
+    /// The asyncio task, once started (taken when it ends or is cancelled).
+    task: Mutex<Option<Py<PyAny>>>,
+    cancelled: std::sync::atomic::AtomicBool,
+}
+
+impl AsyncCall {
+    fn finish(&self, r: Result<String, String>) {
+        if let Some(tx) = lock(&self.done).take() {
             let _ = tx.send(r);
         }
     }
+}
+
+impl Port {
+    fn push(&self, job: PortJob) {
+        let wake = {
+            let mut q = lock(&self.queue);
+            // bounded: starts hold one of PORT_ROOM permits until drained; a cancel is pushed
+            // at most once per start.
+            q.jobs.push_back(job);
+            !std::mem::replace(&mut q.wake_pending, true)
+        };
+        if wake {
+            // Non-blocking: a full socket buffer means a wake is already there to be read.
+            let _ = (&self.tx).write(&[1]);
+        }
+    }
+
+    /// Runs on the loop's thread (GIL held): starts and cancels what was queued.
+    fn drain(&self, py: Python<'_>) {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = (&self.rx).read(&mut buf) {
+            if n < buf.len() {
+                break;
+            }
+        }
+        let jobs = {
+            let mut q = lock(&self.queue);
+            q.wake_pending = false;
+            std::mem::take(&mut q.jobs)
+        };
+        for job in jobs {
+            match job {
+                PortJob::Start(job) => job.start(py),
+                PortJob::Cancel(call) => {
+                    let task = lock(&call.task).take();
+                    if let Some(task) = task {
+                        let _ = task.call_method0(py, "cancel");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncJob {
+    fn start(self, py: Python<'_>) {
+        let AsyncJob {
+            invoker,
+            args_json,
+            ctx,
+            call,
+            _room,
+        } = self;
+        drop(_room);
+        if call.cancelled.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let done = match Py::new(py, Done { call: call.clone() }) {
+            Ok(d) => d,
+            Err(e) => return call.finish(Err(e.to_string())),
+        };
+        // The starter checks the arguments and returns the result (JSON) at once, or creates
+        // the task with `done` as its done-callback and returns the task.
+        match invoker.call1(py, (args_json, ctx, done)) {
+            Err(e) => call.finish(Err(e.to_string())),
+            Ok(out) => match out.extract::<String>(py) {
+                Ok(json) => call.finish(Ok(json)),
+                Err(_) => *lock(&call.task) = Some(out),
+            },
+        }
+    }
+}
+
+/// The loop side of a port (wrapped by `gatehouse._gateway`, one per event loop): the loop
+/// watches `fileno()` with `add_reader` and calls `drain()`.
+#[pyclass(frozen, module = "gatehouse._native")]
+struct LoopPort {
+    port: Arc<Port>,
+}
+
+#[pymethods]
+impl LoopPort {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let io = |e: std::io::Error| PyValueError::new_err(format!("cannot make a loop port: {e}"));
+        let (tx, rx) = UnixStream::pair().map_err(io)?;
+        tx.set_nonblocking(true).map_err(io)?;
+        rx.set_nonblocking(true).map_err(io)?;
+        Ok(LoopPort {
+            port: Arc::new(Port {
+                queue: Mutex::new(PortQueue::default()),
+                room: Arc::new(Semaphore::new(PORT_ROOM)),
+                tx,
+                rx,
+                pid: std::process::id(),
+            }),
+        })
+    }
+
+    fn fileno(&self) -> i32 {
+        self.port.rx.as_raw_fd()
+    }
+
+    #[getter]
+    fn pid(&self) -> u32 {
+        self.port.pid
+    }
+
+    /// The loop's reader callback.
+    fn drain(&self, py: Python<'_>) {
+        if self.port.pid == std::process::id() {
+            self.port.drain(py);
+        }
+    }
+}
+
+/// An async tool's task's done-callback: `task.result()` to the handler.
+#[pyclass(frozen, module = "gatehouse._native")]
+struct Done {
+    call: Arc<AsyncCall>,
 }
 
 #[pymethods]
@@ -662,14 +1132,17 @@ impl Done {
             .call_method0("result")
             .and_then(|v| v.extract::<String>())
             .map_err(|e| e.to_string());
-        self.send(r);
+        let task = lock(&self.call.task).take();
+        drop(task);
+        self.call.finish(r);
     }
 }
 
-/// Cancels the Python future of an async tool when its call ends first (cancel, release,
-/// timeout, or the request going away).
+/// Cancels an async tool's task when its call ends first (client cancel, release, timeout, or
+/// the request going away): through the port, so the Rust side never needs the GIL.
 struct CancelOnDrop {
-    fut: Arc<Mutex<Option<Py<PyAny>>>>,
+    port: Arc<Port>,
+    call: Arc<AsyncCall>,
     finished: bool,
 }
 
@@ -678,87 +1151,69 @@ impl Drop for CancelOnDrop {
         if self.finished {
             return;
         }
-        let fut = self.fut.clone();
-        if let Ok(h) = tokio::runtime::Handle::try_current() {
-            drop(h.spawn_blocking(move || {
-                if let Some(f) = lock(&fut).take() {
-                    Python::attach(|py| {
-                        let _ = f.call_method0(py, "cancel");
-                    });
-                }
-            }));
-        }
+        self.call
+            .cancelled
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.port.push(PortJob::Cancel(self.call.clone()));
     }
 }
 
-async fn call_python(
+async fn call_async(
+    port: Arc<Port>,
     invoker: Arc<Py<PyAny>>,
     args: Value,
     ctx: ToolContext,
 ) -> Result<ToolResult, ToolError> {
-    let (note_tx, mut note_rx) = mpsc::channel(NOTE_QUEUE);
-    let (done_tx, mut done_rx) = oneshot::channel::<Result<String, String>>();
-    let pyctx = CallContext {
-        agent_id: ctx.agent_id.to_string(),
-        registration_id: ctx.registration_id.to_string(),
-        label: ctx.label.as_deref().map(str::to_string),
-        session_id: ctx.session_id.as_deref().map(str::to_string),
-        wants_progress: ctx.wants_progress(),
-        cancel: ctx.cancel.clone(),
-        notes: note_tx,
-        handle: tokio::runtime::Handle::current(),
+    let (note_tx, note_rx) = mpsc::channel(NOTE_QUEUE);
+    let (done_tx, done_rx) = oneshot::channel();
+    let room = tokio::select! {
+        biased;
+        r = port.room.clone().acquire_owned() => {
+            r.map_err(|_| ToolError::new("the event loop's port is closed"))?
+        }
+        _ = ctx.cancel.cancelled() => return Err(ToolError::new("cancelled")),
     };
-    let pending: Arc<Mutex<Option<Py<PyAny>>>> = Arc::new(Mutex::new(None));
+    let call = Arc::new(AsyncCall {
+        done: Mutex::new(Some(done_tx)),
+        task: Mutex::new(None),
+        cancelled: std::sync::atomic::AtomicBool::new(false),
+    });
+    port.push(PortJob::Start(AsyncJob {
+        invoker,
+        args_json: args.to_string(),
+        ctx: CallContext::of(&ctx, note_tx),
+        call: call.clone(),
+        _room: room,
+    }));
     let mut guard = CancelOnDrop {
-        fut: pending.clone(),
+        port,
+        call,
         finished: false,
     };
-    let args_json = args.to_string();
-    let blocking = tokio::task::spawn_blocking(move || {
-        Python::attach(|py| {
-            let done = match Py::new(
-                py,
-                Done {
-                    tx: Mutex::new(Some(done_tx)),
-                },
-            ) {
-                Ok(d) => d,
-                Err(e) => return Err(e.to_string()),
-            };
-            let out = invoker
-                .call1(py, (args_json, pyctx))
-                .map_err(|e| e.to_string());
-            let out = match out {
-                Ok(o) => o,
-                Err(e) => {
-                    done.get().send(Err(e));
-                    return Ok(());
-                }
-            };
-            if let Ok(s) = out.extract::<String>(py) {
-                done.get().send(Ok(s));
-                return Ok(());
-            }
-            *lock(&pending) = Some(out.clone_ref(py));
-            if let Err(e) = out.call_method1(py, "add_done_callback", (done.clone_ref(py),)) {
-                done.get().send(Err(e.to_string()));
-            }
-            Ok(())
-        })
-    });
-    drop(blocking);
+    outcome(&ctx, note_rx, done_rx, Some(&mut guard)).await
+}
+
+/// Forwards the call's notifications in order until its result, then the result.
+async fn outcome(
+    ctx: &ToolContext,
+    mut note_rx: mpsc::Receiver<Note>,
+    mut done_rx: oneshot::Receiver<Result<String, String>>,
+    mut guard: Option<&mut CancelOnDrop>,
+) -> Result<ToolResult, ToolError> {
     let mut notes_open = true;
     let outcome = loop {
         tokio::select! {
             biased;
             n = note_rx.recv(), if notes_open => match n {
-                Some(n) => forward(&ctx, n).await,
+                Some(n) => forward(ctx, n).await,
                 None => notes_open = false,
             },
             r = &mut done_rx => {
-                guard.finished = true;
+                if let Some(g) = guard.as_deref_mut() {
+                    g.finished = true;
+                }
                 while let Ok(n) = note_rx.try_recv() {
-                    forward(&ctx, n).await;
+                    forward(ctx, n).await;
                 }
                 break r;
             }
@@ -790,6 +1245,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeTool>()?;
     m.add_class::<CallContext>()?;
     m.add_class::<Done>()?;
+    m.add_class::<LoopPort>()?;
     m.add_function(wrap_pyfunction!(echo_tool, m)?)?;
     m.add("LOG_LEVELS", LOG_LEVELS.to_vec())?;
     Ok(())

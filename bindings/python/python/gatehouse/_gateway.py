@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import json
 import os
 import shutil
@@ -27,6 +28,29 @@ from . import _native
 from ._tools import Tool
 
 _live: "weakref.WeakSet[Gateway]" = weakref.WeakSet()
+_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = weakref.WeakKeyDictionary()
+_ports_lock = threading.Lock()
+
+
+def _port_for(loop: asyncio.AbstractEventLoop) -> Any:
+    """The `_native.LoopPort` of ``loop``: the gateway's threads queue coroutine tool calls on it
+    and wake the loop through a socket it watches (``add_reader``), one wake per batch. Made on
+    the loop's own thread (or before it runs); kept as long as the loop lives."""
+    with _ports_lock:
+        port = _ports.get(loop)
+        if port is not None and port.pid == os.getpid():
+            return port
+        port = _native.LoopPort()
+        try:
+            # An empty context: tasks never see the registering code's context variables.
+            contextvars.Context().run(loop.add_reader, port.fileno(), port.drain)
+        except NotImplementedError as e:
+            raise RuntimeError(
+                f"coroutine tools need an event loop with add_reader (asyncio's selector loop, "
+                f"uvloop); {type(loop).__name__} has none: use loop=\"gateway\" or a sync tool"
+            ) from e
+        _ports[loop] = port
+        return port
 
 
 class _LoopThread:
@@ -34,6 +58,7 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        _port_for(self.loop)  # before the loop runs: add_reader from this thread is safe
         self._thread = threading.Thread(
             target=self._run, name="gatehouse-loop", daemon=True
         )
@@ -270,13 +295,15 @@ class Gateway:
                 self._loop_thread = _LoopThread()
             return self._loop_thread.loop
 
-    @staticmethod
-    def _native_tool(t: Any, get_loop: Any) -> Any:
+    def _native_tool(self, t: Any, get_loop: Any) -> Any:
         if isinstance(t, _native.NativeTool):
             return t
         if not isinstance(t, Tool):
             t = Tool(t)
-        return t.native(get_loop)
+        if t.is_async:
+            loop = get_loop()
+            return t.native(self._native, loop, _port_for(loop))
+        return t.native(self._native)
 
     def _spec(
         self,

@@ -294,24 +294,44 @@ class Tool:
             return self._failed(e)
         return self._finish(value)
 
-    def native(self, loop: Callable[[], asyncio.AbstractEventLoop]) -> Any:
-        """The `_native.NativeTool` of this tool, its coroutines run on ``loop()``."""
+    def native(
+        self,
+        gateway: Any,
+        loop: asyncio.AbstractEventLoop | None = None,
+        port: Any = None,
+    ) -> Any:
+        """The `_native.NativeTool` of this tool: a sync one runs on ``gateway``'s tool threads
+        (``gateway`` is a ``_native.NativeGateway``); a coroutine one runs on ``loop``, reached
+        through its ``port`` (a ``_native.LoopPort`` the loop watches)."""
         if self.is_async:
+            if loop is None or port is None:
+                raise InvalidTool(f"tool {self.name!r} is async: it needs an event loop")
+            prepare, run, create_task = self._prepare, self._run_async, loop.create_task
 
-            def invoke(args_json: str, ctx: Any) -> Any:
-                args, err = self._prepare(args_json, ctx)
+            def start(args_json: str, ctx: Any, done: Any) -> Any:
+                # On the loop's thread (the port's reader callback).
+                args, err = prepare(args_json, ctx)
                 if err is not None or args is None:
                     return json.dumps(error_result(err or "bad arguments"))
-                return asyncio.run_coroutine_threadsafe(self._run_async(args), loop())
+                task = create_task(run(args))
+                task.add_done_callback(done)
+                return task
 
-        else:
-            invoke = self._invoke_sync
+            return _native.NativeTool(
+                self.name,
+                self.description,
+                json.dumps(self.input_schema),
+                start,
+                json.dumps(self.annotations) if self.annotations is not None else None,
+                port=port,
+            )
         return _native.NativeTool(
             self.name,
             self.description,
             json.dumps(self.input_schema),
-            invoke,
+            self._invoke_sync,
             json.dumps(self.annotations) if self.annotations is not None else None,
+            gateway=gateway,
         )
 
 
