@@ -26,7 +26,7 @@ use gatehouse::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -490,13 +490,15 @@ struct NativeTool {
 
 #[pymethods]
 impl NativeTool {
-    /// A sync tool (`gateway=`): `invoker(arguments_json, ctx)` runs on one of the gateway's
-    /// tool threads and returns the `CallToolResult` as a JSON string. An async tool (`port=`,
-    /// the `LoopPort` of its event loop): `invoker(arguments_json, ctx, done)` runs on the loop
-    /// and returns the JSON at once (bad arguments) or the task it created with `done` as its
-    /// done-callback.
+    /// A sync tool (`gateway=`): `invoker(arguments, ctx)` runs on one of the gateway's tool
+    /// threads and returns the result (`str`: its one text block; `bytes`: the whole
+    /// `CallToolResult` as JSON). An async tool (`port=`, the `LoopPort` of its event loop):
+    /// `invoker(arguments, ctx, done)` runs on the loop and returns the result at once (bad
+    /// arguments) or the task it created with `done` as its done-callback. `arguments` is a
+    /// dict (what `json.loads` gives); `ctx` is None unless `wants_ctx`.
     #[new]
-    #[pyo3(signature = (name, description, input_schema_json, invoker, annotations_json=None, gateway=None, port=None))]
+    #[pyo3(signature = (name, description, input_schema_json, invoker, annotations_json=None, gateway=None, port=None, wants_ctx=true))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         name: String,
         description: String,
@@ -505,6 +507,7 @@ impl NativeTool {
         annotations_json: Option<String>,
         gateway: Option<PyRef<'_, NativeGateway>>,
         port: Option<PyRef<'_, LoopPort>>,
+        wants_ctx: bool,
     ) -> PyResult<Self> {
         let schema: Value = serde_json::from_str(&input_schema_json)
             .map_err(|e| PyValueError::new_err(format!("input_schema is not JSON: {e}")))?;
@@ -513,13 +516,13 @@ impl NativeTool {
             (Some(port), _) => {
                 let port = port.port.clone();
                 InProcessTool::new(&name, &description, schema, move |args, ctx| {
-                    call_async(port.clone(), invoker.clone(), args, ctx)
+                    call_async(port.clone(), invoker.clone(), wants_ctx, args, ctx)
                 })
             }
             (None, Some(gw)) => {
                 let pool = gw.shared.pool.clone();
                 InProcessTool::new(&name, &description, schema, move |args, ctx| {
-                    call_sync(pool.clone(), invoker.clone(), args, ctx)
+                    call_sync(pool.clone(), invoker.clone(), wants_ctx, args, ctx)
                 })
             }
             (None, None) => {
@@ -596,6 +599,15 @@ struct CallContext {
 }
 
 impl CallContext {
+    /// The call's context for a tool that takes one, and the receiver of its notifications.
+    fn maybe(wants: bool, ctx: &ToolContext) -> (Option<Self>, Option<mpsc::Receiver<Note>>) {
+        if !wants {
+            return (None, None);
+        }
+        let (tx, rx) = mpsc::channel(NOTE_QUEUE);
+        (Some(CallContext::of(ctx, tx)), Some(rx))
+    }
+
     fn of(ctx: &ToolContext, notes: mpsc::Sender<Note>) -> Self {
         CallContext {
             agent_id: ctx.agent_id.to_string(),
@@ -734,9 +746,9 @@ struct Slot {
 
 struct SyncJob {
     invoker: Arc<Py<PyAny>>,
-    args_json: String,
-    ctx: CallContext,
-    done: oneshot::Sender<Result<String, String>>,
+    args: Value,
+    ctx: Option<CallContext>,
+    done: oneshot::Sender<Result<Out, String>>,
     /// Held until the thread is idle again (see `ToolPool`).
     permit: OwnedSemaphorePermit,
 }
@@ -746,7 +758,7 @@ impl SyncJob {
     fn run(self, py: Python<'_>) -> OwnedSemaphorePermit {
         let SyncJob {
             invoker,
-            args_json,
+            args,
             ctx,
             done,
             permit,
@@ -754,12 +766,10 @@ impl SyncJob {
         if done.is_closed() {
             return permit; // the call ended (cancel, release, timeout) before its turn
         }
-        let r = match invoker.call1(py, (args_json, ctx)) {
-            Ok(out) => out
-                .extract::<String>(py)
-                .map_err(|_| "the tool's invoker did not return a JSON string".to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let r = py_args(py, &args)
+            .and_then(|args| invoker.bind(py).call1((args, ctx)))
+            .map_err(|e| e.to_string())
+            .and_then(|out| Out::of(&out));
         let _ = done.send(r);
         permit
     }
@@ -931,10 +941,11 @@ impl ToolPool {
 async fn call_sync(
     pool: Arc<ToolPool>,
     invoker: Arc<Py<PyAny>>,
+    wants_ctx: bool,
     args: Value,
     ctx: ToolContext,
 ) -> Result<ToolResult, ToolError> {
-    let (note_tx, note_rx) = mpsc::channel(NOTE_QUEUE);
+    let (pyctx, note_rx) = CallContext::maybe(wants_ctx, &ctx);
     let (done_tx, done_rx) = oneshot::channel();
     let permit = tokio::select! {
         biased;
@@ -943,8 +954,8 @@ async fn call_sync(
     };
     pool.submit(SyncJob {
         invoker,
-        args_json: args.to_string(),
-        ctx: CallContext::of(&ctx, note_tx),
+        args,
+        ctx: pyctx,
         done: done_tx,
         permit,
     })?;
@@ -983,22 +994,22 @@ enum PortJob {
 
 struct AsyncJob {
     invoker: Arc<Py<PyAny>>,
-    args_json: String,
-    ctx: CallContext,
+    args: Value,
+    ctx: Option<CallContext>,
     call: Arc<AsyncCall>,
     _room: OwnedSemaphorePermit,
 }
 
 /// One async call as the loop and the handler share it.
 struct AsyncCall {
-    done: Mutex<Option<oneshot::Sender<Result<String, String>>>>,
+    done: Mutex<Option<oneshot::Sender<Result<Out, String>>>>,
     /// The asyncio task, once started (taken when it ends or is cancelled).
     task: Mutex<Option<Py<PyAny>>>,
     cancelled: std::sync::atomic::AtomicBool,
 }
 
 impl AsyncCall {
-    fn finish(&self, r: Result<String, String>) {
+    fn finish(&self, r: Result<Out, String>) {
         if let Some(tx) = lock(&self.done).take() {
             let _ = tx.send(r);
         }
@@ -1051,7 +1062,7 @@ impl AsyncJob {
     fn start(self, py: Python<'_>) {
         let AsyncJob {
             invoker,
-            args_json,
+            args,
             ctx,
             call,
             _room,
@@ -1064,14 +1075,15 @@ impl AsyncJob {
             Ok(d) => d,
             Err(e) => return call.finish(Err(e.to_string())),
         };
-        // The starter checks the arguments and returns the result (JSON) at once, or creates
-        // the task with `done` as its done-callback and returns the task.
-        match invoker.call1(py, (args_json, ctx, done)) {
+        // The starter checks the arguments and returns the result at once (str or bytes, see
+        // `Out`), or creates the task with `done` as its done-callback and returns the task.
+        let started = py_args(py, &args).and_then(|args| invoker.bind(py).call1((args, ctx, done)));
+        match started {
             Err(e) => call.finish(Err(e.to_string())),
-            Ok(out) => match out.extract::<String>(py) {
-                Ok(json) => call.finish(Ok(json)),
-                Err(_) => *lock(&call.task) = Some(out),
-            },
+            Ok(out) if out.is_instance_of::<PyString>() || out.is_instance_of::<PyBytes>() => {
+                call.finish(Out::of(&out))
+            }
+            Ok(task) => *lock(&call.task) = Some(task.unbind()),
         }
     }
 }
@@ -1130,8 +1142,8 @@ impl Done {
     fn __call__(&self, fut: &Bound<'_, PyAny>) {
         let r = fut
             .call_method0("result")
-            .and_then(|v| v.extract::<String>())
-            .map_err(|e| e.to_string());
+            .map_err(|e| e.to_string())
+            .and_then(|v| Out::of(&v));
         let task = lock(&self.call.task).take();
         drop(task);
         self.call.finish(r);
@@ -1161,10 +1173,11 @@ impl Drop for CancelOnDrop {
 async fn call_async(
     port: Arc<Port>,
     invoker: Arc<Py<PyAny>>,
+    wants_ctx: bool,
     args: Value,
     ctx: ToolContext,
 ) -> Result<ToolResult, ToolError> {
-    let (note_tx, note_rx) = mpsc::channel(NOTE_QUEUE);
+    let (pyctx, note_rx) = CallContext::maybe(wants_ctx, &ctx);
     let (done_tx, done_rx) = oneshot::channel();
     let room = tokio::select! {
         biased;
@@ -1180,8 +1193,8 @@ async fn call_async(
     });
     port.push(PortJob::Start(AsyncJob {
         invoker,
-        args_json: args.to_string(),
-        ctx: CallContext::of(&ctx, note_tx),
+        args,
+        ctx: pyctx,
         call: call.clone(),
         _room: room,
     }));
@@ -1196,39 +1209,109 @@ async fn call_async(
 /// Forwards the call's notifications in order until its result, then the result.
 async fn outcome(
     ctx: &ToolContext,
-    mut note_rx: mpsc::Receiver<Note>,
-    mut done_rx: oneshot::Receiver<Result<String, String>>,
+    note_rx: Option<mpsc::Receiver<Note>>,
+    mut done_rx: oneshot::Receiver<Result<Out, String>>,
     mut guard: Option<&mut CancelOnDrop>,
 ) -> Result<ToolResult, ToolError> {
-    let mut notes_open = true;
-    let outcome = loop {
-        tokio::select! {
+    let outcome = match note_rx {
+        None => tokio::select! {
             biased;
-            n = note_rx.recv(), if notes_open => match n {
-                Some(n) => forward(ctx, n).await,
-                None => notes_open = false,
-            },
-            r = &mut done_rx => {
-                if let Some(g) = guard.as_deref_mut() {
-                    g.finished = true;
-                }
-                while let Ok(n) = note_rx.try_recv() {
-                    forward(ctx, n).await;
-                }
-                break r;
-            }
+            r = &mut done_rx => r,
             _ = ctx.cancel.cancelled() => return Err(ToolError::new("cancelled")),
+        },
+        Some(mut note_rx) => {
+            let mut notes_open = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    n = note_rx.recv(), if notes_open => match n {
+                        Some(n) => forward(ctx, n).await,
+                        None => notes_open = false,
+                    },
+                    r = &mut done_rx => {
+                        while let Ok(n) = note_rx.try_recv() {
+                            forward(ctx, n).await;
+                        }
+                        break r;
+                    }
+                    _ = ctx.cancel.cancelled() => return Err(ToolError::new("cancelled")),
+                }
+            }
         }
     };
-    let json = match outcome {
-        Ok(Ok(json)) => json,
-        Ok(Err(e)) => return Err(ToolError::new(e)),
-        Err(_) => return Err(ToolError::new("the tool ended without a result")),
-    };
-    match serde_json::from_str::<Value>(&json) {
-        Ok(v) if v.is_object() => Ok(ToolResult(v)),
-        _ => Err(ToolError::new("the tool's result is not a JSON object")),
+    if let Some(g) = guard.as_deref_mut() {
+        g.finished = true;
     }
+    match outcome {
+        Ok(Ok(Out::Text(text))) => Ok(ToolResult::text(text)),
+        Ok(Ok(Out::Json(json))) => match serde_json::from_slice::<Value>(&json) {
+            Ok(v) if v.is_object() => Ok(ToolResult(v)),
+            _ => Err(ToolError::new("the tool's result is not a JSON object")),
+        },
+        Ok(Err(e)) => Err(ToolError::new(e)),
+        Err(_) => Err(ToolError::new("the tool ended without a result")),
+    }
+}
+
+/// What a Python tool's invoker returns: `str` is the text of a one-text-block result (the
+/// common case, built here), `bytes` the whole `CallToolResult` as JSON.
+enum Out {
+    Text(String),
+    Json(Vec<u8>),
+}
+
+impl Out {
+    fn of(v: &Bound<'_, PyAny>) -> Result<Out, String> {
+        if let Ok(s) = v.cast::<PyString>() {
+            return s
+                .to_str()
+                .map(|s| Out::Text(s.to_owned()))
+                .map_err(|e| e.to_string());
+        }
+        if let Ok(b) = v.cast::<PyBytes>() {
+            return Ok(Out::Json(b.as_bytes().to_vec()));
+        }
+        Err("the tool's invoker returned neither str nor bytes".into())
+    }
+}
+
+/// The call's arguments as Python objects (what `json.loads` would give; none → `{}`).
+fn py_args<'py>(py: Python<'py>, args: &Value) -> PyResult<Bound<'py, PyAny>> {
+    match args {
+        Value::Null => Ok(PyDict::new(py).into_any()),
+        v => py_of(py, v),
+    }
+}
+
+fn py_of<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let list = PyList::empty(py);
+            for x in a {
+                list.append(py_of(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, py_of(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
 }
 
 async fn forward(ctx: &ToolContext, n: Note) {

@@ -154,6 +154,65 @@ def check(schema: Any, value: Any, path: str = "arguments") -> str | None:
     return None
 
 
+_EXACT: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+_PLAIN_KEYS = {"type", "description", "title", "default", "examples"}
+
+
+def fast_check(schema: Any) -> Callable[[Any], bool] | None:
+    """A quick yes for arguments that surely pass ``check(schema, ...)``, for the common schema
+    (an object whose properties have at most a single JSON type each); False means "ask
+    ``check``" (which finds the message), never "invalid". None when the schema is not of
+    that form."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    if set(schema) - {"type", "properties", "required", "additionalProperties", "description", "title"}:
+        return None
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(props, dict) or not isinstance(required, list) or extra not in (True, False):
+        return None
+    types_: dict[str, tuple[type, ...] | None] = {}
+    for name, p in props.items():
+        if not isinstance(p, dict) or set(p) - _PLAIN_KEYS:
+            return None
+        t = p.get("type")
+        if t is None:
+            types_[name] = None
+        elif isinstance(t, str) and t in _EXACT:
+            types_[name] = _EXACT[t]
+        else:
+            return None
+    required_ = tuple(required)
+    allow_extra = extra is True
+
+    def ok(args: Any) -> bool:
+        # Exact types only (what JSON decodes to); a bool is never an integer here.
+        if type(args) is not dict:
+            return False
+        for name in required_:
+            if name not in args:
+                return False
+        for k, v in args.items():
+            if k in types_:
+                want = types_[k]
+                if want is not None and type(v) not in want:
+                    return False
+            elif not allow_extra:
+                return False
+        return True
+
+    return ok
+
+
 def to_result(value: Any) -> dict[str, Any]:
     """A tool's return value as a ``CallToolResult``."""
     if isinstance(value, str):
@@ -242,6 +301,7 @@ class Tool:
                 self.input_schema["required"] = required
             if not self._var_kw:
                 self.input_schema["additionalProperties"] = False
+        self._fast_ok = fast_check(self.input_schema)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -249,43 +309,47 @@ class Tool:
     def __repr__(self) -> str:
         return f"<gatehouse.Tool {self.name!r}{' async' if self.is_async else ''}>"
 
-    # ---- the call path (runs on a worker thread, or as a task on an event loop)
+    # ---- the call path (runs on a tool thread, or as a task on an event loop)
+    #
+    # The native side passes the arguments as Python objects (a dict, or None for none) and
+    # takes back a ``str`` (the text of a one-text-block result, the common case, built in
+    # Rust) or ``bytes`` (the whole ``CallToolResult`` as JSON).
 
-    def _prepare(self, args_json: str, ctx: Any) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            args = json.loads(args_json) if args_json else {}
-        except ValueError:
-            return None, "arguments are not JSON"
+    def _prepare(self, args: Any, ctx: Any) -> tuple[dict[str, Any] | None, str | None]:
         if args is None:
             args = {}
-        err = check(self.input_schema, args)
-        if err:
-            return None, f"Invalid arguments for tool {self.name}: {err}"
+        fast = self._fast_ok
+        if fast is None or not fast(args):
+            err = check(self.input_schema, args)
+            if err:
+                return None, f"Invalid arguments for tool {self.name}: {err}"
         if self._ctx_param is not None:
-            args = {**args, self._ctx_param: ctx}
+            args[self._ctx_param] = ctx  # a fresh dict per call
         return args, None
 
-    def _failed(self, e: BaseException) -> str:
+    def _failed(self, e: BaseException) -> bytes:
         log.error("tool %s raised %s", self.name, type(e).__name__, exc_info=e)
-        return json.dumps(error_result(str(e) or type(e).__name__))
+        return json.dumps(error_result(str(e) or type(e).__name__)).encode()
 
-    def _finish(self, value: Any) -> str:
+    def _finish(self, value: Any) -> str | bytes:
+        if type(value) is str:
+            return value
         try:
-            return json.dumps(to_result(value), default=str)
+            return json.dumps(to_result(value), default=str).encode()
         except Exception as e:
             return self._failed(e)
 
-    def _invoke_sync(self, args_json: str, ctx: Any) -> str:
-        args, err = self._prepare(args_json, ctx)
+    def _invoke_sync(self, args: Any, ctx: Any) -> str | bytes:
+        args, err = self._prepare(args, ctx)
         if err is not None or args is None:
-            return json.dumps(error_result(err or "bad arguments"))
+            return json.dumps(error_result(err or "bad arguments")).encode()
         try:
             value = self.fn(**args)
         except Exception as e:
             return self._failed(e)
         return self._finish(value)
 
-    async def _run_async(self, args: dict[str, Any]) -> str:
+    async def _run_async(self, args: dict[str, Any]) -> str | bytes:
         try:
             value = await self.fn(**args)
         except asyncio.CancelledError:
@@ -303,16 +367,17 @@ class Tool:
         """The `_native.NativeTool` of this tool: a sync one runs on ``gateway``'s tool threads
         (``gateway`` is a ``_native.NativeGateway``); a coroutine one runs on ``loop``, reached
         through its ``port`` (a ``_native.LoopPort`` the loop watches)."""
+        wants_ctx = self._ctx_param is not None
         if self.is_async:
             if loop is None or port is None:
                 raise InvalidTool(f"tool {self.name!r} is async: it needs an event loop")
             prepare, run, create_task = self._prepare, self._run_async, loop.create_task
 
-            def start(args_json: str, ctx: Any, done: Any) -> Any:
+            def start(args: Any, ctx: Any, done: Any) -> Any:
                 # On the loop's thread (the port's reader callback).
-                args, err = prepare(args_json, ctx)
+                args, err = prepare(args, ctx)
                 if err is not None or args is None:
-                    return json.dumps(error_result(err or "bad arguments"))
+                    return json.dumps(error_result(err or "bad arguments")).encode()
                 task = create_task(run(args))
                 task.add_done_callback(done)
                 return task
@@ -324,6 +389,7 @@ class Tool:
                 start,
                 json.dumps(self.annotations) if self.annotations is not None else None,
                 port=port,
+                wants_ctx=wants_ctx,
             )
         return _native.NativeTool(
             self.name,
@@ -332,6 +398,7 @@ class Tool:
             self._invoke_sync,
             json.dumps(self.annotations) if self.annotations is not None else None,
             gateway=gateway,
+            wants_ctx=wants_ctx,
         )
 
 
