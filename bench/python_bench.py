@@ -2,6 +2,7 @@
 """Benchmark of the Python package (figures printed, nothing asserted).
 
     python bench/python_bench.py [--seconds 5] [--cycles 2000] [--rss-registrations 10000]
+                                 [--rounds 1] [--clients 1,8] [--tools rust_echo,py_echo,...]
 
 1. Registration cycles per second: register (one Python tool) + release, sequentially.
 2. `tools/call` throughput through a Python sync tool, a Python async tool (the gateway's own
@@ -137,6 +138,8 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8", help="client counts of part 2, e.g. 8")
     ap.add_argument("--tools", default="rust_echo,py_echo,py_async_echo",
                     help="tools of part 2 (rust_echo, py_echo, py_async_echo)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat part 2 this many times (tools interleaved); print medians")
     ap.add_argument("--pause", action="store_true",
                     help="print the pid and wait for Enter before part 2 (to attach a profiler)")
     args = ap.parse_args()
@@ -170,10 +173,10 @@ def main() -> int:
         "bench-calls", tools=[py_echo, py_async_echo, gatehouse.echo_tool("rust_echo")]
     )
     print(f"\n2. tools/call over Streamable HTTP, {args.seconds:.0f} s per line "
-          "(client processes; gateway-process CPU per call)")
+          "(client processes; gateway-process CPU per call)"
+          + (f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
     print(f"   {'tool':<26}{'clients':>8}{'calls/s':>12}{'CPU µs/call':>14}"
           f"{'calls/s vs Rust':>17}{'CPU vs Rust':>13}")
-    figures: dict[tuple[str, int], tuple[float, float]] = {}
     labels = {
         "rust_echo": "Rust in-process",
         "py_echo": "Python sync (thread)",
@@ -184,13 +187,23 @@ def main() -> int:
         print(f"   pid {os.getpid()}: press Enter to start part 2", flush=True)
         sys.stdin.readline()
     for clients in (int(c) for c in args.clients.split(",") if c):
+        # Rounds interleave the tools, so a change of the machine's load hits all of them;
+        # with several rounds each line is the median round (by CPU per call).
+        runs: dict[str, list[tuple[float, float]]] = {t: [] for t in tools}
+        for _ in range(args.rounds):
+            for tool in tools:
+                runs[tool].append(run_clients(reg, tool, clients, args.seconds))
+        med = {t: sorted(r, key=lambda x: x[1])[len(r) // 2] for t, r in runs.items()}
         for tool in tools:
-            rate, cpu = run_clients(reg, tool, clients, args.seconds)
-            figures[(tool, clients)] = (rate, cpu)
-            base = figures.get(("rust_echo", clients))
-            vs = (f"{base[0] / rate:>16.2f}x{cpu / base[1]:>12.2f}x" if base and tool != "rust_echo"
-                  else f"{1:>16.2f}x{1:>12.2f}x" if base else "")
-            print(f"   {labels[tool]:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}{vs}", flush=True)
+            rate, cpu = med[tool]
+            base = med.get("rust_echo")
+            vs = (f"{base[0] / rate:>16.2f}x{cpu / base[1]:>12.2f}x" if base else "")
+            spread = ""
+            if args.rounds > 1:
+                cpus = sorted(c for _, c in runs[tool])
+                spread = f"   (CPU {cpus[0]:,.0f}..{cpus[-1]:,.0f} over {args.rounds} rounds)"
+            print(f"   {labels[tool]:<26}{clients:>8}{rate:>12,.0f}{cpu:>14,.0f}{vs}{spread}",
+                  flush=True)
     reg.release()
 
     # 3. RSS growth

@@ -494,7 +494,7 @@ impl NativeTool {
     /// threads and returns the result (`str`: its one text block; `bytes`: the whole
     /// `CallToolResult` as JSON). An async tool (`port=`, the `LoopPort` of its event loop):
     /// `invoker(arguments, ctx, done)` runs on the loop and returns the result at once (bad
-    /// arguments) or the task it created with `done` as its done-callback. `arguments` is a
+    /// arguments) or the task it created, which reports through `done`. `arguments` is a
     /// dict (what `json.loads` gives); `ctx` is None unless `wants_ctx`.
     #[new]
     #[pyo3(signature = (name, description, input_schema_json, invoker, annotations_json=None, gateway=None, port=None, wants_ctx=true))]
@@ -1076,7 +1076,7 @@ impl AsyncJob {
             Err(e) => return call.finish(Err(e.to_string())),
         };
         // The starter checks the arguments and returns the result at once (str or bytes, see
-        // `Out`), or creates the task with `done` as its done-callback and returns the task.
+        // `Out`), or creates the task (which reports through `done`) and returns it.
         let started = py_args(py, &args).and_then(|args| invoker.bind(py).call1((args, ctx, done)));
         match started {
             Err(e) => call.finish(Err(e.to_string())),
@@ -1131,22 +1131,31 @@ impl LoopPort {
     }
 }
 
-/// An async tool's task's done-callback: `task.result()` to the handler.
+/// How an async tool's task reports: `done(result)` (str or bytes, see `Out`) when its
+/// coroutine returns, `done.cancelled()` when it ends by `CancelledError` (or a
+/// `BaseException`). Called from inside the task, so no done-callback round is needed; once the
+/// call has ended (cancelled, timed out) both are no-ops.
 #[pyclass(frozen, module = "gatehouse._native")]
 struct Done {
     call: Arc<AsyncCall>,
 }
 
-#[pymethods]
 impl Done {
-    fn __call__(&self, fut: &Bound<'_, PyAny>) {
-        let r = fut
-            .call_method0("result")
-            .map_err(|e| e.to_string())
-            .and_then(|v| Out::of(&v));
+    fn report(&self, r: Result<Out, String>) {
         let task = lock(&self.call.task).take();
         drop(task);
         self.call.finish(r);
+    }
+}
+
+#[pymethods]
+impl Done {
+    fn __call__(&self, result: &Bound<'_, PyAny>) {
+        self.report(Out::of(result));
+    }
+
+    fn cancelled(&self) {
+        self.report(Err("cancelled".into()));
     }
 }
 

@@ -339,24 +339,45 @@ class Tool:
         except Exception as e:
             return self._failed(e)
 
-    def _invoke_sync(self, args: Any, ctx: Any) -> str | bytes:
-        args, err = self._prepare(args, ctx)
-        if err is not None or args is None:
-            return json.dumps(error_result(err or "bad arguments")).encode()
-        try:
-            value = self.fn(**args)
-        except Exception as e:
-            return self._failed(e)
-        return self._finish(value)
+    def _sync_invoker(self) -> Callable[[Any, Any], str | bytes]:
+        """The sync call path as one closure (the per-call work: check, call, encode)."""
+        fn, fast, ctx_param = self.fn, self._fast_ok, self._ctx_param
+        schema, name, failed, finish = self.input_schema, self.name, self._failed, self._finish
 
-    async def _run_async(self, args: dict[str, Any]) -> str | bytes:
+        def invoke(args: Any, ctx: Any) -> str | bytes:
+            if args is None:
+                args = {}
+            if fast is None or not fast(args):
+                err = check(schema, args)
+                if err:
+                    msg = f"Invalid arguments for tool {name}: {err}"
+                    return json.dumps(error_result(msg)).encode()
+            if ctx_param is not None:
+                args[ctx_param] = ctx  # a fresh dict per call
+            try:
+                value = fn(**args)
+            except Exception as e:
+                return failed(e)
+            if type(value) is str:
+                return value
+            return finish(value)
+
+        return invoke
+
+    async def _run_async(self, args: dict[str, Any], done: Any) -> None:
+        # Reports from inside the task (no done-callback, no extra loop iteration).
         try:
             value = await self.fn(**args)
         except asyncio.CancelledError:
+            done.cancelled()  # a no-op when the call ended first (it cancelled the task)
             raise
         except Exception as e:
-            return self._failed(e)
-        return self._finish(value)
+            done(self._failed(e))
+            return
+        except BaseException:
+            done.cancelled()
+            raise
+        done(self._finish(value))
 
     def native(
         self,
@@ -374,13 +395,12 @@ class Tool:
             prepare, run, create_task = self._prepare, self._run_async, loop.create_task
 
             def start(args: Any, ctx: Any, done: Any) -> Any:
-                # On the loop's thread (the port's reader callback).
+                # On the loop's thread (the port's reader callback): the result now (bad
+                # arguments), or the task, which reports through `done` itself.
                 args, err = prepare(args, ctx)
                 if err is not None or args is None:
                     return json.dumps(error_result(err or "bad arguments")).encode()
-                task = create_task(run(args))
-                task.add_done_callback(done)
-                return task
+                return create_task(run(args, done))
 
             return _native.NativeTool(
                 self.name,
@@ -395,7 +415,7 @@ class Tool:
             self.name,
             self.description,
             json.dumps(self.input_schema),
-            self._invoke_sync,
+            self._sync_invoker(),
             json.dumps(self.annotations) if self.annotations is not None else None,
             gateway=gateway,
             wants_ctx=wants_ctx,
