@@ -2,11 +2,11 @@
 //!
 //! It builds only on the crate's public facade. It owns one tokio runtime per `Gateway`; every
 //! wait on Rust (registering, releasing, shutting down, a full progress queue) happens with the
-//! GIL released (`Python::detach`). Python tools run off the runtime's worker threads: the
-//! handler hands the call to a blocking thread (`spawn_blocking`), which attaches to the
-//! interpreter and calls the package's invoker; a sync tool runs right there, a coroutine is
-//! submitted to an event loop and the handler awaits its `concurrent.futures.Future` through a
-//! done-callback, so no thread is held while it runs.
+//! GIL released (`Python::detach`). Python tools never run on the runtime's workers: a sync
+//! call goes to the gateway's `ToolPool` (persistent threads attached to the interpreter once,
+//! waiting for work detached), a coroutine call to its event loop's `LoopPort` (a bounded queue
+//! the loop drains when a byte arrives on a socket it watches), so neither path makes a thread
+//! state per call nor needs the GIL on the runtime's side.
 //!
 //! Fork safety: every object remembers the pid that made it. In a forked child each call
 //! raises `GatewayStopped`, and dropping the objects leaks their Rust state instead of running
@@ -701,8 +701,9 @@ impl CallContext {
 
 /// How long an idle tool thread waits for a call before it ends.
 const IDLE_KEEP: Duration = Duration::from_secs(10);
-/// How long `Gateway.close` waits for the tool threads to end (a sync tool still running
-/// after the shutdown cancelled its call keeps its thread until it returns).
+/// How long `Gateway.close` waits for its idle tool threads to end (a sync tool still running
+/// after the shutdown cancelled its call keeps its thread until it returns; close does not
+/// wait for those).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 thread_local! {
@@ -908,13 +909,16 @@ impl ToolPool {
     }
 
     /// Stops the pool: idle threads end now, busy ones when their tool returns; waits up to
-    /// `wait` for them (never on a pool thread itself).
+    /// `wait` for the idle ones (never on a pool thread itself), so they have let go of the
+    /// interpreter before it finalizes.
     fn close(&self, wait: Option<Duration>) {
         self.permits.close();
-        let idle = {
+        let (idle, busy) = {
             let mut st = lock(&self.state);
             st.closed = true;
-            std::mem::take(&mut st.idle)
+            let idle = std::mem::take(&mut st.idle);
+            let busy = st.threads.saturating_sub(idle.len());
+            (idle, busy)
         };
         for w in idle {
             w.stop();
@@ -925,7 +929,7 @@ impl ToolPool {
         }
         let deadline = std::time::Instant::now() + wait;
         let mut st = lock(&self.state);
-        while st.threads > 0 {
+        while st.threads > busy {
             let now = std::time::Instant::now();
             if now >= deadline {
                 return;
@@ -987,6 +991,9 @@ struct PortQueue {
     wake_pending: bool,
 }
 
+// A start is moved in and out of the queue once per call; boxing it would cost an allocation
+// per call to save bytes in a queue that is usually empty.
+#[allow(clippy::large_enum_variant)]
 enum PortJob {
     Start(AsyncJob),
     Cancel(Arc<AsyncCall>),
@@ -1220,7 +1227,7 @@ async fn outcome(
     ctx: &ToolContext,
     note_rx: Option<mpsc::Receiver<Note>>,
     mut done_rx: oneshot::Receiver<Result<Out, String>>,
-    mut guard: Option<&mut CancelOnDrop>,
+    guard: Option<&mut CancelOnDrop>,
 ) -> Result<ToolResult, ToolError> {
     let outcome = match note_rx {
         None => tokio::select! {
@@ -1248,7 +1255,7 @@ async fn outcome(
             }
         }
     };
-    if let Some(g) = guard.as_deref_mut() {
+    if let Some(g) = guard {
         g.finished = true;
     }
     match outcome {

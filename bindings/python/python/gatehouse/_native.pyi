@@ -61,9 +61,15 @@ class NativeTool:
         name: str,
         description: str,
         input_schema_json: str,
-        invoker: Callable[[str, CallContext], Any],
+        invoker: Callable[..., Any],
         annotations_json: str | None = None,
-    ) -> None: ...
+        gateway: NativeGateway | None = None,
+        port: LoopPort | None = None,
+        wants_ctx: bool = True,
+    ) -> None:
+        """Sync (`gateway=`): `invoker(arguments, ctx)` on a tool thread returns `str` (the one
+        text block) or `bytes` (the CallToolResult's JSON). Async (`port=`): `invoker(arguments,
+        ctx, done)` on the loop returns that at once, or the task, which reports via `done`."""
     @property
     def name(self) -> str: ...
     @property
@@ -89,7 +95,17 @@ class CallContext:
     def log(self, level: str, message: str) -> None:
         """Sends notifications/message; level is one of gatehouse.LOG_LEVELS."""
 
+class LoopPort:
+    """One event loop's way in: the loop watches `fileno()` (add_reader) and calls `drain()`."""
+
+    def __init__(self) -> None: ...
+    def fileno(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    def drain(self) -> None: ...
+
 class Done:
-    def __call__(self, fut: Any) -> None: ...
+    def __call__(self, result: str | bytes) -> None: ...
+    def cancelled(self) -> None: ...
 
 def echo_tool(name: str = "rust_echo") -> NativeTool: ...
