@@ -10,11 +10,17 @@ use serde_json::Value;
 
 use crate::audit::Audit;
 use crate::config::Config;
+use crate::listen::Listeners;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
+use crate::mrtr::{Held, HeldCalls};
 use crate::registry::Registry;
 use crate::session::{Session, SessionTable};
-use crate::upstream::{Downstream, Pool};
+use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
+
+fn jsonrpc_error_body(why: &str) -> Value {
+    serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}})
+}
 
 pub struct Hub {
     config: Arc<Config>,
@@ -23,6 +29,10 @@ pub struct Hub {
     pool: Pool,
     audit: Audit,
     metrics: Metrics,
+    /// Stateless calls waiting for the client's MRTR retry.
+    held: HeldCalls,
+    /// Open `subscriptions/listen` streams (2026-07-28).
+    listeners: Listeners,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
 }
@@ -38,6 +48,8 @@ impl Hub {
             pool,
             audit,
             metrics: Metrics::new(),
+            held: HeldCalls::default(),
+            listeners: Listeners::default(),
             local_addr: std::sync::Mutex::new(None),
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
@@ -69,6 +81,30 @@ impl Hub {
         &self.metrics
     }
 
+    pub fn listeners(&self) -> &Listeners {
+        &self.listeners
+    }
+
+    pub fn held(&self) -> &HeldCalls {
+        &self.held
+    }
+
+    /// Ends held calls that will not be resumed: the server requests they asked are answered
+    /// with an error upstream (the server never waits), then each call is cancelled (dropped).
+    pub fn drop_held(&self, held: Vec<Held>, why: &str) {
+        for h in held {
+            for id in &h.asked {
+                let err = jsonrpc_error_body(why);
+                self.pool.client_response(
+                    &h.registration_id,
+                    STATELESS_SESSION,
+                    &Value::from(id.as_str()),
+                    &err,
+                );
+            }
+        }
+    }
+
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         *crate::sync::lock(&self.local_addr)
     }
@@ -81,7 +117,7 @@ impl Hub {
     /// its one server-to-client stream. Returns how many sessions got it.
     pub async fn notify_tools_list_changed(&self, registration_id: &str) -> usize {
         let msg = jsonrpc::notification("notifications/tools/list_changed", None);
-        let mut n = 0;
+        let mut n = self.listeners.deliver(registration_id, &msg);
         for s in self.sessions.sessions_of(registration_id) {
             if self.sessions.deliver(&s, msg.clone()).await {
                 n += 1;
@@ -127,7 +163,8 @@ impl Downstream for Hub {
                     .unwrap_or("")
                     .to_string()
             });
-            let mut n = 0;
+            // Open listen streams take list changes and resource updates (never logs).
+            let mut n = self.listeners.deliver(registration_id, &msg);
             for s in self.sessions.sessions_of(registration_id) {
                 if level.as_deref().is_some_and(|l| !s.wants_log(l)) {
                     continue;

@@ -24,8 +24,10 @@ mod endpoint;
 mod expiry;
 mod gateway;
 mod hub;
+mod listen;
 mod mcp;
 mod metrics;
+mod mrtr;
 mod registry;
 mod server;
 mod session;
@@ -73,8 +75,9 @@ pub mod testing {
     }
     pub mod upstream {
         pub use crate::upstream::{
-            ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError,
-            UpstreamEvent,
+            event_channel, ConnectOptions, Connection, EventReceiver, IdCounter,
+            NotificationsRefused, RequestOptions, Transport, UpstreamError, UpstreamEvent,
+            EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
         };
         pub mod pool {
             pub use crate::upstream::{CallIds, ForwardCall, ForwardOutcome, Pool};
@@ -83,6 +86,11 @@ pub mod testing {
 
     pub fn pool(gateway: &Gateway) -> &crate::upstream::Pool {
         gateway.hub().pool()
+    }
+
+    /// Stateless calls held for their client's MRTR retry.
+    pub fn held_calls(gateway: &Gateway) -> usize {
+        gateway.hub().held().len()
     }
 
     pub fn sessions(gateway: &Gateway) -> &crate::session::SessionTable {

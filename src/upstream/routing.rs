@@ -14,6 +14,10 @@ use super::{Connection, Downstream, RequestTag};
 use crate::session::Session;
 use crate::sync::lock;
 
+/// The session id under which server requests of stateless (2026-07-28) calls wait for the
+/// client's MRTR `inputResponses` (no real session has an empty id).
+pub const STATELESS_SESSION: &str = "";
+
 /// JSON-RPC error code for server → client requests the gateway refuses.
 const REFUSED: i64 = -32603;
 /// How long a server → client request may wait for room on a client stream.
@@ -64,9 +68,9 @@ impl ClientRequests {
     /// The request must be attributable to one pending call of a session. It goes on that
     /// call's own sink first (Streamable HTTP: the POST's SSE response stream, as MCP asks for
     /// requests related to a client request), else on the session's server-to-client stream
-    /// (legacy SSE stream / Streamable HTTP GET stream). If neither takes it, or the call has
-    /// no session (stateless 2026-07-28: MRTR is not implemented), the upstream gets an error
-    /// at once.
+    /// (legacy SSE stream / Streamable HTTP GET stream). A call without a session (stateless
+    /// 2026-07-28 `tools/call`) has only its sink: the reply engine makes the request an MRTR
+    /// `input_required` result. If nothing takes it, the upstream gets an error at once.
     pub async fn route(&self, req: Incoming, downstream: Option<Arc<dyn Downstream>>) {
         let Incoming {
             upstream_id,
@@ -85,17 +89,18 @@ impl ClientRequests {
             .and_then(|t| t.0.downcast_ref::<CallOwner>());
         let (owner, session, ds) = match (owner, downstream) {
             (Some(o), Some(ds)) => match o.session.clone() {
-                Some(s) if !s.cancel.is_cancelled() => (o, s, ds),
+                Some(s) if !s.cancel.is_cancelled() => (o, Some(s), ds),
                 Some(_) => {
                     let _ = conn
                         .respond(id, Err(refuse("the client session is closed")))
                         .await;
                     return;
                 }
+                // A stateless (2026-07-28) call: the request goes on the call's own sink, and
+                // the reply engine turns it into an MRTR `input_required` result.
+                None if o.notify.is_some() => (o, None, ds),
                 None => {
-                    let err = refuse(
-                        "the call has no client session (stateless 2026-07-28 requests cannot take server requests: MRTR is not implemented)",
-                    );
+                    let err = refuse("the call has no client to ask");
                     let _ = conn.respond(id, Err(err)).await;
                     return;
                 }
@@ -112,7 +117,9 @@ impl ClientRequests {
             down_id.clone(),
             ClientRequest {
                 registration_id: owner.registration_id.clone(),
-                session_id: session.id.clone(),
+                session_id: session
+                    .as_ref()
+                    .map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
                 conn: conn.clone(),
                 upstream_request_id: id.clone(),
             },
@@ -133,8 +140,11 @@ impl ClientRequests {
             None => false,
         };
         // (Legacy SSE: the call's sink *is* the session stream; the fallback then fails alike.)
-        let delivered =
-            on_call_stream || (session.has_outbound() && ds.deliver(&session, msg).await);
+        let delivered = on_call_stream
+            || match &session {
+                Some(s) => s.has_outbound() && ds.deliver(s, msg).await,
+                None => false,
+            };
         if delivered {
             return;
         }
