@@ -269,9 +269,33 @@ pub struct UpstreamConfig {
     /// This upstream's model-safe rule; unset: the gateway's `model_safe_tool_names`.
     #[serde(default)]
     pub model_safe_names: Option<bool>,
+    /// The client capabilities the gateway declares in this upstream's `initialize`
+    /// (`"sampling"`, `"elicitation"`, `"roots"`); unset: all three on connections a
+    /// registration owns (`per_registration`, `leased`), none on `shared` ones, where no
+    /// registration can be named to answer (setting any there is an error).
+    #[serde(default)]
+    pub client_capabilities: Option<Vec<String>>,
 }
 
+/// The client capabilities the gateway can declare upstream: the server → client requests
+/// it routes to a registration's sessions (docs/upstreams.md, "Client capabilities").
+pub const CLIENT_CAPABILITIES: [&str; 3] = ["sampling", "elicitation", "roots"];
+
 impl UpstreamConfig {
+    /// What this upstream's connections declare in `initialize` (a subset of
+    /// [`CLIENT_CAPABILITIES`]): `client_capabilities` if set, else all of them unless the
+    /// upstream is `shared`.
+    pub fn declared_client_capabilities(&self) -> Vec<&str> {
+        match (&self.client_capabilities, self.sharing) {
+            (Some(list), _) => CLIENT_CAPABILITIES
+                .into_iter()
+                .filter(|c| list.iter().any(|l| l == c))
+                .collect(),
+            (None, Sharing::Shared) => Vec::new(),
+            (None, _) => CLIENT_CAPABILITIES.to_vec(),
+        }
+    }
+
     /// One registration's share of a shared or leased connection's permits.
     pub fn registration_share(&self) -> usize {
         self.max_in_flight_per_registration
@@ -465,6 +489,23 @@ impl Config {
                         "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
                         u.id
                     )))
+                }
+            }
+            if let Some(caps) = &u.client_capabilities {
+                if let Some(bad) = caps
+                    .iter()
+                    .find(|c| !CLIENT_CAPABILITIES.contains(&c.as_str()))
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: client_capabilities: unknown capability {bad:?} (expected \"sampling\", \"elicitation\", \"roots\")",
+                        u.id
+                    )));
+                }
+                if u.sharing == Sharing::Shared && !caps.is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: client_capabilities cannot be declared on a shared connection: no registration can be named to answer the server's requests (use sharing = \"per_registration\" or \"leased\")",
+                        u.id
+                    )));
                 }
             }
             if let Some(sep) = &u.name_separator {

@@ -12,7 +12,7 @@ use crate::audit::Audit;
 use crate::config::Config;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
-use crate::registry::Registry;
+use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::upstream::{Downstream, Pool};
 
@@ -145,5 +145,13 @@ impl Downstream for Hub {
 
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
         Box::pin(self.sessions.deliver(session, msg))
+    }
+
+    fn registration(&self, registration_id: &str) -> Option<Arc<RegistrationState>> {
+        self.registry.get(registration_id)
+    }
+
+    fn sessions_of(&self, registration_id: &str) -> Vec<Arc<Session>> {
+        self.sessions.sessions_of(registration_id)
     }
 }

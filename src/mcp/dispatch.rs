@@ -16,6 +16,7 @@ pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
     let version = crate::mcp::negotiate(requested);
     if let Some(s) = &ctx.session {
         s.set_protocol_version(version);
+        s.set_client_capabilities(params.and_then(|p| p.get("capabilities")));
     }
     json!({
         "protocolVersion": version,

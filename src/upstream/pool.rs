@@ -463,14 +463,8 @@ async fn connection_wide(
     method: String,
     params: Option<Value>,
 ) {
-    let registration = owner.map(str::to_string).or_else(|| {
-        params
-            .as_ref()
-            .and_then(|p| p.get("_meta"))
-            .and_then(|m| m.get(super::lease::LEASE_META_KEY))
-            .and_then(Value::as_str)
-            .and_then(|lease| slot.leases.registration_of(lease))
-    });
+    let mut params = params;
+    let registration = named_registration(slot, owner, &mut params);
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
     let (Some(registration), Some(downstream), true) =
         (registration, downstream, ROUTED.contains(&method.as_str()))
@@ -479,17 +473,31 @@ async fn connection_wide(
         tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
         return;
     };
-    let mut params = params;
-    if let Some(meta) = params
-        .as_mut()
-        .and_then(|p| p.get_mut("_meta"))
-        .and_then(Value::as_object_mut)
-    {
-        meta.remove(super::lease::LEASE_META_KEY);
-    }
     let msg = crate::mcp::jsonrpc::notification(&method, params);
     let n = downstream.notify_registration(&registration, msg).await;
     tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+}
+
+/// The registration a message from the server is for, outside any call: the slot's owner
+/// (`per_registration`), else the holder of the lease named in
+/// `params._meta["io.gatehouse/lease"]` (`leased`); None on `shared`. The lease key is
+/// stripped from `params` (it is the gateway's, not the client's).
+fn named_registration(
+    slot: &Slot,
+    owner: Option<&str>,
+    params: &mut Option<Value>,
+) -> Option<String> {
+    let meta = params
+        .as_mut()
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut);
+    let lease = meta.and_then(|m| m.remove(super::lease::LEASE_META_KEY));
+    owner.map(str::to_string).or_else(|| {
+        lease
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(|l| slot.leases.registration_of(l))
+    })
 }
 
 /// A slot's event task: what its connections report.
@@ -537,6 +545,8 @@ async fn run_events(
                     continue;
                 };
                 let downstream = pool.downstream.get().and_then(Weak::upgrade);
+                let mut params = params;
+                let registration = named_registration(&slot, owner.as_deref(), &mut params);
                 let req = Incoming {
                     upstream_id: slot.spec.id.clone(),
                     conn,
@@ -544,6 +554,7 @@ async fn run_events(
                     method,
                     params,
                     related_tag,
+                    registration,
                 };
                 pool.client_requests.route(req, downstream).await;
             }

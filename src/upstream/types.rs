@@ -271,6 +271,14 @@ pub trait Downstream: Send + Sync {
         session: &'a crate::session::Session,
         msg: Value,
     ) -> BoxFuture<'a, bool>;
+    /// A live registration (for the roots its harness set), if it is still registered.
+    fn registration(
+        &self,
+        registration_id: &str,
+    ) -> Option<Arc<crate::registry::RegistrationState>>;
+    /// The sessions of a registration: a server → client request no call can be named for
+    /// goes to one of them that declared the capability it needs.
+    fn sessions_of(&self, registration_id: &str) -> Vec<Arc<crate::session::Session>>;
 }
 
 /// Which side of the gateway a failure is on.
