@@ -147,13 +147,15 @@ async fn owned_connections_declare_client_capabilities_and_shared_ones_none() {
         assert_eq!(structured(&r)["capabilities"], want, "{up}: {r}");
     }
     // And the configuration refuses what a shared connection could not route.
-    let mut config = gatehouse::Config::default();
-    config.upstreams = vec![asker(
-        "pub",
-        "shared",
-        false,
-        "client_capabilities = [\"sampling\"]\n",
-    )];
+    let config = gatehouse::Config {
+        upstreams: vec![asker(
+            "pub",
+            "shared",
+            false,
+            "client_capabilities = [\"sampling\"]\n",
+        )],
+        ..Default::default()
+    };
     let err = config.validate().unwrap_err().to_string();
     assert!(err.contains("shared"), "{err}");
     tg.gateway.shutdown().await;
@@ -246,6 +248,38 @@ async fn requests_outside_a_call_reach_only_the_owners_session_that_declared_the
         !on_a.iter().any(|m| m["method"] == "sampling/createMessage" || m["method"] == "elicitation/create"),
         "{on_a:?}"
     );
+    tg.gateway.shutdown().await;
+}
+
+/// A request whose session closes unanswered is refused upstream (at the next request routed),
+/// so the server does not wait for an answer that cannot come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_left_unanswered_by_a_closed_session_is_refused_upstream() {
+    let tg = gateway(vec![asker("own", "per_registration", false, "")]);
+    let c = register(&tg, RegistrationSpec::new("c").grant("own.*")).await;
+    let mut c1 = session(&c, json!({"roots": {}})).await;
+    let req = ask_here(&mut c1, "own", "roots/list")
+        .await
+        .expect("c1 asked");
+    assert_eq!(req["method"], "roots/list");
+    drop(c1); // never answers
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c2 = session(&c, json!({"roots": {}})).await;
+    let req = ask_here(&mut c2, "own", "roots/list")
+        .await
+        .expect("c2 asked");
+    c2.post(json!({"jsonrpc":"2.0","id":req["id"],"result":{"roots":[]}}))
+        .await;
+    let got = answers(&mut c2, "own", 2).await;
+    assert_eq!(got[0]["id"], "ask-1", "{got:?}");
+    assert!(
+        got[0]["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("closed before answering"),
+        "{got:?}"
+    );
+    assert_eq!(got[1]["result"], json!({"roots": []}), "{got:?}");
     tg.gateway.shutdown().await;
 }
 

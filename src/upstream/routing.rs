@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{Connection, Downstream, RequestTag};
 use crate::config::UpstreamConfig;
@@ -43,9 +44,15 @@ impl CallOwner {
 struct ClientRequest {
     registration_id: String,
     session_id: String,
+    /// Fires when the session closes: its unanswered requests are then refused upstream.
+    session_closed: CancellationToken,
     conn: Connection,
     upstream_request_id: Value,
 }
+
+/// Server → client requests one registration's clients may leave unanswered at once; one
+/// more is refused (the table is bounded like every other).
+const MAX_WAITING_PER_REGISTRATION: usize = 256;
 
 /// The server → client requests waiting for a client's response, under gateway-minted ids.
 #[derive(Default)]
@@ -136,15 +143,45 @@ impl ClientRequests {
         let Some(ds) = downstream else { return };
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{upstream_id}-{n}");
-        lock(&self.map).insert(
-            down_id.clone(),
-            ClientRequest {
-                registration_id: session.registration.id.clone(),
-                session_id: session.id.clone(),
-                conn: conn.clone(),
-                upstream_request_id: id.clone(),
-            },
-        );
+        let (stale, full) = {
+            let mut map = lock(&self.map);
+            // Requests whose session closed unanswered leave the table (refused below).
+            let closed: Vec<String> = map
+                .iter()
+                .filter(|(_, r)| r.session_closed.is_cancelled())
+                .map(|(k, _)| k.clone())
+                .collect();
+            let stale: Vec<ClientRequest> = closed.iter().filter_map(|k| map.remove(k)).collect();
+            let waiting = map
+                .values()
+                .filter(|r| r.registration_id == session.registration.id)
+                .count();
+            let full = waiting >= MAX_WAITING_PER_REGISTRATION;
+            if !full {
+                map.insert(
+                    down_id.clone(),
+                    ClientRequest {
+                        registration_id: session.registration.id.clone(),
+                        session_id: session.id.clone(),
+                        session_closed: session.cancel.clone(),
+                        conn: conn.clone(),
+                        upstream_request_id: id.clone(),
+                    },
+                );
+            }
+            (stale, full)
+        };
+        for r in stale {
+            let err = json!({"code": REFUSED, "message": "gatehouse: the client session closed before answering"});
+            let _ = r.conn.respond(r.upstream_request_id, Err(err)).await;
+        }
+        if full {
+            let err = refuse(&format!(
+                "the registration's clients leave {MAX_WAITING_PER_REGISTRATION} server requests unanswered already"
+            ));
+            let _ = conn.respond(id, Err(err)).await;
+            return;
+        }
         let mut msg = Map::new();
         msg.insert("jsonrpc".into(), json!("2.0"));
         msg.insert("id".into(), json!(down_id));
