@@ -432,17 +432,26 @@ fn texts(step: &Value) -> String {
 /// server-everything as a `per_registration` upstream lists its sampling, elicitation and
 /// roots tools through the gateway (as a `shared` one does not: nothing is declared there),
 /// and the Python SDK's callbacks answer them over legacy SSE and Streamable HTTP; the server
-/// gets the client's answers. A second registration's session, listening throughout, is
-/// never asked.
+/// gets the client's answers — the `roots/list` it sends outside any call included (on
+/// Streamable HTTP through the session's GET stream). A second registration's session,
+/// listening throughout, is never asked A's questions (only its own connection's roots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk() {
     let tg = gateway(vec![
         everything("everything", "per_registration"),
         everything("pub", "shared"),
     ]);
+    // One registration per transport, so each has its own connection (and its own roots sync).
     let a = register(
         &tg,
         RegistrationSpec::new("a")
+            .grant("everything.*")
+            .grant("pub.*"),
+    )
+    .await;
+    let c = register(
+        &tg,
+        RegistrationSpec::new("c")
             .grant("everything.*")
             .grant("pub.*"),
     )
@@ -455,21 +464,26 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
         .await;
     assert!(text_of(&r).contains("b"), "{r}");
 
+    // echo opens the registration's connection; 350 ms after `initialized` server-everything
+    // asks for the roots outside any call (no call is pending then): the SDK's callback must
+    // have answered before get-roots-list starts, 1.5 s later.
     let steps = json!([
+        {"name": "echo", "tool": "everything.echo", "args": {"message": "x"}, "timeout": 20},
+        {"name": "roots", "tool": "everything.get-roots-list", "args": {}, "timeout": 20,
+         "sleep_before": 1.5},
         {"name": "sampling", "tool": "everything.trigger-sampling-request",
          "args": {"prompt": "hello", "maxTokens": 5}, "timeout": 20},
         {"name": "elicitation", "tool": "everything.trigger-elicitation-request", "args": {}, "timeout": 20},
-        {"name": "roots", "tool": "everything.get-roots-list", "args": {}, "timeout": 20},
     ]);
-    let cell = |transport: &str, url: String| {
-        json!({"transport": transport, "url": url, "token": a.token(), "timeout": 60,
-               "roots": ["file:///tmp/gatehouse-caps-a"],
+    let cell = |reg: &Registration, transport: &str, url: String| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "timeout": 60,
+               "roots": [format!("file:///tmp/gatehouse-caps-{transport}")],
                "elicit": {"name": "Ada Lovelace"},
                "steps": steps})
     };
     let cells = py_batch(json!([
-        cell("sse", a.sse_url()),
-        cell("streamable", a.mcp_url())
+        cell(&a, "sse", a.sse_url()),
+        cell(&c, "streamable", c.mcp_url())
     ]))
     .await;
     for out in &cells {
@@ -495,6 +509,16 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
             "{transport}: a shared upstream declared capabilities: {tools:?}"
         );
         let s = &out["steps"];
+        let roots = texts(&s["roots"]);
+        assert!(
+            roots.contains(&format!("file:///tmp/gatehouse-caps-{transport}")),
+            "{transport}: {roots}"
+        );
+        assert_eq!(
+            s["roots"]["ok"]["asked_before"],
+            json!(["roots"]),
+            "{transport}: the roots request outside a call did not reach the client"
+        );
         let sampled = texts(&s["sampling"]);
         assert!(
             sampled.contains("This is a test response from the client"),
@@ -505,29 +529,16 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
             elicited.contains("Name: Ada Lovelace"),
             "{transport}: {elicited}"
         );
-        let roots = texts(&s["roots"]);
-        assert!(
-            roots.contains("file:///tmp/gatehouse-caps-a"),
-            "{transport}: {roots}"
-        );
-        let asked = out["asked"].as_array().unwrap();
-        assert!(
-            asked.contains(&json!("sampling")) && asked.contains(&json!("elicitation")),
-            "{transport}: {asked:?}"
+        assert_eq!(
+            out["asked"],
+            json!(["roots", "sampling", "elicitation"]),
+            "{transport}"
         );
     }
-    // The roots sync of A's connection was answered by A's client (the first cell).
-    assert!(
-        cells[0]["asked"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("roots")),
-        "{:?}",
-        cells[0]
-    );
     let on_b = drain(&mut listener_b, 1).await;
     assert!(
-        !on_b.iter().any(|m| m["method"] == "sampling/createMessage" || m["method"] == "elicitation/create"),
+        !on_b.iter().any(|m| m["method"] == "sampling/createMessage"
+            || m["method"] == "elicitation/create"),
         "B was asked A's questions: {on_b:?}"
     );
     // B's own connection asked B's session for its roots (outside any call), not A's client.

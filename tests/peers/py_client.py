@@ -216,7 +216,8 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     recorded separately ({"ok": ...} or {"error": ...}); a failed step does not stop the next.
     `cell["roots"]` (a list of URIs) adds a list_roots_callback (the client declares `roots`);
     `cell["elicit"]` is the content an accepted elicitation answers; out["asked"] lists the
-    server -> client requests the callbacks answered."""
+    server -> client requests the callbacks answered, and each step's "asked_before" those
+    answered before it started (after its optional "sleep_before" seconds)."""
     rec = Recorder(cell.get("roots"), cell.get("elicit"))
     out: dict[str, Any] = {"transport": cell["transport"], "steps": {}}
     async with AsyncExitStack() as stack:
@@ -225,6 +226,9 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         )
         for step in cell.get("steps", []):
             rec.progress = []
+            if step.get("sleep_before"):
+                await anyio.sleep(float(step["sleep_before"]))
+            asked_before = list(rec.asked)
             try:
                 with anyio.fail_after(step.get("timeout", 20)):
                     r = await call_tool(
@@ -236,6 +240,7 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
                         step.get("cancel_after"),
                     )
                 r["progress"] = rec.progress
+                r["asked_before"] = asked_before
                 out["steps"][step["name"]] = {"ok": r}
             except BaseException as exc:  # noqa: BLE001
                 if isinstance(exc, anyio.get_cancelled_exc_class()):
