@@ -137,11 +137,12 @@ async fn owned_connections_declare_client_capabilities_and_shared_ones_none() {
     )
     .await;
     let mut c = session(&a, all_caps()).await;
+    let declared = json!({"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}});
     for (up, want) in [
-        ("own", all_caps()),
-        ("lease", all_caps()),
+        ("own", declared.clone()),
+        ("lease", declared),
         ("pub", json!({})),
-        ("narrow", json!({"roots": {}})),
+        ("narrow", json!({"roots": {"listChanged": true}})),
     ] {
         let r = c.call(&format!("{up}.caps"), json!({})).await;
         assert_eq!(structured(&r)["capabilities"], want, "{up}: {r}");
@@ -324,6 +325,75 @@ async fn leased_requests_go_to_the_lease_holder_only() {
         .map(|g| &g["result"]["roots"][0]["uri"])
         .collect();
     assert_eq!(uris, [&json!("file:///a"), &json!("file:///b")], "{got:?}");
+    tg.gateway.shutdown().await;
+}
+
+/// A client's `notifications/roots/list_changed` reaches the connections its registration
+/// owns (on a leased one naming its lease), never another registration's; not when the
+/// harness set the roots, nor from a session that did not declare roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_list_changed_reaches_only_the_registrations_own_connections() {
+    let tg = gateway(vec![
+        asker("own", "per_registration", false, ""),
+        asker("lease", "leased", true, ""),
+        asker("pub", "shared", false, ""),
+    ]);
+    let grants = |n: &str| {
+        RegistrationSpec::new(n)
+            .grant("own.*")
+            .grant("lease.*")
+            .grant("pub.*")
+    };
+    let a = register(&tg, grants("a")).await;
+    let b = register(&tg, grants("b")).await;
+    let fixed = register(&tg, grants("fixed").roots(vec![Root::new("file:///fixed")])).await;
+    let mut ca = session(&a, all_caps()).await;
+    let mut cb = session(&b, all_caps()).await;
+    let mut cf = session(&fixed, all_caps()).await;
+    let a_plain = session(&a, json!({})).await;
+    // Each registration's connections exist (a call each), and A's lease is known.
+    let mut a_lease = Value::Null;
+    for (c, is_a) in [(&mut ca, true), (&mut cb, false), (&mut cf, false)] {
+        for up in ["own", "lease", "pub"] {
+            let r = c.call(&format!("{up}.caps"), json!({})).await;
+            if is_a && up == "lease" {
+                a_lease = structured(&r)["lease"].clone();
+            }
+        }
+    }
+    assert!(
+        a_lease.as_str().is_some_and(|l| l.starts_with("lease-")),
+        "{a_lease}"
+    );
+    a_plain
+        .notify("notifications/roots/list_changed", json!({}))
+        .await; // did not declare roots
+    ca.notify("notifications/roots/list_changed", json!({}))
+        .await;
+    cf.notify("notifications/roots/list_changed", json!({}))
+        .await; // roots set by the harness
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let notes = |r: Value| structured(&r)["notes"].as_array().cloned().unwrap();
+    let own_a = notes(ca.call("own.notes", json!({})).await);
+    assert_eq!(own_a, [json!({})], "A's own connection: {own_a:?}");
+    let leased = notes(ca.call("lease.notes", json!({})).await);
+    assert_eq!(
+        leased,
+        [json!({"_meta": {"io.gatehouse/lease": a_lease}})],
+        "{leased:?}"
+    );
+    let own_b = notes(cb.call("own.notes", json!({})).await);
+    assert!(own_b.is_empty(), "B's connection was told: {own_b:?}");
+    let own_f = notes(cf.call("own.notes", json!({})).await);
+    assert!(
+        own_f.is_empty(),
+        "a registration with fixed roots passed it on: {own_f:?}"
+    );
+    let shared = notes(ca.call("pub.notes", json!({})).await);
+    assert!(
+        shared.is_empty(),
+        "a shared connection was told: {shared:?}"
+    );
     tg.gateway.shutdown().await;
 }
 

@@ -143,6 +143,17 @@ pub fn handle_notification(ctx: &RequestCtx, method: &str, params: Option<&Value
                 }
             }
         }
+        // Passed to the connections this registration owns, unless its harness set the roots
+        // (then those answer roots/list, whatever the client has).
+        "notifications/roots/list_changed" => {
+            let declared = ctx
+                .session
+                .as_ref()
+                .is_some_and(|s| s.declares(crate::mcp::ClientCapability::Roots));
+            if declared && ctx.registration.roots.is_none() {
+                ctx.hub.pool().roots_list_changed(&ctx.registration.id);
+            }
+        }
         other => tracing::debug!(method = other, "notification ignored"),
     }
 }

@@ -335,6 +335,52 @@ impl Pool {
         true
     }
 
+    /// A client of `registration_id` said its roots changed (`notifications/roots/list_changed`):
+    /// tell the live connections that declared `roots` and that this registration owns (its
+    /// `per_registration` slots; on a leased slot, naming its lease in `_meta`). Shared
+    /// connections are not told: they did not declare roots. Sent from the pool's tracker.
+    pub fn roots_list_changed(&self, registration_id: &str) {
+        let mut targets = Vec::new();
+        for up in self.inner.upstreams.values() {
+            if !up
+                .spec
+                .config
+                .declared_client_capabilities()
+                .contains(&"roots")
+            {
+                continue;
+            }
+            let slots = lock(&up.slots);
+            if let Some(conn) = slots
+                .per_registration
+                .get(registration_id)
+                .and_then(|s| s.live())
+            {
+                targets.push((conn, serde_json::json!({})));
+            }
+            if let Some(slot) = slots
+                .shared
+                .as_ref()
+                .filter(|s| s.leased.load(Ordering::Acquire))
+            {
+                if let (Some(lease), Some(conn)) = (slot.leases.get(registration_id), slot.live()) {
+                    let meta = serde_json::json!({ super::lease::LEASE_META_KEY: lease });
+                    targets.push((conn, serde_json::json!({ "_meta": meta })));
+                }
+            }
+        }
+        if targets.is_empty() {
+            return;
+        }
+        self.inner.tasks.spawn(async move {
+            for (conn, params) in targets {
+                if let Err(e) = conn.notify("notifications/roots/list_changed", params).await {
+                    tracing::debug!(upstream = %conn.upstream_id(), error = %e, "roots/list_changed not passed upstream");
+                }
+            }
+        });
+    }
+
     /// Each upstream's live connections (admin API `/v1/upstreams` and metrics).
     pub fn status(&self) -> Vec<UpstreamInfo> {
         self.inner

@@ -77,13 +77,20 @@ pub(super) struct Incoming {
 
 /// The `capabilities` a connection of this upstream declares in `initialize`: what
 /// [`UpstreamConfig::declared_client_capabilities`] says (all three on owned connections,
-/// none on shared ones). `roots` without `listChanged`: client `roots/list_changed` is not
-/// forwarded upstream.
+/// none on shared ones). `roots` with `listChanged`: a client's `roots/list_changed` is passed
+/// to the connections its registration owns (`Pool::roots_list_changed`).
 pub(super) fn declared_capabilities(config: &UpstreamConfig) -> Value {
     let caps: Map<String, Value> = config
         .declared_client_capabilities()
         .into_iter()
-        .map(|c| (c.to_string(), json!({})))
+        .map(|c| {
+            let v = if c == "roots" {
+                json!({"listChanged": true})
+            } else {
+                json!({})
+            };
+            (c.to_string(), v)
+        })
         .collect();
     Value::Object(caps)
 }
