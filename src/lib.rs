@@ -73,8 +73,9 @@ pub mod testing {
     }
     pub mod upstream {
         pub use crate::upstream::{
-            ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError,
-            UpstreamEvent,
+            event_channel, ConnectOptions, Connection, EventReceiver, IdCounter,
+            NotificationsRefused, RequestOptions, Transport, UpstreamError, UpstreamEvent,
+            EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
         };
         pub mod pool {
             pub use crate::upstream::{CallIds, ForwardCall, ForwardOutcome, Pool};

@@ -12,7 +12,8 @@ use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
 use gatehouse::testing::upstream::{
-    ConnectOptions, Connection, IdCounter, RequestOptions, Transport, UpstreamError, UpstreamEvent,
+    event_channel, ConnectOptions, Connection, EventReceiver, IdCounter, NotificationsRefused,
+    RequestOptions, Transport, UpstreamError, UpstreamEvent,
 };
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -46,7 +47,7 @@ fn init_tracing() {
 /// A connected stdio upstream plus the receiving end of its events.
 struct TestUpstream {
     conn: Connection,
-    events: mpsc::UnboundedReceiver<UpstreamEvent>,
+    events: EventReceiver,
 }
 
 impl TestUpstream {
@@ -70,7 +71,7 @@ impl TestUpstream {
         opts.epoch = 7;
         opts.request_timeout = Duration::from_secs(10);
         tweak(&mut opts);
-        let (tx, events) = mpsc::unbounded_channel();
+        let (tx, events) = event_channel("mock", NotificationsRefused::default());
         let conn = Connection::connect(opts, tx).await.expect("connect");
         Self { conn, events }
     }
@@ -608,7 +609,7 @@ async fn spawn_failure_is_an_error() {
         "missing",
         stdio_transport("/nonexistent/definitely-not-here", vec![]),
     );
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = event_channel("missing", NotificationsRefused::default());
     let err = Connection::connect(opts, tx).await.unwrap_err();
     assert!(matches!(err, UpstreamError::Spawn(_)), "{err:?}");
 }

@@ -14,13 +14,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::core::{rewrite_progress_token, Core};
+use super::events::EventSink;
 use super::http::HttpTransport;
 use super::stdio::StdioTransport;
 use super::{
-    ConnectOptions, IdCounter, RequestOptions, Response, Transport, UpstreamError, UpstreamEvent,
+    ConnectOptions, IdCounter, RequestOptions, Response, Transport, UpstreamError,
     LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };
 
@@ -134,7 +135,7 @@ impl Connection {
     /// transport is torn down before the error is returned.
     pub async fn connect(
         opts: ConnectOptions,
-        events: mpsc::UnboundedSender<UpstreamEvent>,
+        events: EventSink,
     ) -> Result<Connection, UpstreamError> {
         let core = Arc::new(Core::new(
             opts.upstream_id.clone(),
@@ -457,7 +458,7 @@ impl Connection {
         self.inner.transport.send(core, &Value::Object(msg)).await
     }
 
-    /// Answers a server → client request ([`UpstreamEvent::Request`]) with `Ok(result)` or
+    /// Answers a server → client request ([`super::UpstreamEvent::Request`]) with `Ok(result)` or
     /// `Err(error object)`; `id` is passed back verbatim.
     pub async fn respond(
         &self,

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::events::{EventSink, EVENT_BURST, EVENT_RATE_PER_S};
 use super::{
     IdCounter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent, NOTIFY_GRACE,
 };
@@ -73,7 +74,7 @@ pub(crate) struct Core {
     pub(super) ids: IdCounter,
     state: Mutex<State>,
     pub(super) closed: CancellationToken,
-    events: mpsc::UnboundedSender<UpstreamEvent>,
+    events: EventSink,
     refused: NotificationsRefused,
 }
 
@@ -87,7 +88,7 @@ impl Core {
         upstream_id: String,
         epoch: u64,
         ids: IdCounter,
-        events: mpsc::UnboundedSender<UpstreamEvent>,
+        events: EventSink,
         refused: NotificationsRefused,
     ) -> Self {
         Self {
@@ -156,10 +157,7 @@ impl Core {
         drop(drained);
         self.closed.cancel();
         tracing::info!(upstream = %self.upstream_id, epoch = self.epoch, failed_pending = failed, %reason, "upstream connection closed");
-        let _ = self.events.send(UpstreamEvent::Closed {
-            epoch: self.epoch,
-            reason,
-        });
+        self.events.closed(self.epoch, reason);
     }
 
     /// Routes one inbound JSON-RPC message. Returns a message to send back upstream, if any
@@ -293,7 +291,8 @@ impl Core {
                 return;
             }
         }
-        let _ = self.events.send(UpstreamEvent::Notification {
+        // Rate-limited and bounded; a refusal is counted (events.rs).
+        self.events.notify(UpstreamEvent::Notification {
             epoch: self.epoch,
             method,
             params,
@@ -333,7 +332,7 @@ impl Core {
             Some(_) if stalled => self.refused.inc(),
             Some(sink) => self.deliver(id, sink, params).await,
             None => {
-                let _ = self.events.send(UpstreamEvent::Progress {
+                self.events.notify(UpstreamEvent::Progress {
                     epoch: self.epoch,
                     upstream_request_id: id,
                     params,
@@ -366,7 +365,8 @@ impl Core {
                 .and_then(|p| p.tag.clone());
             (related, tag)
         };
-        let _ = self.events.send(UpstreamEvent::Request {
+        let answer_to = id.clone();
+        let refused = self.events.request(UpstreamEvent::Request {
             epoch: self.epoch,
             id,
             method,
@@ -374,6 +374,12 @@ impl Core {
             related_request,
             related_tag,
         });
-        None
+        // A request the gateway cannot queue is answered at once: the server never waits.
+        refused.err().map(|why| {
+            json!({"jsonrpc": "2.0", "id": answer_to, "error": {
+                "code": -32603,
+                "message": format!("gatehouse: server request refused: {why} (at most {EVENT_RATE_PER_S}/s, burst {EVENT_BURST})"),
+            }})
+        })
     }
 }

@@ -26,6 +26,7 @@
 mod catalog;
 mod connection;
 mod core;
+mod events;
 mod forward;
 mod http;
 mod lease;
@@ -37,6 +38,9 @@ mod stdio;
 mod types;
 
 pub use connection::Connection;
+pub use events::{
+    channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
+};
 pub use forward::{CallIds, ForwardCall, ForwardOutcome};
 pub use pool::{Pool, UpstreamInfo};
 pub use stdio::kill_all_groups;

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::catalog::Catalog;
+use super::events::EventReceiver;
 use super::lease::{self, RELEASE_TIMEOUT};
 use super::reaper;
 use super::routing::{ClientRequests, Incoming};
@@ -550,16 +550,28 @@ fn named_registration(
 async fn run_events(
     pool: Weak<PoolInner>,
     slot: Weak<Slot>,
-    mut rx: mpsc::UnboundedReceiver<UpstreamEvent>,
+    mut rx: EventReceiver,
     stop: CancellationToken,
     owner: Option<String>,
 ) {
+    let mut summaries = tokio::time::interval(super::events::SUMMARY_EVERY);
+    summaries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let ev = tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                rx.summarise(true);
+                return;
+            }
+            _ = summaries.tick() => {
+                rx.summarise(false);
+                continue;
+            }
             ev = rx.recv() => match ev {
                 Some(ev) => ev,
-                None => return,
+                None => {
+                    rx.summarise(true);
+                    return;
+                }
             },
         };
         let Some(slot) = slot.upgrade() else { return };

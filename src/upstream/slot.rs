@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::events::{EventReceiver, EventSink};
 use super::lease::Leases;
-use super::{ConnectOptions, Connection, IdCounter, Transport, UpstreamError, UpstreamEvent};
+use super::{ConnectOptions, Connection, IdCounter, Transport, UpstreamError};
 use crate::audit::{Audit, Record};
 use crate::config::{Sharing, UpstreamConfig};
 use crate::sync::lock;
@@ -86,7 +87,7 @@ pub(super) struct Slot {
     conn: tokio::sync::Mutex<Option<Connection>>,
     /// The live connection, for sync readers (events, eviction).
     current: Mutex<Option<Connection>>,
-    events_tx: mpsc::UnboundedSender<UpstreamEvent>,
+    events_tx: EventSink,
     /// Consecutive failed spawns or crashes (drives the respawn backoff).
     crashes: AtomicU32,
     /// Epoch the gateway itself tore down last (its `Closed` event is not a crash).
@@ -115,15 +116,9 @@ impl Drop for Slot {
 
 impl Slot {
     /// A slot with no connection yet, and the receiver of its connections' events.
-    pub fn new(
-        spec: &Arc<Spec>,
-        audit: Audit,
-        leased: bool,
-    ) -> (Arc<Slot>, mpsc::UnboundedReceiver<UpstreamEvent>) {
-        // why: not bounded yet — issue 17 item 5 (open): the events of one slot's connections;
-        // list_changed is coalesced, call notifications go to bounded per-call channels, but a
-        // flood of connection-wide notifications is not rate-limited here yet.
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub fn new(spec: &Arc<Spec>, audit: Audit, leased: bool) -> (Arc<Slot>, EventReceiver) {
+        // Bounded and rate-limited per connection (events.rs).
+        let (tx, rx) = super::events::channel(&spec.id, spec.refused.clone());
         let slot = Arc::new(Slot {
             spec: spec.clone(),
             audit,

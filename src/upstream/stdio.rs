@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::core::Core;
+use super::events::{Limiter, Refusal, SUMMARY_EVERY};
 use super::UpstreamError;
 use crate::sync::lock;
 
@@ -46,6 +47,11 @@ const OUTBOUND_QUEUE: usize = 64;
 const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Longest stderr line forwarded to the log (longer lines are skipped).
 const MAX_STDERR_LINE_BYTES: usize = 64 * 1024;
+/// How long the reader waits for room in the outbound queue for its own replies.
+const REPLY_WAIT: Duration = Duration::from_secs(2);
+/// Stderr lines logged per second per child, sustained, and in a burst.
+const STDERR_LINES_PER_S: u32 = 100;
+const STDERR_BURST: u32 = 500;
 /// After SIGKILL, how long to wait for the leader to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 /// Polling interval while waiting for a process group to empty.
@@ -356,12 +362,16 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
     out: mpsc::Sender<String>,
 ) {
     let mut buf = Vec::new();
+    // Warnings about what the upstream writes are rate-limited like its stderr lines.
+    let mut warnings = Limiter::new(STDERR_LINES_PER_S, STDERR_BURST);
     let reason = loop {
         match read_line_bounded(&mut stdout, &mut buf, MAX_LINE_BYTES).await {
             Ok(None) => break "upstream closed stdout".to_owned(),
             Err(err) => break format!("reading upstream stdout failed: {err}"),
             Ok(Some(LineStatus::TooLong)) => {
-                tracing::warn!(upstream = %core.upstream_id, max = MAX_LINE_BYTES, "skipping over-long line from upstream stdout");
+                if may_warn(&mut warnings, &core.upstream_id) {
+                    tracing::warn!(upstream = %core.upstream_id, max = MAX_LINE_BYTES, "skipping over-long line from upstream stdout");
+                }
             }
             Ok(Some(LineStatus::Complete)) => {
                 let line = buf.trim_ascii();
@@ -373,10 +383,16 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
                         if let Some(reply) = core.dispatch(msg, None).await {
                             match encode_line(&reply) {
                                 Ok(reply) => {
-                                    // why: the reader must not wait on its own stdin queue (bounded);
-                                    // a full queue drops this reply to a server→client ping, logged.
-                                    if out.try_send(reply).is_err() {
-                                        tracing::debug!(upstream = %core.upstream_id, "outbound queue full; dropping reply to upstream");
+                                    // The reader waits for room (backpressure on what the upstream
+                                    // writes), but at most REPLY_WAIT: an upstream that writes without
+                                    // ever reading its stdin would deadlock it. Then the reply (a
+                                    // ping's, a refused request's) is dropped, logged.
+                                    let sent =
+                                        tokio::time::timeout(REPLY_WAIT, out.send(reply)).await;
+                                    if !matches!(sent, Ok(Ok(())))
+                                        && may_warn(&mut warnings, &core.upstream_id)
+                                    {
+                                        tracing::warn!(upstream = %core.upstream_id, wait_s = REPLY_WAIT.as_secs(), "the upstream does not read its stdin: a reply to its ping or request is dropped");
                                     }
                                 }
                                 Err(err) => {
@@ -386,29 +402,71 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
                         }
                     }
                     Err(err) => {
-                        let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
-                        tracing::warn!(upstream = %core.upstream_id, error = %err, line = %shown, "skipping non-JSON line from upstream stdout");
+                        if may_warn(&mut warnings, &core.upstream_id) {
+                            let shown = String::from_utf8_lossy(&line[..line.len().min(200)]);
+                            tracing::warn!(upstream = %core.upstream_id, error = %err, line = %shown, "skipping non-JSON line from upstream stdout");
+                        }
                     }
                 }
             }
         }
     };
+    if let Some(n) = warnings.summary(tokio::time::Instant::now(), true) {
+        tracing::warn!(upstream = %core.upstream_id, skipped = n, "warnings about this upstream's stdout not logged since the last summary; stdout closed");
+    }
     core.mark_closed(reason);
 }
 
+/// Whether one more warning about an upstream's stdout may be logged now (see [`Limiter`]).
+fn may_warn(limiter: &mut Limiter, upstream_id: &str) -> bool {
+    let now = tokio::time::Instant::now();
+    if let Some(n) = limiter.summary(now, false) {
+        tracing::warn!(upstream = %upstream_id, skipped = n, "warnings about this upstream's stdout not logged since the last summary");
+    }
+    if limiter.admit(now) {
+        return true;
+    }
+    if let Refusal::Started = limiter.refuse(now) {
+        tracing::warn!(upstream = %upstream_id, "too many warnings about this upstream's stdout: further ones are counted, not logged (a summary every {} s)", SUMMARY_EVERY.as_secs());
+    }
+    false
+}
+
+/// Forwards the child's stderr to the log, a line per line within [`STDERR_LINES_PER_S`] (burst
+/// [`STDERR_BURST`]); over it lines are still read (the child never blocks on a full pipe) but
+/// not logged: one line says so, and a summary per [`SUMMARY_EVERY`] (or at EOF) counts them.
 async fn forward_stderr<R: AsyncBufRead + Unpin>(upstream_id: String, mut stderr: R) {
     let mut buf = Vec::new();
+    let mut limiter = Limiter::new(STDERR_LINES_PER_S, STDERR_BURST);
     loop {
-        match read_line_bounded(&mut stderr, &mut buf, MAX_STDERR_LINE_BYTES).await {
-            Ok(Some(LineStatus::Complete)) => {
+        let status = read_line_bounded(&mut stderr, &mut buf, MAX_STDERR_LINE_BYTES).await;
+        let now = tokio::time::Instant::now();
+        if let Some(n) = limiter.summary(now, false) {
+            tracing::warn!(upstream = %upstream_id, skipped = n, "stderr lines not logged since the last summary (over {STDERR_LINES_PER_S}/s)");
+        }
+        let line = match status {
+            Ok(Some(LineStatus::Complete)) => None,
+            Ok(Some(LineStatus::TooLong)) => Some(format!(
+                "<line longer than {MAX_STDERR_LINE_BYTES} bytes skipped>"
+            )),
+            Ok(None) | Err(_) => break,
+        };
+        if !limiter.admit(now) {
+            if let Refusal::Started = limiter.refuse(now) {
+                tracing::warn!(upstream = %upstream_id, "stderr: over {STDERR_LINES_PER_S} lines/s: further lines are counted, not logged (a summary every {} s)", SUMMARY_EVERY.as_secs());
+            }
+            continue;
+        }
+        match line {
+            None => {
                 let line = String::from_utf8_lossy(&buf);
                 tracing::info!(upstream = %upstream_id, "stderr: {}", line.trim_end());
             }
-            Ok(Some(LineStatus::TooLong)) => {
-                tracing::info!(upstream = %upstream_id, "stderr: <line longer than {MAX_STDERR_LINE_BYTES} bytes skipped>");
-            }
-            Ok(None) | Err(_) => break,
+            Some(note) => tracing::info!(upstream = %upstream_id, "stderr: {note}"),
         }
+    }
+    if let Some(n) = limiter.summary(tokio::time::Instant::now(), true) {
+        tracing::warn!(upstream = %upstream_id, skipped = n, "stderr lines not logged since the last summary (over {STDERR_LINES_PER_S}/s); stderr closed");
     }
 }
 
