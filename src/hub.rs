@@ -12,9 +12,14 @@ use crate::audit::Audit;
 use crate::config::Config;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
+use crate::mrtr::{Held, HeldCalls};
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
-use crate::upstream::{Downstream, Pool};
+use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
+
+fn jsonrpc_error_body(why: &str) -> Value {
+    serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}})
+}
 
 pub struct Hub {
     config: Arc<Config>,
@@ -23,6 +28,8 @@ pub struct Hub {
     pool: Pool,
     audit: Audit,
     metrics: Metrics,
+    /// Stateless calls waiting for the client's MRTR retry.
+    held: HeldCalls,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
 }
@@ -38,6 +45,7 @@ impl Hub {
             pool,
             audit,
             metrics: Metrics::new(),
+            held: HeldCalls::default(),
             local_addr: std::sync::Mutex::new(None),
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
@@ -67,6 +75,26 @@ impl Hub {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn held(&self) -> &HeldCalls {
+        &self.held
+    }
+
+    /// Ends held calls that will not be resumed: the server requests they asked are answered
+    /// with an error upstream (the server never waits), then each call is cancelled (dropped).
+    pub fn drop_held(&self, held: Vec<Held>, why: &str) {
+        for h in held {
+            for id in &h.asked {
+                let err = jsonrpc_error_body(why);
+                self.pool.client_response(
+                    &h.registration_id,
+                    STATELESS_SESSION,
+                    &Value::from(id.as_str()),
+                    &err,
+                );
+            }
+        }
     }
 
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {

@@ -26,6 +26,7 @@ mod gateway;
 mod hub;
 mod mcp;
 mod metrics;
+mod mrtr;
 mod registry;
 mod server;
 mod session;
@@ -84,6 +85,11 @@ pub mod testing {
 
     pub fn pool(gateway: &Gateway) -> &crate::upstream::Pool {
         gateway.hub().pool()
+    }
+
+    /// Stateless calls held for their client's MRTR retry.
+    pub fn held_calls(gateway: &Gateway) -> usize {
+        gateway.hub().held().len()
     }
 
     pub fn sessions(gateway: &Gateway) -> &crate::session::SessionTable {

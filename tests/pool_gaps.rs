@@ -436,55 +436,77 @@ async fn sampling_request_rides_the_streamable_calls_own_response_stream() {
     gw.gateway.shutdown().await;
 }
 
+/// A server request during a stateless (2026-07-28) call is never sent as a JSON-RPC request
+/// (2026-07-28 servers must not send any): a client that declared the capability gets an MRTR
+/// `input_required` result (tests/mrtr.rs goes through the rounds); one that did not is never
+/// asked, and the upstream gets an error at once, well before its own 10 s wait.
 #[tokio::test]
-async fn stateless_requests_refuse_server_requests_at_once() {
+async fn stateless_requests_turn_server_requests_into_input_required_or_refuse_them_at_once() {
     let gw = gateway(vec![sampler()]);
     let reg = gw
         .gateway
         .register(RegistrationSpec::new("a").grant("mock.*"))
         .await
         .unwrap();
+    let post = |caps: Value| {
+        http()
+            .post(reg.mcp_url())
+            .bearer_auth(reg.token())
+            .header("accept", ACCEPT_BOTH)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "mock.sample")
+            .json(
+                &json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{
+                "name":"mock.sample","arguments":{},
+                "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                         "io.modelcontextprotocol/clientCapabilities":caps}}}),
+            )
+            .send()
+    };
+    let reply_of = |text: &str| -> Value {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id") == Some(&json!(7)))
+            .or_else(|| serde_json::from_str(text).ok())
+            .unwrap_or_else(|| panic!("no reply: {text}"))
+    };
     let started = tokio::time::Instant::now();
-    let resp = http()
-        .post(reg.mcp_url())
-        .bearer_auth(reg.token())
-        .header("accept", ACCEPT_BOTH)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "mock.sample")
-        .json(
-            &json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{
-            "name":"mock.sample","arguments":{},
-            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
-                     "io.modelcontextprotocol/clientCapabilities":{"sampling":{}}}}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = post(json!({})).await.unwrap();
     assert_eq!(resp.status(), 200);
     let text = resp.text().await.unwrap();
-    let reply: Value = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .find(|v| v.get("id") == Some(&json!(7)))
-        .or_else(|| serde_json::from_str(&text).ok())
-        .unwrap_or_else(|| panic!("no reply: {text}"));
-    // The upstream got an error back (and answered with it), well before its 10 s wait.
+    let reply = reply_of(&text);
+    // The upstream got an error back (and answered with it).
     let answer = &reply["result"]["answer"];
     assert_eq!(answer["error"]["code"], -32603, "{reply}");
     assert!(
         answer["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("stateless"),
+            .contains("did not declare"),
         "{reply}"
     );
-    assert!(
-        !text.contains("\"method\":\"sampling/createMessage\""),
-        "{text}"
-    );
     assert!(started.elapsed() < Duration::from_secs(5));
+    let resp = post(json!({"sampling": {}})).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let reply = reply_of(&text);
+    assert_eq!(reply["result"]["resultType"], "input_required", "{reply}");
+    let requests = reply["result"]["inputRequests"].as_object().unwrap();
+    assert_eq!(
+        requests.values().next().unwrap()["method"],
+        "sampling/createMessage",
+        "{reply}"
+    );
+    assert!(reply["result"]["requestState"].is_string(), "{reply}");
+    for l in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+        let v: Value = serde_json::from_str(l.trim()).unwrap_or(Value::Null);
+        assert!(
+            v.get("method").is_none() || v.get("id").is_none(),
+            "a request was sent: {text}"
+        );
+    }
     reg.release().await;
     gw.gateway.shutdown().await;
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::event_stream::{self, sse_json, KEEPALIVE};
 use super::{json_response, Rejection};
+use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::request::RequestCtx;
 use crate::session::Session;
@@ -31,6 +32,130 @@ pub(crate) struct ReplyOpts {
     pub method: String,
     /// Applied to the final response (stateless: `resultType`, cache fields).
     pub finish: Option<fn(Value, &str) -> Value>,
+    /// Stateless (2026-07-28): a server request of the call becomes an MRTR `input_required`
+    /// result, and the call is held for the client's retry.
+    pub mrtr: Option<Mrtr>,
+}
+
+/// What MRTR needs to know about the stateless request.
+#[derive(Clone)]
+pub(crate) struct Mrtr {
+    /// The client's `_meta["io.modelcontextprotocol/clientCapabilities"]`.
+    pub capabilities: Value,
+}
+
+/// The client capability a server → client request needs.
+fn capability_of(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("sampling"),
+        "elicitation/create" => Some("elicitation"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+/// A server → client request the routing layer put on the call's sink (it has an id).
+fn is_server_request(msg: &Value) -> bool {
+    msg.get("method").is_some() && msg.get("id").is_some()
+}
+
+/// What the engine does with a server request on a stateless call: `Some(input_required
+/// result)` once the call is held, or `None` when it was refused upstream (the client did not
+/// declare the capability, or too many calls are held) and the call goes on.
+struct Hold<'a> {
+    hub: &'a Arc<Hub>,
+    registration: &'a Arc<crate::registry::RegistrationState>,
+    mrtr: &'a Mrtr,
+}
+
+impl Hold<'_> {
+    /// Whether `request` can be asked of this client; refuses it upstream if not.
+    fn admit(&self, request: &Value) -> bool {
+        let method = request.get("method").and_then(Value::as_str).unwrap_or("");
+        let declared =
+            capability_of(method).is_some_and(|cap| self.mrtr.capabilities.get(cap).is_some());
+        let why = if !declared {
+            format!("{method} refused: the client did not declare the capability it needs")
+        } else if self.hub.held().len() >= crate::mrtr::MAX_HELD {
+            format!("{method} refused: too many calls wait for their clients")
+        } else {
+            return true;
+        };
+        if let Some(id) = request.get("id") {
+            let body = serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}});
+            self.hub.pool().client_response(
+                &self.registration.id,
+                crate::upstream::STATELESS_SESSION,
+                id,
+                &body,
+            );
+        }
+        false
+    }
+
+    /// Holds the call (its work goes on in a task of the registration's tracker) and returns
+    /// the `input_required` response to `id`.
+    fn hold(
+        &self,
+        id: &Value,
+        request: Value,
+        notes: mpsc::Receiver<Value>,
+        work: CallWork,
+        guard: &mut CancelOnDrop,
+    ) -> Value {
+        let cancel = guard.0.take().unwrap_or_default();
+        let (rtx, rrx) = tokio::sync::oneshot::channel();
+        self.registration.calls.spawn(async move {
+            let _ = rtx.send(work.await);
+        });
+        let asked = request
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .into_iter()
+            .collect::<Vec<_>>();
+        let key = asked.first().cloned().unwrap_or_default();
+        let mut input = serde_json::Map::new();
+        input.insert(
+            "method".into(),
+            request.get("method").cloned().unwrap_or(Value::Null),
+        );
+        if let Some(p) = request.get("params") {
+            input.insert("params".into(), p.clone());
+        }
+        let state = self.hub.held().hold(crate::mrtr::Held {
+            registration_id: self.registration.id.clone(),
+            notes,
+            result: rrx,
+            cancel,
+            asked,
+        });
+        // The held call ends if its client does not come back in time, or with the
+        // registration: its server requests are refused upstream, the call is cancelled.
+        let (hub, reg) = (self.hub.clone(), self.registration.clone());
+        self.registration.calls.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(crate::mrtr::HOLD_TTL + Duration::from_secs(1)) => {
+                    let expired = hub.held().take_expired();
+                    hub.drop_held(expired, "the client did not answer within the MRTR hold");
+                }
+                () = reg.cancel.cancelled() => {
+                    let held = hub.held().forget_registration(&reg.id);
+                    hub.drop_held(held, "registration released");
+                }
+            }
+        });
+        let mut requests = serde_json::Map::new();
+        requests.insert(key, Value::Object(input));
+        crate::mcp::jsonrpc::success(
+            id.clone(),
+            serde_json::json!({
+                "resultType": "input_required",
+                "inputRequests": requests,
+                "requestState": state,
+            }),
+        )
+    }
 }
 
 /// Cancels a call when dropped, unless disarmed (the call finished).
@@ -99,31 +224,97 @@ pub(crate) async fn reply(
     opts: ReplyOpts,
 ) -> Result<Response, Rejection> {
     let gw = ctx.hub.clone();
-    let stop = ctx.registration.cancel.clone();
+    let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
-    let (ntx, mut nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
+    let (ntx, nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
     ctx.notify = Some(ntx);
     let session = ctx.session.clone();
     let calls = ctx.registration.calls.clone();
     let call_method = method.clone();
+    let call_id = id.clone();
     let work = async move {
-        let r = dispatch::handle_request(&ctx, id.clone(), &call_method, params, cancel).await;
+        let r = dispatch::handle_request(&ctx, call_id.clone(), &call_method, params, cancel).await;
         if let Some(s) = &session {
-            s.end_call(&id);
+            s.end_call(&call_id);
         }
         drop(ctx);
         r
     };
-    let mut work = CallWork(Some(Box::pin(calls.track_future(work))));
+    let work = CallWork(Some(Box::pin(calls.track_future(work))));
+    answer(gw, registration, id, nrx, work, guard, opts).await
+}
+
+/// Resumes a held stateless call for the client's retry `id`: its notifications, then its
+/// result (under the retry's id), or the next `input_required`.
+pub(crate) async fn resume(
+    hub: Arc<Hub>,
+    registration: Arc<crate::registry::RegistrationState>,
+    id: Value,
+    mut held: crate::mrtr::Held,
+    opts: ReplyOpts,
+) -> Result<Response, Rejection> {
+    let guard = CancelOnDrop(Some(held.take_cancel()));
+    let (_, dummy) = mpsc::channel(1);
+    let notes = std::mem::replace(&mut held.notes, dummy);
+    let (_, dummy) = tokio::sync::oneshot::channel();
+    let result = std::mem::replace(&mut held.result, dummy);
+    drop(held);
+    let retry_id = id.clone();
+    let work = CallWork(Some(Box::pin(async move {
+        let mut v = result.await.ok().flatten()?;
+        if let Some(slot) = v.get_mut("id") {
+            *slot = retry_id;
+        }
+        Some(v)
+    })));
+    answer(hub, registration, id, notes, work, guard, opts).await
+}
+
+/// Answers request `id` from its call's notes and result: JSON if the result comes first, an
+/// event stream if a notification does (or the call outlives a keep-alive period).
+async fn answer(
+    gw: Arc<Hub>,
+    registration: Arc<crate::registry::RegistrationState>,
+    id: Value,
+    mut nrx: mpsc::Receiver<Value>,
+    mut work: CallWork,
+    mut guard: CancelOnDrop,
+    opts: ReplyOpts,
+) -> Result<Response, Rejection> {
+    let stop = registration.cancel.clone();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
-    let first = tokio::select! {
-        biased;
-        n = nrx.recv() => match n {
-            Some(n) => First::Stream(Some(n)),
-            None => First::Done((&mut work).await),
-        },
-        r = &mut work => First::Done(r),
-        _ = tokio::time::sleep(period) => First::Stream(None),
+    let sleep = tokio::time::sleep(period);
+    tokio::pin!(sleep);
+    let first = loop {
+        let first = tokio::select! {
+            biased;
+            n = nrx.recv() => match n {
+                Some(n) => First::Stream(Some(n)),
+                None => First::Done((&mut work).await),
+            },
+            r = &mut work => First::Done(r),
+            () = &mut sleep => First::Stream(None),
+        };
+        // Stateless: a server request first of all becomes the answer (`input_required`).
+        if let (First::Stream(Some(n)), Some(mrtr)) = (&first, &opts.mrtr) {
+            if is_server_request(n) {
+                let hold = Hold {
+                    hub: &gw,
+                    registration: &registration,
+                    mrtr,
+                };
+                if !hold.admit(n) {
+                    continue;
+                }
+                let First::Stream(Some(n)) = first else {
+                    continue;
+                };
+                let v = hold.hold(&id, n, nrx, work, &mut guard);
+                guard.0 = None;
+                return Ok(json_response(StatusCode::OK, &v));
+            }
+        }
+        break first;
     };
     let finish = |v: Value| match opts.finish {
         Some(f) => f(v, &opts.method),
@@ -157,6 +348,10 @@ pub(crate) async fn reply(
             guard,
             finish: opts.finish,
             method: opts.method.clone(),
+            mrtr: opts
+                .mrtr
+                .clone()
+                .map(|m| (gw.clone(), registration.clone(), id.clone(), m)),
         };
         event_stream::response(Body::from_stream(futures::stream::unfold(st, next_event)))
     };
@@ -198,6 +393,13 @@ struct ReplyStream {
     guard: CancelOnDrop,
     finish: Option<fn(Value, &str) -> Value>,
     method: String,
+    /// Stateless: what a server request of the call needs to become `input_required`.
+    mrtr: Option<(
+        Arc<Hub>,
+        Arc<crate::registry::RegistrationState>,
+        Value,
+        Mrtr,
+    )>,
 }
 
 async fn recv_note(rx: &mut Option<mpsc::Receiver<Value>>) -> Option<Value> {
@@ -217,6 +419,17 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             biased;
             _ = st.stop.cancelled() => return None,
             n = recv_note(&mut st.notes) => match n {
+                Some(n) if is_server_request(&n) && st.mrtr.is_some() => {
+                    let Some((hub, registration, id, mrtr)) = st.mrtr.clone() else { continue };
+                    let hold = Hold { hub: &hub, registration: &registration, mrtr: &mrtr };
+                    if hold.admit(&n) {
+                        // The call is held; `input_required` is this stream's last message.
+                        let Some(notes) = st.notes.take() else { continue };
+                        let v = hold.hold(&id, n, notes, result, &mut st.guard);
+                        st.pending.push_back(sse_json("message", &v));
+                        continue;
+                    }
+                }
                 Some(n) => st.pending.push_back(sse_json("message", &n)),
                 None => st.notes = None,
             },

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
-use super::reply::{reply, ReplyOpts};
+use super::reply::{reply, resume, Mrtr, ReplyOpts};
 use super::{header_str, json_response, Rejection, SESSION_NAME, VERSION_NAME};
 use crate::hub::Hub;
 use crate::mcp::jsonrpc::{self, Message, RpcError};
@@ -227,12 +227,76 @@ pub async fn handle(
             &finish(jsonrpc::success(id, result), &method),
         ));
     }
+    let retry = (method == "tools/call")
+        .then(|| params.as_ref().and_then(|p| p.get("requestState")))
+        .flatten();
+    if let Some(state) = retry {
+        // An MRTR retry: it continues the held call; it is not forwarded again.
+        let Some(state) = state.as_str() else {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                Some(id),
+                jsonrpc::INVALID_PARAMS,
+                "invalid params: requestState must be the string this gateway issued",
+                None,
+            ));
+        };
+        let mut held = match gw.held().resume(&reg.id, state) {
+            Ok(h) => h,
+            Err(e) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    Some(id),
+                    jsonrpc::INVALID_PARAMS,
+                    &format!("invalid params: {e}"),
+                    None,
+                ))
+            }
+        };
+        let responses = params
+            .as_ref()
+            .and_then(|p| p.get("inputResponses"))
+            .and_then(Value::as_object);
+        for asked in std::mem::take(&mut held.asked) {
+            let body = match responses.and_then(|r| r.get(&asked)) {
+                Some(r) => json!({ "result": r }),
+                None => {
+                    json!({"error": {"code": -32603, "message": format!("gatehouse: the client's retry carried no inputResponses[{asked:?}]")}})
+                }
+            };
+            gw.pool().client_response(
+                &reg.id,
+                crate::upstream::STATELESS_SESSION,
+                &Value::String(asked),
+                &body,
+            );
+        }
+        let opts = ReplyOpts {
+            priming: false,
+            cancel_on_drop: true,
+            method: method.clone(),
+            finish: Some(finish as fn(Value, &str) -> Value),
+            mrtr: Some(Mrtr {
+                capabilities: meta(params.as_ref())
+                    .and_then(|m| m.get(META_CAPABILITIES))
+                    .cloned()
+                    .unwrap_or(Value::Null),
+            }),
+        };
+        return resume(gw.clone(), reg.clone(), id, held, opts).await;
+    }
     let cancel = reg.cancel.child_token();
     let opts = ReplyOpts {
         priming: false,
         cancel_on_drop: true,
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
+        mrtr: (method == "tools/call").then(|| Mrtr {
+            capabilities: meta(params.as_ref())
+                .and_then(|m| m.get(META_CAPABILITIES))
+                .cloned()
+                .unwrap_or(Value::Null),
+        }),
     };
     reply(ctx, id, method, params, cancel, opts).await
 }

@@ -180,6 +180,7 @@ async fn legacy_single(
                 cancel_on_drop: false,
                 method: method.clone(),
                 finish: None,
+                mrtr: None,
             };
             reply(ctx, id, method, params, cancel, opts).await
         }

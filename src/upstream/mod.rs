@@ -43,6 +43,7 @@ pub use events::{
 };
 pub use forward::{CallIds, ForwardCall, ForwardOutcome};
 pub use pool::{Pool, UpstreamInfo};
+pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
 pub use types::{
     ConnectOptions, Downstream, ForwardError, IdCounter, NotificationsRefused, RequestOptions,

@@ -21,6 +21,10 @@ use crate::mcp::ClientCapability;
 use crate::session::Session;
 use crate::sync::lock;
 
+/// The session id under which server requests of stateless (2026-07-28) calls wait for the
+/// client's MRTR `inputResponses` (no real session has an empty id).
+pub const STATELESS_SESSION: &str = "";
+
 /// JSON-RPC error code for server → client requests the gateway refuses.
 const REFUSED: i64 = -32603;
 /// How long a server → client request may wait for room on a client stream.
@@ -44,8 +48,9 @@ impl CallOwner {
 struct ClientRequest {
     registration_id: String,
     session_id: String,
-    /// Fires when the session closes: its unanswered requests are then refused upstream.
-    session_closed: CancellationToken,
+    /// Fires when the session closes: its unanswered requests are then refused upstream
+    /// (None: a stateless call's, which the MRTR table ends).
+    session_closed: Option<CancellationToken>,
     conn: Connection,
     upstream_request_id: Value,
 }
@@ -101,6 +106,9 @@ enum Target {
     Roots(Value),
     /// To this session: on the call's own sink first if the request belongs to a call.
     Session(Arc<Session>, Option<mpsc::Sender<Value>>),
+    /// A stateless (2026-07-28) call of this registration: only its sink, where the reply
+    /// engine makes the request an MRTR `input_required` result.
+    Stateless(String, mpsc::Sender<Value>),
 }
 
 impl ClientRequests {
@@ -115,8 +123,10 @@ impl ClientRequests {
     /// be named for (e.g. `roots/list` at any time) goes to the registration's most recently
     /// active session that declared the capability and has a stream open. Sampling,
     /// elicitation and roots reach a session only if its client declared them at
-    /// `initialize`. Anything else — no registration, no such session, a stateless call
-    /// (MRTR is not implemented), a full stream — gets an error upstream at once.
+    /// `initialize`. A call without a session (stateless 2026-07-28 `tools/call`) has only
+    /// its sink: the reply engine makes the request an MRTR `input_required` result. Anything
+    /// else — no registration, no such session, a full stream — gets an error upstream at
+    /// once.
     pub async fn route(&self, req: Incoming, downstream: Option<Arc<dyn Downstream>>) {
         let Incoming {
             upstream_id,
@@ -135,13 +145,14 @@ impl ClientRequests {
             Some(ds) => pick(ds.as_ref(), &method, related_tag.as_ref(), registration),
             None => Err("the gateway is shutting down".to_string()),
         };
-        let (session, call_sink) = match target {
+        let (registration_id, session, call_sink) = match target {
             Ok(Target::Roots(roots)) => {
                 tracing::debug!(upstream = %upstream_id, "roots/list answered from the registration's roots");
                 let _ = conn.respond(id, Ok(roots)).await;
                 return;
             }
-            Ok(Target::Session(s, sink)) => (s, sink),
+            Ok(Target::Session(s, sink)) => (s.registration.id.clone(), Some(s), sink),
+            Ok(Target::Stateless(r, sink)) => (r, None, Some(sink)),
             Err(why) => {
                 let _ = conn.respond(id, Err(refuse(&why))).await;
                 return;
@@ -155,22 +166,24 @@ impl ClientRequests {
             // Requests whose session closed unanswered leave the table (refused below).
             let closed: Vec<String> = map
                 .iter()
-                .filter(|(_, r)| r.session_closed.is_cancelled())
+                .filter(|(_, r)| r.session_closed.as_ref().is_some_and(|t| t.is_cancelled()))
                 .map(|(k, _)| k.clone())
                 .collect();
             let stale: Vec<ClientRequest> = closed.iter().filter_map(|k| map.remove(k)).collect();
             let waiting = map
                 .values()
-                .filter(|r| r.registration_id == session.registration.id)
+                .filter(|r| r.registration_id == registration_id)
                 .count();
             let full = waiting >= MAX_WAITING_PER_REGISTRATION;
             if !full {
                 map.insert(
                     down_id.clone(),
                     ClientRequest {
-                        registration_id: session.registration.id.clone(),
-                        session_id: session.id.clone(),
-                        session_closed: session.cancel.clone(),
+                        registration_id: registration_id.clone(),
+                        session_id: session
+                            .as_ref()
+                            .map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
+                        session_closed: session.as_ref().map(|s| s.cancel.clone()),
                         conn: conn.clone(),
                         upstream_request_id: id.clone(),
                     },
@@ -205,8 +218,11 @@ impl ClientRequests {
             None => false,
         };
         // (Legacy SSE: the call's sink *is* the session stream; the fallback then fails alike.)
-        let delivered =
-            on_call_stream || (session.has_outbound() && ds.deliver(&session, msg).await);
+        let delivered = on_call_stream
+            || match &session {
+                Some(s) => s.has_outbound() && ds.deliver(s, msg).await,
+                None => false,
+            };
         if delivered {
             return;
         }
@@ -288,7 +304,13 @@ fn pick(
                 Some(cap) if !s.declares(cap) => Err(undeclared(cap)),
                 _ => Ok(Target::Session(s, c.notify.clone())),
             },
-            None => Err("the call has no client session (stateless 2026-07-28 requests cannot take server requests: MRTR is not implemented)".into()),
+            // A stateless (2026-07-28) call: the request goes on the call's own sink, and the
+            // reply engine turns it into an MRTR `input_required` result (it checks the
+            // capabilities the request declared in its `_meta`).
+            None => match &c.notify {
+                Some(sink) => Ok(Target::Stateless(c.registration_id.clone(), sink.clone())),
+                None => Err("the call has no client to ask".into()),
+            },
         };
     }
     let Some(cap) = cap else {
