@@ -37,14 +37,19 @@ fn meta(caps: Value) -> Value {
 async fn call(reg: &Registration, id: u64, tool: &str, params: Value) -> (u16, Value) {
     let mut p = params;
     p["name"] = json!(tool);
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": p});
+    request(reg, id, "tools/call", tool, p).await
+}
+
+/// One stateless request POST (`name`: the Mcp-Name header).
+async fn request(reg: &Registration, id: u64, method: &str, name: &str, p: Value) -> (u16, Value) {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": p});
     let r = http()
         .post(reg.mcp_url())
         .bearer_auth(reg.token())
         .header("accept", ACCEPT_BOTH)
         .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", tool)
+        .header("mcp-method", method)
+        .header("mcp-name", name)
         .json(&body)
         .send()
         .await
@@ -183,6 +188,48 @@ async fn a_server_request_in_a_stateless_call_becomes_input_required_and_the_ret
     )
     .await;
     assert_eq!(text_of(&v), "sampled: one; elicited: accept", "{v}");
+
+    // prompts/get and resources/read take MRTR rounds too (the only other methods allowed).
+    for (n, method, field, name) in [
+        (20, "prompts/get", "name", "fl.asked"),
+        (22, "resources/read", "uri", "faulty://asked"),
+    ] {
+        let (s, v) = request(
+            &a,
+            n,
+            method,
+            name,
+            json!({field: name, "_meta": meta(caps.clone())}),
+        )
+        .await;
+        assert_eq!(
+            (s, &v["result"]["resultType"]),
+            (200, &json!("input_required")),
+            "{method}: {v}"
+        );
+        let (key, _) = v["result"]["inputRequests"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .next()
+            .unwrap();
+        let state = v["result"]["requestState"].as_str().unwrap();
+        let (s, v) = request(
+            &a,
+            n + 1,
+            method,
+            name,
+            json!({field: name, "_meta": meta(caps.clone()), "requestState": state,
+                   "inputResponses": {key.clone(): {"role": "assistant", "model": "m", "content": {"type": "text", "text": "p"}}}}),
+        )
+        .await;
+        assert_eq!(s, 200, "{method}: {v}");
+        assert_eq!(v["id"], n + 1, "{method}: {v}");
+        assert_eq!(
+            v["result"]["content"][0]["text"], "sampled: p",
+            "{method}: {v}"
+        );
+    }
 
     // A client that did not declare sampling is never asked: the upstream is refused at once.
     let (s, v) = call(

@@ -28,6 +28,9 @@ const DISCOVER_TTL_MS: u64 = 60_000;
 /// told (no `subscriptions/listen` yet): they must not cache it.
 const LIST_TTL_MS: u64 = 0;
 
+/// Methods whose server requests travel as MRTR rounds (the spec allows no others).
+const MRTR_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read"];
+
 /// Methods served statelessly; anything else is 404 + -32601.
 const METHODS: &[&str] = &[
     "server/discover",
@@ -227,7 +230,8 @@ pub async fn handle(
             &finish(jsonrpc::success(id, result), &method),
         ));
     }
-    let retry = (method == "tools/call")
+    let retry = MRTR_METHODS
+        .contains(&method.as_str())
         .then(|| params.as_ref().and_then(|p| p.get("requestState")))
         .flatten();
     if let Some(state) = retry {
@@ -291,7 +295,7 @@ pub async fn handle(
         cancel_on_drop: true,
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
-        mrtr: (method == "tools/call").then(|| Mrtr {
+        mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
             capabilities: meta(params.as_ref())
                 .and_then(|m| m.get(META_CAPABILITIES))
                 .cloned()

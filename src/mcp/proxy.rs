@@ -121,7 +121,15 @@ async fn call(
     match ctx
         .hub
         .pool()
-        .forward_request(&ctx.registration, upstream, method, params, cancel.clone())
+        .forward_request(
+            &ctx.registration,
+            upstream,
+            method,
+            params,
+            cancel.clone(),
+            ctx.session.clone(),
+            ctx.notify.clone(),
+        )
         .await
     {
         Ok(Ok(v)) => Ok(v),

@@ -252,8 +252,10 @@ impl Pool {
 
     /// Forwards one non-tool request (`resources/*`, `prompts/*`, `completion/complete`) to an
     /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
-    /// as [`Pool::forward`]; no progress or log routing. `Ok(Ok(result))`, `Ok(Err(error
-    /// object))` as the upstream sent it, or why the upstream could not answer.
+    /// as [`Pool::forward`]; no progress or log routing. Server → client requests it causes go
+    /// to `session` / `notify` as a call's do. `Ok(Ok(result))`, `Ok(Err(error object))` as the
+    /// upstream sent it, or why the upstream could not answer.
+    #[allow(clippy::too_many_arguments)]
     pub async fn forward_request(
         &self,
         registration: &Arc<RegistrationState>,
@@ -261,14 +263,22 @@ impl Pool {
         method: &str,
         params: Map<String, Value>,
         cancel: CancellationToken,
+        session: Option<Arc<Session>>,
+        notify: Option<mpsc::Sender<Value>>,
     ) -> Result<Result<Value, Value>, ForwardError> {
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let mut params = params;
         upstream_meta(&mut params, registration, lease_of(slot, registration));
+        let owner = CallOwner {
+            registration_id: registration.id.clone(),
+            session,
+            notify,
+        };
         let opts = RequestOptions {
             timeout: Some(in_use.remaining()),
             cancel,
+            tag: Some(owner.tag()),
             ..RequestOptions::default()
         };
         match conn.request(method, Value::Object(params), opts).await {
