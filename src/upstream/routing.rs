@@ -123,10 +123,10 @@ impl ClientRequests {
     /// be named for (e.g. `roots/list` at any time) goes to the registration's most recently
     /// active session that declared the capability and has a stream open. Sampling,
     /// elicitation and roots reach a session only if its client declared them at
-    /// `initialize`. A call without a session (stateless 2026-07-28 `tools/call`, `prompts/get`,
-    /// `resources/read`) has only its sink: the reply engine makes the request an MRTR `input_required` result. Anything
-    /// else — no registration, no such session, a full stream — gets an error upstream at
-    /// once.
+    /// `initialize`. A call without a session (stateless 2026-07-28 `tools/call`,
+    /// `prompts/get`, `resources/read`) has only its sink: the reply engine makes the request
+    /// an MRTR `input_required` result. Anything else — no registration, no such session, a
+    /// full stream — gets an error upstream at once.
     pub async fn route(&self, req: Incoming, downstream: Option<Arc<dyn Downstream>>) {
         let Incoming {
             upstream_id,
