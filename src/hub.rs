@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::audit::Audit;
 use crate::config::Config;
+use crate::listen::Listeners;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
 use crate::mrtr::{Held, HeldCalls};
@@ -30,6 +31,8 @@ pub struct Hub {
     metrics: Metrics,
     /// Stateless calls waiting for the client's MRTR retry.
     held: HeldCalls,
+    /// Open `subscriptions/listen` streams (2026-07-28).
+    listeners: Listeners,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
 }
@@ -46,6 +49,7 @@ impl Hub {
             audit,
             metrics: Metrics::new(),
             held: HeldCalls::default(),
+            listeners: Listeners::default(),
             local_addr: std::sync::Mutex::new(None),
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
@@ -75,6 +79,10 @@ impl Hub {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn listeners(&self) -> &Listeners {
+        &self.listeners
     }
 
     pub fn held(&self) -> &HeldCalls {
@@ -109,7 +117,7 @@ impl Hub {
     /// its one server-to-client stream. Returns how many sessions got it.
     pub async fn notify_tools_list_changed(&self, registration_id: &str) -> usize {
         let msg = jsonrpc::notification("notifications/tools/list_changed", None);
-        let mut n = 0;
+        let mut n = self.listeners.deliver(registration_id, &msg);
         for s in self.sessions.sessions_of(registration_id) {
             if self.sessions.deliver(&s, msg.clone()).await {
                 n += 1;
@@ -155,7 +163,8 @@ impl Downstream for Hub {
                     .unwrap_or("")
                     .to_string()
             });
-            let mut n = 0;
+            // Open listen streams take list changes and resource updates (never logs).
+            let mut n = self.listeners.deliver(registration_id, &msg);
             for s in self.sessions.sessions_of(registration_id) {
                 if level.as_deref().is_some_and(|l| !s.wants_log(l)) {
                     continue;

@@ -24,6 +24,7 @@ mod endpoint;
 mod expiry;
 mod gateway;
 mod hub;
+mod listen;
 mod mcp;
 mod metrics;
 mod mrtr;

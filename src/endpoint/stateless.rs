@@ -24,9 +24,12 @@ pub const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities"
 pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// How long a client may cache `server/discover` (its content is fixed per build).
 const DISCOVER_TTL_MS: u64 = 60_000;
-/// `tools/list` may change when an upstream's tools change, and 2026-07-28 clients cannot be
-/// told (no `subscriptions/listen` yet): they must not cache it.
-const LIST_TTL_MS: u64 = 0;
+/// Lists change when an upstream's do, which a `subscriptions/listen` stream hears at once;
+/// without one a client may reuse a list this long.
+const LIST_TTL_MS: u64 = 60_000;
+/// `resources/read`: a resource's content changes without a list change (only subscribed URIs
+/// hear `resources/updated`), so it is not to be reused.
+const READ_TTL_MS: u64 = 0;
 
 /// Methods whose server requests travel as MRTR rounds (the spec allows no others).
 const MRTR_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read"];
@@ -34,6 +37,7 @@ const MRTR_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read"];
 /// Methods served statelessly; anything else is 404 + -32601.
 const METHODS: &[&str] = &[
     "server/discover",
+    "subscriptions/listen",
     "tools/list",
     "tools/call",
     "resources/list",
@@ -222,6 +226,9 @@ pub async fn handle(
         transport: Transport::Stateless,
         notify: None,
     };
+    if method == "subscriptions/listen" {
+        return listen(ctx, id, params).await;
+    }
     if method == "server/discover" {
         // Boxed: its future is large and `server/discover` is rare.
         let result = Box::pin(discover(&ctx)).await;
@@ -305,11 +312,179 @@ pub async fn handle(
     reply(ctx, id, method, params, cancel, opts).await
 }
 
+/// `subscriptions/listen`: acknowledges the honored subset, then streams the registration's
+/// list changes and updates of the subscribed resources until the client closes the stream
+/// (or the registration ends: then a final `complete` result).
+async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Response, Rejection> {
+    let bad = |msg: &str| {
+        error(
+            StatusCode::BAD_REQUEST,
+            Some(id.clone()),
+            jsonrpc::INVALID_PARAMS,
+            &format!("invalid params: {msg}"),
+            None,
+        )
+    };
+    let Some(wanted) = params
+        .as_ref()
+        .and_then(|p| p.get("notifications"))
+        .and_then(Value::as_object)
+    else {
+        return Err(bad("params.notifications (an object) is required"));
+    };
+    let flag = |k: &str| wanted.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let uris: Vec<String> = match wanted.get("resourceSubscriptions") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
+            let uris: Option<Vec<String>> =
+                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
+            uris.ok_or_else(|| bad("resourceSubscriptions must be strings"))?
+        }
+        Some(Value::Array(_)) => {
+            return Err(bad(&format!(
+                "at most {} resourceSubscriptions per stream",
+                crate::listen::MAX_URIS
+            )))
+        }
+        Some(_) => return Err(bad("resourceSubscriptions must be an array of URIs")),
+    };
+    // A URI is honored once the upstream that lists it accepted `resources/subscribe`.
+    let cancel = ctx.registration.cancel.child_token();
+    let mut honored_uris = Vec::new();
+    for uri in uris {
+        let r = crate::mcp::proxy::handle(
+            &ctx,
+            id.clone(),
+            "resources/subscribe",
+            Some(json!({ "uri": uri })),
+            cancel.clone(),
+        )
+        .await;
+        if r.get("result").is_some() {
+            honored_uris.push(uri);
+        } else {
+            tracing::debug!(registration = %ctx.registration.id, uri, "listen: resource subscription not accepted upstream");
+        }
+    }
+    let filter = crate::listen::Filter {
+        tools: flag("toolsListChanged"),
+        prompts: flag("promptsListChanged"),
+        resources: flag("resourcesListChanged"),
+        uris: honored_uris.iter().cloned().collect(),
+    };
+    let mut honored = Map::new();
+    for (k, on) in [
+        ("toolsListChanged", filter.tools),
+        ("promptsListChanged", filter.prompts),
+        ("resourcesListChanged", filter.resources),
+    ] {
+        if on {
+            honored.insert(k.into(), Value::Bool(true));
+        }
+    }
+    if wanted.contains_key("resourceSubscriptions") {
+        honored.insert("resourceSubscriptions".into(), json!(honored_uris));
+    }
+    let hub = ctx.hub.clone();
+    let registration = ctx.registration.clone();
+    drop(ctx);
+    let Some((key, rx)) = hub.listeners().add(&registration.id, id.clone(), filter) else {
+        return Err(error(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(id),
+            jsonrpc::BUSY,
+            &format!(
+                "too many subscriptions/listen streams for this registration (at most {}): close one first",
+                crate::listen::MAX_LISTENERS_PER_REGISTRATION
+            ),
+            None,
+        ));
+    };
+    let ack = jsonrpc::notification(
+        "notifications/subscriptions/acknowledged",
+        Some(json!({"notifications": honored, "_meta": {crate::listen::SUBSCRIPTION_ID: id}})),
+    );
+    let period = std::time::Duration::from_secs(hub.config().keepalive_s.max(1));
+    let st = ListenStream {
+        first: Some(super::event_stream::sse_json("message", &ack)),
+        rx: Some(rx),
+        ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
+        stop: registration.cancel.clone(),
+        id,
+        _guard: ListenGuard {
+            hub,
+            registration_id: registration.id.clone(),
+            key,
+        },
+    };
+    Ok(super::event_stream::response(
+        axum::body::Body::from_stream(futures::stream::unfold(st, next_listen_event)),
+    ))
+}
+
+/// Removes the stream from the hub's table when the response goes away.
+struct ListenGuard {
+    hub: Arc<Hub>,
+    registration_id: String,
+    key: u64,
+}
+
+impl Drop for ListenGuard {
+    fn drop(&mut self) {
+        self.hub.listeners().remove(&self.registration_id, self.key);
+    }
+}
+
+struct ListenStream {
+    first: Option<bytes::Bytes>,
+    rx: Option<tokio::sync::mpsc::Receiver<Value>>,
+    ticker: tokio::time::Interval,
+    stop: tokio_util::sync::CancellationToken,
+    id: Value,
+    _guard: ListenGuard,
+}
+
+async fn next_listen_event(
+    mut st: ListenStream,
+) -> Option<(Result<bytes::Bytes, std::convert::Infallible>, ListenStream)> {
+    if let Some(b) = st.first.take() {
+        return Some((Ok(b), st));
+    }
+    let rx = st.rx.as_mut()?;
+    tokio::select! {
+        biased;
+        () = st.stop.cancelled() => {
+            // The registration ended: a graceful end of the subscription.
+            st.rx = None;
+            let done = jsonrpc::success(
+                st.id.clone(),
+                json!({"resultType": "complete", "_meta": {crate::listen::SUBSCRIPTION_ID: st.id}}),
+            );
+            let b = super::event_stream::sse_json("message", &done);
+            Some((Ok(b), st))
+        }
+        m = rx.recv() => {
+            let m = m?;
+            let b = super::event_stream::sse_json("message", &m);
+            Some((Ok(b), st))
+        }
+        _ = st.ticker.tick() => Some((Ok(bytes::Bytes::from_static(super::event_stream::KEEPALIVE)), st)),
+    }
+}
+
 /// The `server/discover` result.
 async fn discover(ctx: &RequestCtx) -> Value {
-    // No `listChanged` (no `subscriptions/listen` yet) and no `logging/setLevel` statelessly.
+    // List changes (and resource updates, where an upstream takes subscriptions) are heard on
+    // `subscriptions/listen`; no `logging/setLevel` statelessly.
     let mut caps = crate::mcp::proxy::capabilities(ctx).await;
-    caps["tools"] = json!({});
+    caps["tools"] = json!({"listChanged": true});
+    if caps.get("prompts").is_some() {
+        caps["prompts"] = json!({"listChanged": true});
+    }
+    if caps.get("resources").is_some() {
+        let subscribe = crate::mcp::proxy::resources_subscribable(ctx).await;
+        caps["resources"] = json!({"listChanged": true, "subscribe": subscribe});
+    }
     if let Some(m) = caps.as_object_mut() {
         m.remove("logging");
     }
@@ -332,7 +507,8 @@ fn finish(mut reply: Value, method: &str) -> Value {
         }
         let ttl = match method {
             "server/discover" => Some(DISCOVER_TTL_MS),
-            m if m.ends_with("/list") || m == "resources/read" => Some(LIST_TTL_MS),
+            m if m.ends_with("/list") => Some(LIST_TTL_MS),
+            "resources/read" => Some(READ_TTL_MS),
             _ => None,
         };
         if let Some(ttl) = ttl {

@@ -67,6 +67,15 @@ async fn upstreams_with(ctx: &RequestCtx, cap: &str) -> Vec<(String, Value)> {
     out
 }
 
+/// Whether a granted upstream accepts `resources/subscribe` (2026-07-28: through
+/// `subscriptions/listen`).
+pub async fn resources_subscribable(ctx: &RequestCtx) -> bool {
+    upstreams_with(ctx, "resources")
+        .await
+        .iter()
+        .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)))
+}
+
 /// The server capabilities for this registration: tools and logging always; `resources`,
 /// `prompts`, `completions` when a granted upstream advertised them.
 pub async fn capabilities(ctx: &RequestCtx) -> Value {
