@@ -451,11 +451,20 @@ const ROUTED: [&str; 4] = [
     "notifications/prompts/list_changed",
 ];
 
+/// Connection-wide notifications that go to every registration granted the upstream when no
+/// one registration can be named.
+const BROADCAST: [&str; 3] = [
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
 /// A notification outside any call (a log, a list change, a resource update): to the
 /// sessions of the registration that owns the connection (`per_registration`) or holds the
-/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). On a `shared` connection no
-/// registration can be named: not delivered, counted (`notifications_refused`), logged at
-/// debug. So is any other method.
+/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). Where no registration can be
+/// named (`shared`, or no lease in `_meta`), list changes and resource updates go to every
+/// registration granted the upstream (updates only to their subscribers); a log is not
+/// delivered, counted (`notifications_refused`), logged at debug. So is any other method.
 async fn connection_wide(
     pool: &PoolInner,
     slot: &Slot,
@@ -472,6 +481,18 @@ async fn connection_wide(
             .and_then(|lease| slot.leases.registration_of(lease))
     });
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
+    // A list change or a resource update concerns everyone granted the upstream: with no
+    // registration to name, it goes to all of them (an update only to its subscribers).
+    if let (None, Some(ds), true) = (
+        &registration,
+        &downstream,
+        BROADCAST.contains(&method.as_str()),
+    ) {
+        let msg = crate::mcp::jsonrpc::notification(&method, strip_lease(params));
+        let n = ds.notify_granted(&slot.spec.id, msg).await;
+        tracing::debug!(upstream = %slot.spec.id, method, sessions = n, "connection-wide notification delivered to the registrations granted the upstream");
+        return;
+    }
     let (Some(registration), Some(downstream), true) =
         (registration, downstream, ROUTED.contains(&method.as_str()))
     else {
@@ -479,7 +500,13 @@ async fn connection_wide(
         tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
         return;
     };
-    let mut params = params;
+    let msg = crate::mcp::jsonrpc::notification(&method, strip_lease(params));
+    let n = downstream.notify_registration(&registration, msg).await;
+    tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+}
+
+/// The params without the lease key (a lease id is the gateway's, never a client's).
+fn strip_lease(mut params: Option<Value>) -> Option<Value> {
     if let Some(meta) = params
         .as_mut()
         .and_then(|p| p.get_mut("_meta"))
@@ -487,9 +514,7 @@ async fn connection_wide(
     {
         meta.remove(super::lease::LEASE_META_KEY);
     }
-    let msg = crate::mcp::jsonrpc::notification(&method, params);
-    let n = downstream.notify_registration(&registration, msg).await;
-    tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+    params
 }
 
 /// A slot's event task: what its connections report.
