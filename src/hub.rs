@@ -180,6 +180,22 @@ impl Downstream for Hub {
         })
     }
 
+    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let mut n = 0;
+            for reg in self.registry.all() {
+                let granted = reg
+                    .grants
+                    .iter()
+                    .any(|g| g.split_once('.').map(|(up, _)| up) == Some(upstream_id));
+                if granted {
+                    n += self.notify_registration(&reg.id, msg.clone()).await;
+                }
+            }
+            n
+        })
+    }
+
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
         Box::pin(self.sessions.deliver(session, msg))
     }

@@ -497,11 +497,20 @@ const ROUTED: [&str; 4] = [
     "notifications/prompts/list_changed",
 ];
 
+/// Connection-wide notifications that go to every registration granted the upstream when no
+/// one registration can be named.
+const BROADCAST: [&str; 3] = [
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
 /// A notification outside any call (a log, a list change, a resource update): to the
 /// sessions of the registration that owns the connection (`per_registration`) or holds the
-/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). On a `shared` connection no
-/// registration can be named: not delivered, counted (`notifications_refused`), logged at
-/// debug. So is any other method.
+/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). Where no registration can be
+/// named (`shared`, or no lease in `_meta`), list changes and resource updates go to every
+/// registration granted the upstream (updates only to their subscribers); a log is not
+/// delivered, counted (`notifications_refused`), logged at debug. So is any other method.
 async fn connection_wide(
     pool: &PoolInner,
     slot: &Slot,
@@ -512,6 +521,18 @@ async fn connection_wide(
     let mut params = params;
     let registration = named_registration(slot, owner, &mut params);
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
+    // A list change or a resource update concerns everyone granted the upstream: with no
+    // registration to name, it goes to all of them (an update only to its subscribers).
+    if let (None, Some(ds), true) = (
+        &registration,
+        &downstream,
+        BROADCAST.contains(&method.as_str()),
+    ) {
+        let msg = crate::mcp::jsonrpc::notification(&method, params);
+        let n = ds.notify_granted(&slot.spec.id, msg).await;
+        tracing::debug!(upstream = %slot.spec.id, method, sessions = n, "connection-wide notification delivered to the registrations granted the upstream");
+        return;
+    }
     let (Some(registration), Some(downstream), true) =
         (registration, downstream, ROUTED.contains(&method.as_str()))
     else {

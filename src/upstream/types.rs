@@ -264,6 +264,11 @@ pub trait Downstream: Send + Sync {
         registration_id: &'a str,
         msg: Value,
     ) -> BoxFuture<'a, usize>;
+    /// A list change or resource update no registration can be named for (a `shared`
+    /// connection, or a `leased` one without a lease in `_meta`): for every registration
+    /// granted the upstream — a resource update reaches only those of their sessions and
+    /// listen streams that subscribed to its URI. How many it was queued on.
+    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(
