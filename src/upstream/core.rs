@@ -53,7 +53,7 @@ struct PendingRequest {
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
     tag: Option<RequestTag>,
-    /// Its consumer took no notification for the grace (`notify_grace_ms`, [`super::NOTIFY_GRACE`] by default): later ones are refused at
+    /// Its consumer took no notification for the grace (`notify_grace_ms`, [`super::types::NOTIFY_GRACE`] by default): later ones are refused at
     /// once (counted), so one stuck caller holds the reader once, not once per notification.
     stalled: bool,
 }
@@ -168,7 +168,7 @@ impl Core {
     ///
     /// A call's progress and logs are handed to its channel with `send().await`: when the
     /// caller is slower than the upstream, the reader waits (backpressure) — at most
-    /// the grace (`notify_grace_ms`, [`super::NOTIFY_GRACE`] by default) per call, after which that call's notifications are refused and
+    /// the grace (`notify_grace_ms`, [`super::types::NOTIFY_GRACE`] by default) per call, after which that call's notifications are refused and
     /// counted. Nothing is dropped silently; order is the upstream's.
     pub(crate) async fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
         let Value::Object(mut obj) = msg else {
