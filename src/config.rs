@@ -250,6 +250,10 @@ pub struct UpstreamConfig {
     /// Calls in flight on one connection at once.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// How long a call's notifications may wait for its client to take one before the
+    /// call's further notifications are refused (counted), milliseconds.
+    #[serde(default = "default_notify_grace_ms")]
+    pub notify_grace_ms: u64,
     /// Calls one registration may have in flight (waiting for a permit included) on a
     /// `shared` or `leased` connection; unset: half of `max_in_flight` (at least 1), so one
     /// registration cannot hold every permit. Over it a call is refused at once (-32030).
@@ -318,6 +322,9 @@ impl UpstreamConfig {
     }
 }
 
+fn default_notify_grace_ms() -> u64 {
+    10_000
+}
 fn default_call_timeout() -> u64 {
     60
 }

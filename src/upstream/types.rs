@@ -95,6 +95,9 @@ pub struct ConnectOptions {
     pub shutdown_grace: Duration,
     /// Where undeliverable call notifications are counted (the upstream's counter).
     pub notifications_refused: NotificationsRefused,
+    /// How long the reader waits for a call's consumer to take a notification before it
+    /// refuses that call's notifications ([`NOTIFY_GRACE`] by default).
+    pub notify_grace: Duration,
 }
 
 impl ConnectOptions {
@@ -115,6 +118,7 @@ impl ConnectOptions {
             protocol_version: DEFAULT_PROTOCOL_VERSION.to_owned(),
             shutdown_grace: Duration::from_secs(2),
             notifications_refused: NotificationsRefused::default(),
+            notify_grace: NOTIFY_GRACE,
         }
     }
 }
