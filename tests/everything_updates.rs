@@ -1,0 +1,117 @@
+//! Issue 18 items 2, 3 and 5 with a real upstream and a real client: server-everything
+//! (`toggle-subscriber-updates`, `toggle-simulated-logging`: every 5 s, outside any call, a
+//! `notifications/resources/updated` for each subscribed URI and a log) on `per_registration`
+//! connections, and the official Python SDK 2.x over legacy SSE, Streamable HTTP and a
+//! 2026-07-28 `subscriptions/listen` stream (tests/peers/updates_client.py), one registration
+//! each, at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use gatehouse::config::UpstreamConfig;
+use gatehouse::RegistrationSpec;
+use serde_json::Value;
+
+const URI: &str = "demo://resource/dynamic/text/1";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn everything() -> UpstreamConfig {
+    let script = root()
+        .join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        script.exists(),
+        "run tests/peers/setup.sh first ({} missing)",
+        script.display()
+    );
+    toml::from_str(&format!(
+        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n",
+        script.display().to_string()
+    ))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_updates_and_logs_reach_the_sdk_on_every_transport() {
+    let py = root().join("tests/peers/.venv/bin/python");
+    assert!(
+        py.exists(),
+        "run tests/peers/setup.sh first ({} missing)",
+        py.display()
+    );
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![everything()];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let mut runs = Vec::new();
+    let mut regs = Vec::new();
+    for transport in ["sse", "streamable", "listen"] {
+        let reg = tg
+            .gateway
+            .register(RegistrationSpec::new(format!("agent-{transport}")).grant("everything.*"))
+            .await
+            .unwrap();
+        let mut cmd = tokio::process::Command::new(&py);
+        cmd.arg(root().join("tests/peers/updates_client.py"))
+            .args([
+                "--transport",
+                transport,
+                "--url",
+                &reg.mcp_url(),
+                "--uri",
+                URI,
+            ])
+            .arg(format!("--token={}", reg.token()))
+            .args(["--seconds", "25"])
+            .kill_on_drop(true);
+        runs.push((
+            transport,
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(60), cmd.output()).await
+            }),
+        ));
+        regs.push(reg);
+    }
+    for (transport, run) in runs {
+        let out = run
+            .await
+            .unwrap()
+            .expect("the client ended in time")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{transport}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        eprintln!("{transport}: {v}");
+        assert!(
+            v["updated"].as_u64().unwrap() >= 1,
+            "{transport}: no resource update: {v}"
+        );
+        assert!(
+            v["updated_uris"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|u| u == URI),
+            "{transport}: only the subscribed URI: {v}"
+        );
+        if transport == "listen" {
+            assert_eq!(v["protocol_version"], "2026-07-28", "{v}");
+            assert_eq!(v["honored"]["resourceSubscriptions"][0], URI, "{v}");
+            assert_eq!(v["logs"], 0, "logs never go on a listen stream: {v}");
+        } else {
+            assert!(
+                v["logs"].as_u64().unwrap() >= 1,
+                "{transport}: no out-of-call log: {v}"
+            );
+        }
+    }
+}
