@@ -1,8 +1,8 @@
 //! Issue 18 items 2, 3 and 5 with a real upstream and a real client: server-everything
 //! (`toggle-subscriber-updates`, `toggle-simulated-logging`: every 5 s, outside any call, a
 //! `notifications/resources/updated` for each subscribed URI and a log) on `per_registration`
-//! connections, and the official Python SDK 2.x over legacy SSE, Streamable HTTP and a
-//! 2026-07-28 `subscriptions/listen` stream (tests/peers/updates_client.py), one registration
+//! connections, and the official Python SDK 2.x (legacy SSE, Streamable HTTP, a 2026-07-28
+//! `subscriptions/listen` stream) and 1.x (legacy SSE, Streamable HTTP) (tests/peers/updates_client.py), one registration
 //! each, at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,26 +38,37 @@ fn everything() -> UpstreamConfig {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_everything_updates_and_logs_reach_the_sdk_on_every_transport() {
-    let py = root().join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "run tests/peers/setup.sh first ({} missing)",
-        py.display()
-    );
+async fn server_everything_updates_and_logs_reach_the_sdks_on_every_transport() {
+    let py2 = root().join("tests/peers/.venv/bin/python");
+    let py1 = root().join("tests/peers/.venv-mcp1/bin/python");
+    for py in [&py2, &py1] {
+        assert!(
+            py.exists(),
+            "run tests/peers/setup.sh first ({} missing)",
+            py.display()
+        );
+    }
     let tg = TestGateway::with(|c| {
         c.upstreams = vec![everything()];
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
     });
     let mut runs = Vec::new();
     let mut regs = Vec::new();
-    for transport in ["sse", "streamable", "listen"] {
+    for (sdk, py, transport) in [
+        ("2.x", &py2, "sse"),
+        ("2.x", &py2, "streamable"),
+        ("2.x", &py2, "listen"),
+        ("1.x", &py1, "sse"),
+        ("1.x", &py1, "streamable"),
+    ] {
         let reg = tg
             .gateway
-            .register(RegistrationSpec::new(format!("agent-{transport}")).grant("everything.*"))
+            .register(
+                RegistrationSpec::new(format!("agent-{sdk}-{transport}")).grant("everything.*"),
+            )
             .await
             .unwrap();
-        let mut cmd = tokio::process::Command::new(&py);
+        let mut cmd = tokio::process::Command::new(py);
         cmd.arg(root().join("tests/peers/updates_client.py"))
             .args([
                 "--transport",
@@ -71,7 +82,7 @@ async fn server_everything_updates_and_logs_reach_the_sdk_on_every_transport() {
             .args(["--seconds", "25"])
             .kill_on_drop(true);
         runs.push((
-            transport,
+            format!("SDK {sdk} {transport}"),
             tokio::spawn(async move {
                 tokio::time::timeout(Duration::from_secs(60), cmd.output()).await
             }),
@@ -103,7 +114,7 @@ async fn server_everything_updates_and_logs_reach_the_sdk_on_every_transport() {
                 .all(|u| u == URI),
             "{transport}: only the subscribed URI: {v}"
         );
-        if transport == "listen" {
+        if transport.ends_with("listen") {
             assert_eq!(v["protocol_version"], "2026-07-28", "{v}");
             assert_eq!(v["honored"]["resourceSubscriptions"][0], URI, "{v}");
             assert_eq!(v["logs"], 0, "logs never go on a listen stream: {v}");

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Resource updates and out-of-call logs from server-everything through gatehouse, on the official
-Python SDK 2.x (issue 18 items 2, 3 and 5 with a real client and a real upstream).
+Python SDK 2.x or 1.x (issue 18 items 2, 3 and 5 with real clients and a real upstream).
 
 Usage: updates_client.py --transport {sse,streamable,listen} --url URL --token TOKEN --uri URI
                          [--prefix everything.] [--seconds 20]
@@ -26,11 +26,18 @@ import warnings
 warnings.filterwarnings("ignore")
 
 import anyio  # noqa: E402
-import httpx2  # noqa: E402
-import mcp_types as types  # noqa: E402
-from mcp import Client, ClientSession  # noqa: E402
+from mcp import ClientSession  # noqa: E402
 from mcp.client.sse import sse_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+try:  # the SDK 2.x: its own httpx fork and types package, and the high-level Client
+    import httpx2  # noqa: E402
+    import mcp_types as types  # noqa: E402
+    from mcp import Client  # noqa: E402
+except ImportError:  # the SDK 1.x (tests/peers/.venv-mcp1): sse and streamable only
+    import httpx as httpx2  # noqa: E402
+    import mcp.types as types  # noqa: E402
+    Client = None
 
 
 async def main() -> None:
@@ -85,7 +92,7 @@ async def main() -> None:
                 read, write = streams[0], streams[1]
                 async with ClientSession(read, write, logging_callback=on_log, message_handler=on_message) as s:
                     init = await s.initialize()
-                    out["protocol_version"] = init.protocol_version
+                    out["protocol_version"] = getattr(init, "protocol_version", None) or init.protocolVersion
                     await s.subscribe_resource(a.uri)
                     await s.call_tool(f"{a.prefix}toggle-simulated-logging", {})
                     await s.call_tool(f"{a.prefix}toggle-subscriber-updates", {})
