@@ -1,9 +1,11 @@
 //! Issue 18 items 2, 3 and 5 with a real upstream and a real client: server-everything
 //! (`toggle-subscriber-updates`, `toggle-simulated-logging`: every 5 s, outside any call, a
 //! `notifications/resources/updated` for each subscribed URI and a log) on `per_registration`
-//! connections, and the official Python SDK 2.x (legacy SSE, Streamable HTTP, a 2026-07-28
-//! `subscriptions/listen` stream) and 1.x (legacy SSE, Streamable HTTP) (tests/peers/updates_client.py), one registration
-//! each, at once.
+//! connections, and three real clients, one registration each, all at once: the official
+//! Python SDK 2.x (legacy SSE, Streamable HTTP, a 2026-07-28 `subscriptions/listen` stream)
+//! and 1.x (legacy SSE, Streamable HTTP) through tests/peers/updates_client.py, and fastmcp 4.x
+//! (legacy SSE; Streamable HTTP, where it settles on 2026-07-28 and listens) through
+//! tests/peers/fastmcp_updates.py.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -41,7 +43,8 @@ fn everything() -> UpstreamConfig {
 async fn server_everything_updates_and_logs_reach_the_sdks_on_every_transport() {
     let py2 = root().join("tests/peers/.venv/bin/python");
     let py1 = root().join("tests/peers/.venv-mcp1/bin/python");
-    for py in [&py2, &py1] {
+    let pyf = root().join("tests/peers/.venv-fastmcp/bin/python");
+    for py in [&py2, &py1, &pyf] {
         assert!(
             py.exists(),
             "run tests/peers/setup.sh first ({} missing)",
@@ -60,6 +63,8 @@ async fn server_everything_updates_and_logs_reach_the_sdks_on_every_transport() 
         ("2.x", &py2, "listen"),
         ("1.x", &py1, "sse"),
         ("1.x", &py1, "streamable"),
+        ("fastmcp", &pyf, "sse"),
+        ("fastmcp", &pyf, "listen"),
     ] {
         let reg = tg
             .gateway
@@ -69,20 +74,30 @@ async fn server_everything_updates_and_logs_reach_the_sdks_on_every_transport() 
             .await
             .unwrap();
         let mut cmd = tokio::process::Command::new(py);
-        cmd.arg(root().join("tests/peers/updates_client.py"))
-            .args([
+        if sdk == "fastmcp" {
+            // fastmcp picks the transport from the URL (Streamable HTTP: it settles on
+            // 2026-07-28, so its updates come on a listen stream).
+            let url = match transport {
+                "sse" => reg.sse_url(),
+                _ => reg.mcp_url(),
+            };
+            cmd.arg(root().join("tests/peers/fastmcp_updates.py"))
+                .args(["--url", &url, "--uri", URI]);
+        } else {
+            cmd.arg(root().join("tests/peers/updates_client.py")).args([
                 "--transport",
                 transport,
                 "--url",
                 &reg.mcp_url(),
                 "--uri",
                 URI,
-            ])
-            .arg(format!("--token={}", reg.token()))
+            ]);
+        }
+        cmd.arg(format!("--token={}", reg.token()))
             .args(["--seconds", "25"])
             .kill_on_drop(true);
         runs.push((
-            format!("SDK {sdk} {transport}"),
+            format!("{sdk} {transport}"),
             tokio::spawn(async move {
                 tokio::time::timeout(Duration::from_secs(60), cmd.output()).await
             }),
