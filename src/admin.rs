@@ -218,9 +218,17 @@ pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
         None | Some(Value::Null) => Limits::default(),
         Some(v) => serde_json::from_value::<Limits>(v).map_err(|e| format!("limits: {e}"))?,
     };
+    let roots = match m.remove("roots") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            serde_json::from_value::<Vec<crate::registry::Root>>(v).map_err(|e| {
+                format!("roots: {e} (an array of {{\"uri\": \"file://…\", \"name\": …}})")
+            })?,
+        ),
+    };
     if let Some(k) = m.keys().next() {
         return Err(format!(
-            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits)"
+            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots)"
         ));
     }
     Ok(RegistrationSpec {
@@ -230,6 +238,7 @@ pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
         ttl_s,
         limits,
         local_tools: Vec::new(),
+        roots,
     })
 }
 
@@ -316,6 +325,7 @@ fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
         "tools": r.tools.names(),
         "created_at": r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "ttl_s": r.ttl_s,
+        "roots": r.roots,
         "expires_at": r.expires_at(),
         "sessions": gw.sessions().count_for(&r.id),
         "calls_started": r.calls_started.load(Ordering::Relaxed),
@@ -434,4 +444,31 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
 async fn metrics(State(st): State<AdminState>) -> Response {
     let text = st.gw.metrics().render(&snapshot(&st.gw));
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_spec;
+
+    #[test]
+    fn roots_are_parsed_and_bad_ones_name_the_field() {
+        let spec = parse_spec(
+            br#"{"agent_id":"a","tools":[],"roots":[{"uri":"file:///w","name":"w"},{"uri":"file:///t"}]}"#,
+        )
+        .unwrap();
+        let roots = spec.roots.unwrap();
+        assert_eq!(roots[0].uri, "file:///w");
+        assert_eq!(roots[0].name.as_deref(), Some("w"));
+        assert_eq!(roots[1].name, None);
+        let none = parse_spec(br#"{"agent_id":"a","tools":[]}"#).unwrap();
+        assert!(none.roots.is_none());
+        for bad in [
+            &br#"{"agent_id":"a","tools":[],"roots":"file:///w"}"#[..],
+            br#"{"agent_id":"a","tools":[],"roots":[{"uri":"file:///w","colour":1}]}"#,
+            br#"{"agent_id":"a","tools":[],"roots":[{"name":"w"}]}"#,
+        ] {
+            let err = parse_spec(bad).unwrap_err();
+            assert!(err.starts_with("roots:"), "{err}");
+        }
+    }
 }

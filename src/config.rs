@@ -250,6 +250,10 @@ pub struct UpstreamConfig {
     /// Calls in flight on one connection at once.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// How long a call's notifications may wait for its client to take one before the
+    /// call's further notifications are refused (counted), milliseconds.
+    #[serde(default = "default_notify_grace_ms")]
+    pub notify_grace_ms: u64,
     /// Calls one registration may have in flight (waiting for a permit included) on a
     /// `shared` or `leased` connection; unset: half of `max_in_flight` (at least 1), so one
     /// registration cannot hold every permit. Over it a call is refused at once (-32030).
@@ -269,9 +273,33 @@ pub struct UpstreamConfig {
     /// This upstream's model-safe rule; unset: the gateway's `model_safe_tool_names`.
     #[serde(default)]
     pub model_safe_names: Option<bool>,
+    /// The client capabilities the gateway declares in this upstream's `initialize`
+    /// (`"sampling"`, `"elicitation"`, `"roots"`); unset: all three on connections a
+    /// registration owns (`per_registration`, `leased`), none on `shared` ones, where no
+    /// registration can be named to answer (setting any there is an error).
+    #[serde(default)]
+    pub client_capabilities: Option<Vec<String>>,
 }
 
+/// The client capabilities the gateway can declare upstream: the server → client requests
+/// it routes to a registration's sessions (docs/upstreams.md, "Client capabilities").
+pub const CLIENT_CAPABILITIES: [&str; 3] = ["sampling", "elicitation", "roots"];
+
 impl UpstreamConfig {
+    /// What this upstream's connections declare in `initialize` (a subset of
+    /// [`CLIENT_CAPABILITIES`]): `client_capabilities` if set, else all of them unless the
+    /// upstream is `shared`.
+    pub fn declared_client_capabilities(&self) -> Vec<&str> {
+        match (&self.client_capabilities, self.sharing) {
+            (Some(list), _) => CLIENT_CAPABILITIES
+                .into_iter()
+                .filter(|c| list.iter().any(|l| l == c))
+                .collect(),
+            (None, Sharing::Shared) => Vec::new(),
+            (None, _) => CLIENT_CAPABILITIES.to_vec(),
+        }
+    }
+
     /// One registration's share of a shared or leased connection's permits.
     pub fn registration_share(&self) -> usize {
         self.max_in_flight_per_registration
@@ -294,6 +322,9 @@ impl UpstreamConfig {
     }
 }
 
+fn default_notify_grace_ms() -> u64 {
+    10_000
+}
 fn default_call_timeout() -> u64 {
     60
 }
@@ -465,6 +496,23 @@ impl Config {
                         "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
                         u.id
                     )))
+                }
+            }
+            if let Some(caps) = &u.client_capabilities {
+                if let Some(bad) = caps
+                    .iter()
+                    .find(|c| !CLIENT_CAPABILITIES.contains(&c.as_str()))
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: client_capabilities: unknown capability {bad:?} (expected \"sampling\", \"elicitation\", \"roots\")",
+                        u.id
+                    )));
+                }
+                if u.sharing == Sharing::Shared && !caps.is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: client_capabilities cannot be declared on a shared connection: no registration can be named to answer the server's requests (use sharing = \"per_registration\" or \"leased\")",
+                        u.id
+                    )));
                 }
             }
             if let Some(sep) = &u.name_separator {

@@ -207,6 +207,9 @@ impl Gateway {
                 "agent_id must be at most 256 characters, without control characters".into(),
             ));
         }
+        if let Some(roots) = &spec.roots {
+            crate::registry::validate_roots(roots).map_err(GatewayError::InvalidSpec)?;
+        }
         let upstream_tools = self
             .inner
             .hub

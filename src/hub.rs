@@ -14,7 +14,7 @@ use crate::listen::Listeners;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
 use crate::mrtr::{Held, HeldCalls};
-use crate::registry::Registry;
+use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
@@ -180,7 +180,31 @@ impl Downstream for Hub {
         })
     }
 
+    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let mut n = 0;
+            for reg in self.registry.all() {
+                let granted = reg
+                    .grants
+                    .iter()
+                    .any(|g| g.split_once('.').map(|(up, _)| up) == Some(upstream_id));
+                if granted {
+                    n += self.notify_registration(&reg.id, msg.clone()).await;
+                }
+            }
+            n
+        })
+    }
+
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
         Box::pin(self.sessions.deliver(session, msg))
+    }
+
+    fn registration(&self, registration_id: &str) -> Option<Arc<RegistrationState>> {
+        self.registry.get(registration_id)
+    }
+
+    fn sessions_of(&self, registration_id: &str) -> Vec<Arc<Session>> {
+        self.sessions.sessions_of(registration_id)
     }
 }

@@ -39,7 +39,7 @@ mod upstream;
 pub use config::{Config, ConfigError};
 pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
 pub use mcp::LOG_LEVELS;
-pub use registry::{Limits, RegistrationSpec};
+pub use registry::{Limits, RegistrationSpec, Root};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
 
 /// Internals the integration tests and benches reach; not part of the public API.

@@ -77,6 +77,65 @@ pub struct Limits {
     pub call_timeout_s: Option<f64>,
 }
 
+/// A root the harness sets for an execution (MCP `Root`): what `roots/list` from an upstream
+/// this registration owns answers, instead of asking the agent's client.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Root {
+    /// A `file://` URI.
+    pub uri: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Root {
+    pub fn new(uri: impl Into<String>) -> Self {
+        Root {
+            uri: uri.into(),
+            name: None,
+        }
+    }
+
+    pub fn named(uri: impl Into<String>, name: impl Into<String>) -> Self {
+        Root {
+            uri: uri.into(),
+            name: Some(name.into()),
+        }
+    }
+}
+
+/// Most roots one registration may set.
+pub const MAX_ROOTS: usize = 64;
+
+/// Checks a registration's roots: at most [`MAX_ROOTS`], each a `file://` URI of at most
+/// 4,096 bytes and a name of at most 256, neither with control characters.
+pub fn validate_roots(roots: &[Root]) -> Result<(), String> {
+    if roots.len() > MAX_ROOTS {
+        return Err(format!(
+            "roots: at most {MAX_ROOTS} roots (got {})",
+            roots.len()
+        ));
+    }
+    for (i, r) in roots.iter().enumerate() {
+        if !r.uri.starts_with("file://")
+            || r.uri.len() > 4096
+            || r.uri.chars().any(char::is_control)
+        {
+            return Err(format!(
+                "roots[{i}].uri: must be a file:// URI of at most 4096 bytes without control characters"
+            ));
+        }
+        if let Some(n) = &r.name {
+            if n.len() > 256 || n.chars().any(char::is_control) {
+                return Err(format!(
+                    "roots[{i}].name: at most 256 bytes without control characters"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What a harness asks for when it registers an execution.
 #[derive(Debug, Clone, Default)]
 pub struct RegistrationSpec {
@@ -88,6 +147,10 @@ pub struct RegistrationSpec {
     pub limits: Limits,
     /// Tools private to this registration (always granted).
     pub local_tools: Vec<InProcessTool>,
+    /// The execution's roots, set by the harness: upstreams this registration owns
+    /// (`per_registration`, or its lease) get them for `roots/list`, and the agent's client
+    /// is not asked. None: `roots/list` goes to a session whose client declared `roots`.
+    pub roots: Option<Vec<Root>>,
 }
 
 impl RegistrationSpec {
@@ -124,6 +187,12 @@ impl RegistrationSpec {
         self.limits = limits;
         self
     }
+
+    /// Sets the execution's roots (answered to `roots/list` from upstreams it owns).
+    pub fn roots(mut self, roots: Vec<Root>) -> Self {
+        self.roots = Some(roots);
+        self
+    }
 }
 
 /// The live state of one registration. Shared by the registry, its sessions and its calls.
@@ -137,6 +206,8 @@ pub struct RegistrationState {
     /// upstreams they name are the ones whose resources and prompts this registration sees.
     pub grants: Vec<String>,
     pub limits: Limits,
+    /// The roots the harness set (`RegistrationSpec::roots`).
+    pub roots: Option<Vec<Root>>,
     pub ttl_s: Option<u64>,
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// Unix ms at which the lease ends (0 = never). Renewing moves it.
@@ -174,6 +245,7 @@ impl RegistrationState {
             tools,
             grants: spec.tools.clone(),
             limits: spec.limits.clone(),
+            roots: spec.roots.clone(),
             ttl_s: spec.ttl_s,
             created_at,
             expires_at_ms: AtomicU64::new(expires),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SessionConfig;
-use crate::mcp::{jsonrpc, log_level_index};
+use crate::mcp::{jsonrpc, log_level_index, ClientCapability};
 use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
 
@@ -142,6 +142,9 @@ pub struct Session {
     /// URIs this session subscribed to (`resources/subscribe` the upstream accepted); only
     /// their `notifications/resources/updated` reach it. At most `MAX_SUBSCRIPTIONS`.
     subscriptions: Mutex<std::collections::HashSet<String>>,
+    /// The client capabilities its `initialize` declared (`ClientCapability::bits_of`):
+    /// server → client requests reach it only for these.
+    client_capabilities: AtomicU8,
 }
 
 /// Resource subscriptions one session may hold (a bound, like every table).
@@ -197,6 +200,17 @@ impl Session {
             (0, _) | (_, None) => true,
             (min, Some(i)) => i + 1 >= min,
         }
+    }
+
+    /// Records what the client's `initialize` declared (`params.capabilities`).
+    pub fn set_client_capabilities(&self, capabilities: Option<&Value>) {
+        self.client_capabilities
+            .store(ClientCapability::bits_of(capabilities), Ordering::Release);
+    }
+
+    /// Did the client declare this capability at `initialize`?
+    pub fn declares(&self, cap: ClientCapability) -> bool {
+        cap.in_bits(self.client_capabilities.load(Ordering::Acquire))
     }
 
     pub fn is_initialized(&self) -> bool {
@@ -353,6 +367,7 @@ impl SessionTable {
             last_active: Mutex::new(Instant::now()),
             log_level: AtomicU8::new(0),
             subscriptions: Mutex::new(std::collections::HashSet::new()),
+            client_capabilities: AtomicU8::new(0),
         });
         // At a cap, the oldest idle session (of the registration, or of the gateway) is
         // evicted through `close`; when none is idle, the caller answers 503.

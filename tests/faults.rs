@@ -662,3 +662,113 @@ async fn a_flood_of_list_changed_is_coalesced_into_a_few_refreshes() {
         json!({"announced": 1000, "refreshes": refreshes}),
     );
 }
+
+/// Issue 18 item 1: a client that stops reading its Streamable HTTP call stream stalls the
+/// call's notifications; after the upstream's `notify_grace_ms` the rest of that call's
+/// notifications are refused and counted — none lost silently (delivered + refused = sent) —
+/// the upstream reader goes on, the call's result still arrives, another call is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_has_its_notifications_refused_after_the_grace_and_counted() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const SENT: usize = 60_000;
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![faulty_as("st", 60, "notify_grace_ms = 300")];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("st.*"))
+        .await
+        .unwrap();
+    let post = |body: Value, session: Option<String>| {
+        let mut b = http()
+            .post(reg.mcp_url())
+            .bearer_auth(reg.token())
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(s) = session {
+            b = b.header("mcp-session-id", s);
+        }
+        b.json(&body).send()
+    };
+    let init = post(
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+        None,
+    )
+    .await
+    .unwrap();
+    let sid = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = init.text().await;
+    let _ = post(
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        Some(sid.clone()),
+    )
+    .await
+    .unwrap();
+    let resp = post(
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"st.flood","arguments":{"n":SENT}}}),
+        Some(sid.clone()),
+    )
+    .await
+    .unwrap();
+    // The client reads nothing for a while (its socket and the gateway's queues fill).
+    let refused = || {
+        gatehouse::testing::pool(&tg.gateway)
+            .status()
+            .into_iter()
+            .find(|u| u.id == "st")
+            .map_or(0, |u| u.notifications_refused)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stalled_after = refused();
+    assert!(
+        stalled_after > 0,
+        "nothing refused while the client did not read"
+    );
+    // Another call on a fresh session is served meanwhile: the upstream reader goes on.
+    let t = Instant::now();
+    let other = post(
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"st.ok","arguments":{}}}),
+        Some(sid.clone()),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(other.contains("\"ok\""), "{other}");
+    let other_ms = t.elapsed().as_millis();
+    // Now it reads: what was delivered plus what was refused is what the upstream sent.
+    let body = resp.text().await.unwrap();
+    let messages: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+        .collect();
+    let delivered = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .count();
+    let result = messages
+        .iter()
+        .find(|m| m["id"] == 1)
+        .expect("the call's result");
+    assert_eq!(text_of(result), "flooded", "{result}");
+    let refused = refused();
+    assert_eq!(
+        delivered as u64 + refused,
+        SENT as u64,
+        "delivered {delivered} + refused {refused} != sent {SENT}"
+    );
+    append_figures(
+        "stalled_reader",
+        json!({"sent": SENT, "delivered": delivered, "refused": refused, "grace_ms": 300,
+               "other_call_served_ms": other_ms}),
+    );
+}

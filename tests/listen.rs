@@ -275,3 +275,83 @@ async fn a_listen_stream_carries_exactly_what_it_asked_for_and_ends_gracefully()
     assert_eq!(last["result"]["resultType"], "complete", "{last}");
     assert_eq!(last["result"]["_meta"][SUB], 7, "{last}");
 }
+
+/// On a `shared` connection no registration can be named: a list change goes to every
+/// registration granted the upstream, a resource update only to the streams (and sessions)
+/// that subscribed to its URI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_connection_list_changes_reach_every_grantee_and_updates_only_subscribers() {
+    let mut up = announcer();
+    up.sharing = gatehouse::config::Sharing::Shared;
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![up];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let mut regs = Vec::new();
+    let mut streams = Vec::new();
+    for (i, uris) in [json!(["faulty://record"]), json!([])]
+        .into_iter()
+        .enumerate()
+    {
+        let reg = tg
+            .gateway
+            .register(RegistrationSpec::new(format!("agent-{i}")).grant("fl.*"))
+            .await
+            .unwrap();
+        let r = post(
+            &reg,
+            "subscriptions/listen",
+            None,
+            json!({"jsonrpc": "2.0", "id": i,
+            "method": "subscriptions/listen", "params": {"_meta": meta(), "notifications":
+            {"promptsListChanged": true, "resourceSubscriptions": uris}}}),
+        )
+        .await;
+        let mut rx = messages(r);
+        let ack = next(&mut rx, 10).await.expect("acknowledged");
+        assert_eq!(
+            ack["params"]["notifications"]["promptsListChanged"], true,
+            "{ack}"
+        );
+        regs.push(reg);
+        streams.push(rx);
+    }
+    let other = tg
+        .gateway
+        .register(RegistrationSpec::new("not-granted").with_tool(echo_tool("echo", "x")))
+        .await
+        .unwrap();
+    let r = post(
+        &other,
+        "subscriptions/listen",
+        None,
+        json!({"jsonrpc": "2.0", "id": 9,
+        "method": "subscriptions/listen", "params": {"_meta": meta(), "notifications":
+        {"promptsListChanged": true, "toolsListChanged": true}}}),
+    )
+    .await;
+    let mut rx_other = messages(r);
+    let _ = next(&mut rx_other, 10).await.expect("acknowledged");
+
+    announce(&regs[1]).await;
+    for (i, rx) in streams.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while let Some(m) = next(rx, 2).await {
+            got.push(m["method"].as_str().unwrap_or("").to_string());
+        }
+        got.sort();
+        let want: &[&str] = if i == 0 {
+            &[
+                "notifications/prompts/list_changed",
+                "notifications/resources/updated",
+            ]
+        } else {
+            &["notifications/prompts/list_changed"]
+        };
+        assert_eq!(got, want, "registration {i}");
+    }
+    assert!(
+        next(&mut rx_other, 1).await.is_none(),
+        "not granted the upstream: nothing"
+    );
+}

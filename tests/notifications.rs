@@ -215,8 +215,10 @@ async fn drain(c: &mut SseClient, secs: u64) -> Vec<Value> {
 
 /// Issue 18 item 3: notifications outside any call go to the sessions of the registration
 /// that owns the connection (`per_registration`) or holds the lease they name (`leased`), to
-/// no one else; on `shared`, where no registration can be named, they are counted and not
-/// delivered. Item 2: `resources/updated` only to the sessions subscribed to the URI.
+/// no one else; on `shared`, where no registration can be named, a log is counted and not
+/// delivered, and a resource update goes to the sessions of any registration granted the
+/// upstream that subscribed to its URI. Item 2: `resources/updated` only to the sessions
+/// subscribed to the URI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_wide_notifications_go_to_the_owning_registration_only() {
     for (sharing, lease, delivered) in [
@@ -292,10 +294,15 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
                 "{got_a:?}"
             );
         } else {
-            assert!(
-                got_a.is_empty() && got_a2.is_empty(),
-                "{sharing}: {got_a:?} {got_a2:?}"
+            // No registration can be named: the log is not delivered; the resource update goes
+            // to whoever granted the upstream subscribed to its URI (A's first session only).
+            assert_eq!(
+                methods(&got_a),
+                vec!["notifications/resources/updated"],
+                "{sharing}: {got_a:?}"
             );
+            assert_eq!(got_a[0]["params"]["uri"], "announcer://a1", "{sharing}");
+            assert!(got_a2.is_empty(), "{sharing}: {got_a2:?}");
         }
         assert!(
             got_b.is_empty(),

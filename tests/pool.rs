@@ -708,7 +708,9 @@ async fn server_requests_reach_the_one_session_they_belong_to_else_are_refused()
         .register(RegistrationSpec::new("a").grant("mock.*"))
         .await
         .unwrap();
-    let mut ca = client(&a).await;
+    // A client that did not declare `sampling` is not asked (tests/client_caps.rs).
+    let mut ca = SseClient::connect(&a.sse_url(), a.token()).await;
+    ca.initialize_with(json!({"sampling": {}})).await;
     ca.post(json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
                    "params":{"name":"mock.sample","arguments":{}}}))
         .await;

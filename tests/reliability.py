@@ -11,14 +11,14 @@ import sys
 root = pathlib.Path(__file__).resolve().parent.parent
 d = root / "target" / "reliability"
 need = ["hostile", "faults", "slow_reader", "soak", "leaks", "leaks_proxy", "connections", "teardown",
-        "audit_modes", "session_bytes", "fairness", "call_ids", "audit_bounds", "transport_binding", "list_changed", "floods"]
+        "audit_modes", "session_bytes", "fairness", "call_ids", "audit_bounds", "transport_binding", "list_changed", "floods", "stalled_reader"]
 f = {}
 for n in need:
     p = d / f"{n}.json"
     if not p.exists():
         sys.exit(f"reliability: {p} missing (did the robustness tests run?)")
     f[n] = json.loads(p.read_text())
-h, fa, sr, s, lk, lp, cn, td, am, sb, fr, ci, ab, tb, lc, fl = (f[n] for n in need)
+h, fa, sr, s, lk, lp, cn, td, am, sb, fr, ci, ab, tb, lc, fl, st = (f[n] for n in need)
 leaks = s["secret_leaks"] + lk["leaks_found"] + lp["leaks_found"]
 smuggled = ", ".join(f'{u["transport"]}: {u["smuggling_requests"]} requests, {u["meta_entries_scrubbed"]} _meta entries scrubbed, '
                      f'{u["upstream_messages_checked"]} upstream messages' + (f', {u["http_requests_checked"]} HTTP requests\' headers' if u["http_requests_checked"] else "")
@@ -31,7 +31,8 @@ bad = (h["mismatches"] + s["audit_mismatches"] + leaks + causes["unexplained"] +
        + int(tb["streamable_id_on_messages_status"] != 404 or tb["sse_id_on_mcp_status"] != 404)
        + int(lc["refreshes"] > 20)
        + int(fl["notifications_delivered"] + fl["notifications_refused"] != fl["notifications_sent"])
-       + int(fl["requests_answered"] != fl["requests_sent"]))
+       + int(fl["requests_answered"] != fl["requests_sent"])
+       + int(st["delivered"] + st["refused"] != st["sent"]))
 runs = {r["shutdown_grace_s"]: r for r in td["runs"]}
 graceful, forced = runs[max(runs)], runs[min(runs)]
 strict = "; ".join(f'{c["case"]} {c["status"]}' for c in h["strict_http"] if not c["case"].startswith("control"))
@@ -93,6 +94,7 @@ tests/sessions.rs and tests/audit.rs). Do not edit by hand.
 | Bounded audit fields (tests/audit.rs) | a {ab["tool_name_bytes_sent"] // 1024} KiB tool name and a {ab["label_bytes_registered"] // 1024} KiB label: reply {ab["reply_bytes"]} bytes (the name not echoed), the record's tool {ab["record_tool_bytes"]} bytes (cut, with the SHA-256 of the whole), longest audit line {ab["longest_audit_line_bytes"]} bytes |
 | `tools/list_changed` flood (tests/faults.rs) | {lc["announced"]} announcements in a burst: {lc["refreshes"]} catalog refreshes (one in flight plus a dirty flag) |
 | Upstream flood outside any call (tests/floods.rs; per connection: {fl["rate_per_s"]} events/s, burst {fl["burst"]}, queue {fl["queue"]}) | {fl["notifications_sent"]} log notifications, {fl["stderr_lines"]} stderr lines and {fl["requests_sent"]} server requests in {fl["flood_ms"]} ms: {fl["notifications_delivered"]} notifications delivered + {fl["notifications_refused"]} refused and counted = all sent; {fl["stderr_logged"]} stderr lines logged, the rest counted in summaries; {fl["requests_answered"]} requests all answered ({fl["requests_refused_rate"]} with the rate-limit error); **{fl["log_lines_total"]} log lines in all**; RSS growth {fl["rss_growth_kb"] // 1024} MiB; the upstream served a call {fl["served_after_ms"]} ms after |
+| A call's reader that stops reading (tests/faults.rs; `notify_grace_ms` {st["grace_ms"]}) | {st["sent"]} logs in one Streamable HTTP call: {st["delivered"]} delivered + {st["refused"]} refused after the grace and counted = all sent; the call's result still arrived; another call served in {st["other_call_served_ms"]} ms meanwhile |
 | Session bound to its transport (tests/sessions.rs) | a Streamable HTTP session id on `/messages/`: {tb["streamable_id_on_messages_status"]}; a legacy SSE session id as `Mcp-Session-Id`: {tb["sse_id_on_mcp_status"]} |
 
 What the soak's error replies were (cause: what the client saw): {shapes}.

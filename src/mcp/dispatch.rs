@@ -16,6 +16,7 @@ pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
     let version = crate::mcp::negotiate(requested);
     if let Some(s) = &ctx.session {
         s.set_protocol_version(version);
+        s.set_client_capabilities(params.and_then(|p| p.get("capabilities")));
     }
     json!({
         "protocolVersion": version,
@@ -140,6 +141,17 @@ pub fn handle_notification(ctx: &RequestCtx, method: &str, params: Option<&Value
                 if s.cancel_call(request_id) {
                     tracing::debug!(session = %s.id, "call cancelled by client");
                 }
+            }
+        }
+        // Passed to the connections this registration owns, unless its harness set the roots
+        // (then those answer roots/list, whatever the client has).
+        "notifications/roots/list_changed" => {
+            let declared = ctx
+                .session
+                .as_ref()
+                .is_some_and(|s| s.declares(crate::mcp::ClientCapability::Roots));
+            if declared && ctx.registration.roots.is_none() {
+                ctx.hub.pool().roots_list_changed(&ctx.registration.id);
             }
         }
         other => tracing::debug!(method = other, "notification ignored"),

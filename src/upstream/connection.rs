@@ -143,6 +143,7 @@ impl Connection {
             opts.ids.clone(),
             events,
             opts.notifications_refused.clone(),
+            opts.notify_grace,
         ));
         let transport = match &opts.transport {
             Transport::Stdio {

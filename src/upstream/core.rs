@@ -12,9 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{EventSink, EVENT_BURST, EVENT_RATE_PER_S};
-use super::{
-    IdCounter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent, NOTIFY_GRACE,
-};
+use super::{IdCounter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
@@ -55,7 +53,7 @@ struct PendingRequest {
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
     tag: Option<RequestTag>,
-    /// Its consumer took no notification for [`NOTIFY_GRACE`]: later ones are refused at
+    /// Its consumer took no notification for the grace (`notify_grace_ms`, [`super::types::NOTIFY_GRACE`] by default): later ones are refused at
     /// once (counted), so one stuck caller holds the reader once, not once per notification.
     stalled: bool,
 }
@@ -76,6 +74,7 @@ pub(crate) struct Core {
     pub(super) closed: CancellationToken,
     events: EventSink,
     refused: NotificationsRefused,
+    grace: std::time::Duration,
 }
 
 impl Core {
@@ -90,6 +89,7 @@ impl Core {
         ids: IdCounter,
         events: EventSink,
         refused: NotificationsRefused,
+        grace: std::time::Duration,
     ) -> Self {
         Self {
             upstream_id,
@@ -99,6 +99,7 @@ impl Core {
             closed: CancellationToken::new(),
             events,
             refused,
+            grace,
         }
     }
 
@@ -167,7 +168,7 @@ impl Core {
     ///
     /// A call's progress and logs are handed to its channel with `send().await`: when the
     /// caller is slower than the upstream, the reader waits (backpressure) — at most
-    /// [`NOTIFY_GRACE`] per call, after which that call's notifications are refused and
+    /// the grace (`notify_grace_ms`, [`super::types::NOTIFY_GRACE`] by default) per call, after which that call's notifications are refused and
     /// counted. Nothing is dropped silently; order is the upstream's.
     pub(crate) async fn dispatch(&self, msg: Value, related_hint: Option<u64>) -> Option<Value> {
         let Value::Object(mut obj) = msg else {
@@ -230,7 +231,7 @@ impl Core {
 
     /// Hands one notification of pending request `id` to its channel (see [`Core::dispatch`]).
     async fn deliver(&self, id: u64, sink: mpsc::Sender<Value>, msg: Value) {
-        match tokio::time::timeout(NOTIFY_GRACE, sink.send(msg)).await {
+        match tokio::time::timeout(self.grace, sink.send(msg)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
                 // The call ended between the lookup and the send.
@@ -242,7 +243,7 @@ impl Core {
                 if let Some(p) = lock(&self.state).pending.get_mut(&id) {
                     p.stalled = true;
                 }
-                tracing::warn!(upstream = %self.upstream_id, jsonrpc.id = id, grace_s = NOTIFY_GRACE.as_secs(), "caller took no notification within the grace; refusing this call's notifications (counted)");
+                tracing::warn!(upstream = %self.upstream_id, jsonrpc.id = id, grace_ms = self.grace.as_millis(), "caller took no notification within the grace; refusing this call's notifications (counted)");
             }
         }
     }

@@ -41,6 +41,11 @@ impl Leases {
             .clone()
     }
 
+    /// The registration's lease on this slot, if it has one (never mints).
+    pub fn get(&self, registration_id: &str) -> Option<String> {
+        lock(&self.0).get(registration_id).cloned()
+    }
+
     pub fn remove(&self, registration_id: &str) -> Option<String> {
         lock(&self.0).remove(registration_id)
     }

@@ -47,6 +47,6 @@ pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
 pub use types::{
     ConnectOptions, Downstream, ForwardError, IdCounter, NotificationsRefused, RequestOptions,
-    RequestTag, Response, Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY, NOTIFY_GRACE,
+    RequestTag, Response, Transport, UpstreamError, UpstreamEvent, LEASE_CAPABILITY,
     SUPPORTED_PROTOCOL_VERSIONS,
 };

@@ -335,6 +335,52 @@ impl Pool {
         true
     }
 
+    /// A client of `registration_id` said its roots changed (`notifications/roots/list_changed`):
+    /// tell the live connections that declared `roots` and that this registration owns (its
+    /// `per_registration` slots; on a leased slot, naming its lease in `_meta`). Shared
+    /// connections are not told: they did not declare roots. Sent from the pool's tracker.
+    pub fn roots_list_changed(&self, registration_id: &str) {
+        let mut targets = Vec::new();
+        for up in self.inner.upstreams.values() {
+            if !up
+                .spec
+                .config
+                .declared_client_capabilities()
+                .contains(&"roots")
+            {
+                continue;
+            }
+            let slots = lock(&up.slots);
+            if let Some(conn) = slots
+                .per_registration
+                .get(registration_id)
+                .and_then(|s| s.live())
+            {
+                targets.push((conn, serde_json::json!({})));
+            }
+            if let Some(slot) = slots
+                .shared
+                .as_ref()
+                .filter(|s| s.leased.load(Ordering::Acquire))
+            {
+                if let (Some(lease), Some(conn)) = (slot.leases.get(registration_id), slot.live()) {
+                    let meta = serde_json::json!({ super::lease::LEASE_META_KEY: lease });
+                    targets.push((conn, serde_json::json!({ "_meta": meta })));
+                }
+            }
+        }
+        if targets.is_empty() {
+            return;
+        }
+        self.inner.tasks.spawn(async move {
+            for (conn, params) in targets {
+                if let Err(e) = conn.notify("notifications/roots/list_changed", params).await {
+                    tracing::debug!(upstream = %conn.upstream_id(), error = %e, "roots/list_changed not passed upstream");
+                }
+            }
+        });
+    }
+
     /// Each upstream's live connections (admin API `/v1/upstreams` and metrics).
     pub fn status(&self) -> Vec<UpstreamInfo> {
         self.inner
@@ -451,11 +497,20 @@ const ROUTED: [&str; 4] = [
     "notifications/prompts/list_changed",
 ];
 
+/// Connection-wide notifications that go to every registration granted the upstream when no
+/// one registration can be named.
+const BROADCAST: [&str; 3] = [
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
 /// A notification outside any call (a log, a list change, a resource update): to the
 /// sessions of the registration that owns the connection (`per_registration`) or holds the
-/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). On a `shared` connection no
-/// registration can be named: not delivered, counted (`notifications_refused`), logged at
-/// debug. So is any other method.
+/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). Where no registration can be
+/// named (`shared`, or no lease in `_meta`), list changes and resource updates go to every
+/// registration granted the upstream (updates only to their subscribers); a log is not
+/// delivered, counted (`notifications_refused`), logged at debug. So is any other method.
 async fn connection_wide(
     pool: &PoolInner,
     slot: &Slot,
@@ -463,15 +518,21 @@ async fn connection_wide(
     method: String,
     params: Option<Value>,
 ) {
-    let registration = owner.map(str::to_string).or_else(|| {
-        params
-            .as_ref()
-            .and_then(|p| p.get("_meta"))
-            .and_then(|m| m.get(super::lease::LEASE_META_KEY))
-            .and_then(Value::as_str)
-            .and_then(|lease| slot.leases.registration_of(lease))
-    });
+    let mut params = params;
+    let registration = named_registration(slot, owner, &mut params);
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
+    // A list change or a resource update concerns everyone granted the upstream: with no
+    // registration to name, it goes to all of them (an update only to its subscribers).
+    if let (None, Some(ds), true) = (
+        &registration,
+        &downstream,
+        BROADCAST.contains(&method.as_str()),
+    ) {
+        let msg = crate::mcp::jsonrpc::notification(&method, params);
+        let n = ds.notify_granted(&slot.spec.id, msg).await;
+        tracing::debug!(upstream = %slot.spec.id, method, sessions = n, "connection-wide notification delivered to the registrations granted the upstream");
+        return;
+    }
     let (Some(registration), Some(downstream), true) =
         (registration, downstream, ROUTED.contains(&method.as_str()))
     else {
@@ -479,17 +540,31 @@ async fn connection_wide(
         tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
         return;
     };
-    let mut params = params;
-    if let Some(meta) = params
-        .as_mut()
-        .and_then(|p| p.get_mut("_meta"))
-        .and_then(Value::as_object_mut)
-    {
-        meta.remove(super::lease::LEASE_META_KEY);
-    }
     let msg = crate::mcp::jsonrpc::notification(&method, params);
     let n = downstream.notify_registration(&registration, msg).await;
     tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+}
+
+/// The registration a message from the server is for, outside any call: the slot's owner
+/// (`per_registration`), else the holder of the lease named in
+/// `params._meta["io.gatehouse/lease"]` (`leased`); None on `shared`. The lease key is
+/// stripped from `params` (it is the gateway's, not the client's).
+fn named_registration(
+    slot: &Slot,
+    owner: Option<&str>,
+    params: &mut Option<Value>,
+) -> Option<String> {
+    let meta = params
+        .as_mut()
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut);
+    let lease = meta.and_then(|m| m.remove(super::lease::LEASE_META_KEY));
+    owner.map(str::to_string).or_else(|| {
+        lease
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(|l| slot.leases.registration_of(l))
+    })
 }
 
 /// A slot's event task: what its connections report.
@@ -549,6 +624,8 @@ async fn run_events(
                     continue;
                 };
                 let downstream = pool.downstream.get().and_then(Weak::upgrade);
+                let mut params = params;
+                let registration = named_registration(&slot, owner.as_deref(), &mut params);
                 let req = Incoming {
                     upstream_id: slot.spec.id.clone(),
                     conn,
@@ -556,6 +633,7 @@ async fn run_events(
                     method,
                     params,
                     related_tag,
+                    registration,
                 };
                 pool.client_requests.route(req, downstream).await;
             }

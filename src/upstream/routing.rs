@@ -1,6 +1,10 @@
-//! Server → client requests (sampling, elicitation, roots, …): routed to the one session whose
-//! call they belong to, or refused at once — never a silent drop that leaves the upstream
-//! waiting. The client's response goes back upstream under the upstream's own id.
+//! Server → client requests (sampling, elicitation, roots, …): routed to a session of the one
+//! registration they belong to — the call's, or (outside a call) the connection owner's or
+//! lease holder's — whose client declared the capability, answered from the registration's
+//! roots, or refused at once: never a silent drop that leaves the upstream waiting, never
+//! another registration's session. The client's response goes back upstream under the
+//! upstream's own id. Also what a connection declares in `initialize`
+//! ([`declared_capabilities`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,8 +13,11 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{Connection, Downstream, RequestTag};
+use crate::config::UpstreamConfig;
+use crate::mcp::ClientCapability;
 use crate::session::Session;
 use crate::sync::lock;
 
@@ -41,9 +48,16 @@ impl CallOwner {
 struct ClientRequest {
     registration_id: String,
     session_id: String,
+    /// Fires when the session closes: its unanswered requests are then refused upstream
+    /// (None: a stateless call's, which the MRTR table ends).
+    session_closed: Option<CancellationToken>,
     conn: Connection,
     upstream_request_id: Value,
 }
+
+/// Server → client requests one registration's clients may leave unanswered at once; one
+/// more is refused (the table is bounded like every other).
+const MAX_WAITING_PER_REGISTRATION: usize = 256;
 
 /// The server → client requests waiting for a client's response, under gateway-minted ids.
 #[derive(Default)]
@@ -60,17 +74,59 @@ pub(super) struct Incoming {
     pub method: String,
     pub params: Option<Value>,
     pub related_tag: Option<RequestTag>,
+    /// The registration the connection serves (`per_registration`) or whose lease the
+    /// request names in `_meta["io.gatehouse/lease"]` (`leased`, the key stripped); None on a
+    /// `shared` connection.
+    pub registration: Option<String>,
+}
+
+/// The `capabilities` a connection of this upstream declares in `initialize`: what
+/// [`UpstreamConfig::declared_client_capabilities`] says (all three on owned connections,
+/// none on shared ones). `roots` with `listChanged`: a client's `roots/list_changed` is passed
+/// to the connections its registration owns (`Pool::roots_list_changed`).
+pub(super) fn declared_capabilities(config: &UpstreamConfig) -> Value {
+    let caps: Map<String, Value> = config
+        .declared_client_capabilities()
+        .into_iter()
+        .map(|c| {
+            let v = if c == "roots" {
+                json!({"listChanged": true})
+            } else {
+                json!({})
+            };
+            (c.to_string(), v)
+        })
+        .collect();
+    Value::Object(caps)
+}
+
+/// Where a server → client request goes.
+enum Target {
+    /// Answered by the gateway from the registration's spec (`roots/list`, roots set).
+    Roots(Value),
+    /// To this session: on the call's own sink first if the request belongs to a call.
+    Session(Arc<Session>, Option<mpsc::Sender<Value>>),
+    /// A stateless (2026-07-28) call of this registration: only its sink, where the reply
+    /// engine makes the request an MRTR `input_required` result.
+    Stateless(String, mpsc::Sender<Value>),
 }
 
 impl ClientRequests {
     /// Routes a server → client request to the session it belongs to, or refuses it.
     ///
-    /// The request must be attributable to one pending call of a session. It goes on that
-    /// call's own sink first (Streamable HTTP: the POST's SSE response stream, as MCP asks for
-    /// requests related to a client request), else on the session's server-to-client stream
-    /// (legacy SSE stream / Streamable HTTP GET stream). A call without a session (stateless
-    /// 2026-07-28 `tools/call`) has only its sink: the reply engine makes the request an MRTR
-    /// `input_required` result. If nothing takes it, the upstream gets an error at once.
+    /// The registration is the connection's owner or the lease the request names, else the
+    /// owner of the pending call it is attributed to; never another. `roots/list` for a
+    /// registration whose harness set roots is answered from them. A request related to a
+    /// call of that registration goes to the call's session: on the call's own sink first
+    /// (Streamable HTTP: the POST's SSE response stream, as MCP asks for requests related to a
+    /// client request), else on the session's server-to-client stream. A request no call can
+    /// be named for (e.g. `roots/list` at any time) goes to the registration's most recently
+    /// active session that declared the capability and has a stream open. Sampling,
+    /// elicitation and roots reach a session only if its client declared them at
+    /// `initialize`. A call without a session (stateless 2026-07-28 `tools/call`,
+    /// `prompts/get`, `resources/read`) has only its sink: the reply engine makes the request
+    /// an MRTR `input_required` result. Anything else — no registration, no such session, a
+    /// full stream — gets an error upstream at once.
     pub async fn route(&self, req: Incoming, downstream: Option<Arc<dyn Downstream>>) {
         let Incoming {
             upstream_id,
@@ -79,51 +135,73 @@ impl ClientRequests {
             method,
             params,
             related_tag,
+            registration,
         } = req;
         let refuse = |why: &str| {
             tracing::warn!(upstream = %upstream_id, method, why, "server → client request refused");
             json!({"code": REFUSED, "message": format!("gatehouse: {method} refused: {why}")})
         };
-        let owner = related_tag
-            .as_ref()
-            .and_then(|t| t.0.downcast_ref::<CallOwner>());
-        let (owner, session, ds) = match (owner, downstream) {
-            (Some(o), Some(ds)) => match o.session.clone() {
-                Some(s) if !s.cancel.is_cancelled() => (o, Some(s), ds),
-                Some(_) => {
-                    let _ = conn
-                        .respond(id, Err(refuse("the client session is closed")))
-                        .await;
-                    return;
-                }
-                // A stateless (2026-07-28) call: the request goes on the call's own sink, and
-                // the reply engine turns it into an MRTR `input_required` result.
-                None if o.notify.is_some() => (o, None, ds),
-                None => {
-                    let err = refuse("the call has no client to ask");
-                    let _ = conn.respond(id, Err(err)).await;
-                    return;
-                }
-            },
-            _ => {
-                let err = refuse("not attributable to one client session");
-                let _ = conn.respond(id, Err(err)).await;
+        let target = match downstream.as_ref() {
+            Some(ds) => pick(ds.as_ref(), &method, related_tag.as_ref(), registration),
+            None => Err("the gateway is shutting down".to_string()),
+        };
+        let (registration_id, session, call_sink) = match target {
+            Ok(Target::Roots(roots)) => {
+                tracing::debug!(upstream = %upstream_id, "roots/list answered from the registration's roots");
+                let _ = conn.respond(id, Ok(roots)).await;
+                return;
+            }
+            Ok(Target::Session(s, sink)) => (s.registration.id.clone(), Some(s), sink),
+            Ok(Target::Stateless(r, sink)) => (r, None, Some(sink)),
+            Err(why) => {
+                let _ = conn.respond(id, Err(refuse(&why))).await;
                 return;
             }
         };
+        let Some(ds) = downstream else { return };
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{upstream_id}-{n}");
-        lock(&self.map).insert(
-            down_id.clone(),
-            ClientRequest {
-                registration_id: owner.registration_id.clone(),
-                session_id: session
-                    .as_ref()
-                    .map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
-                conn: conn.clone(),
-                upstream_request_id: id.clone(),
-            },
-        );
+        let (stale, full) = {
+            let mut map = lock(&self.map);
+            // Requests whose session closed unanswered leave the table (refused below).
+            let closed: Vec<String> = map
+                .iter()
+                .filter(|(_, r)| r.session_closed.as_ref().is_some_and(|t| t.is_cancelled()))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let stale: Vec<ClientRequest> = closed.iter().filter_map(|k| map.remove(k)).collect();
+            let waiting = map
+                .values()
+                .filter(|r| r.registration_id == registration_id)
+                .count();
+            let full = waiting >= MAX_WAITING_PER_REGISTRATION;
+            if !full {
+                map.insert(
+                    down_id.clone(),
+                    ClientRequest {
+                        registration_id: registration_id.clone(),
+                        session_id: session
+                            .as_ref()
+                            .map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
+                        session_closed: session.as_ref().map(|s| s.cancel.clone()),
+                        conn: conn.clone(),
+                        upstream_request_id: id.clone(),
+                    },
+                );
+            }
+            (stale, full)
+        };
+        for r in stale {
+            let err = json!({"code": REFUSED, "message": "gatehouse: the client session closed before answering"});
+            let _ = r.conn.respond(r.upstream_request_id, Err(err)).await;
+        }
+        if full {
+            let err = refuse(&format!(
+                "the registration's clients leave {MAX_WAITING_PER_REGISTRATION} server requests unanswered already"
+            ));
+            let _ = conn.respond(id, Err(err)).await;
+            return;
+        }
         let mut msg = Map::new();
         msg.insert("jsonrpc".into(), json!("2.0"));
         msg.insert("id".into(), json!(down_id));
@@ -132,7 +210,7 @@ impl ClientRequests {
             msg.insert("params".into(), p);
         }
         let msg = Value::Object(msg);
-        let on_call_stream = match &owner.notify {
+        let on_call_stream = match &call_sink {
             Some(tx) => tx
                 .send_timeout(msg.clone(), CLIENT_REQUEST_SEND_TIMEOUT)
                 .await
@@ -185,4 +263,70 @@ impl ClientRequests {
     pub fn forget_registration(&self, registration_id: &str) {
         lock(&self.map).retain(|_, r| r.registration_id != registration_id);
     }
+}
+
+/// Which session (or the registration's roots) answers a server → client request; `Err` says
+/// why none may (the upstream gets it in the error).
+fn pick(
+    ds: &dyn Downstream,
+    method: &str,
+    related_tag: Option<&RequestTag>,
+    named: Option<String>,
+) -> Result<Target, String> {
+    let call = related_tag.and_then(|t| t.0.downcast_ref::<CallOwner>());
+    // The connection's owner or the lease named wins over the stdio heuristic's guess of a
+    // call: a call of another registration is not this request's.
+    let registration_id = match (named, call) {
+        (Some(r), _) => r,
+        (None, Some(c)) => c.registration_id.clone(),
+        (None, None) => return Err("not attributable to one client session".into()),
+    };
+    let call = call.filter(|c| c.registration_id == registration_id);
+    let cap = ClientCapability::for_method(method);
+    if cap == Some(ClientCapability::Roots) {
+        let reg = call
+            .and_then(|c| c.session.as_ref().map(|s| s.registration.clone()))
+            .or_else(|| ds.registration(&registration_id));
+        if let Some(roots) = reg.as_ref().and_then(|r| r.roots.as_ref()) {
+            return Ok(Target::Roots(json!({ "roots": roots })));
+        }
+    }
+    let undeclared = |c: ClientCapability| {
+        format!(
+            "the client session did not declare the {} capability at initialize",
+            c.as_str()
+        )
+    };
+    if let Some(c) = call {
+        return match c.session.clone() {
+            Some(s) if s.cancel.is_cancelled() => Err("the client session is closed".into()),
+            Some(s) => match cap {
+                Some(cap) if !s.declares(cap) => Err(undeclared(cap)),
+                _ => Ok(Target::Session(s, c.notify.clone())),
+            },
+            // A stateless (2026-07-28) call: the request goes on the call's own sink, and the
+            // reply engine turns it into an MRTR `input_required` result (it checks the
+            // capabilities the request declared in its `_meta`).
+            None => match &c.notify {
+                Some(sink) => Ok(Target::Stateless(c.registration_id.clone(), sink.clone())),
+                None => Err("the call has no client to ask".into()),
+            },
+        };
+    }
+    let Some(cap) = cap else {
+        return Err(format!(
+            "not attributable to one client session ({method} outside a call is not routed)"
+        ));
+    };
+    ds.sessions_of(&registration_id)
+        .into_iter()
+        .filter(|s| !s.cancel.is_cancelled() && s.declares(cap) && s.has_outbound())
+        .max_by_key(|s| s.last_active())
+        .map(|s| Target::Session(s, None))
+        .ok_or_else(|| {
+            format!(
+                "no session of the registration that owns this connection declared the {} capability and has a stream open",
+                cap.as_str()
+            )
+        })
 }

@@ -177,7 +177,9 @@ impl Slot {
         opts.epoch = epoch;
         opts.ids = self.ids.clone();
         opts.notifications_refused = self.spec.refused.clone();
+        opts.notify_grace = Duration::from_millis(self.spec.config.notify_grace_ms.max(1));
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
+        opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
         // Boxed: spawning is the rare path; inline, its future would make every forwarded
         // call's future (which awaits this one) as large as the handshake's (issue 19).
         match Box::pin(Connection::connect(opts, self.events_tx.clone())).await {

@@ -95,6 +95,9 @@ pub struct ConnectOptions {
     pub shutdown_grace: Duration,
     /// Where undeliverable call notifications are counted (the upstream's counter).
     pub notifications_refused: NotificationsRefused,
+    /// How long the reader waits for a call's consumer to take a notification before it
+    /// refuses that call's notifications ([`NOTIFY_GRACE`] by default).
+    pub notify_grace: Duration,
 }
 
 impl ConnectOptions {
@@ -115,6 +118,7 @@ impl ConnectOptions {
             protocol_version: DEFAULT_PROTOCOL_VERSION.to_owned(),
             shutdown_grace: Duration::from_secs(2),
             notifications_refused: NotificationsRefused::default(),
+            notify_grace: NOTIFY_GRACE,
         }
     }
 }
@@ -264,6 +268,11 @@ pub trait Downstream: Send + Sync {
         registration_id: &'a str,
         msg: Value,
     ) -> BoxFuture<'a, usize>;
+    /// A list change or resource update no registration can be named for (a `shared`
+    /// connection, or a `leased` one without a lease in `_meta`): for every registration
+    /// granted the upstream — a resource update reaches only those of their sessions and
+    /// listen streams that subscribed to its URI. How many it was queued on.
+    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(
@@ -271,6 +280,14 @@ pub trait Downstream: Send + Sync {
         session: &'a crate::session::Session,
         msg: Value,
     ) -> BoxFuture<'a, bool>;
+    /// A live registration (for the roots its harness set), if it is still registered.
+    fn registration(
+        &self,
+        registration_id: &str,
+    ) -> Option<Arc<crate::registry::RegistrationState>>;
+    /// The sessions of a registration: a server → client request no call can be named for
+    /// goes to one of them that declared the capability it needs.
+    fn sessions_of(&self, registration_id: &str) -> Vec<Arc<crate::session::Session>>;
 }
 
 /// Which side of the gateway a failure is on.

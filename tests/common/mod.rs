@@ -252,10 +252,15 @@ impl SseClient {
     }
 
     pub async fn initialize(&mut self) -> Value {
+        self.initialize_with(json!({})).await
+    }
+
+    /// `initialize` declaring these client capabilities (e.g. `{"sampling": {}}`).
+    pub async fn initialize_with(&mut self, capabilities: Value) -> Value {
         let r = self
             .request(
                 "initialize",
-                json!({"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"test","version":"0"}}),
+                json!({"protocolVersion":"2024-11-05","capabilities":capabilities,"clientInfo":{"name":"test","version":"0"}}),
             )
             .await;
         self.notify("notifications/initialized", json!({})).await;

@@ -70,9 +70,13 @@ def start_watchdog(seconds: float) -> None:
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, roots: list[str] | None = None, elicit: dict[str, Any] | None = None) -> None:
         self.progress: list[dict[str, Any]] = []
         self.logs: list[dict[str, Any]] = []
+        # Server -> client requests answered, in order ("sampling", "elicitation", "roots").
+        self.asked: list[str] = []
+        self.roots = roots
+        self.elicit = elicit if elicit is not None else {"username": "testuser", "email": "test@example.com"}
 
     async def on_progress(self, progress: float, total: float | None, message: str | None) -> None:
         self.progress.append({"progress": progress, "total": total, "message": message})
@@ -81,6 +85,7 @@ class Recorder:
         self.logs.append({"level": params.level, "logger": params.logger, "data": params.data})
 
     async def on_sampling(self, context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        self.asked.append("sampling")
         return types.CreateMessageResult(
             role="assistant",
             content=types.TextContent(type="text", text="This is a test response from the client"),
@@ -89,7 +94,12 @@ class Recorder:
         )
 
     async def on_elicitation(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        return types.ElicitResult(action="accept", content={"username": "testuser", "email": "test@example.com"})
+        self.asked.append("elicitation")
+        return types.ElicitResult(action="accept", content=self.elicit)
+
+    async def on_list_roots(self, context: Any) -> types.ListRootsResult:
+        self.asked.append("roots")
+        return types.ListRootsResult(roots=[types.Root(uri=u, name=f"root {i}") for i, u in enumerate(self.roots or [])])
 
 
 def dump_call_result(result: types.CallToolResult) -> dict[str, Any]:
@@ -116,12 +126,15 @@ async def list_all_tools(lister: Any) -> list[str]:
 
 
 def make_callbacks(rec: Recorder) -> dict[str, Any]:
-    return dict(
+    callbacks: dict[str, Any] = dict(
         sampling_callback=rec.on_sampling,
         elicitation_callback=rec.on_elicitation,
         logging_callback=rec.on_log,
         client_info=CLIENT_INFO,
     )
+    if rec.roots is not None:  # declares `roots` only then
+        callbacks["list_roots_callback"] = rec.on_list_roots
+    return callbacks
 
 
 async def open_session(
@@ -200,8 +213,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """--batch: one connection, then each step in `cell["steps"]` in order, each step's outcome
-    recorded separately ({"ok": ...} or {"error": ...}); a failed step does not stop the next."""
-    rec = Recorder()
+    recorded separately ({"ok": ...} or {"error": ...}); a failed step does not stop the next.
+    `cell["roots"]` (a list of URIs) adds a list_roots_callback (the client declares `roots`);
+    `cell["elicit"]` is the content an accepted elicitation answers; out["asked"] lists the
+    server -> client requests the callbacks answered, and each step's "asked_before" those
+    answered before it started (after its optional "sleep_before" seconds)."""
+    rec = Recorder(cell.get("roots"), cell.get("elicit"))
     out: dict[str, Any] = {"transport": cell["transport"], "steps": {}}
     async with AsyncExitStack() as stack:
         session = await open_session(
@@ -209,6 +226,9 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         )
         for step in cell.get("steps", []):
             rec.progress = []
+            if step.get("sleep_before"):
+                await anyio.sleep(float(step["sleep_before"]))
+            asked_before = list(rec.asked)
             try:
                 with anyio.fail_after(step.get("timeout", 20)):
                     r = await call_tool(
@@ -220,12 +240,14 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
                         step.get("cancel_after"),
                     )
                 r["progress"] = rec.progress
+                r["asked_before"] = asked_before
                 out["steps"][step["name"]] = {"ok": r}
             except BaseException as exc:  # noqa: BLE001
                 if isinstance(exc, anyio.get_cancelled_exc_class()):
                     raise
                 out["steps"][step["name"]] = {"error": f"{type(exc).__name__}: {describe(exc)}"}
         out["logs"] = rec.logs
+        out["asked"] = rec.asked
     return out
 
 
