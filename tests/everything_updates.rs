@@ -141,3 +141,121 @@ async fn server_everything_updates_and_logs_reach_the_sdks_on_every_transport() 
         }
     }
 }
+
+/// One stdout line answering `id` (or any line when `id` is None) within the deadline.
+async fn read_until(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    deadline: tokio::time::Instant,
+    mut pred: impl FnMut(&Value) -> bool,
+) -> Option<Value> {
+    loop {
+        let l = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .ok()?
+            .ok()??;
+        let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
+        if pred(&v) {
+            return Some(v);
+        }
+    }
+}
+
+/// mcp-remote (the stdio ↔ remote bridge many desktop clients use), once over Streamable HTTP
+/// and once over legacy SSE: server-everything's resource update and out-of-call log reach
+/// its stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_updates_and_logs_reach_mcp_remote_on_both_transports() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let proxy = root().join("tests/peers/node_modules/mcp-remote/dist/proxy.js");
+    assert!(
+        proxy.exists(),
+        "run tests/peers/setup.sh first ({} missing)",
+        proxy.display()
+    );
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![everything()];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    for (mode, url_of) in [("http-only", 0), ("sse-only", 1)] {
+        let reg = tg
+            .gateway
+            .register(RegistrationSpec::new(format!("agent-remote-{mode}")).grant("everything.*"))
+            .await
+            .unwrap();
+        let url = if url_of == 0 {
+            reg.mcp_url()
+        } else {
+            reg.sse_url()
+        };
+        let home = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new("node")
+            .arg(&proxy)
+            .arg(&url)
+            .args(["--transport", mode])
+            .args(["--header", &format!("Authorization:Bearer {}", reg.token())])
+            .env("HOME", home.path())
+            .env("MCP_REMOTE_CONFIG_DIR", home.path().join(".mcp-auth"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+        let init = serde_json::json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+        let init = format!("{init}\n");
+        input.write_all(init.as_bytes()).await.unwrap();
+        let r = read_until(&mut lines, deadline, |v| v["id"] == 1).await;
+        assert!(
+            r.is_some_and(|r| r["result"]["protocolVersion"].is_string()),
+            "{mode}: initialize"
+        );
+        for (i, (method, params)) in [
+            ("notifications/initialized", Value::Null),
+            ("resources/subscribe", serde_json::json!({"uri": URI})),
+            ("tools/call", serde_json::json!({"name": "everything.toggle-simulated-logging", "arguments": {}})),
+            ("tools/call", serde_json::json!({"name": "everything.toggle-subscriber-updates", "arguments": {}})),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut m = serde_json::json!({"jsonrpc": "2.0", "method": method});
+            if !params.is_null() {
+                m["params"] = params;
+            }
+            let id = i as u64 + 10;
+            if method != "notifications/initialized" {
+                m["id"] = id.into();
+            }
+            input.write_all(format!("{m}\n").as_bytes()).await.unwrap();
+            if method != "notifications/initialized" {
+                let r = read_until(&mut lines, deadline, |v| v["id"] == id).await;
+                assert!(r.as_ref().is_some_and(|r| r.get("result").is_some()), "{mode}: {method}: {r:?}");
+            }
+        }
+        let (mut updated, mut logs) = (0, 0);
+        while updated == 0 || logs == 0 {
+            let Some(v) = read_until(&mut lines, deadline, |v| v.get("method").is_some()).await
+            else {
+                break;
+            };
+            match v["method"].as_str() {
+                Some("notifications/resources/updated") => {
+                    assert_eq!(v["params"]["uri"], URI, "{mode}: {v}");
+                    updated += 1;
+                }
+                Some("notifications/message") => logs += 1,
+                _ => {}
+            }
+        }
+        assert!(
+            updated >= 1 && logs >= 1,
+            "{mode}: {updated} updates, {logs} logs through mcp-remote"
+        );
+        drop(input);
+        let _ = child.kill().await;
+    }
+}

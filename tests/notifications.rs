@@ -2,7 +2,8 @@
 //! upstream (`tests/peers/burst_server.py`, stdio) sends 1,000 progress notifications and
 //! 1,000 logs, alternating, as fast as it can; the official Python SDK 1.x
 //! (`tests/peers/mcp1_client.py`) over legacy SSE and Streamable HTTP, and fastmcp
-//! (`tests/peers/fastmcp_client.py`) over stateless 2026-07-28 and legacy SSE, receive all
+//! (`tests/peers/fastmcp_client.py`) over stateless 2026-07-28 and legacy SSE, and the SDK 2.x
+//! (`tests/peers/py_client.py`) over all three, receive all
 //! 2,000, in the upstream's order, then the result; `gatehouse_notifications_refused` stays 0.
 //! Before the fix the SDK 1.x over legacy SSE got 403 progress and 566 logs of 1,000.
 //! A missing peer fails the test: run tests/peers/setup.sh.
@@ -84,13 +85,16 @@ fn assert_whole_burst(what: &str, out: &Value) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p[0].as_f64().unwrap() as u64)
+        // [progress, total, message] (1.x, fastmcp) or {"progress", …} (the SDK 2.x client).
+        .map(|p| p.get("progress").unwrap_or(&p[0]).as_f64().unwrap() as u64)
         .collect();
     let logs: Vec<String> = out["logs"]
         .as_array()
         .unwrap()
         .iter()
-        // fastmcp's `ctx.info` sends `data: {"msg": …, "extra": …}`.
+        // fastmcp's `ctx.info` sends `data: {"msg": …, "extra": …}`; the SDK 2.x client
+        // reports {"level", "logger", "data"}.
+        .map(|l| l.get("data").unwrap_or(l))
         .filter_map(|l| l.get("msg").unwrap_or(l).as_str().map(String::from))
         .collect();
     assert_eq!(
@@ -154,6 +158,28 @@ async fn bursts_arrive_whole_and_in_order_on_every_transport() {
     )
     .await;
     assert_whole_burst("fastmcp over legacy SSE", &out);
+    for (t, url, what, era) in [
+        ("sse", reg.sse_url(), "Python SDK 2.x over legacy SSE", None),
+        (
+            "streamable",
+            reg.mcp_url(),
+            "Python SDK 2.x over Streamable HTTP",
+            None,
+        ),
+        (
+            "client",
+            reg.mcp_url(),
+            "Python SDK 2.x Client, stateless 2026-07-28",
+            Some("2026-07-28"),
+        ),
+    ] {
+        let mut a = args(&reg, &url, Some(t));
+        if let Some(m) = era {
+            a.extend(["--mode".into(), m.into()]);
+        }
+        let out = run_py(".venv", "py_client.py", a).await;
+        assert_whole_burst(what, &out);
+    }
     let transports: Vec<String> = tg
         .calls()
         .iter()
@@ -161,7 +187,15 @@ async fn bursts_arrive_whole_and_in_order_on_every_transport() {
         .collect();
     assert_eq!(
         transports,
-        vec!["sse", "streamable_http", "stateless", "sse"]
+        vec![
+            "sse",
+            "streamable_http",
+            "stateless",
+            "sse",
+            "sse",
+            "streamable_http",
+            "stateless"
+        ]
     );
 
     // Nothing was refused, and the metric says so.

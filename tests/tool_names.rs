@@ -228,3 +228,122 @@ fn config_keys_are_validated() {
     // The shipped config stays valid.
     Config::from_file(&common::repo_root().join("config/gatehouse.toml")).unwrap();
 }
+
+/// The same rules with real clients and a real upstream written by others: server-everything's
+/// tools (hyphenated names such as `trigger-long-running-operation`) under `__` and the
+/// model-safe rule, listed and called by the Python SDK 2.x (legacy SSE, Streamable HTTP, the
+/// stateless 2026-07-28 Client) and fastmcp (stateless): every name fits
+/// `^[a-zA-Z0-9_-]{1,64}$`, and the call by that name reaches the tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_clients_list_and_call_model_safe_names_of_server_everything() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let script =
+        root.join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let py2 = root.join("tests/peers/.venv/bin/python");
+    let pyf = root.join("tests/peers/.venv-fastmcp/bin/python");
+    for p in [&script, &py2, &pyf] {
+        assert!(
+            p.exists(),
+            "run tests/peers/setup.sh first ({} missing)",
+            p.display()
+        );
+    }
+    let up: UpstreamConfig = toml::from_str(&format!(
+        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 30\nname_separator = \"__\"\nmodel_safe_names = true\n",
+        script.display().to_string()
+    ))
+    .unwrap();
+    let tg = gateway(|c| c.upstreams = vec![up]);
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("everything.*"))
+        .await
+        .unwrap();
+    let call_args = r#"{"message":"hi"}"#;
+    let runs: Vec<(&str, &std::path::Path, Vec<String>)> = vec![
+        (
+            "SDK 2.x legacy SSE",
+            &py2,
+            vec![
+                "tests/peers/py_client.py".into(),
+                "--transport".into(),
+                "sse".into(),
+                "--url".into(),
+                reg.sse_url(),
+            ],
+        ),
+        (
+            "SDK 2.x Streamable HTTP",
+            &py2,
+            vec![
+                "tests/peers/py_client.py".into(),
+                "--transport".into(),
+                "streamable".into(),
+                "--url".into(),
+                reg.mcp_url(),
+            ],
+        ),
+        (
+            "SDK 2.x stateless",
+            &py2,
+            vec![
+                "tests/peers/py_client.py".into(),
+                "--transport".into(),
+                "client".into(),
+                "--mode".into(),
+                "2026-07-28".into(),
+                "--url".into(),
+                reg.mcp_url(),
+            ],
+        ),
+        (
+            "fastmcp stateless",
+            &pyf,
+            vec![
+                "tests/peers/fastmcp_client.py".into(),
+                "--url".into(),
+                reg.mcp_url(),
+            ],
+        ),
+    ];
+    for (what, py, mut a) in runs {
+        a[0] = root.join(&a[0]).display().to_string();
+        a.extend([
+            format!("--token={}", reg.token()),
+            "--call".into(),
+            "everything__echo".into(),
+            "--args".into(),
+            call_args.into(),
+        ]);
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            tokio::process::Command::new(py)
+                .args(&a)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let names: Vec<&str> = v["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t.as_str())
+            .collect();
+        assert!(names.len() >= 5, "{what}: {names:?}");
+        assert!(names.iter().all(|n| model_safe(n)), "{what}: {names:?}");
+        assert!(
+            names.contains(&"everything__trigger-long-running-operation"),
+            "{what}: {names:?}"
+        );
+        let text = v["call"]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.contains("hi"), "{what}: {v}");
+    }
+}
