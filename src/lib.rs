@@ -76,8 +76,8 @@ pub mod testing {
     pub mod upstream {
         pub use crate::upstream::{
             event_channel, ConnectOptions, Connection, EventReceiver, IdCounter,
-            NotificationsRefused, RequestOptions, Transport, UpstreamError, UpstreamEvent,
-            EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
+            NotificationsRefused, RequestOptions, RequestTag, Transport, UpstreamError,
+            UpstreamEvent, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
         };
         pub mod pool {
             pub use crate::upstream::{CallIds, ForwardCall, ForwardOutcome, Pool};

@@ -324,3 +324,102 @@ async fn a_server_request_in_a_stateless_call_becomes_input_required_and_the_ret
         assert_eq!(v["call"]["content"][0]["text"], want, "{v}");
     }
 }
+
+/// The case that motivated MRTR: a real server that samples (server-everything's
+/// `trigger-sampling-request`, listed because the owned connection declares sampling) called
+/// by clients that settle on 2026-07-28 — fastmcp (its default) and the SDK 2.x `Client` — get
+/// the sample through `input_required` rounds and the server's result back. (fastmcp's call
+/// opens the connection, and server-everything's tools/list_changed right after initialize
+/// makes the gateway refresh the catalog while the call is pending: the stdio attribution
+/// counts only requests made for a client, so the refresh does not hide the call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_stateless_clients_answer_server_everything_sampling_through_mrtr() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let script =
+        root.join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let pyf = root.join("tests/peers/.venv-fastmcp/bin/python");
+    for p in [&script, &pyf] {
+        assert!(
+            p.exists(),
+            "run tests/peers/setup.sh first ({} missing)",
+            p.display()
+        );
+    }
+    let up: UpstreamConfig = toml::from_str(&format!(
+        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n",
+        script.display().to_string()
+    ))
+    .unwrap();
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![up];
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-s").grant("everything.*"))
+        .await
+        .unwrap();
+    let args = r#"{"prompt":"hello","maxTokens":5}"#;
+    let runs: Vec<(&str, PathBuf, Vec<String>, &str)> = vec![
+        (
+            "fastmcp (stateless by default)",
+            pyf.clone(),
+            vec![
+                root.join("tests/peers/fastmcp_client.py")
+                    .display()
+                    .to_string(),
+                "--url".into(),
+                reg.mcp_url(),
+                "--sampling-reply".into(),
+                "sampled by fastmcp".into(),
+            ],
+            "sampled by fastmcp",
+        ),
+        (
+            "SDK 2.x Client, 2026-07-28",
+            python(),
+            vec![
+                root.join("tests/peers/py_client.py").display().to_string(),
+                "--transport".into(),
+                "client".into(),
+                "--mode".into(),
+                "2026-07-28".into(),
+                "--url".into(),
+                reg.mcp_url(),
+            ],
+            "This is a test response from the client",
+        ),
+    ];
+    for (what, py, mut a, want) in runs {
+        a.extend([
+            format!("--token={}", reg.token()),
+            "--call".into(),
+            "everything.trigger-sampling-request".into(),
+            "--args".into(),
+            args.into(),
+        ]);
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(py)
+                .args(&a)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["protocol_version"], "2026-07-28", "{what}: {v}");
+        let text = v["call"]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(
+            text.contains(want),
+            "{what}: the server's result carries the sample: {v}"
+        );
+    }
+    assert_eq!(gatehouse::testing::held_calls(&tg.gateway), 0);
+}

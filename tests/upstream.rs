@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::Router;
 use gatehouse::testing::upstream::{
     event_channel, ConnectOptions, Connection, EventReceiver, IdCounter, NotificationsRefused,
-    RequestOptions, Transport, UpstreamError, UpstreamEvent,
+    RequestOptions, RequestTag, Transport, UpstreamError, UpstreamEvent,
 };
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -530,6 +530,8 @@ async fn server_requests_are_routed_and_ping_is_answered() {
             call("sample", json!({})),
             RequestOptions {
                 started: Some(started),
+                // Made for a client: only such requests count for the stdio attribution.
+                tag: Some(RequestTag(std::sync::Arc::new("the caller"))),
                 ..Default::default()
             },
         )

@@ -64,6 +64,19 @@ struct State {
     closed: Option<String>,
 }
 
+/// The one pending request that `matches`, if exactly one does.
+fn only_pending(state: &State, matches: impl Fn(&PendingRequest) -> bool) -> Option<u64> {
+    let mut ids = state
+        .pending
+        .iter()
+        .filter(|(_, p)| matches(p))
+        .map(|(id, _)| *id);
+    match (ids.next(), ids.next()) {
+        (Some(only), None) => Some(only),
+        _ => None,
+    }
+}
+
 /// Transport-independent connection state, shared with the transport's background tasks.
 /// It owns no tasks itself, so tasks holding it never keep a connection alive.
 pub(crate) struct Core {
@@ -265,13 +278,10 @@ impl Core {
             // carried it; stdio: the only pending request), and goes to that request's sink.
             let sink = {
                 let state = lock(&self.state);
-                let related = related_hint.or_else(|| {
-                    let mut ids = state.pending.keys();
-                    match (ids.next(), ids.next()) {
-                        (Some(only), None) => Some(*only),
-                        _ => None,
-                    }
-                });
+                // stdio: the only pending request with a sink (the gateway's own requests,
+                // such as a catalog refresh, have none and own no client-visible log).
+                let related =
+                    related_hint.or_else(|| only_pending(&state, |p| p.notifications.is_some()));
                 related.and_then(|id| {
                     let p = state.pending.get(&id)?;
                     Some((id, p.notifications.clone()?, p.stalled))
@@ -354,13 +364,9 @@ impl Core {
         }
         let (related_request, related_tag) = {
             let state = lock(&self.state);
-            let related = related_hint.or_else(|| {
-                let mut ids = state.pending.keys();
-                match (ids.next(), ids.next()) {
-                    (Some(only), None) => Some(*only),
-                    _ => None,
-                }
-            });
+            // stdio: the only pending request made for a client (it carries its owner's tag);
+            // the gateway's own requests (a catalog refresh racing the call) cannot have asked.
+            let related = related_hint.or_else(|| only_pending(&state, |p| p.tag.is_some()));
             let tag = related
                 .and_then(|r| state.pending.get(&r))
                 .and_then(|p| p.tag.clone());

@@ -198,7 +198,9 @@ pub enum UpstreamEvent {
     /// - HTTP: the request whose POST response stream carried it (a structural link); `None`
     ///   when it arrived some other way.
     /// - stdio: there is no structural link, so it is `Some(id)` only when exactly one request
-    ///   was pending when it arrived, else `None` (the gateway should then fail closed).
+    ///   made for a client (one with a [`RequestOptions::tag`]) was pending when it arrived,
+    ///   else `None` (the gateway should then fail closed). The gateway's own requests (a
+    ///   catalog refresh) do not count.
     Request {
         epoch: u64,
         id: Value,

@@ -1,7 +1,7 @@
 """A client built on fastmcp 4.x (tests/peers/.venv-fastmcp).
 
     .venv-fastmcp/bin/python fastmcp_client.py --url URL --token T [--call TOOL [--args JSON]] \
-        [--progress] [--timeout S]
+        [--progress] [--sampling-reply TEXT] [--timeout S]
 
 fastmcp picks the transport from the URL (/sse: legacy SSE; otherwise Streamable HTTP, where it
 first probes `server/discover` and settles on 2026-07-28, stateless, if the server answers).
@@ -30,7 +30,14 @@ async def run(args):
     async def on_progress(p, total, message):
         progress.append([p, total, message])
 
-    client = Client(args.url, auth=BearerAuth(args.token), log_handler=on_log)
+    extra = {}
+    if args.sampling_reply is not None:
+        # Answers sampling requests (on 2026-07-28 they come as MRTR inputRequests).
+        async def on_sampling(messages, params, context):
+            return args.sampling_reply
+
+        extra["sampling_handler"] = on_sampling
+    client = Client(args.url, auth=BearerAuth(args.token), log_handler=on_log, **extra)
     async with client:
         tools = [t.name for t in await client.list_tools()]
         call = None
@@ -61,6 +68,7 @@ def main():
     p.add_argument("--call")
     p.add_argument("--args", default="{}")
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--sampling-reply", help="declare sampling and answer every request with this text")
     p.add_argument("--timeout", type=float, default=60)
     args = p.parse_args()
 
