@@ -10,6 +10,8 @@ echo "== cargo fmt --check =="
 cargo fmt --check
 echo "== cargo clippy (all targets, warnings denied) =="
 cargo clippy --locked --all-targets -- -D warnings
+# The Python binding is its own workspace member: linted the same way (issue 15).
+cargo clippy --locked -p gatehouse-python --all-targets -- -D warnings
 echo "== module graph (no import circle; layering as ARCHITECTURE.md says) =="
 python3 tests/modgraph.py
 # --- end issue 16 ---
