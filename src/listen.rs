@@ -121,7 +121,7 @@ impl Listeners {
                 }
             }
             // bounded: LISTEN_QUEUE; a stream that far behind is closed (kept: false).
-            match l.tx.try_send(m) {
+            match l.tx.try_send(m) { // bounded: LISTEN_QUEUE; full → the stream is closed
                 Ok(()) => {
                     n += 1;
                     true

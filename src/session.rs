@@ -483,15 +483,18 @@ impl SessionTable {
         let share = out.share(json.len());
         // Room in the queue (the usual case): no deadline to set up.
         let queued = match out.bytes.clone().try_acquire_many_owned(share) {
-            // bounded: the queue in messages and bytes; full → the waiting path below, never a drop.
-            Ok(permit) => match out.tx.try_send(Queued {
-                json,
-                _bytes: permit,
-            }) {
-                Ok(()) => return true,
-                Err(mpsc::error::TrySendError::Closed(_)) => return false,
-                Err(mpsc::error::TrySendError::Full(q)) => Ok(q),
-            },
+            Ok(permit) => {
+                let item = Queued {
+                    json,
+                    _bytes: permit,
+                };
+                let sent = out.tx.try_send(item); // bounded: messages and bytes; full → the wait below, never a drop
+                match sent {
+                    Ok(()) => return true,
+                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                    Err(mpsc::error::TrySendError::Full(q)) => Ok(q),
+                }
+            }
             Err(tokio::sync::TryAcquireError::Closed) => return false,
             Err(tokio::sync::TryAcquireError::NoPermits) => Err(json),
         };

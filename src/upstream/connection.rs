@@ -103,10 +103,11 @@ impl TransportHandle {
     }
 
     /// Best-effort, non-blocking send (used from `Drop`).
-    // why: a `Drop` cannot wait; see `StdioTransport::try_send` (bounded queue, logged drop).
-    fn try_send(&self, core: &Arc<Core>, msg: Value) {
+    // why: a `Drop` cannot wait; see `StdioTransport::send_or_drop` (bounded queue, logged drop).
+    fn send_or_drop(&self, core: &Arc<Core>, msg: Value) {
+        // why: a Drop cannot wait; bounded, drops logged
         match self {
-            Self::Stdio(stdio) => stdio.try_send(&msg),
+            Self::Stdio(stdio) => stdio.send_or_drop(&msg),
             Self::Http(http) => http.spawn_post(core, msg),
         }
     }
@@ -525,8 +526,9 @@ impl Drop for PendingGuard<'_> {
         let inner = &self.conn.inner;
         if inner.core.remove(self.id) && self.cancellable && !inner.core.closed.is_cancelled() {
             tracing::debug!(upstream = %inner.core.upstream_id, jsonrpc.id = self.id, "request dropped; cancelling upstream");
-            // why: from Drop; bounded, a drop is logged (see `Transport::try_send`).
-            inner.transport.try_send(
+            // why: from Drop; bounded, a drop is logged (see `Transport::send_or_drop`).
+            inner.transport.send_or_drop(
+                // why: from Drop; bounded, a drop is logged
                 &inner.core,
                 cancelled_notification(self.id, "request abandoned"),
             );

@@ -141,7 +141,7 @@ pub fn channel(upstream_id: &str, refused: NotificationsRefused) -> (EventSink, 
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     // bounded: carries `Closed` only, which each connection sends once (first `mark_closed`
     // wins); connections of a slot are made one at a time behind the respawn backoff.
-    let (closed_tx, closed_rx) = mpsc::unbounded_channel();
+    let (closed_tx, closed_rx) = mpsc::unbounded_channel(); // bounded: one `Closed` per connection epoch
     let gate = Arc::new(Gate {
         upstream_id: upstream_id.to_owned(),
         limiter: Mutex::new(Limiter::new(EVENT_RATE_PER_S, EVENT_BURST)),
@@ -191,7 +191,9 @@ impl EventSink {
             return Err("over the connection's rate limit");
         }
         // bounded: EVENT_QUEUE; full means the event task is behind: refused and counted.
-        match self.events.try_send(event) {
+        let sent = self.events.try_send(event); // bounded: EVENT_QUEUE, full → refused and counted
+        match sent {
+            // bounded: EVENT_QUEUE, full → refused and counted
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err("the event queue is full"),
             Err(mpsc::error::TrySendError::Closed(_)) => Err("nobody reads this slot's events"),

@@ -182,10 +182,13 @@ impl StdioTransport {
     // why: only for what a `Drop` sends (a request abandoned → `notifications/cancelled`), where
     // nothing can wait; the queue is the bounded stdin queue, and a full one means the upstream is
     // not reading, so the cancel would not be read either.
-    pub(crate) fn try_send(&self, msg: &Value) {
+    pub(crate) fn send_or_drop(&self, msg: &Value) {
+        // why: from Drop only; bounded stdin queue, a drop is logged
         match encode_line(msg) {
             Ok(line) => {
-                if self.out.try_send(line).is_err() {
+                let sent = self.out.try_send(line); // bounded: OUTBOUND_QUEUE; full = upstream not reading, logged
+                if sent.is_err() {
+                    // bounded: OUTBOUND_QUEUE; full = upstream not reading, logged
                     tracing::debug!(upstream = %self.upstream_id, "outbound queue full or closed; dropping message");
                 }
             }
