@@ -18,7 +18,8 @@ use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
-fn jsonrpc_error_body(why: &str) -> Value {
+/// The client-response body that refuses a server → client request on the gateway's behalf.
+pub(crate) fn refusal_body(why: &str) -> Value {
     serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}})
 }
 
@@ -94,7 +95,7 @@ impl Hub {
     pub fn drop_held(&self, held: Vec<Held>, why: &str) {
         for h in held {
             for id in &h.asked {
-                let err = jsonrpc_error_body(why);
+                let err = refusal_body(why);
                 self.pool.client_response(
                     &h.registration_id,
                     STATELESS_SESSION,

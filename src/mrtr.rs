@@ -19,7 +19,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::DropGuard;
 
 use crate::sync::lock;
 
@@ -37,26 +37,11 @@ pub struct Held {
     pub notes: mpsc::Receiver<Value>,
     /// The call's final response (`None`: it ended without one, e.g. cancelled).
     pub result: oneshot::Receiver<Option<Value>>,
-    /// Cancels the call (dropping the entry unresumed does).
-    pub cancel: CancellationToken,
+    /// Cancels the call when dropped unresumed (expired, registration gone); whoever resumes
+    /// the call disarms it and takes the token on.
+    pub cancel: DropGuard,
     /// The gateway ids of the server requests the client must answer.
     pub asked: Vec<String>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        // Dropped without being resumed (expired, registration gone, table full): the call
-        // ends. A resumed entry hands its token on first (`take_cancel`).
-        self.cancel.cancel();
-    }
-}
-
-impl Held {
-    /// The cancel token, handed on to whoever resumes the call; dropping `self` then no
-    /// longer cancels it.
-    pub fn take_cancel(&mut self) -> CancellationToken {
-        std::mem::take(&mut self.cancel)
-    }
 }
 
 /// Why a `requestState` was refused (said to the client as it is).
@@ -209,16 +194,16 @@ impl HeldCalls {
 mod tests {
     use super::*;
 
-    fn held(reg: &str) -> (Held, CancellationToken) {
+    fn held(reg: &str) -> (Held, tokio_util::sync::CancellationToken) {
         let (_tx, notes) = mpsc::channel(1);
         let (_rtx, result) = oneshot::channel();
-        let cancel = CancellationToken::new();
+        let cancel = tokio_util::sync::CancellationToken::new();
         (
             Held {
                 registration_id: reg.into(),
                 notes,
                 result,
-                cancel: cancel.clone(),
+                cancel: cancel.clone().drop_guard(),
                 asked: vec![],
             },
             cancel,
@@ -231,10 +216,9 @@ mod tests {
         let (h, cancel) = held("reg-a");
         let state = t.hold(h);
         assert_eq!(t.resume("reg-b", &state).err(), Some(StateError::Invalid));
-        let mut h = t.resume("reg-a", &state).ok().unwrap();
+        let h = t.resume("reg-a", &state).ok().unwrap();
         assert_eq!(t.resume("reg-a", &state).err(), Some(StateError::Unknown));
-        let _ = h.take_cancel();
-        drop(h);
+        let _token = h.cancel.disarm();
         assert!(!cancel.is_cancelled(), "a resumed call goes on");
     }
 

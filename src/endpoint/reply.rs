@@ -82,7 +82,7 @@ impl Hold<'_> {
             return true;
         };
         if let Some(id) = request.get("id") {
-            let body = serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}});
+            let body = crate::hub::refusal_body(&why);
             self.hub.pool().client_response(
                 &self.registration.id,
                 crate::upstream::STATELESS_SESSION,
@@ -127,7 +127,7 @@ impl Hold<'_> {
             registration_id: self.registration.id.clone(),
             notes,
             result: rrx,
-            cancel,
+            cancel: cancel.drop_guard(),
             asked,
         });
         // The held call ends if its client does not come back in time, or with the
@@ -250,15 +250,16 @@ pub(crate) async fn resume(
     hub: Arc<Hub>,
     registration: Arc<crate::registry::RegistrationState>,
     id: Value,
-    mut held: crate::mrtr::Held,
+    held: crate::mrtr::Held,
     opts: ReplyOpts,
 ) -> Result<Response, Rejection> {
-    let guard = CancelOnDrop(Some(held.take_cancel()));
-    let (_, dummy) = mpsc::channel(1);
-    let notes = std::mem::replace(&mut held.notes, dummy);
-    let (_, dummy) = tokio::sync::oneshot::channel();
-    let result = std::mem::replace(&mut held.result, dummy);
-    drop(held);
+    let crate::mrtr::Held {
+        notes,
+        result,
+        cancel,
+        ..
+    } = held;
+    let guard = CancelOnDrop(Some(cancel.disarm()));
     let retry_id = id.clone();
     let work = CallWork(Some(Box::pin(async move {
         let mut v = result.await.ok().flatten()?;
@@ -419,7 +420,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             biased;
             _ = st.stop.cancelled() => return None,
             n = recv_note(&mut st.notes) => match n {
-                Some(n) if is_server_request(&n) && st.mrtr.is_some() => {
+                Some(n) if st.mrtr.is_some() && is_server_request(&n) => {
                     let Some((hub, registration, id, mrtr)) = st.mrtr.clone() else { continue };
                     let hold = Hold { hub: &hub, registration: &registration, mrtr: &mrtr };
                     if hold.admit(&n) {

@@ -237,8 +237,21 @@ pub async fn handle(
             &finish(jsonrpc::success(id, result), &method),
         ));
     }
-    let retry = MRTR_METHODS
-        .contains(&method.as_str())
+    let opts = ReplyOpts {
+        priming: false,
+        cancel_on_drop: true,
+        method: method.clone(),
+        finish: Some(finish as fn(Value, &str) -> Value),
+        mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
+            capabilities: meta(params.as_ref())
+                .and_then(|m| m.get(META_CAPABILITIES))
+                .cloned()
+                .unwrap_or(Value::Null),
+        }),
+    };
+    let retry = opts
+        .mrtr
+        .is_some()
         .then(|| params.as_ref().and_then(|p| p.get("requestState")))
         .flatten();
     if let Some(state) = retry {
@@ -271,9 +284,9 @@ pub async fn handle(
         for asked in std::mem::take(&mut held.asked) {
             let body = match responses.and_then(|r| r.get(&asked)) {
                 Some(r) => json!({ "result": r }),
-                None => {
-                    json!({"error": {"code": -32603, "message": format!("gatehouse: the client's retry carried no inputResponses[{asked:?}]")}})
-                }
+                None => crate::hub::refusal_body(&format!(
+                    "the client's retry carried no inputResponses[{asked:?}]"
+                )),
             };
             gw.pool().client_response(
                 &reg.id,
@@ -282,33 +295,9 @@ pub async fn handle(
                 &body,
             );
         }
-        let opts = ReplyOpts {
-            priming: false,
-            cancel_on_drop: true,
-            method: method.clone(),
-            finish: Some(finish as fn(Value, &str) -> Value),
-            mrtr: Some(Mrtr {
-                capabilities: meta(params.as_ref())
-                    .and_then(|m| m.get(META_CAPABILITIES))
-                    .cloned()
-                    .unwrap_or(Value::Null),
-            }),
-        };
         return resume(gw.clone(), reg.clone(), id, held, opts).await;
     }
     let cancel = reg.cancel.child_token();
-    let opts = ReplyOpts {
-        priming: false,
-        cancel_on_drop: true,
-        method: method.clone(),
-        finish: Some(finish as fn(Value, &str) -> Value),
-        mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
-            capabilities: meta(params.as_ref())
-                .and_then(|m| m.get(META_CAPABILITIES))
-                .cloned()
-                .unwrap_or(Value::Null),
-        }),
-    };
     reply(ctx, id, method, params, cancel, opts).await
 }
 
