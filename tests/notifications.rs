@@ -345,3 +345,84 @@ async fn connection_wide_notifications_go_to_the_owning_registration_only() {
         tg.gateway.shutdown().await;
     }
 }
+
+/// Item 1 through mcp-remote 0.15.1 (the stdio bridge; this test is its stdio client): the
+/// same 1,000 progress + 1,000 logs burst of one call arrives whole and in order on its
+/// stdout over legacy SSE (`--transport sse-only`), Streamable HTTP (`http-only`) and
+/// stateless 2026-07-28 (`http-only --protocol auto`: mcp-remote probes `server/discover` and
+/// rewrites each request into the modern era), then the call's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
+    use common::mcp_remote::McpRemote;
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![burst_upstream()];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("burst").grant("burst.*"))
+        .await
+        .unwrap();
+    let cells: [(&str, String, &[&str]); 3] = [
+        ("legacy SSE", reg.sse_url(), &["--transport", "sse-only"]),
+        (
+            "Streamable HTTP",
+            reg.mcp_url(),
+            &["--transport", "http-only"],
+        ),
+        (
+            "stateless 2026-07-28",
+            reg.mcp_url(),
+            &["--transport", "http-only", "--protocol", "auto"],
+        ),
+    ];
+    for (what, url, extra) in cells {
+        let what = format!("mcp-remote over {what}");
+        let mut remote = McpRemote::start(&url, reg.token(), extra);
+        remote.initialize(serde_json::json!({}), 30).await;
+        // A modern server sends logs only at a requested level; mcp-remote carries it.
+        let r = remote
+            .request("logging/setLevel", serde_json::json!({"level": "debug"}), 30)
+            .await;
+        assert!(r.get("result").is_some(), "{what}: setLevel: {r}");
+        let r = remote
+            .request(
+                "tools/call",
+                serde_json::json!({"name": "burst.burst", "arguments": {"n": N},
+                                   "_meta": {"progressToken": "p1"}}),
+                60,
+            )
+            .await;
+        let progress: Vec<Value> = remote
+            .seen
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            // [progress] as the 1.x and fastmcp clients report it.
+            .map(|m| serde_json::json!([m["params"]["progress"]]))
+            .collect();
+        let logs: Vec<Value> = remote
+            .seen
+            .iter()
+            .filter(|m| m["method"] == "notifications/message")
+            .map(|m| m["params"]["data"].clone())
+            .collect();
+        assert!(
+            remote
+                .seen
+                .iter()
+                .filter(|m| m["method"] == "notifications/progress")
+                .all(|m| m["params"]["progressToken"] == "p1"),
+            "{what}: a progress notification under another token"
+        );
+        let out = serde_json::json!({"progress": progress, "logs": logs, "call": r["result"]});
+        assert_whole_burst(&what, &out);
+        remote.stop().await;
+    }
+    let transports: Vec<String> = tg
+        .calls()
+        .iter()
+        .map(|r| r.transport.clone().unwrap())
+        .collect();
+    assert_eq!(transports, vec!["sse", "streamable_http", "stateless"]);
+    tg.gateway.shutdown().await;
+}

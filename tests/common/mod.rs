@@ -2,6 +2,8 @@
 //! legacy-SSE client that shows every byte the gateway sends.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod mcp_remote;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
