@@ -21,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gatehouse::{
-    Config, Gateway, GatewayError, InProcessTool, Limits, Registration, RegistrationSpec,
+    Config, Gateway, GatewayError, InProcessTool, Limits, Registration, RegistrationSpec, Root,
     ToolContext, ToolError, ToolResult, LOG_LEVELS,
 };
 use pyo3::exceptions::PyValueError;
@@ -321,7 +321,7 @@ impl NativeGateway {
     }
 
     /// Registers an execution (the GIL is released while the gateway works).
-    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None))]
+    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None, roots_json=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, one per spec field
     fn register(
         &self,
@@ -332,6 +332,7 @@ impl NativeGateway {
         label: Option<String>,
         ttl_s: Option<u64>,
         limits_json: Option<String>,
+        roots_json: Option<String>,
     ) -> PyResult<NativeRegistration> {
         let gw = self.shared.check(py)?;
         let mut spec = RegistrationSpec::new(agent_id);
@@ -358,6 +359,17 @@ impl NativeGateway {
                 )
             })?;
             spec = spec.limits(limits);
+        }
+        if let Some(j) = roots_json {
+            // Built by the Python layer (`_roots_json`): a list of {"uri", "name"?}.
+            let roots: Vec<Root> = serde_json::from_str(&j).map_err(|e| {
+                py_err(
+                    py,
+                    "RegistrationError",
+                    format!("roots: {e} (each root is {{\"uri\": \"file://...\", \"name\": ...}})"),
+                )
+            })?;
+            spec = spec.roots(roots);
         }
         let handle = self.shared.handle.clone();
         let reg = py

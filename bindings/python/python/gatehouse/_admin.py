@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterable, Mapping
 
+from ._roots import roots_list
 from ._errors import AdminError, BadConfig, RegistrationError, UnknownGrant
 
 DEFAULT_CONFIG_PATH = "config/gatehouse.toml"
@@ -207,9 +208,11 @@ class AdminClient:
         ttl_s: int | None = None,
         limits: Mapping[str, Any] | None = None,
         renew: bool = True,
+        roots: Iterable[Any] | None = None,
     ) -> AdminRegistration:
         """``POST /v1/registrations``. Use as a context manager: renews while held (if it has
-        a ``ttl_s``), releases on exit."""
+        a ``ttl_s``), releases on exit. ``roots`` as for :meth:`gatehouse.Gateway.register`
+        (sent as the body's ``"roots"``)."""
         body: dict[str, Any] = {"agent_id": agent_id, "tools": list(tools)}
         if label is not None:
             body["label"] = label
@@ -217,6 +220,8 @@ class AdminClient:
             body["ttl_s"] = ttl_s
         if limits is not None:
             body["limits"] = dict(limits)
+        if roots is not None:
+            body["roots"] = roots_list(roots)
         status, payload = self._call("POST", "/v1/registrations", body)
         if status == 400:
             msg = self._message(status, payload)

@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Iterable, Mapping
 
 from . import _native
+from ._roots import roots_list
 from ._tools import Tool
 
 _live: "weakref.WeakSet[Gateway]" = weakref.WeakSet()
@@ -225,16 +226,23 @@ class Gateway:
         label: str | None = None,
         ttl_s: int | None = None,
         limits: Mapping[str, Any] | None = None,
+        roots: Iterable[Any] | None = None,
     ) -> Registration:
         """Registers one agent execution. ``tools``: ``@gatehouse.tool`` functions (or plain
         callables), grants such as ``"helpdesk.*"``, catalog tool names. Use as a context
-        manager; coroutine tools run on the gateway's own loop thread."""
+        manager; coroutine tools run on the gateway's own loop thread.
+
+        ``roots``: the MCP roots of this execution, as ``{"uri": "file:///...", "name": ...}``
+        mappings (``name`` optional), ``(uri, name)`` pairs or bare URI strings (at most 64,
+        ``file://`` only). When set, a ``roots/list`` from an upstream connection this
+        registration owns is answered from them instead of asking the agent's client."""
         spec = self._spec(
             agent_id=agent_id,
             tools=tools,
             label=label,
             ttl_s=ttl_s,
             limits=limits,
+            roots=roots,
             get_loop=self._own_loop,
         )
         return self._register(spec)
@@ -247,11 +255,12 @@ class Gateway:
         label: str | None = None,
         ttl_s: int | None = None,
         limits: Mapping[str, Any] | None = None,
+        roots: Iterable[Any] | None = None,
         loop: str = "caller",
     ) -> _Registering:
         """``async with gw.register_async(...) as reg`` (or ``reg = await ...``). Coroutine
         tools run on the caller's running loop (``loop="caller"``) or on the gateway's own
-        loop thread (``loop="gateway"``)."""
+        loop thread (``loop="gateway"``). ``roots`` as for :meth:`register`."""
         if loop not in ("caller", "gateway"):
             raise ValueError('loop must be "caller" or "gateway"')
         return _Registering(
@@ -262,6 +271,7 @@ class Gateway:
                 label=label,
                 ttl_s=ttl_s,
                 limits=limits,
+                roots=roots,
                 loop=loop,
             ),
         )
@@ -314,6 +324,7 @@ class Gateway:
         ttl_s: int | None,
         limits: Mapping[str, Any] | None,
         get_loop: Any,
+        roots: Iterable[Any] | None = None,
     ) -> dict[str, Any]:
         if isinstance(tools, (str, Tool)) or callable(tools):
             tools = [tools]
@@ -331,6 +342,7 @@ class Gateway:
             label=label,
             ttl_s=ttl_s,
             limits_json=json.dumps(dict(limits)) if limits is not None else None,
+            roots_json=json.dumps(roots_list(roots)) if roots is not None else None,
         )
 
     def _register(self, spec: dict[str, Any]) -> Registration:
