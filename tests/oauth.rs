@@ -397,3 +397,106 @@ async fn inspector_reports_the_invalid_token() {
     assert!(message.contains(OUT_OF_BAND), "{text}");
     assert!(!text.contains("not-the-token"));
 }
+
+/// Item 6 through the Python clients that do not go looking for OAuth by themselves: the
+/// official SDK 2.x (legacy SSE, Streamable HTTP, the 2026-07-28 `Client`), the SDK 1.x
+/// (legacy SSE, Streamable HTTP) and fastmcp (legacy SSE, Streamable HTTP where it settles on
+/// 2026-07-28). With a wrong token each fails with the 401 (and our message where the client
+/// shows the body); none tries dynamic client registration, an authorization request or a
+/// token request (every HTTP request the client process made is recorded at its httpx
+/// client); the right token then lists and calls the tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdks_and_fastmcp_fail_on_a_wrong_token_without_oauth() {
+    use common::peers::{batch, ok};
+    let tg = TestGateway::start();
+    let reg = registration(&tg).await;
+    let steps = serde_json::json!([{"name": "echo", "tool": "echo", "args": {"message": "hi"}}]);
+    let cells = |token: &str, per: &[(&str, String)]| -> Value {
+        per.iter()
+            .map(|(t, url)| {
+                serde_json::json!({"transport": t, "url": url, "token": token,
+                                   "timeout": 15, "steps": steps})
+            })
+            .collect()
+    };
+    let py2 = [
+        ("sse", reg.sse_url()),
+        ("streamable", reg.mcp_url()),
+        ("client", reg.mcp_url()),
+    ];
+    let py1 = [("sse", reg.sse_url()), ("streamable", reg.mcp_url())];
+    let fm = [("sse", reg.sse_url()), ("streamable", reg.mcp_url())];
+    let both = |per: &[(&str, String)]| -> Value {
+        let mut v = cells("not-the-token", per).as_array().unwrap().clone();
+        v.extend(cells(reg.token(), per).as_array().unwrap().clone());
+        Value::Array(v)
+    };
+    let (c2, c1, cf) = (both(&py2), both(&py1), both(&fm));
+    let (r2, r1, rf) = tokio::join!(
+        batch(".venv", "py_client.py", &c2),
+        batch(".venv-mcp1", "mcp1_client.py", &c1),
+        batch(".venv-fastmcp", "fastmcp_client.py", &cf),
+    );
+    for (client, per, results) in [
+        ("Python SDK 2.x", &py2[..], &r2),
+        ("Python SDK 1.x", &py1[..], &r1),
+        ("fastmcp", &fm[..], &rf),
+    ] {
+        let n = per.len();
+        for (i, (t, _)) in per.iter().enumerate() {
+            let (wrong, right) = (&results[i], &results[n + i]);
+            let what = format!("{client} over {t}");
+            let err = wrong["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{what}: a wrong token was accepted: {wrong}"));
+            // Where the client reads the body (Streamable HTTP in the SDK 2.x and fastmcp)
+            // it shows our sentence; elsewhere it reports the bare status.
+            let shows_body = *t != "sse" && client != "Python SDK 1.x";
+            if shows_body {
+                assert!(
+                    err.contains("invalid bearer token") && err.contains("issued out of band"),
+                    "{what}: {err}"
+                );
+            } else {
+                assert!(err.contains("401 Unauthorized"), "{what}: {err}");
+            }
+            assert!(!err.contains("not-the-token"), "{what}: the token echoed");
+            for cell in [wrong, right] {
+                for r in cell["requests"].as_array().unwrap() {
+                    let path = r[1].as_str().unwrap();
+                    assert!(
+                        path.starts_with(&format!("/gw/{}/", reg.id()))
+                            || path.starts_with("/.well-known/oauth-protected-resource/"),
+                        "{what}: the client went looking for OAuth: {r} in {cell}"
+                    );
+                }
+            }
+            // No retry storm: one attempt (the 2026-07-28 probe, then initialize, at most).
+            let tries = wrong["requests"].as_array().unwrap().len();
+            assert!((1..=2).contains(&tries), "{what}: {tries} requests: {wrong}");
+            let right = ok(&what, right);
+            assert_eq!(right["tools"], serde_json::json!(["echo"]), "{what}: {right}");
+            assert_eq!(
+                right["steps"]["echo"]["ok"]["call"]["content"][0]["text"], "E:",
+                "{what}: {right}"
+            );
+        }
+    }
+    // The status and challenge those clients got, on the wire: 401, invalid_token.
+    for url in [reg.sse_url(), reg.mcp_url()] {
+        let r = if url.ends_with("/sse") {
+            http().get(&url).bearer_auth("not-the-token").send().await.unwrap()
+        } else {
+            http()
+                .post(&url)
+                .bearer_auth("not-the-token")
+                .json(&serde_json::json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+                .send()
+                .await
+                .unwrap()
+        };
+        assert_eq!(r.status(), 401, "{url}");
+        assert!(challenge(&r).contains("error=\"invalid_token\""), "{url}");
+    }
+    tg.gateway.shutdown().await;
+}

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod mcp_remote;
+pub mod peers;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -251,17 +251,35 @@ async def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+REQUESTS: list[list[str]] = []
+
+
+def record_http() -> None:
+    """--batch: every HTTP request the SDK sends goes through httpx2.AsyncClient.send; each
+    cell's result gets "requests", its [method, path] list (which paths the client tried)."""
+    orig = httpx2.AsyncClient.send
+
+    async def send(self: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        REQUESTS.append([request.method, request.url.path])
+        return await orig(self, request, *a, **kw)
+
+    httpx2.AsyncClient.send = send  # type: ignore[method-assign]
+
+
 async def run_batch(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs the cells one after another in this interpreter (saves its start-up per cell)."""
     results: list[dict[str, Any]] = []
     for cell in cells:
+        REQUESTS.clear()
         try:
             with anyio.fail_after(cell.get("timeout", 30)):
-                results.append({"ok": await run_cell(cell)})
+                res: dict[str, Any] = {"ok": await run_cell(cell)}
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            results.append({"error": f"{type(exc).__name__}: {describe(exc)}"})
+            res = {"error": f"{type(exc).__name__}: {describe(exc)}"}
+        res["requests"] = list(REQUESTS)
+        results.append(res)
     return results
 
 
@@ -282,6 +300,7 @@ def main() -> None:
     if args.batch is not None:
         cells = json.loads(args.batch)
         start_watchdog(sum(float(c.get("timeout", 30)) for c in cells) + 10)
+        record_http()
         print(json.dumps(anyio.run(run_batch, cells)), flush=True)
         sys.exit(0)
     if not (args.transport and args.url and args.token is not None):
