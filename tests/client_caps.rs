@@ -456,6 +456,13 @@ fn everything(id: &str, sharing: &str) -> UpstreamConfig {
     .unwrap()
 }
 
+/// server-everything lists these only when the client side declared the capabilities.
+const CAPS_TOOLS: [&str; 3] = [
+    "everything.trigger-sampling-request",
+    "everything.trigger-elicitation-request",
+    "everything.get-roots-list",
+];
+
 /// One py_client.py `--batch` run; its cells' outputs.
 async fn py_batch(cells: Value) -> Vec<Value> {
     let out = tokio::time::timeout(
@@ -616,5 +623,245 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
         on_b.iter().any(|m| m["method"] == "roots/list"),
         "B's roots sync did not reach B: {on_b:?}"
     );
+    tg.gateway.shutdown().await;
+}
+
+/// The same server-everything cells (item 4) through the other clients: the SDK 1.x over
+/// legacy SSE and Streamable HTTP, fastmcp over legacy SSE and Streamable HTTP (where it
+/// settles on 2026-07-28: the requests come to it as MRTR rounds), and mcp-remote over
+/// `sse-only`, `http-only` and `http-only --protocol auto` (2026-07-28: mcp-remote turns the
+/// MRTR rounds into the server requests its stdio client, this test, answers — item 5's
+/// MRTR through mcp-remote). Each cell has its own registration, so its own connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_sampling_elicitation_and_roots_through_sdk1_fastmcp_and_mcp_remote() {
+    use common::mcp_remote::{Answers, McpRemote};
+    use common::peers::{batch, ok, step_text};
+    let tg = gateway(vec![everything("everything", "per_registration")]);
+    let mut regs = Vec::new();
+    for i in 0..7 {
+        regs.push(
+            register(
+                &tg,
+                RegistrationSpec::new(format!("r{i}")).grant("everything.*"),
+            )
+            .await,
+        );
+    }
+    let steps = json!([
+        {"name": "echo", "tool": "everything.echo", "args": {"message": "x"}, "timeout": 20},
+        {"name": "roots", "tool": "everything.get-roots-list", "args": {}, "timeout": 20,
+         "sleep_before": 1.5},
+        {"name": "sampling", "tool": "everything.trigger-sampling-request",
+         "args": {"prompt": "hello", "maxTokens": 5}, "timeout": 20},
+        {"name": "elicitation", "tool": "everything.trigger-elicitation-request", "args": {}, "timeout": 20},
+    ]);
+    let cell = |reg: &Registration, transport: &str, url: String, who: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "timeout": 60,
+               "roots": [format!("file:///tmp/gatehouse-caps-{who}-{transport}")],
+               "sampling": format!("sampled by {who}"),
+               "elicit": {"name": "Ada Lovelace"},
+               "steps": steps})
+    };
+    let c1 = json!([
+        cell(&regs[0], "sse", regs[0].sse_url(), "sdk1"),
+        cell(&regs[1], "streamable", regs[1].mcp_url(), "sdk1")
+    ]);
+    let cf = json!([
+        cell(&regs[2], "sse", regs[2].sse_url(), "fastmcp"),
+        cell(&regs[3], "streamable", regs[3].mcp_url(), "fastmcp")
+    ]);
+    let (r1, rf) = tokio::join!(
+        batch(".venv-mcp1", "mcp1_client.py", &c1),
+        batch(".venv-fastmcp", "fastmcp_client.py", &cf)
+    );
+    for (who, results) in [("sdk1", &r1), ("fastmcp", &rf)] {
+        for (res, transport) in results.iter().zip(["sse", "streamable"]) {
+            let what = format!("{who} over {transport}");
+            let out = ok(&what, res);
+            let tools: Vec<&str> = out["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            for t in CAPS_TOOLS {
+                assert!(tools.contains(&t), "{what}: {t} not listed: {tools:?}");
+            }
+            let s = &out["steps"];
+            let roots = step_text(&s["roots"]);
+            assert!(
+                roots.contains(&format!("file:///tmp/gatehouse-caps-{who}-{transport}")),
+                "{what}: {roots}"
+            );
+            // On a session (legacy SSE; the SDK 1.x's Streamable HTTP GET stream) the
+            // roots/list sent outside any call reaches the client before get-roots-list; on
+            // fastmcp's stateless connection there is no stream outside a call, so the
+            // server asks again during get-roots-list, as an MRTR round.
+            let stateless = who == "fastmcp" && transport == "streamable";
+            assert_eq!(
+                s["roots"]["ok"]["asked_before"],
+                if stateless {
+                    json!([])
+                } else {
+                    json!(["roots"])
+                },
+                "{what}"
+            );
+            let sampled = step_text(&s["sampling"]);
+            assert!(
+                sampled.contains(&format!("sampled by {who}")),
+                "{what}: {sampled}"
+            );
+            let elicited = step_text(&s["elicitation"]);
+            assert!(
+                elicited.contains("Name: Ada Lovelace"),
+                "{what}: {elicited}"
+            );
+            assert_eq!(
+                out["asked"],
+                json!(["roots", "sampling", "elicitation"]),
+                "{what}"
+            );
+        }
+    }
+
+    let caps = json!({"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}});
+    for (reg, who, url, extra) in [
+        (
+            &regs[4],
+            "mcp-remote sse-only",
+            regs[4].sse_url(),
+            &["--transport", "sse-only"][..],
+        ),
+        (
+            &regs[5],
+            "mcp-remote http-only",
+            regs[5].mcp_url(),
+            &["--transport", "http-only"][..],
+        ),
+        (
+            &regs[6],
+            "mcp-remote --protocol auto",
+            regs[6].mcp_url(),
+            &["--transport", "http-only", "--protocol", "auto"][..],
+        ),
+    ] {
+        let mut remote = McpRemote::start(&url, reg.token(), extra);
+        remote.answers = Answers {
+            sampling: Some(format!("sampled by {who}")),
+            elicit: Some(json!({"name": "Ada Lovelace"})),
+            roots: Some(vec![
+                json!({"uri": format!("file:///tmp/{}", reg.id()), "name": "work"}),
+            ]),
+        };
+        remote.initialize(caps.clone(), 30).await;
+        let tools = remote.request("tools/list", json!({}), 30).await;
+        let names: Vec<&str> = tools["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{who}: {tools}"))
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        for t in CAPS_TOOLS {
+            assert!(names.contains(&t), "{who}: {t} not listed: {names:?}");
+        }
+        let call = |name: &str, args: Value| json!({"name": name, "arguments": args});
+        let text = |r: &Value| -> String {
+            r["result"]["content"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{who}: {r}"))
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let echo = remote
+            .request(
+                "tools/call",
+                call("everything.echo", json!({"message": "x"})),
+                30,
+            )
+            .await;
+        assert_eq!(text(&echo), "Echo: x", "{who}");
+        // Outside any call, server-everything asks for the roots 350 ms after `initialized`:
+        // over a session it reaches mcp-remote's stdout; stateless, it cannot (no stream).
+        remote.idle(1.5).await;
+        let stateless = extra.contains(&"auto");
+        assert_eq!(
+            remote.asked(),
+            if stateless {
+                vec![]
+            } else {
+                vec!["roots/list".to_string()]
+            },
+            "{who}"
+        );
+        let roots = remote
+            .request(
+                "tools/call",
+                call("everything.get-roots-list", json!({})),
+                30,
+            )
+            .await;
+        assert!(
+            text(&roots).contains(&format!("URI: file:///tmp/{}", reg.id())),
+            "{who}: {roots}"
+        );
+        let sampling = remote
+            .request(
+                "tools/call",
+                call(
+                    "everything.trigger-sampling-request",
+                    json!({"prompt": "hello", "maxTokens": 5}),
+                ),
+                30,
+            )
+            .await;
+        assert!(
+            text(&sampling).contains(&format!("sampled by {who}")),
+            "{who}: {sampling}"
+        );
+        let elicitation = remote
+            .request(
+                "tools/call",
+                call("everything.trigger-elicitation-request", json!({})),
+                30,
+            )
+            .await;
+        assert!(
+            text(&elicitation).contains("Name: Ada Lovelace"),
+            "{who}: {elicitation}"
+        );
+        assert_eq!(
+            remote.asked(),
+            vec!["roots/list", "sampling/createMessage", "elicitation/create"],
+            "{who}"
+        );
+        remote.stop().await;
+    }
+    // Each cell went over the transport it names: --protocol auto really was stateless, so its
+    // answers came through MRTR rounds (input_required + the retry), bridged by mcp-remote.
+    let by_reg = |i: usize| -> Vec<String> {
+        tg.calls()
+            .iter()
+            .filter(|r| r.registration_id.as_deref() == Some(regs[i].id()))
+            .map(|r| r.transport.clone().unwrap())
+            .collect()
+    };
+    for (i, want) in [
+        (0, "sse"),
+        (1, "streamable_http"),
+        (2, "sse"),
+        (3, "stateless"),
+        (4, "sse"),
+        (5, "streamable_http"),
+        (6, "stateless"),
+    ] {
+        let got = by_reg(i);
+        assert!(
+            got.len() == 4 && got.iter().all(|t| t == want),
+            "cell {i}: {got:?}, want {want}"
+        );
+    }
     tg.gateway.shutdown().await;
 }

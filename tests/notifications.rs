@@ -382,7 +382,11 @@ async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
         remote.initialize(serde_json::json!({}), 30).await;
         // A modern server sends logs only at a requested level; mcp-remote carries it.
         let r = remote
-            .request("logging/setLevel", serde_json::json!({"level": "debug"}), 30)
+            .request(
+                "logging/setLevel",
+                serde_json::json!({"level": "debug"}),
+                30,
+            )
             .await;
         assert!(r.get("result").is_some(), "{what}: setLevel: {r}");
         let r = remote

@@ -473,9 +473,16 @@ async fn python_sdks_and_fastmcp_fail_on_a_wrong_token_without_oauth() {
             }
             // No retry storm: one attempt (the 2026-07-28 probe, then initialize, at most).
             let tries = wrong["requests"].as_array().unwrap().len();
-            assert!((1..=2).contains(&tries), "{what}: {tries} requests: {wrong}");
+            assert!(
+                (1..=2).contains(&tries),
+                "{what}: {tries} requests: {wrong}"
+            );
             let right = ok(&what, right);
-            assert_eq!(right["tools"], serde_json::json!(["echo"]), "{what}: {right}");
+            assert_eq!(
+                right["tools"],
+                serde_json::json!(["echo"]),
+                "{what}: {right}"
+            );
             assert_eq!(
                 right["steps"]["echo"]["ok"]["call"]["content"][0]["text"], "E:",
                 "{what}: {right}"
@@ -485,7 +492,12 @@ async fn python_sdks_and_fastmcp_fail_on_a_wrong_token_without_oauth() {
     // The status and challenge those clients got, on the wire: 401, invalid_token.
     for url in [reg.sse_url(), reg.mcp_url()] {
         let r = if url.ends_with("/sse") {
-            http().get(&url).bearer_auth("not-the-token").send().await.unwrap()
+            http()
+                .get(&url)
+                .bearer_auth("not-the-token")
+                .send()
+                .await
+                .unwrap()
         } else {
             http()
                 .post(&url)

@@ -120,7 +120,10 @@ impl McpRemote {
         self.write(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-        match self.read_until(deadline, |v| v["id"] == id && v.get("method").is_none()).await {
+        match self
+            .read_until(deadline, |v| v["id"] == id && v.get("method").is_none())
+            .await
+        {
             Some(v) => v,
             None => panic!(
                 "no answer to {method} through mcp-remote within {secs} s; seen {} messages\n{}",
