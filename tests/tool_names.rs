@@ -347,3 +347,144 @@ async fn real_clients_list_and_call_model_safe_names_of_server_everything() {
         assert!(text.contains("hi"), "{what}: {v}");
     }
 }
+
+/// The same through the Python SDK 1.x (legacy SSE, Streamable HTTP) and mcp-remote
+/// (`sse-only`, `http-only`, `http-only --protocol auto` = stateless): server-everything under
+/// `__` and the model-safe rule, one of its tools renamed past 64 characters so that its
+/// exposed name ends in the digest suffix. Every listed name fits `^[a-zA-Z0-9_-]{1,64}$`,
+/// the list is the registration's own, and calls by the hyphenated and the digest-suffixed
+/// names reach the tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk1_and_mcp_remote_list_and_call_model_safe_and_digest_names() {
+    use common::mcp_remote::McpRemote;
+    use common::peers::{batch, ok, peer, step_text};
+    let script = peer("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let long = "echo-back-whatever-message-it-is-given-under-a-name-far-too-long-for-model-apis";
+    let up: UpstreamConfig = toml::from_str(&format!(
+        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 30\nname_separator = \"__\"\nmodel_safe_names = true\nrename = {{ echo = \"{long}\" }}\n",
+        script.display().to_string()
+    ))
+    .unwrap();
+    let tg = gateway(|c| c.upstreams = vec![up]);
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("a").grant("everything.*"))
+        .await
+        .unwrap();
+    let mut want = reg.tools();
+    want.sort();
+    let digest = want
+        .iter()
+        .find(|n| n.starts_with("everything__echo-back"))
+        .unwrap_or_else(|| panic!("{want:?}"))
+        .clone();
+    assert_eq!(digest.len(), 64, "{digest}");
+    assert!(!digest.contains("model-apis"), "not shortened: {digest}");
+    let sum = "everything__get-sum";
+    let check = |what: &str, mut names: Vec<String>| {
+        assert!(names.iter().all(|n| model_safe(n)), "{what}: {names:?}");
+        names.sort();
+        assert_eq!(names, want, "{what}");
+    };
+
+    let steps = json!([
+        {"name": "echo", "tool": digest, "args": {"message": "hi"}},
+        {"name": "sum", "tool": sum, "args": {"a": 2, "b": 3}},
+    ]);
+    let cells = json!([
+        {"transport": "sse", "url": reg.sse_url(), "token": reg.token(), "steps": steps},
+        {"transport": "streamable", "url": reg.mcp_url(), "token": reg.token(), "steps": steps},
+    ]);
+    for (res, t) in batch(".venv-mcp1", "mcp1_client.py", &cells)
+        .await
+        .iter()
+        .zip(["sse", "streamable"])
+    {
+        let what = format!("SDK 1.x over {t}");
+        let out = ok(&what, res);
+        let names = out["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect();
+        check(&what, names);
+        assert_eq!(step_text(&out["steps"]["echo"]), "Echo: hi", "{what}");
+        assert!(
+            step_text(&out["steps"]["sum"]).contains('5'),
+            "{what}: {out}"
+        );
+    }
+
+    for (what, url, extra) in [
+        (
+            "mcp-remote sse-only",
+            reg.sse_url(),
+            &["--transport", "sse-only"][..],
+        ),
+        (
+            "mcp-remote http-only",
+            reg.mcp_url(),
+            &["--transport", "http-only"][..],
+        ),
+        (
+            "mcp-remote --protocol auto",
+            reg.mcp_url(),
+            &["--transport", "http-only", "--protocol", "auto"][..],
+        ),
+    ] {
+        let mut remote = McpRemote::start(&url, reg.token(), extra);
+        remote.initialize(json!({}), 30).await;
+        let listed = remote.request("tools/list", json!({}), 30).await;
+        let names = listed["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: {listed}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        check(what, names);
+        let r = remote
+            .request(
+                "tools/call",
+                json!({"name": digest, "arguments": {"message": "hi"}}),
+                30,
+            )
+            .await;
+        assert_eq!(r["result"]["content"][0]["text"], "Echo: hi", "{what}: {r}");
+        let r = remote
+            .request(
+                "tools/call",
+                json!({"name": sum, "arguments": {"a": 2, "b": 3}}),
+                30,
+            )
+            .await;
+        assert!(
+            r["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains('5')),
+            "{what}: {r}"
+        );
+        remote.stop().await;
+    }
+    let transports: Vec<String> = tg
+        .calls()
+        .iter()
+        .map(|r| r.transport.clone().unwrap())
+        .collect();
+    assert_eq!(
+        transports,
+        [
+            "sse",
+            "sse",
+            "streamable_http",
+            "streamable_http",
+            "sse",
+            "sse",
+            "streamable_http",
+            "streamable_http",
+            "stateless",
+            "stateless"
+        ]
+    );
+    tg.gateway.shutdown().await;
+}
