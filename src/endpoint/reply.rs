@@ -215,33 +215,45 @@ impl Drop for CallWork {
 
 /// Runs a request and answers it: JSON if the result comes first, SSE if a notification
 /// does (or the call outlives a keep-alive period).
-pub(crate) async fn reply(
+///
+/// Not an `async fn`: what it does before waiting is synchronous, so the future is just
+/// [`answer`]'s (it is moved into the connection's boxed request future: smaller is cheaper).
+pub(crate) fn reply(
     mut ctx: RequestCtx,
     id: Value,
     method: String,
     params: Option<Value>,
     cancel: CancellationToken,
     opts: ReplyOpts,
-) -> Result<Response, Rejection> {
+) -> impl std::future::Future<Output = Result<Response, Rejection>> + Send + 'static {
     let gw = ctx.hub.clone();
     let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
     let (ntx, nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
     ctx.notify = Some(ntx);
-    let session = ctx.session.clone();
+    let work = call_work(ctx, id.clone(), method, params, cancel);
+    answer(gw, registration, id, nrx, work, guard, opts)
+}
+
+/// The request's work, boxed. A plain function: built inside `reply`, the unboxed future
+/// would stay in `reply`'s own state (its binding lives to the end), doubling its size.
+fn call_work(
+    ctx: RequestCtx,
+    id: Value,
+    method: String,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> CallWork {
     let calls = ctx.registration.calls.clone();
-    let call_method = method.clone();
-    let call_id = id.clone();
     let work = async move {
-        let r = dispatch::handle_request(&ctx, call_id.clone(), &call_method, params, cancel).await;
-        if let Some(s) = &session {
-            s.end_call(&call_id);
+        let r = dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
+        if let Some(s) = &ctx.session {
+            s.end_call(&id);
         }
         drop(ctx);
         r
     };
-    let work = CallWork(Some(Box::pin(calls.track_future(work))));
-    answer(gw, registration, id, nrx, work, guard, opts).await
+    CallWork(Some(Box::pin(calls.track_future(work))))
 }
 
 /// Resumes a held stateless call for the client's retry `id`: its notifications, then its

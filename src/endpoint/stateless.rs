@@ -118,6 +118,57 @@ pub async fn handle(
     headers: HeaderMap,
     msg: Result<Message, RpcError>,
 ) -> Result<Response, Rejection> {
+    let plan = plan(&gw, &reg, &headers, msg)?;
+    drop(headers);
+    start(gw, reg, plan).await
+}
+
+/// The future of a [`Plan`]. The checks ([`plan`]) and this are plain functions, so that
+/// `handle`'s future holds only the step it awaits (it is moved into the connection's boxed
+/// request future: smaller is cheaper); the rare steps are boxed.
+fn start(
+    gw: Arc<Hub>,
+    reg: Arc<RegistrationState>,
+    plan: Plan,
+) -> impl std::future::Future<Output = Result<Response, Rejection>> + Send + 'static {
+    use futures::future::{Either, FutureExt};
+    match plan {
+        Plan::Reply(ctx, id, method, params, opts) => {
+            let cancel = reg.cancel.child_token();
+            Either::Left(reply(ctx, id, method, params, cancel, opts))
+        }
+        Plan::Answered(response) => Either::Right(std::future::ready(Ok(response)).boxed()),
+        Plan::Listen(ctx, id, params) => Either::Right(listen(ctx, id, params).boxed()),
+        Plan::Discover(ctx, id, method) => Either::Right(
+            async move {
+                let result = discover(&ctx).await;
+                Ok(json_response(
+                    StatusCode::OK,
+                    &finish(jsonrpc::success(id, result), &method),
+                ))
+            }
+            .boxed(),
+        ),
+        Plan::Resume(id, held, opts) => Either::Right(resume(gw, reg, id, held, opts).boxed()),
+    }
+}
+
+/// What a valid stateless message leads to (see [`plan`]).
+enum Plan {
+    Answered(Response),
+    Listen(RequestCtx, Value, Option<Value>),
+    Discover(RequestCtx, Value, String),
+    Resume(Value, crate::mrtr::Held, ReplyOpts),
+    Reply(RequestCtx, Value, String, Option<Value>, ReplyOpts),
+}
+
+/// The checks of a stateless message, and what it leads to.
+fn plan(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    headers: &HeaderMap,
+    msg: Result<Message, RpcError>,
+) -> Result<Plan, Rejection> {
     let msg = msg.map_err(Rejection::malformed)?;
     let (id, method, params) = match msg {
         Message::Request { id, method, params } => (Some(id), method, params),
@@ -149,7 +200,7 @@ pub async fn handle(
         )
     };
     let Some(version) = meta_version else {
-        if let Some(h) = header_str(&headers, &VERSION_NAME) {
+        if let Some(h) = header_str(headers, &VERSION_NAME) {
             if h != MODERN_VERSION {
                 return Err(unsupported(h));
             }
@@ -195,7 +246,7 @@ pub async fn handle(
         (&NAME_NAME, name.filter(|_| is_request)),
     ];
     for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
-        if let Err(m) = mirror(&headers, h, expected) {
+        if let Err(m) = mirror(headers, h, expected) {
             return Err(error(
                 StatusCode::BAD_REQUEST,
                 id,
@@ -208,7 +259,7 @@ pub async fn handle(
     let Some(id) = id else {
         // Notifications carry nothing the gateway acts on statelessly (cancellation is
         // closing the response stream).
-        return Ok(StatusCode::ACCEPTED.into_response());
+        return Ok(Plan::Answered(StatusCode::ACCEPTED.into_response()));
     };
     if !METHODS.contains(&method.as_str()) {
         return Err(error(
@@ -227,15 +278,10 @@ pub async fn handle(
         notify: None,
     };
     if method == "subscriptions/listen" {
-        return listen(ctx, id, params).await;
+        return Ok(Plan::Listen(ctx, id, params));
     }
     if method == "server/discover" {
-        // Boxed: its future is large and `server/discover` is rare.
-        let result = Box::pin(discover(&ctx)).await;
-        return Ok(json_response(
-            StatusCode::OK,
-            &finish(jsonrpc::success(id, result), &method),
-        ));
+        return Ok(Plan::Discover(ctx, id, method));
     }
     let opts = ReplyOpts {
         priming: false,
@@ -295,10 +341,9 @@ pub async fn handle(
                 &body,
             );
         }
-        return resume(gw.clone(), reg.clone(), id, held, opts).await;
+        return Ok(Plan::Resume(id, held, opts));
     }
-    let cancel = reg.cancel.child_token();
-    reply(ctx, id, method, params, cancel, opts).await
+    Ok(Plan::Reply(ctx, id, method, params, opts))
 }
 
 /// `subscriptions/listen`: acknowledges the honored subset, then streams the registration's

@@ -302,10 +302,13 @@ impl Pool {
         cancel: &CancellationToken,
     ) -> Result<InUse, ForwardError> {
         let began = tokio::time::Instant::now();
+        // Each wait below polls its step first: when the step is ready at once (the common
+        // case), the cancellation and the deadline are not even registered (a timer entry and
+        // a waiter each, set and taken back per call otherwise).
         let slot = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err(ForwardError::Cancelled),
             s = self.slot_for(upstream, registration_id) => s?,
+            () = cancel.cancelled() => return Err(ForwardError::Cancelled),
         };
         let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
         let deadline = began + timeout;
@@ -327,15 +330,15 @@ impl Pool {
         let timed_out = || ForwardError::Upstream(UpstreamError::Timeout(timeout));
         let permit = tokio::select! {
             biased;
+            p = slot.permits.clone().acquire_owned() => p.map_err(|_| ForwardError::ShuttingDown)?,
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
             () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
-            p = slot.permits.clone().acquire_owned() => p.map_err(|_| ForwardError::ShuttingDown)?,
         };
         let conn = tokio::select! {
             biased;
+            c = slot.connection() => c?,
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
             () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
-            c = slot.connection() => c?,
         };
         Ok(InUse {
             slot,

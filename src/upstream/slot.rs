@@ -163,6 +163,11 @@ impl Slot {
 
     /// The live connection, (re)spawning it with a new epoch when needed.
     pub async fn connection(&self) -> Result<Connection, UpstreamError> {
+        // The common case without the async lock (taken by every call otherwise): `current`
+        // mirrors the live connection; spawning, closing and eviction still go through `conn`.
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
         let mut guard = self.conn.lock().await;
         if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
