@@ -82,15 +82,15 @@ impl TransportHandle {
         &self,
         core: &Arc<Core>,
         id: u64,
-        msg: &Value,
+        line: String,
     ) -> Result<(), UpstreamError> {
         match self {
             Self::Stdio(stdio) => {
-                stdio.send(msg).await?;
+                stdio.send_line(line).await?;
                 std::future::pending::<()>().await;
                 Ok(())
             }
-            Self::Http(http) => http.exchange(core, id, msg).await,
+            Self::Http(http) => http.exchange(core, id, line).await,
         }
     }
 
@@ -357,18 +357,19 @@ impl Connection {
         if let Some(started) = opts.started {
             let _ = started.send(id);
         }
-        let mut msg = Map::new();
-        msg.insert("jsonrpc".to_owned(), json!("2.0"));
-        msg.insert("id".to_owned(), json!(id));
-        msg.insert("method".to_owned(), json!(method));
-        if !params.is_null() {
-            msg.insert("params".to_owned(), params);
-        }
-        let msg = Value::Object(msg);
+        let line = match encode_request(id, method, &params) {
+            Ok(line) => line,
+            Err(e) => {
+                guard.disarm();
+                core.remove(id);
+                return Err(e);
+            }
+        };
+        drop(params);
         let timeout = opts.timeout.unwrap_or(self.inner.request_timeout);
         tracing::trace!(upstream = %core.upstream_id, epoch = core.epoch, jsonrpc.id = id, jsonrpc.method = method, "upstream request");
 
-        let drive = self.inner.transport.drive_request(core, id, &msg);
+        let drive = self.inner.transport.drive_request(core, id, line);
         tokio::pin!(drive);
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
@@ -495,6 +496,24 @@ impl Connection {
     }
 }
 
+/// A request as one line, `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and `\n`, written
+/// directly (no `Map` is built for the envelope; the members in the order they always had).
+/// `params` is left out when `Value::Null`.
+fn encode_request(id: u64, method: &str, params: &Value) -> Result<String, UpstreamError> {
+    let mut line = Vec::with_capacity(64);
+    line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    line.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
+    line.extend_from_slice(b",\"method\":");
+    serde_json::to_writer(&mut line, method)?;
+    if !params.is_null() {
+        line.extend_from_slice(b",\"params\":");
+        serde_json::to_writer(&mut line, params)?;
+    }
+    line.extend_from_slice(b"}\n");
+    // serde_json writes UTF-8 only.
+    String::from_utf8(line).map_err(|e| UpstreamError::Protocol(format!("request encoding: {e}")))
+}
+
 enum Waited {
     Done(Result<Value, Value>),
     Closed,
@@ -542,4 +561,31 @@ fn cancelled_notification(id: u64, reason: &str) -> Value {
         "method": "notifications/cancelled",
         "params": { "requestId": id, "reason": reason },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode_request;
+    use serde_json::{json, Value};
+
+    #[test]
+    fn a_request_line_is_the_envelope_the_map_made_and_parses_back() {
+        let params = json!({"name": "t\"x", "arguments": {"é": [1, null]}, "_meta": {"k": 1}});
+        let line = encode_request(7, "tools/call", &params).unwrap();
+        assert!(line.ends_with("}\n") && !line[..line.len() - 1].contains('\n'));
+        assert_eq!(
+            line,
+            "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"t\\\"x\",\"arguments\":{\"é\":[1,null]},\"_meta\":{\"k\":1}}}\n"
+        );
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["params"], params);
+        // `params` is left out when null, as before.
+        assert_eq!(
+            encode_request(u64::MAX, "ping", &Value::Null).unwrap(),
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"ping\"}}\n",
+                u64::MAX
+            )
+        );
+    }
 }

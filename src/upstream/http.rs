@@ -89,15 +89,21 @@ impl HttpTransport {
         }
     }
 
-    /// POSTs request `id` and dispatches everything in the answer (JSON or SSE) to `core`.
+    /// POSTs request `id` (its encoded `line`) and dispatches everything in the answer (JSON or
+    /// SSE) to `core`.
     /// Returns once the response for `id` was dispatched or the answer ended.
     pub(crate) async fn exchange(
         &self,
         core: &Arc<Core>,
         id: u64,
-        msg: &Value,
+        line: String,
     ) -> Result<(), UpstreamError> {
-        let response = self.shared.post(core, msg).await?;
+        // The request as encoded for stdio; its newline is dropped (whitespace either way).
+        let mut body = line.into_bytes();
+        if body.last() == Some(&b'\n') {
+            body.pop();
+        }
+        let response = self.shared.post(core, body).await?;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)
@@ -207,9 +213,8 @@ impl Shared {
     async fn post(
         &self,
         core: &Arc<Core>,
-        msg: &Value,
+        body: Vec<u8>,
     ) -> Result<reqwest::Response, UpstreamError> {
-        let body = serde_json::to_vec(msg)?;
         let sent = self
             .client
             .post(self.url.clone())
@@ -250,7 +255,7 @@ impl Shared {
     }
 
     async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
-        let response = self.post(core, msg).await?;
+        let response = self.post(core, serde_json::to_vec(msg)?).await?;
         // Drain any body so the connection can be reused.
         let _ = response.bytes().await;
         Ok(())

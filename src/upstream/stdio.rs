@@ -171,7 +171,11 @@ impl StdioTransport {
 
     /// Queues one message as one line (waits if the queue is full).
     pub(crate) async fn send(&self, msg: &Value) -> Result<(), UpstreamError> {
-        let line = encode_line(msg)?;
+        self.send_line(encode_line(msg)?).await
+    }
+
+    /// Queues one encoded line (it ends with `\n`; waits if the queue is full).
+    pub(crate) async fn send_line(&self, line: String) -> Result<(), UpstreamError> {
         self.out
             .send(line)
             .await
@@ -331,6 +335,10 @@ fn live_member_in_proc(pgid: Pid) -> Option<bool> {
     Some(false)
 }
 
+/// At most this many bytes of queued lines are joined into one write to a child's stdin
+/// (a longer line goes alone; the queue itself is bounded by `OUTBOUND_QUEUE` lines).
+const WRITE_BATCH: usize = 64 * 1024;
+
 async fn write_stdin(
     core: Arc<Core>,
     mut stdin: ChildStdin,
@@ -346,8 +354,17 @@ async fn write_stdin(
                 None => break,
             },
         };
+        // Lines queued meanwhile go out in the same write (one syscall, one wake-up of the
+        // child, for a burst of calls), up to `WRITE_BATCH` bytes.
+        let mut batch = line.into_bytes();
+        while batch.len() < WRITE_BATCH {
+            match lines.try_recv() {
+                Ok(next) => batch.extend_from_slice(next.as_bytes()),
+                Err(_) => break,
+            }
+        }
         let written = async {
-            stdin.write_all(line.as_bytes()).await?;
+            stdin.write_all(&batch).await?;
             stdin.flush().await
         };
         if let Err(err) = written.await {
