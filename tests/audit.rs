@@ -293,6 +293,44 @@ async fn call_until_refused(c: &mut SseClient, max: usize) -> String {
 }
 
 #[tokio::test]
+async fn a_file_moved_aside_keeps_its_records_and_the_next_ones_go_to_a_new_file() {
+    // The writer compares its file with what the path names at most once a millisecond
+    // (src/audit.rs IDENTITY_EVERY): a file moved aside keeps what was written to it, in
+    // order, and once the check ran every record goes to a new file at the path. Nothing is
+    // lost, and the two files verify as one chain.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let audit = Audit::start(&audit_config(&path)).unwrap();
+    let rec = |l: String| {
+        let mut r = Record::event("test");
+        r.label = Some(l);
+        r
+    };
+    for i in 0..3 {
+        audit.record(rec(format!("a{i}"))).await.unwrap();
+    }
+    let aside = dir.path().join("aside.jsonl");
+    std::fs::rename(&path, &aside).unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for i in 0..3 {
+        audit.record(rec(format!("b{i}"))).await.unwrap();
+    }
+    drop(audit);
+    let labels = |p: &Path| -> Vec<String> {
+        read_records(p)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "test")
+            .filter_map(|r| r.label)
+            .collect()
+    };
+    assert_eq!(labels(&aside), ["a0", "a1", "a2"]);
+    assert_eq!(labels(&path), ["b0", "b1", "b2"]);
+    let report = verify_files(&[aside, path], &VerifyOptions::default()).unwrap();
+    assert!(report.is_ok(), "{report:?}");
+}
+
+#[tokio::test]
 async fn audit_unwritable_refuses_calls_then_resumes_by_itself() {
     // The audit path is a symlink: first to a file, then to /dev/full (every write fails with
     // ENOSPC), then back. The writer notices that the path names another file and reopens it.
