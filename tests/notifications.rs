@@ -430,3 +430,51 @@ async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
     assert_eq!(transports, vec!["sse", "streamable_http", "stateless"]);
     tg.gateway.shutdown().await;
 }
+
+/// A session's `logging/setLevel` filters the upstream logs of its calls (DESIGN.md §5): at
+/// `warning`, the burst's `info` logs are left out while every progress notification still
+/// arrives; at `debug`, all logs arrive, in order.
+#[tokio::test]
+async fn a_sessions_log_level_filters_the_logs_of_its_calls() {
+    let tg = TestGateway::with(|c| {
+        c.upstreams.push(burst_upstream());
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("levels").grant("burst.burst"))
+        .await
+        .unwrap();
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.initialize().await;
+    let n = 50;
+    let params = serde_json::json!({"name": "burst.burst", "arguments": {"n": n},
+                                    "_meta": {"progressToken": "lv"}});
+    let count =
+        |notes: &[Value], method: &str| notes.iter().filter(|m| m["method"] == method).count();
+    let r = c
+        .request("logging/setLevel", serde_json::json!({"level": "warning"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let (reply, notes) = c.request_with_notes("tools/call", params.clone()).await;
+    assert!(reply.get("result").is_some(), "{reply}");
+    assert_eq!(count(&notes, "notifications/progress"), n, "{notes:?}");
+    assert_eq!(count(&notes, "notifications/message"), 0, "{notes:?}");
+
+    c.request("logging/setLevel", serde_json::json!({"level": "debug"}))
+        .await;
+    let (_, notes) = c.request_with_notes("tools/call", params).await;
+    assert_eq!(count(&notes, "notifications/progress"), n);
+    let logs: Vec<String> = notes
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        // fastmcp's `ctx.info` sends `data: {"msg": …, "extra": …}`.
+        .map(|m| {
+            m["params"]["data"]["msg"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let want: Vec<String> = (1..=n).map(|i| format!("l{i}")).collect();
+    assert_eq!(logs, want);
+}

@@ -346,8 +346,14 @@ impl Connection {
             return Err(UpstreamError::Closed(reason));
         }
         let id = core.ids.next();
-        let progress = rewrite_progress_token(&mut params, core.epoch, id, opts.progress);
-        let mut rx = core.register(id, progress, opts.notifications, opts.tag)?;
+        let progress = rewrite_progress_token(
+            &mut params,
+            core.epoch,
+            id,
+            opts.progress,
+            opts.progress_as_messages,
+        );
+        let mut rx = core.register(id, progress, opts.notifications, opts.log_filter, opts.tag)?;
         let guard = PendingGuard {
             conn: self,
             id,

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{EventSink, EVENT_BURST, EVENT_RATE_PER_S};
-use super::{IdCounter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
+use super::{IdCounter, LogFilter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
@@ -27,6 +27,7 @@ pub(super) fn rewrite_progress_token(
     epoch: u64,
     id: u64,
     sink: Option<mpsc::Sender<Value>>,
+    as_messages: bool,
 ) -> Option<ProgressRoute> {
     let slot = params
         .get_mut("_meta")
@@ -37,6 +38,7 @@ pub(super) fn rewrite_progress_token(
         token,
         original,
         sink,
+        as_messages,
     })
 }
 
@@ -46,12 +48,15 @@ pub(super) struct ProgressRoute {
     /// The caller's token, restored in what we deliver.
     original: Value,
     sink: Option<mpsc::Sender<Value>>,
+    /// Delivered as whole `notifications/progress` messages, not bare params.
+    as_messages: bool,
 }
 
 struct PendingRequest {
     tx: oneshot::Sender<Result<Value, Value>>,
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
+    log_filter: Option<LogFilter>,
     tag: Option<RequestTag>,
     /// Its consumer took no notification for the grace (`notify_grace_ms`, [`super::types::NOTIFY_GRACE`] by default): later ones are refused at
     /// once (counted), so one stuck caller holds the reader once, not once per notification.
@@ -121,6 +126,7 @@ impl Core {
         id: u64,
         progress: Option<ProgressRoute>,
         notifications: Option<mpsc::Sender<Value>>,
+        log_filter: Option<LogFilter>,
         tag: Option<RequestTag>,
     ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
         let (tx, rx) = oneshot::channel();
@@ -134,6 +140,7 @@ impl Core {
                 tx,
                 progress,
                 notifications,
+                log_filter,
                 tag,
                 stalled: false,
             },
@@ -284,10 +291,25 @@ impl Core {
                     related_hint.or_else(|| only_pending(&state, |p| p.notifications.is_some()));
                 related.and_then(|id| {
                     let p = state.pending.get(&id)?;
-                    Some((id, p.notifications.clone()?, p.stalled))
+                    Some((
+                        id,
+                        p.notifications.clone()?,
+                        p.stalled,
+                        p.log_filter.clone(),
+                    ))
                 })
             };
-            if let Some((id, sink, stalled)) = sink {
+            if let Some((id, sink, stalled, filter)) = sink {
+                if let Some(LogFilter(wants)) = filter {
+                    let level = params
+                        .as_ref()
+                        .and_then(|p| p.get("level"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    if !wants(level) {
+                        return;
+                    }
+                }
                 let mut msg = Map::new();
                 msg.insert("jsonrpc".into(), Value::String("2.0".into()));
                 msg.insert("method".into(), Value::String(method));
@@ -329,10 +351,16 @@ impl Core {
                 .get(&id)
                 .and_then(|pending| pending.progress.as_ref())
                 .filter(|route| route.token == token)
-                .map(|route| (route.original.clone(), route.sink.clone()))
-                .map(|(o, s)| (o, s, state.pending.get(&id).is_some_and(|p| p.stalled)))
+                .map(|route| {
+                    (
+                        route.original.clone(),
+                        route.sink.clone(),
+                        route.as_messages,
+                    )
+                })
+                .map(|(o, s, m)| (o, s, m, state.pending.get(&id).is_some_and(|p| p.stalled)))
         };
-        let Some((original, sink, stalled)) = route else {
+        let Some((original, sink, as_messages, stalled)) = route else {
             tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");
             return;
         };
@@ -341,6 +369,14 @@ impl Core {
         }
         match sink {
             Some(_) if stalled => self.refused.inc(),
+            Some(sink) if as_messages => {
+                let msg = json!({
+                    "jsonrpc": "2.0",
+                    "method": "notifications/progress",
+                    "params": params,
+                });
+                self.deliver(id, sink, msg).await
+            }
             Some(sink) => self.deliver(id, sink, params).await,
             None => {
                 self.events.notify(UpstreamEvent::Progress {

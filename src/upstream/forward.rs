@@ -15,13 +15,8 @@ use super::pool::Pool;
 use super::routing::CallOwner;
 use super::slot::{Busy, Share, Slot};
 use super::{Connection, ForwardError, RequestOptions, UpstreamError};
-use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 use crate::session::Session;
-
-/// Notifications of one call queued between the upstream reader and the call's forwarding
-/// loop (bounded; the reader waits when it is full).
-const NOTES_QUEUE: usize = 64;
 
 /// One forwarded `tools/call`.
 pub struct ForwardCall<'a> {
@@ -141,44 +136,15 @@ impl Pool {
         );
 
         let (started_tx, started_rx) = oneshot::channel();
-        // One channel for the call's progress (params) and logs (whole messages), so they
-        // reach the caller in the upstream's order. The upstream reader waits for room in it
-        // (`core::Core::dispatch`), and this loop waits for room in the caller's channel:
-        // backpressure end to end, nothing dropped on the way.
-        let (notes_tx, mut notes_rx) = match &call.notify {
-            Some(_) => {
-                let (tx, rx) = mpsc::channel::<Value>(NOTES_QUEUE);
-                (Some(tx), Some(rx))
-            }
-            None => (None, None),
-        };
-        let (progress_tx, logs_tx) = (notes_tx.clone(), notes_tx);
-        // Upstream logs pass the session's `logging/setLevel` filter on their way to the client.
-        let session = call.session.clone();
-        let notify = call.notify.clone();
-        let forward_note = |msg: Value| {
-            let notify = notify.clone();
-            let session = session.clone();
-            async move {
-                let Some(n) = notify else { return };
-                let msg = if msg.get("method").is_some() {
-                    // A log: it passes the session's `logging/setLevel` filter.
-                    let level = msg
-                        .get("params")
-                        .and_then(|p| p.get("level"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    if !session.as_ref().is_none_or(|s| s.wants_log(level)) {
-                        return;
-                    }
-                    msg
-                } else {
-                    jsonrpc::notification("notifications/progress", Some(msg))
-                };
-                // Closed only once the caller is gone (its transport ended the call).
-                let _ = n.send(msg).await;
-            }
-        };
+        // The call's progress and logs go straight to the caller's channel, in the upstream's
+        // order, as whole notifications: the upstream reader waits for room in it
+        // (`core::Core::deliver`, at most `notify_grace_ms`, then refuses and counts), so there
+        // is backpressure end to end and nothing is dropped on the way. Logs pass the session's
+        // `logging/setLevel` filter there.
+        let log_filter = call
+            .session
+            .clone()
+            .map(|s| super::LogFilter(Arc::new(move |level: &str| s.wants_log(level))));
         let timeout = in_use.remaining();
         let owner = CallOwner {
             registration_id: call.registration.id.clone(),
@@ -188,10 +154,12 @@ impl Pool {
         let opts = RequestOptions {
             timeout: Some(timeout),
             cancel: call.cancel.clone(),
-            progress: progress_tx,
+            progress: call.notify.clone(),
             started: Some(started_tx),
-            notifications: logs_tx,
+            notifications: call.notify,
             tag: Some(owner.tag()),
+            progress_as_messages: true,
+            log_filter,
         };
         let request = conn.request("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
@@ -209,21 +177,8 @@ impl Pool {
                         }
                     }
                 }
-                note = async { match notes_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                    match note {
-                        Some(note) => forward_note(note).await,
-                        None => notes_rx = None,
-                    }
-                }
             }
         };
-        // Notifications sent before the response are still delivered, and before the reply
-        // (the reader handed each over before it read the response).
-        if let Some(rx) = notes_rx.as_mut() {
-            while let Ok(note) = rx.try_recv() {
-                forward_note(note).await;
-            }
-        }
         fwd.outcome = match result {
             Ok(resp) => {
                 slot.answered();

@@ -146,6 +146,23 @@ pub struct RequestOptions {
     /// Who the request is for, kept in the connection's pending entry and handed back with a
     /// server → client request related to it ([`UpstreamEvent::Request::related_tag`]).
     pub tag: Option<RequestTag>,
+    /// Progress goes to [`RequestOptions::progress`] as whole `notifications/progress`
+    /// messages (as logs are), not as bare params: the sender can then be the caller's own
+    /// channel, with no forwarding step per call.
+    pub progress_as_messages: bool,
+    /// Logs whose level this refuses are not delivered (a session's `logging/setLevel`): a
+    /// filter the client asked for, so neither counted nor emitted as events.
+    pub log_filter: Option<LogFilter>,
+}
+
+/// See [`RequestOptions::log_filter`]: `level` is the log's `params.level` (`""` if none).
+#[derive(Clone)]
+pub struct LogFilter(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for LogFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogFilter")
+    }
 }
 
 /// An opaque owner of a pending request (the pool puts its call's owner here).
