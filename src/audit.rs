@@ -312,7 +312,10 @@ pub fn digest_value(v: &Value) -> String {
     // intermediate buffer). Serializing a `Value` cannot fail (map keys are strings).
     let mut h = HashWriter(Sha256::new());
     let _ = serde_json::to_writer(&mut h, v);
-    hex::encode(h.0.finalize())
+    // `hex_digest` writes ASCII only (`hex::encode` builds its `String` char by char).
+    std::str::from_utf8(&hex_digest(&h.0.finalize()))
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// An `io::Write` that feeds a SHA-256.
