@@ -1099,8 +1099,20 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
 
     let t_flood = Instant::now();
     let mut silent = Vec::with_capacity(SILENT);
+    let mut kept_used = Instant::now();
     for _ in 0..SILENT {
         silent.push(TcpStream::connect(&data).await.unwrap());
+        // The open connection is used during the flood too, and so kept well inside the idle
+        // timeout (2 s) however long 1,000 connects take on a loaded machine: what is tested
+        // is that it stays served at the cap, not that it survives being idle.
+        if kept_used.elapsed() > Duration::from_millis(500) {
+            assert_eq!(
+                raw_get(&mut kept, "/healthz").await.map(|r| r.0),
+                Some(200),
+                "an open connection keeps working during the flood"
+            );
+            kept_used = Instant::now();
+        }
     }
     let flood_ms = t_flood.elapsed().as_millis();
     // The admin API answers at once.
@@ -1116,14 +1128,32 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
         Some(200),
         "an open connection keeps working at the cap"
     );
-    // A new connection is refused fast, with a clear 503.
-    let t = Instant::now();
-    let mut fresh = TcpStream::connect(&data).await.unwrap();
-    let refused = raw_get(&mut fresh, "/healthz").await;
-    let refused_ms = t.elapsed().as_millis();
-    let (status, body) = refused.expect("an answer, not a reset");
+    // A new connection is refused fast, with a clear 503 — while the cap is full. On a loaded
+    // machine the flood can be slow enough for the header timeout (1 s) to have freed slots
+    // already; then (a new connection served instead) silent sockets are added until one is
+    // refused.
+    let (status, body, refused_ms) = loop {
+        let t = Instant::now();
+        let mut fresh = TcpStream::connect(&data).await.unwrap();
+        let refused = raw_get(&mut fresh, "/healthz").await;
+        let refused_ms = t.elapsed().as_millis();
+        let (status, body) = refused.expect("an answer, not a reset");
+        if status == 503 {
+            break (status, body, refused_ms);
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            silent.len() < 2 * SILENT,
+            "no connection refused after {} silent sockets",
+            silent.len()
+        );
+        for _ in 0..100 {
+            silent.push(TcpStream::connect(&data).await.unwrap());
+        }
+    };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("connection limit"), "{body}");
+    let held_window_ms = t_flood.elapsed().as_millis();
     // A bystander retrying is served once the silent sockets hit the header timeout.
     let mut attempts = 0;
     let bystander_ms = loop {
@@ -1140,6 +1170,7 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
     };
     // Every silent socket was answered 503 at once or closed by the header timeout.
     let (mut got_503, mut closed_silently) = (0, 0);
+    let opened = silent.len();
     for mut tcp in silent {
         use tokio::io::AsyncReadExt;
         let mut out = Vec::new();
@@ -1150,10 +1181,10 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
             closed_silently += 1;
         }
     }
-    assert_eq!(got_503 + closed_silently, SILENT);
+    assert_eq!(got_503 + closed_silently, opened);
     // At most 384 held at once; more than 384 in all when the flood outlasts the header
     // timeout (slots freed by it are taken by the next silent sockets).
-    let rounds = 1 + flood_ms as usize / 1000;
+    let rounds = 1 + held_window_ms as usize / 1000;
     assert!(
         got_503 > 0 && closed_silently <= 384 * rounds,
         "{got_503} refused / {closed_silently} held, flood {flood_ms} ms"
@@ -1241,7 +1272,7 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
             "data_connection_cap": 384,
             "header_timeout_s": 1,
             "idle_timeout_s": 2,
-            "silent_sockets": SILENT,
+            "silent_sockets": opened,
             "silent_sockets_opened_in_ms": flood_ms,
             "silent_refused_with_503": got_503,
             "silent_held_then_closed_by_header_timeout": closed_silently,
