@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -437,18 +436,9 @@ async fn registration_roots_answer_roots_list() {
 // server-everything through the official Python SDK
 // ---------------------------------------------------------------------------------------------
 
-fn peer(rel: &str) -> PathBuf {
-    let p = repo_root().join("tests/peers").join(rel);
-    assert!(
-        p.exists(),
-        "{} is missing: run tests/peers/setup.sh",
-        p.display()
-    );
-    p
-}
-
 fn everything(id: &str, sharing: &str) -> UpstreamConfig {
-    let script = peer("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let script =
+        common::peers::peer("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     toml::from_str(&format!(
         "id = \"{id}\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"{sharing}\"\ncall_timeout_s = 30\n",
         script.display().to_string()
@@ -463,47 +453,13 @@ const CAPS_TOOLS: [&str; 3] = [
     "everything.get-roots-list",
 ];
 
-/// One py_client.py `--batch` run; its cells' outputs.
+/// One py_client.py `--batch` run; each cell's `ok` (a failed cell fails the test).
 async fn py_batch(cells: Value) -> Vec<Value> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(150),
-        tokio::process::Command::new(peer(".venv/bin/python"))
-            .arg(peer("py_client.py"))
-            .args(["--batch", &cells.to_string()])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("py_client.py finishes")
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "py_client.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array()
-        .unwrap()
+    common::peers::batch(".venv", "py_client.py", &cells)
+        .await
         .iter()
-        .map(|c| {
-            c.get("ok")
-                .cloned()
-                .unwrap_or_else(|| panic!("cell failed: {c}"))
-        })
+        .map(|c| common::peers::ok("py_client.py", c).clone())
         .collect()
-}
-
-fn texts(step: &Value) -> String {
-    step["ok"]["call"]["content"]
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter_map(|b| b["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_else(|| panic!("no call result: {step}"))
 }
 
 /// server-everything as a `per_registration` upstream lists its sampling, elicitation and
@@ -586,7 +542,7 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
             "{transport}: a shared upstream declared capabilities: {tools:?}"
         );
         let s = &out["steps"];
-        let roots = texts(&s["roots"]);
+        let roots = common::peers::step_text(&s["roots"]);
         assert!(
             roots.contains(&format!("file:///tmp/gatehouse-caps-{transport}")),
             "{transport}: {roots}"
@@ -596,12 +552,12 @@ async fn server_everything_sampling_elicitation_and_roots_through_the_python_sdk
             json!(["roots"]),
             "{transport}: the roots request outside a call did not reach the client"
         );
-        let sampled = texts(&s["sampling"]);
+        let sampled = common::peers::step_text(&s["sampling"]);
         assert!(
             sampled.contains("This is a test response from the client"),
             "{transport}: {sampled}"
         );
-        let elicited = texts(&s["elicitation"]);
+        let elicited = common::peers::step_text(&s["elicitation"]);
         assert!(
             elicited.contains("Name: Ada Lovelace"),
             "{transport}: {elicited}"

@@ -82,7 +82,7 @@ impl TransportHandle {
         &self,
         core: &Arc<Core>,
         id: u64,
-        line: String,
+        line: Vec<u8>,
     ) -> Result<(), UpstreamError> {
         match self {
             Self::Stdio(stdio) => {
@@ -505,7 +505,7 @@ impl Connection {
 /// A request as one line, `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and `\n`, written
 /// directly (no `Map` is built for the envelope; the members in the order they always had).
 /// `params` is left out when `Value::Null`.
-fn encode_request(id: u64, method: &str, params: &Value) -> Result<String, UpstreamError> {
+fn encode_request(id: u64, method: &str, params: &Value) -> Result<Vec<u8>, UpstreamError> {
     let mut line = Vec::with_capacity(64);
     line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     line.extend_from_slice(itoa::Buffer::new().format(id).as_bytes());
@@ -516,8 +516,7 @@ fn encode_request(id: u64, method: &str, params: &Value) -> Result<String, Upstr
         serde_json::to_writer(&mut line, params)?;
     }
     line.extend_from_slice(b"}\n");
-    // serde_json writes UTF-8 only.
-    String::from_utf8(line).map_err(|e| UpstreamError::Protocol(format!("request encoding: {e}")))
+    Ok(line)
 }
 
 enum Waited {
@@ -577,7 +576,7 @@ mod tests {
     #[test]
     fn a_request_line_is_the_envelope_the_map_made_and_parses_back() {
         let params = json!({"name": "t\"x", "arguments": {"é": [1, null]}, "_meta": {"k": 1}});
-        let line = encode_request(7, "tools/call", &params).unwrap();
+        let line = String::from_utf8(encode_request(7, "tools/call", &params).unwrap()).unwrap();
         assert!(line.ends_with("}\n") && !line[..line.len() - 1].contains('\n'));
         assert_eq!(
             line,
@@ -587,7 +586,7 @@ mod tests {
         assert_eq!(back["params"], params);
         // `params` is left out when null, as before.
         assert_eq!(
-            encode_request(u64::MAX, "ping", &Value::Null).unwrap(),
+            String::from_utf8(encode_request(u64::MAX, "ping", &Value::Null).unwrap()).unwrap(),
             format!(
                 "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"ping\"}}\n",
                 u64::MAX

@@ -346,19 +346,15 @@ impl Core {
         };
         let route = {
             let state = lock(&self.state);
-            state
-                .pending
-                .get(&id)
-                .and_then(|pending| pending.progress.as_ref())
-                .filter(|route| route.token == token)
-                .map(|route| {
-                    (
-                        route.original.clone(),
-                        route.sink.clone(),
-                        route.as_messages,
-                    )
-                })
-                .map(|(o, s, m)| (o, s, m, state.pending.get(&id).is_some_and(|p| p.stalled)))
+            state.pending.get(&id).and_then(|pending| {
+                let route = pending.progress.as_ref().filter(|r| r.token == token)?;
+                Some((
+                    route.original.clone(),
+                    route.sink.clone(),
+                    route.as_messages,
+                    pending.stalled,
+                ))
+            })
         };
         let Some((original, sink, as_messages, stalled)) = route else {
             tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");

@@ -96,10 +96,10 @@ impl HttpTransport {
         &self,
         core: &Arc<Core>,
         id: u64,
-        line: String,
+        line: Vec<u8>,
     ) -> Result<(), UpstreamError> {
         // The request as encoded for stdio; its newline is dropped (whitespace either way).
-        let mut body = line.into_bytes();
+        let mut body = line;
         if body.last() == Some(&b'\n') {
             body.pop();
         }

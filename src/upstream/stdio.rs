@@ -77,7 +77,7 @@ pub fn kill_all_groups() -> usize {
 pub(crate) struct StdioTransport {
     upstream_id: String,
     pid: u32,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Vec<u8>>,
     close_stdin: CancellationToken,
     exited: watch::Receiver<bool>,
     tasks: Mutex<JoinSet<()>>,
@@ -127,7 +127,7 @@ impl StdioTransport {
         let upstream_id = core.upstream_id.clone();
         tracing::info!(upstream = %upstream_id, epoch = core.epoch, pid, command, "spawned upstream process");
 
-        let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+        let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_QUEUE);
         let (exited_tx, exited_rx) = watch::channel(false);
         let close_stdin = CancellationToken::new();
         let mut tasks = JoinSet::new();
@@ -175,7 +175,7 @@ impl StdioTransport {
     }
 
     /// Queues one encoded line (it ends with `\n`; waits if the queue is full).
-    pub(crate) async fn send_line(&self, line: String) -> Result<(), UpstreamError> {
+    pub(crate) async fn send_line(&self, line: Vec<u8>) -> Result<(), UpstreamError> {
         self.out
             .send(line)
             .await
@@ -267,9 +267,9 @@ impl Drop for StdioTransport {
     }
 }
 
-fn encode_line(msg: &Value) -> Result<String, UpstreamError> {
-    let mut line = serde_json::to_string(msg)?;
-    line.push('\n');
+fn encode_line(msg: &Value) -> Result<Vec<u8>, UpstreamError> {
+    let mut line = serde_json::to_vec(msg)?;
+    line.push(b'\n');
     Ok(line)
 }
 
@@ -342,7 +342,7 @@ const WRITE_BATCH: usize = 64 * 1024;
 async fn write_stdin(
     core: Arc<Core>,
     mut stdin: ChildStdin,
-    mut lines: mpsc::Receiver<String>,
+    mut lines: mpsc::Receiver<Vec<u8>>,
     close: CancellationToken,
 ) {
     loop {
@@ -356,10 +356,10 @@ async fn write_stdin(
         };
         // Lines queued meanwhile go out in the same write (one syscall, one wake-up of the
         // child, for a burst of calls), up to `WRITE_BATCH` bytes.
-        let mut batch = line.into_bytes();
+        let mut batch = line;
         while batch.len() < WRITE_BATCH {
             match lines.try_recv() {
-                Ok(next) => batch.extend_from_slice(next.as_bytes()),
+                Ok(next) => batch.extend_from_slice(&next),
                 Err(_) => break,
             }
         }
@@ -379,7 +379,7 @@ async fn write_stdin(
 async fn read_stdout<R: AsyncBufRead + Unpin>(
     core: Arc<Core>,
     mut stdout: R,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Vec<u8>>,
 ) {
     let mut buf = Vec::new();
     // Warnings about what the upstream writes are rate-limited like its stderr lines.
