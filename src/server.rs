@@ -136,6 +136,14 @@ impl Refused {
     }
 }
 
+/// The most header bytes a request may carry (names, values and their separators), as
+/// Envoy's default (60 KiB) and nginx's (4 × 8 KiB) bound them: answered 431.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// hyper's read buffer per connection (its default is ~400 KiB): a request head that does
+/// not fit is refused by hyper (431, empty body) before [`strict_http`] sees it.
+const MAX_HEAD_BUFFER: usize = 128 * 1024;
+
 /// The strict-HTTP pre-check both listeners run before routing (the data listener in
 /// [`dispatch`], `/healthz` included; the admin listener before its token check), on what
 /// hyper leaves to the application:
@@ -145,7 +153,8 @@ impl Refused {
 /// - a `Transfer-Encoding` other than a single `chunked` → 501 (RFC 9112 §6.1). hyper
 ///   itself answers 400 when `chunked` is not the last coding (the length is unknowable,
 ///   §6.3), drops `Content-Length` beside `Transfer-Encoding` and closes the connection after
-///   such a request, and refuses differing `Content-Length`s.
+///   such a request, and refuses differing `Content-Length`s;
+/// - headers of more than [`MAX_HEADER_BYTES`] in all → 431.
 ///
 /// Messages name the rule, never a header's value (it may be a token).
 pub fn strict_http(version: axum::http::Version, headers: &HeaderMap) -> Result<(), Refused> {
@@ -156,6 +165,18 @@ pub fn strict_http(version: axum::http::Version, headers: &HeaderMap) -> Result<
             message,
         })
     };
+    // hyper refuses a head beyond its read buffer (`MAX_HEAD_BUFFER`) only once a read leaves
+    // the buffer full, so what it accepts depends on how the bytes arrived; this limit does not.
+    let head: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if head > MAX_HEADER_BYTES {
+        return Err(Refused {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            message: "bad request: the request's headers are too large (at most 64 KiB in all)",
+        });
+    }
     if headers.get_all(AUTHORIZATION).iter().nth(1).is_some() {
         return bad("bad request: more than one Authorization header");
     }
@@ -291,7 +312,9 @@ pub async fn serve_http1<S>(
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, busy)))
                 }
             });
-            let conn = http1::Builder::new().serve_connection(io, service);
+            let conn = http1::Builder::new()
+                .max_buf_size(MAX_HEAD_BUFFER)
+                .serve_connection(io, service);
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
@@ -365,6 +388,14 @@ mod tests {
             Ok(())
         );
         assert_eq!(status(Version::HTTP_10, &[]), Ok(()));
+        let sized = |n: usize| {
+            let mut h = headers(&[host]);
+            h.insert("x-big", HeaderValue::from_str(&"b".repeat(n)).unwrap());
+            strict_http(h11, &h).map_err(|r| r.status.as_u16())
+        };
+        // "host: localhost" is 4 + 9 + 4 bytes, "x-big: …" 5 + n + 4.
+        assert_eq!(sized(MAX_HEADER_BYTES - 17 - 9), Ok(()));
+        assert_eq!(sized(MAX_HEADER_BYTES - 17 - 8), Err(431));
         assert_eq!(status(h11, &[]), Err(400));
         assert_eq!(status(h11, &[host, host]), Err(400));
         assert_eq!(status(Version::HTTP_10, &[host, host]), Err(400));

@@ -1201,6 +1201,31 @@ fn raw_corpus(a_id: &str, a_token: &str, a_session: &str) -> Vec<RawCase> {
             400,
             false,
         ),
+        // Under hyper's read buffer (128 KiB), over the gateway's 64 KiB: always ours.
+        data(
+            "100 KB header (ours: 431)",
+            mcp(
+                &format!("{host}{auth}x-big: {}\r\n{cl}", "b".repeat(100_000)),
+                ping,
+            ),
+            431,
+            true,
+        ),
+        data(
+            "70 KB in many headers (ours: 431)",
+            mcp(
+                &format!(
+                    "{host}{auth}{}{cl}",
+                    (0..70)
+                        .map(|i| format!("x-h{i}: {}\r\n", "c".repeat(1000)))
+                        .collect::<String>()
+                ),
+                ping,
+            ),
+            431,
+            true,
+        ),
+        // Beyond twice hyper's read buffer: hyper refuses it whatever the reads were.
         data(
             "500 KB header (hyper: 431)",
             mcp(
