@@ -51,11 +51,24 @@ pub enum SessionError {
     RegistrationCap(usize),
 }
 
-/// One message queued for a session's stream: its compact JSON (encoded once, here), and
-/// the share of the session's byte budget it holds until the stream takes it.
+/// One message queued for a session's stream: the whole `message` event, its compact JSON
+/// encoded once, here, in its framing (the stream writes these bytes as they are), and the
+/// share of the session's byte budget it holds until the stream takes it.
 pub struct Queued {
-    pub json: Bytes,
+    event: Bytes,
     _bytes: OwnedSemaphorePermit,
+}
+
+/// What frames a queued message: compact JSON holds no line break (control characters in
+/// strings are escaped), so it is one `data:` line.
+const EVENT_HEAD: &[u8] = b"event: message\ndata: ";
+const EVENT_TAIL: &[u8] = b"\n\n";
+
+impl Queued {
+    /// The event's bytes; its share of the byte budget is freed.
+    pub fn into_event(self) -> Bytes {
+        self.event
+    }
 }
 
 /// The sending side of a session's server-to-client queue, bounded in messages
@@ -474,18 +487,23 @@ impl SessionTable {
         if session.cancel.is_cancelled() {
             return false;
         }
-        // Serializing a `Value` cannot fail (map keys are strings).
-        let Ok(json) = serde_json::to_vec(&msg) else {
+        // Encoded once, in its framing. Serializing a `Value` cannot fail (map keys are
+        // strings, a `Vec` write does not fail).
+        let mut event = Vec::with_capacity(256);
+        event.extend_from_slice(EVENT_HEAD);
+        if serde_json::to_writer(&mut event, &msg).is_err() {
             return false;
-        };
+        }
+        event.extend_from_slice(EVENT_TAIL);
         drop(msg);
-        let json = Bytes::from(json);
-        let share = out.share(json.len());
+        // The budget counts the message, not its framing.
+        let share = out.share(event.len() - EVENT_HEAD.len() - EVENT_TAIL.len());
+        let event = Bytes::from(event);
         // Room in the queue (the usual case): no deadline to set up.
         let queued = match out.bytes.clone().try_acquire_many_owned(share) {
             Ok(permit) => {
                 let item = Queued {
-                    json,
+                    event,
                     _bytes: permit,
                 };
                 let sent = out.tx.try_send(item); // bounded: messages and bytes; full → the wait below, never a drop
@@ -496,14 +514,14 @@ impl SessionTable {
                 }
             }
             Err(tokio::sync::TryAcquireError::Closed) => return false,
-            Err(tokio::sync::TryAcquireError::NoPermits) => Err(json),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Err(event),
         };
         let grace = Duration::from_millis(self.config.slow_reader_grace_ms);
         let deadline = Instant::now() + grace;
         let sent = async {
             let q = match queued {
                 Ok(q) => q,
-                Err(json) => {
+                Err(event) => {
                     let permit = tokio::time::timeout_at(
                         deadline,
                         out.bytes.clone().acquire_many_owned(share),
@@ -512,7 +530,7 @@ impl SessionTable {
                     .map_err(|_| true)?
                     .map_err(|_| false)?;
                     Queued {
-                        json,
+                        event,
                         _bytes: permit,
                     }
                 }

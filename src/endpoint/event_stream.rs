@@ -4,6 +4,9 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,7 +15,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::registry::random_b64;
 use crate::session::Queued;
@@ -88,29 +91,46 @@ pub fn response(body: Body) -> Response {
     resp
 }
 
-/// A queued message as a `message` event: the JSON was encoded when it was queued
-/// (compact JSON holds no line break, so it is one `data:` line).
-fn sse_queued(json: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(json.len() + 24);
-    out.extend_from_slice(b"event: message\ndata: ");
-    out.extend_from_slice(json);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
 struct SessionStream<G> {
     first: VecDeque<Bytes>,
     rx: mpsc::Receiver<Queued>,
-    cancel: CancellationToken,
+    /// One waiter for the stream's life (not one per message).
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     ticker: tokio::time::Interval,
     /// Dropped with the stream (closes the session or clears its stream).
     _guard: G,
 }
 
+impl<G: Unpin> futures::Stream for SessionStream<G> {
+    type Item = Result<Bytes, Infallible>;
+
+    /// The `first` events, then (the end once cancelled) the next queued event as it was
+    /// encoded, or a keep-alive when the period passes with none.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let st = self.get_mut();
+        if let Some(b) = st.first.pop_front() {
+            return Poll::Ready(Some(Ok(b)));
+        }
+        if st.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        match st.rx.poll_recv(cx) {
+            // The message's share of the byte budget is freed here, as the stream takes it.
+            Poll::Ready(Some(q)) => return Poll::Ready(Some(Ok(q.into_event()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        match st.ticker.poll_tick(cx) {
+            Poll::Ready(_) => Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE)))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// A session's server-to-client stream: the `first` events, then every message queued on
 /// `rx`, with a keep-alive every `period`, until `cancel` fires or the queue closes. A
 /// message's share of the session's byte budget is freed as the stream takes it.
-pub fn session_stream<G: Send + 'static>(
+pub fn session_stream<G: Send + Unpin + 'static>(
     first: VecDeque<Bytes>,
     rx: mpsc::Receiver<Queued>,
     cancel: CancellationToken,
@@ -120,20 +140,9 @@ pub fn session_stream<G: Send + 'static>(
     let st = SessionStream {
         first,
         rx,
-        cancel,
+        cancelled: Box::pin(cancel.cancelled_owned()),
         ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
         _guard: guard,
     };
-    let stream = futures::stream::unfold(st, |mut st| async move {
-        if let Some(b) = st.first.pop_front() {
-            return Some((Ok::<_, Infallible>(b), st));
-        }
-        tokio::select! {
-            biased;
-            _ = st.cancel.cancelled() => None,
-            msg = st.rx.recv() => msg.map(|q| (Ok(sse_queued(&q.json)), st)),
-            _ = st.ticker.tick() => Some((Ok(Bytes::from_static(KEEPALIVE)), st)),
-        }
-    });
-    response(Body::from_stream(stream))
+    response(Body::from_stream(st))
 }

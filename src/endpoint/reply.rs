@@ -490,11 +490,12 @@ pub(crate) fn to_session_stream(
         ctx.notify = Some(ntx);
         let gw = ctx.hub.clone();
         let call_id = id.clone();
-        let work = async move {
+        // Boxed: the spawned future stays small, so the task's cell is not a copy of the
+        // whole request's state (it is moved three times on the way into the task).
+        let mut work = Box::pin(async move {
             dispatch::handle_request(&ctx, call_id, &method, params, cancel).await
             // `ctx` (and its sender) is dropped here.
-        };
-        tokio::pin!(work);
+        });
         let mut notes_open = true;
         let reply = loop {
             tokio::select! {
