@@ -785,7 +785,96 @@ type MinimalPending = Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>;
 /// The body is parsed into a `Value` and the reply re-encoded, as a proxy that rewrites ids
 /// must. `initialize` is answered from the child's own (one) initialize result; notifications
 /// get 202 and are not forwarded (the child was initialized once, by the proxy).
-async fn minimal_proxy() -> Result<(SocketAddr, tokio::process::Child)> {
+/// What every gateway must do per proxied call and the minimal proxy does not, done the
+/// cheapest way: the bearer token checked (SHA-256 of the presented token against the
+/// expected digest, constant time), the Host header checked, and one hash-chained audit line
+/// per call (the record's fields, its argument digest, the previous line's hash) written to a
+/// file with one `write` before the reply, as `fsync = "interval"` does between syncs.
+struct Required {
+    token_digest: [u8; 32],
+    audit: Mutex<(std::fs::File, String, u64)>,
+}
+
+impl Required {
+    fn new(token: &str, path: &std::path::Path) -> Result<Required> {
+        use sha2::{Digest, Sha256};
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Required {
+            token_digest: Sha256::digest(token.as_bytes()).into(),
+            audit: Mutex::new((file, "0".repeat(64), 0)),
+        })
+    }
+
+    /// 401/403 as the gateway would answer them, or `None` when the request may go on.
+    fn refuse(&self, req: &Request<Incoming>) -> Option<u16> {
+        use sha2::{Digest, Sha256};
+        use subtle::ConstantTimeEq;
+        let host = req.headers().get("host").and_then(|h| h.to_str().ok());
+        if !host.is_some_and(|h| h.starts_with("127.0.0.1:") || h.starts_with("localhost:")) {
+            return Some(403);
+        }
+        let Some(presented) = req
+            .headers()
+            .get("authorization")
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+        else {
+            return Some(401);
+        };
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        (!bool::from(digest.ct_eq(&self.token_digest))).then_some(401)
+    }
+
+    /// What the record needs from the request, taken before it is forwarded: the tool's
+    /// name and the digest of the arguments.
+    fn about(msg: &Value) -> Result<(String, String)> {
+        use sha2::{Digest, Sha256};
+        let args = serde_json::to_vec(&msg["params"]["arguments"])?;
+        let name = msg["params"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        Ok((name, format!("{:x}", Sha256::digest(&args))))
+    }
+
+    /// The call's audit line, written before its reply is sent: the fields a gateway's
+    /// record has, written directly (no map), chained by the previous line's hash.
+    fn record(&self, about: &(String, String), reply: &Value, started: Instant) -> Result<()> {
+        use sha2::{Digest, Sha256};
+        use std::io::Write as _;
+        let outcome = if reply["result"]["isError"] == json!(true) {
+            "tool_error"
+        } else {
+            "ok"
+        };
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        let tool = serde_json::to_string(&about.0)?;
+        let mut audit = self.audit.lock().map_err(|_| anyhow!("audit lock"))?;
+        let (file, prev, seq) = &mut *audit;
+        *seq += 1;
+        let mut line = Vec::with_capacity(512);
+        write!(
+            line,
+            "{{\"seq\":{seq},\"ts\":{ts},\"event\":\"governed_mcp_call\",\"registration_id\":\"bench\",\"agent_id\":\"bench\",\"transport\":\"streamable_http\",\"tool\":{tool},\"upstream\":\"echo\",\"args_digest\":\"{}\",\"outcome\":\"{outcome}\",\"duration_ms\":{},\"prev\":\"{prev}\"}}",
+            about.1,
+            started.elapsed().as_secs_f64() * 1000.0,
+        )?;
+        *prev = format!("{:x}", Sha256::digest(&line));
+        line.push(b'\n');
+        file.write_all(&line)?;
+        Ok(())
+    }
+}
+
+async fn minimal_proxy(
+    required: Option<Arc<Required>>,
+) -> Result<(SocketAddr, tokio::process::Child)> {
     let mut child = tokio::process::Command::new(GATEHOUSE_BIN)
         .arg("echo-upstream")
         .stdin(std::process::Stdio::piped())
@@ -858,11 +947,20 @@ async fn minimal_proxy() -> Result<(SocketAddr, tokio::process::Child)> {
             };
             let _ = stream.set_nodelay(true);
             let (forward, init_result) = (forward.clone(), init_result.clone());
+            let required = required.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let (forward, init_result) = (forward.clone(), init_result.clone());
+                    let required = required.clone();
                     async move {
+                        if let Some(status) = required.as_ref().and_then(|r| r.refuse(&req)) {
+                            let resp = http::Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::new()));
+                            return Ok::<_, std::convert::Infallible>(resp.unwrap());
+                        }
                         let reply = async {
+                            let started = Instant::now();
                             let body = req.into_body().collect().await?.to_bytes();
                             let msg: Value = serde_json::from_slice(&body)?;
                             let id = msg.get("id").cloned();
@@ -872,6 +970,14 @@ async fn minimal_proxy() -> Result<(SocketAddr, tokio::process::Child)> {
                                 (Some(id), Some("initialize")) => Some(
                                     json!({"jsonrpc":"2.0","id":id,"result":(*init_result).clone()}),
                                 ),
+                                (Some(_), Some("tools/call")) if required.is_some() => {
+                                    let about = Required::about(&msg)?;
+                                    let reply = forward(msg).await?;
+                                    if let Some(r) = &required {
+                                        r.record(&about, &reply, started)?;
+                                    }
+                                    Some(reply)
+                                }
                                 _ => Some(forward(msg).await?),
                             })
                         }
@@ -1218,7 +1324,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     ];
     targets.extend(o.external.iter().cloned());
     // The section's ceiling: a minimal HTTP -> stdio proxy in front of its own child.
-    let (min_addr, _min_child) = srv.block_on(minimal_proxy())?;
+    let (min_addr, _min_child) = srv.block_on(minimal_proxy(None))?;
     let minimal = Target::Streamable {
         addr: min_addr,
         path: "/mcp".into(),
@@ -1226,7 +1332,23 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         tool: "echo".into(),
         version: "2025-06-18",
     };
+    // The same proxy doing only what any gateway must do per call (`Required`).
+    let required_token = "bench-required-work-token";
+    let required = Arc::new(Required::new(
+        required_token,
+        &dir.path().join("required-audit.jsonl"),
+    )?);
+    let (req_addr, _req_child) = srv.block_on(minimal_proxy(Some(required)))?;
+    let minimal_required = Target::Streamable {
+        addr: req_addr,
+        path: "/mcp".into(),
+        token: Some(required_token.into()),
+        tool: "echo".into(),
+        version: "2025-06-18",
+    };
     const MINIMAL: &str = "ceiling: minimal HTTP→stdio proxy (Streamable HTTP)";
+    const REQUIRED: &str =
+        "minimal proxy + the required work (token, Host, hash-chained audit line written per call)";
     const DIRECT: &str = "for scale: upstream alone (stdio, multiplexed)";
     const BARE: &str = "for scale: bare hyper, canned reply (no upstream)";
     // What any HTTP front end can reach here: a bare hyper server with a canned tool result.
@@ -1243,7 +1365,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         o.targets.is_empty() || o.targets.iter().any(|t| name.contains(t.as_str()))
     };
     r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) behind each proxy, against a minimal proxy\n");
-    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on.\n");
+    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on. The row \"minimal proxy + the required work\" is that proxy doing, the cheapest way, only what any gateway must do per call and the minimal proxy does not: the bearer token checked (SHA-256, constant time), the Host header checked, and one hash-chained audit line (the record's fields, an argument digest, the previous line's hash) written with one `write` before the reply; its ratio is the most a gateway with those duties can reach on this machine.\n");
     r.line(TABLE_HEAD);
     for &c in &o.concurrency {
         let base = if wanted(MINIMAL) {
@@ -1253,6 +1375,10 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         } else {
             None
         };
+        if wanted(REQUIRED) {
+            let s = cli.block_on(load(&minimal_required, c, o))?;
+            row(r, REQUIRED, c, &s, base.as_ref());
+        }
         if wanted(DIRECT) {
             let s = cli.block_on(load(&direct, c, o))?;
             row(r, DIRECT, c, &s, base.as_ref());
