@@ -11,15 +11,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{digest_value, Outcome, Record};
-use crate::mcp::jsonrpc::{self, RpcError};
+use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
-use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome};
+use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
 
 /// How a call ended, before it is turned into a reply.
 enum Ended {
     /// A `CallToolResult` for the client.
     Result(Value, Outcome),
+    /// An upstream's `CallToolResult`, as it wrote it.
+    Raw(RawResult, Outcome),
     /// A JSON-RPC error for the client.
     Error(i64, String, Outcome),
     /// Cancelled: nothing is sent.
@@ -41,7 +43,7 @@ pub async fn run(
     id: Value,
     params: Option<Value>,
     cancel: CancellationToken,
-) -> Option<Value> {
+) -> Option<Reply> {
     let started = Instant::now();
     let gw = &ctx.hub;
     let mut params = match params {
@@ -141,7 +143,8 @@ pub async fn run(
                 jsonrpc::INTERNAL_ERROR,
                 "audit log unavailable: tool calls are refused until it can be written",
             )
-            .to_value(),
+            .to_value()
+            .into(),
         );
     }
 
@@ -270,14 +273,13 @@ pub async fn run(
 fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
     use ForwardOutcome as F;
     match outcome {
-        F::Result(v) => {
-            // Read in place: the result is not copied to look at one member.
-            let o = if v.get("isError").and_then(Value::as_bool) == Some(true) {
+        F::Result(raw) => {
+            let o = if is_error(&raw) {
                 Outcome::ToolError
             } else {
                 Outcome::Ok
             };
-            Ended::Result(v, o)
+            Ended::Raw(raw, o)
         }
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
         F::Failed(why @ ForwardError::Busy { .. }) => {
@@ -304,6 +306,25 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
     }
 }
 
+/// Whether a tool result says `"isError": true`, read from its text (nothing else of it is
+/// parsed; a result that is not an object is not an error result).
+fn is_error(result: &RawResult) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Flags<'a> {
+        #[serde(rename = "isError", borrow)]
+        is_error: Option<&'a serde_json::value::RawValue>,
+    }
+    // A derived struct would also read an array (`[true]`) by position: objects only.
+    let text = result.get();
+    if !text.trim_start().starts_with('{') {
+        return false;
+    }
+    serde_json::from_str::<Flags>(text)
+        .ok()
+        .and_then(|f| f.is_error)
+        .is_some_and(|v| v.get() == "true")
+}
+
 async fn sleep_opt(d: Option<Duration>) {
     match d {
         Some(d) => tokio::time::sleep(d).await,
@@ -320,7 +341,7 @@ async fn malformed(
     id: Value,
     reason: &str,
     message: &str,
-) -> Option<Value> {
+) -> Option<Reply> {
     let mut rec = base_record(ctx, tool);
     rec.reason = Some(reason.into());
     finish(ctx, rec, started, id, invalid(message)).await
@@ -340,7 +361,7 @@ async fn deny(
     started: Instant,
     id: Value,
     why: String,
-) -> Option<Value> {
+) -> Option<Reply> {
     rec.reason = Some(why.clone());
     finish(
         ctx,
@@ -359,7 +380,7 @@ async fn finish(
     started: Instant,
     id: Value,
     ended: Ended,
-) -> Option<Value> {
+) -> Option<Reply> {
     rec.duration_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
     let reply = match ended {
         Ended::Cancelled => {
@@ -375,7 +396,14 @@ async fn finish(
         }
         Ended::Result(result, outcome) => {
             rec.set_outcome(outcome);
-            Some(jsonrpc::success(id.clone(), result))
+            Some(jsonrpc::success(id.clone(), result).into())
+        }
+        Ended::Raw(result, outcome) => {
+            rec.set_outcome(outcome);
+            Some(Reply::Raw {
+                id: id.clone(),
+                result,
+            })
         }
         Ended::Error(code, message, outcome) => {
             if outcome == Outcome::Denied && rec.reason.is_none() {
@@ -383,12 +411,7 @@ async fn finish(
             }
             rec.set_outcome(outcome);
             rec.error_code = Some(code);
-            Some(jsonrpc::error_response(
-                Some(id.clone()),
-                code,
-                &message,
-                None,
-            ))
+            Some(jsonrpc::error_response(Some(id.clone()), code, &message, None).into())
         }
     };
     let tool_label = match rec.tool.as_deref() {
@@ -410,6 +433,7 @@ async fn finish(
                 "audit log unavailable: the call's result is withheld",
                 None,
             )
+            .into()
         });
     }
     // A call cancelled while its record was being written is not answered.
@@ -443,5 +467,23 @@ pub fn redact(args: &Value, keys: &[String]) -> Value {
         ),
         Value::Array(a) => Value::Array(a.iter().map(|v| redact(v, keys)).collect()),
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_error;
+
+    #[test]
+    fn is_error_is_read_from_the_text() {
+        let raw = |t: &str| serde_json::value::RawValue::from_string(t.to_string()).unwrap();
+        assert!(is_error(&raw(r#"{"content":[],"isError":true}"#)));
+        assert!(is_error(&raw(
+            r#"{"isError" :  true , "x": {"isError": false}}"#
+        )));
+        assert!(!is_error(&raw(r#"{"content":[],"isError":false}"#)));
+        assert!(!is_error(&raw(r#"{"content":[{"isError":true}]}"#)));
+        assert!(!is_error(&raw(r#"{"isError":"true"}"#)));
+        assert!(!is_error(&raw(r#"[true]"#)));
     }
 }

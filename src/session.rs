@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SessionConfig;
-use crate::mcp::{jsonrpc, log_level_index, ClientCapability};
+use crate::mcp::jsonrpc::{self, Reply};
+use crate::mcp::{log_level_index, ClientCapability};
 use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
 
@@ -481,6 +482,12 @@ impl SessionTable {
     /// bounded in messages and in bytes, and a reader stuck past the grace
     /// (`sessions.slow_reader_grace_ms`) loses its session. Returns whether it was queued.
     pub async fn deliver(&self, session: &Session, msg: Value) -> bool {
+        self.deliver_reply(session, Reply::Value(msg)).await
+    }
+
+    /// [`SessionTable::deliver`] for a response (whose result may be an upstream's, passed
+    /// through as written).
+    pub async fn deliver_reply(&self, session: &Session, msg: Reply) -> bool {
         let Some(out) = session.outbound() else {
             return false;
         };
@@ -491,9 +498,7 @@ impl SessionTable {
         // strings, a `Vec` write does not fail).
         let mut event = Vec::with_capacity(256);
         event.extend_from_slice(EVENT_HEAD);
-        if serde_json::to_writer(&mut event, &msg).is_err() {
-            return false;
-        }
+        msg.write_json(&mut event);
         event.extend_from_slice(EVENT_TAIL);
         drop(msg);
         // The budget counts the message, not its framing.

@@ -227,7 +227,8 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
         }))
         .await;
         assert!(
-            matches!(&opened.outcome, ForwardOutcome::Result(r) if r["isError"] != true),
+            matches!(&opened.outcome, ForwardOutcome::Result(r)
+                if serde_json::from_str::<Value>(r.get()).unwrap()["isError"] != true),
             "{opened:?}"
         );
     }

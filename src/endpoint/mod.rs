@@ -23,7 +23,7 @@ use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 pub use oauth::Surface;
 pub use origin::check_host_origin;
-pub use rejection::{json_response, Rejection};
+pub use rejection::{json_response, reply_response, Rejection};
 
 /// `Mcp-Session-Id` and `MCP-Protocol-Version`.
 pub const SESSION_HEADER: &str = "mcp-session-id";

@@ -114,6 +114,19 @@ impl IntoResponse for Rejection {
     }
 }
 
+/// A 200 with a response's JSON (a passed-through result is written as it came).
+pub fn reply_response(reply: &crate::mcp::jsonrpc::Reply) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        Bytes::from(reply.to_vec()),
+    )
+        .into_response()
+}
+
 /// A JSON body with a status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
     // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`); it

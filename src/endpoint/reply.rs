@@ -17,9 +17,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::event_stream::{self, sse_json, KEEPALIVE};
-use super::{json_response, Rejection};
+use super::{json_response, reply_response, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
+use crate::mcp::jsonrpc::Reply;
 use crate::mcp::request::RequestCtx;
 use crate::session::Session;
 
@@ -106,7 +107,7 @@ impl Hold<'_> {
         let cancel = guard.0.take().unwrap_or_default();
         let (rtx, rrx) = tokio::sync::oneshot::channel();
         self.registration.calls.spawn(async move {
-            let _ = rtx.send(work.await);
+            let _ = rtx.send(work.await.map(Reply::into_value));
         });
         let asked = request
             .get("id")
@@ -170,11 +171,11 @@ impl Drop for CancelOnDrop {
 }
 
 enum First {
-    Done(Option<Value>),
+    Done(Option<Reply>),
     Stream(Option<Value>),
 }
 
-type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Value>> + Send>>;
+type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Reply>> + Send>>;
 
 /// A call's work (tracked by the registration's `calls` tracker), polled by the request that
 /// started it: no task hop between the call and its response. If the response goes away
@@ -184,12 +185,12 @@ type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Valu
 struct CallWork(Option<WorkFuture>);
 
 impl std::future::Future for CallWork {
-    type Output = Option<Value>;
+    type Output = Option<Reply>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Value>> {
+    ) -> std::task::Poll<Option<Reply>> {
         let Some(work) = self.0.as_mut() else {
             return std::task::Poll::Ready(None);
         };
@@ -274,10 +275,8 @@ pub(crate) async fn resume(
     let guard = CancelOnDrop(Some(cancel.disarm()));
     let retry_id = id.clone();
     let work = CallWork(Some(Box::pin(async move {
-        let mut v = result.await.ok().flatten()?;
-        if let Some(slot) = v.get_mut("id") {
-            *slot = retry_id;
-        }
+        let mut v = Reply::Value(result.await.ok().flatten()?);
+        v.set_id(retry_id);
         Some(v)
     })));
     answer(hub, registration, id, notes, work, guard, opts).await
@@ -329,8 +328,8 @@ async fn answer(
         }
         break first;
     };
-    let finish = |v: Value| match opts.finish {
-        Some(f) => f(v, &opts.method),
+    let finish = |v: Reply| match opts.finish {
+        Some(f) => Reply::Value(f(v.into_value(), &opts.method)),
         None => v,
     };
     // Notifications the call sent in the poll in which it ended are still queued: they go
@@ -341,13 +340,13 @@ async fn answer(
             early.push(n);
         }
     }
-    let streamed = |notes: Vec<Value>, ended: Option<Value>, live, guard| {
+    let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
         let mut pending = VecDeque::new();
         if opts.priming {
             pending.push_back(event_stream::priming_event());
         }
         pending.extend(notes.iter().map(|n| sse_json("message", n)));
-        pending.extend(ended.map(|v| sse_json("message", &finish(v))));
+        pending.extend(ended.map(|v| event_stream::reply_event(&finish(v))));
         let (notes, result) = match live {
             Some((notes, work)) => (Some(notes), Some(work)),
             None => (None, None),
@@ -372,7 +371,7 @@ async fn answer(
         First::Done(Some(v)) if early.is_empty() => {
             let mut guard = guard;
             guard.0 = None;
-            Ok(json_response(StatusCode::OK, &finish(v)))
+            Ok(reply_response(&finish(v)))
         }
         First::Done(Some(v)) => {
             let mut guard = guard;
@@ -450,7 +449,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
                 st.guard.0 = None;
                 let v = r?;
                 let v = match st.finish {
-                    Some(f) => f(v, &st.method),
+                    Some(f) => Reply::Value(f(v.into_value(), &st.method)),
                     None => v,
                 };
                 // Notifications sent in the poll in which the call ended come first.
@@ -460,7 +459,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
                     }
                 }
                 st.notes = None;
-                st.pending.push_back(sse_json("message", &v));
+                st.pending.push_back(event_stream::reply_event(&v));
                 continue;
             }
             _ = st.ticker.tick() => st.pending.push_back(Bytes::from_static(KEEPALIVE)),
@@ -515,7 +514,7 @@ pub(crate) fn to_session_stream(
         // The call counts as in flight until its reply is queued, so a session's replies
         // waiting for room are bounded by `sessions.max_in_flight` too.
         if let Some(r) = reply {
-            gw.sessions().deliver(&session, r).await;
+            gw.sessions().deliver_reply(&session, r).await;
         }
         session.end_call(&id);
     };

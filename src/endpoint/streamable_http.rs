@@ -222,7 +222,8 @@ async fn initialize(
     let ctx = session_ctx(&gw, &reg, &session);
     let reply =
         dispatch::handle_request(&ctx, id, "initialize", params, session.cancel.child_token())
-            .await;
+            .await
+            .map(jsonrpc::Reply::into_value);
     match reply {
         Some(r) if r.get("result").is_some() => {
             tracing::debug!(registration = %reg.id, session = %session.id, "streamable session opened");
@@ -287,7 +288,7 @@ async fn legacy_batch(
                     let r =
                         dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
                     session.end_call(&id);
-                    r
+                    r.map(jsonrpc::Reply::into_value)
                 });
             }
             Ok(Message::Notification { method, params }) => {

@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::call;
-use crate::mcp::jsonrpc::{self, RpcError};
+use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::mcp::server_info;
 
@@ -36,7 +36,7 @@ pub async fn handle_request(
     method: &str,
     params: Option<Value>,
     cancel: CancellationToken,
-) -> Option<Value> {
+) -> Option<Reply> {
     let needs_init = !matches!(method, "initialize" | "ping");
     if let Some(s) = &ctx.session {
         if needs_init && s.protocol_version().is_none() {
@@ -46,10 +46,27 @@ pub async fn handle_request(
                     jsonrpc::INVALID_REQUEST,
                     "session not initialized: send initialize first",
                 )
-                .to_value(),
+                .to_value()
+                .into(),
             );
         }
     }
+    if method == "tools/call" {
+        return call::run(ctx, id, params, cancel).await;
+    }
+    handle_other(ctx, id, method, params, cancel)
+        .await
+        .map(Reply::Value)
+}
+
+/// Every method but `tools/call` (whose reply may carry an upstream's result as written).
+async fn handle_other(
+    ctx: &RequestCtx,
+    id: Value,
+    method: &str,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Value> {
     match method {
         "initialize" => {
             if ctx
@@ -71,7 +88,6 @@ pub async fn handle_request(
         }
         "ping" => Some(jsonrpc::success(id, json!({}))),
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
-        "tools/call" => call::run(ctx, id, params, cancel).await,
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
         m if crate::mcp::proxy::METHODS.contains(&m) => {
             Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel)).await)

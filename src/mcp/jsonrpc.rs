@@ -261,6 +261,83 @@ pub fn classify(value: Value) -> Result<Message, RpcError> {
     }
 }
 
+/// A response to send: a message as a `Value`, or a success whose result is JSON text as an
+/// upstream wrote it (a forwarded tool result passes through without being parsed and
+/// encoded again; ARCHITECTURE.md, Decisions: a tool result passes through).
+#[derive(Debug)]
+pub enum Reply {
+    Value(Value),
+    Raw {
+        id: Value,
+        result: Box<serde_json::value::RawValue>,
+    },
+}
+
+impl From<Value> for Reply {
+    fn from(v: Value) -> Self {
+        Reply::Value(v)
+    }
+}
+
+impl Reply {
+    /// The response as a `Value` (a raw result is parsed: it is valid JSON).
+    pub fn into_value(self) -> Value {
+        match self {
+            Reply::Value(v) => v,
+            Reply::Raw { id, result } => success(
+                id,
+                serde_json::from_str(result.get()).unwrap_or(Value::Null),
+            ),
+        }
+    }
+
+    /// Answers `id` instead (a held stateless call's result goes to the client's retry).
+    pub fn set_id(&mut self, new: Value) {
+        match self {
+            Reply::Value(v) => {
+                if let Some(slot) = v.get_mut("id") {
+                    *slot = new;
+                }
+            }
+            Reply::Raw { id, .. } => *id = new,
+        }
+    }
+
+    /// Appends the response's compact JSON to `out`. A raw result holds no line break: it
+    /// was one line of its upstream's output, or encoded by serde_json.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        // Writing a `Value` into a `Vec` cannot fail (map keys are strings); should it, the
+        // id is written as `null` rather than half a value.
+        match self {
+            Reply::Value(v) => {
+                let head = out.len();
+                if serde_json::to_writer(&mut *out, v).is_err() {
+                    out.truncate(head);
+                    out.extend_from_slice(b"null");
+                }
+            }
+            Reply::Raw { id, result } => {
+                out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+                let head = out.len();
+                if serde_json::to_writer(&mut *out, id).is_err() {
+                    out.truncate(head);
+                    out.extend_from_slice(b"null");
+                }
+                out.extend_from_slice(br#","result":"#);
+                out.extend_from_slice(result.get().as_bytes());
+                out.push(b'}');
+            }
+        }
+    }
+
+    /// The response's compact JSON.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        self.write_json(&mut out);
+        out
+    }
+}
+
 /// A success response.
 pub fn success(id: Value, result: Value) -> Value {
     let mut m = Map::with_capacity(3);
@@ -326,6 +403,27 @@ pub fn id_key(id: &Value) -> String {
 // Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_raw_reply_is_the_envelope_around_the_text_as_written() {
+        let text = r#"{"b": 1.50, "a": [ true ]}"#;
+        let raw = serde_json::value::RawValue::from_string(text.to_string()).unwrap();
+        let mut r = Reply::Raw {
+            id: json!("x\"y"),
+            result: raw,
+        };
+        assert_eq!(
+            String::from_utf8(r.to_vec()).unwrap(),
+            format!(r#"{{"jsonrpc":"2.0","id":"x\"y","result":{text}}}"#)
+        );
+        r.set_id(json!(7));
+        let v = r.into_value();
+        assert_eq!(v, success(json!(7), json!({"b": 1.5, "a": [true]})));
+        let mut plain = Reply::from(success(json!(1), json!({})));
+        plain.set_id(json!(2));
+        assert_eq!(plain.to_vec(), br#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+    }
+
     use super::*;
     use serde_json::json;
 

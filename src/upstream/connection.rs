@@ -21,8 +21,8 @@ use super::events::EventSink;
 use super::http::HttpTransport;
 use super::stdio::StdioTransport;
 use super::{
-    ConnectOptions, IdCounter, RequestOptions, Response, Transport, UpstreamError,
-    LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    Answer, Answered, ConnectOptions, IdCounter, RequestOptions, Response, Transport,
+    UpstreamError, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };
 
 /// Upper bound for sending a `notifications/cancelled` after a cancel or timeout.
@@ -198,6 +198,7 @@ impl Connection {
             .await?;
         let result = response
             .outcome
+            .map(Answer::into_value)
             .map_err(|error| UpstreamError::from_rpc_error(&error))?;
         let version = result
             .get("protocolVersion")
@@ -331,6 +332,22 @@ impl Connection {
         params: Value,
         opts: RequestOptions,
     ) -> Result<Response, UpstreamError> {
+        let a = self.call(method, params, opts, true).await?;
+        Ok(Response {
+            upstream_id: a.upstream_id,
+            epoch: a.epoch,
+            outcome: a.outcome.map(Answer::into_value),
+        })
+    }
+
+    /// [`Connection::request`] whose result is [`Answer::Raw`] when
+    /// [`RequestOptions::raw_result`] is set (a forwarded `tools/call`).
+    pub async fn request_answer(
+        &self,
+        method: &str,
+        params: Value,
+        opts: RequestOptions,
+    ) -> Result<Answered, UpstreamError> {
         self.call(method, params, opts, true).await
     }
 
@@ -340,7 +357,7 @@ impl Connection {
         mut params: Value,
         opts: RequestOptions,
         cancellable: bool,
-    ) -> Result<Response, UpstreamError> {
+    ) -> Result<Answered, UpstreamError> {
         let core = &self.inner.core;
         if let Some(reason) = core.closed_reason() {
             return Err(UpstreamError::Closed(reason));
@@ -353,7 +370,14 @@ impl Connection {
             opts.progress,
             opts.progress_as_messages,
         );
-        let mut rx = core.register(id, progress, opts.notifications, opts.log_filter, opts.tag)?;
+        let mut rx = core.register(
+            id,
+            progress,
+            opts.notifications,
+            opts.log_filter,
+            opts.tag,
+            opts.raw_result,
+        )?;
         let guard = PendingGuard {
             conn: self,
             id,
@@ -404,7 +428,7 @@ impl Connection {
         match waited {
             Waited::Done(outcome) => {
                 guard.disarm();
-                Ok(Response {
+                Ok(Answered {
                     upstream_id: id,
                     epoch: core.epoch,
                     outcome,
@@ -520,7 +544,7 @@ fn encode_request(id: u64, method: &str, params: &Value) -> Result<Vec<u8>, Upst
 }
 
 enum Waited {
-    Done(Result<Value, Value>),
+    Done(Result<Answer, Value>),
     Closed,
     Cancelled,
     Timeout,

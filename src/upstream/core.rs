@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{EventSink, EVENT_BURST, EVENT_RATE_PER_S};
+use super::types::Answer;
 use super::{IdCounter, LogFilter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
 use crate::sync::lock;
 
@@ -53,7 +54,9 @@ pub(super) struct ProgressRoute {
 }
 
 struct PendingRequest {
-    tx: oneshot::Sender<Result<Value, Value>>,
+    tx: oneshot::Sender<Result<Answer, Value>>,
+    /// The waiter wants the result as the upstream wrote it ([`Answer::Raw`]).
+    raw: bool,
     progress: Option<ProgressRoute>,
     notifications: Option<mpsc::Sender<Value>>,
     log_filter: Option<LogFilter>,
@@ -128,7 +131,8 @@ impl Core {
         notifications: Option<mpsc::Sender<Value>>,
         log_filter: Option<LogFilter>,
         tag: Option<RequestTag>,
-    ) -> Result<oneshot::Receiver<Result<Value, Value>>, UpstreamError> {
+        raw: bool,
+    ) -> Result<oneshot::Receiver<Result<Answer, Value>>, UpstreamError> {
         let (tx, rx) = oneshot::channel();
         let mut state = lock(&self.state);
         if let Some(reason) = &state.closed {
@@ -138,6 +142,7 @@ impl Core {
             id,
             PendingRequest {
                 tx,
+                raw,
                 progress,
                 notifications,
                 log_filter,
@@ -240,6 +245,17 @@ impl Core {
             .and_then(|id| lock(&self.state).pending.remove(&id));
         match pending {
             Some(pending) => {
+                let outcome = outcome.map(|result| {
+                    // A raw waiter answered by a parsed message (the general path, HTTP
+                    // upstreams): its result encoded once, which cannot fail for a `Value`.
+                    match pending
+                        .raw
+                        .then(|| serde_json::value::to_raw_value(&result))
+                    {
+                        Some(Ok(raw)) => Answer::Raw(raw),
+                        _ => Answer::Parsed(result),
+                    }
+                });
                 // The waiter may be gone already (it raced with cancel); nothing to do then.
                 let _ = pending.tx.send(outcome);
             }
@@ -247,6 +263,27 @@ impl Core {
                 tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, %id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
             }
         }
+    }
+
+    /// A response with a result read without parsing the result (the stdio reader's common
+    /// line, `stdio::ResultLine`): a raw waiter gets the text as it is, others the parsed
+    /// value. Same routing as [`Core::dispatch`] gives a response.
+    pub(crate) fn on_result(&self, id: u64, result: &serde_json::value::RawValue) {
+        let pending = lock(&self.state).pending.remove(&id);
+        let Some(pending) = pending else {
+            tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+            return;
+        };
+        let answer = if pending.raw {
+            Answer::Raw(result.to_owned())
+        } else {
+            match serde_json::from_str(result.get()) {
+                Ok(v) => Answer::Parsed(v),
+                Err(_) => Answer::Raw(result.to_owned()),
+            }
+        };
+        // The waiter may be gone already (it raced with cancel); nothing to do then.
+        let _ = pending.tx.send(Ok(answer));
     }
 
     /// Hands one notification of pending request `id` to its channel (see [`Core::dispatch`]).

@@ -55,8 +55,8 @@ impl CallIds {
 /// How a forwarded call ended.
 #[derive(Debug)]
 pub enum ForwardOutcome {
-    /// The upstream's `CallToolResult`, unchanged.
-    Result(Value),
+    /// The upstream's `CallToolResult`, unchanged: its JSON text as the upstream wrote it.
+    Result(super::RawResult),
     /// The upstream answered a JSON-RPC error.
     RpcError {
         code: i64,
@@ -160,8 +160,9 @@ impl Pool {
             tag: Some(owner.tag()),
             progress_as_messages: true,
             log_filter,
+            raw_result: true,
         };
-        let request = conn.request("tools/call", Value::Object(params), opts);
+        let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
         let mut started_rx = Some(started_rx);
         let result = loop {
@@ -184,7 +185,14 @@ impl Pool {
                 slot.answered();
                 fwd.upstream_request_id = Some(resp.upstream_id);
                 match resp.outcome {
-                    Ok(v) => ForwardOutcome::Result(v),
+                    Ok(super::Answer::Raw(raw)) => ForwardOutcome::Result(raw),
+                    // Only a result that cannot be encoded comes back parsed; none can.
+                    Ok(super::Answer::Parsed(v)) => match serde_json::value::to_raw_value(&v) {
+                        Ok(raw) => ForwardOutcome::Result(raw),
+                        Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
+                            UpstreamError::Protocol(format!("result not encodable: {e}")),
+                        )),
+                    },
                     Err(e) => ForwardOutcome::RpcError {
                         code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
                         message: e

@@ -46,7 +46,7 @@ pub use pool::{Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
 pub use types::{
-    ConnectOptions, Downstream, ForwardError, IdCounter, LogFilter, NotificationsRefused,
-    RequestOptions, RequestTag, Response, Transport, UpstreamError, UpstreamEvent,
-    LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    Answer, Answered, ConnectOptions, Downstream, ForwardError, IdCounter, LogFilter,
+    NotificationsRefused, RawResult, RequestOptions, RequestTag, Response, Transport,
+    UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
 };

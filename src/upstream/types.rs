@@ -153,6 +153,8 @@ pub struct RequestOptions {
     /// Logs whose level this refuses are not delivered (a session's `logging/setLevel`): a
     /// filter the client asked for, so neither counted nor emitted as events.
     pub log_filter: Option<LogFilter>,
+    /// The result is wanted as the upstream wrote it ([`Answer::Raw`]), not parsed.
+    pub raw_result: bool,
 }
 
 /// See [`RequestOptions::log_filter`]: `level` is the log's `params.level` (`""` if none).
@@ -179,6 +181,37 @@ impl PartialEq for RequestTag {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+}
+
+/// A result as the upstream wrote it (its JSON text, validated): a forwarded tool result
+/// passes through to the client without being parsed into a `Value` and encoded again.
+pub type RawResult = Box<serde_json::value::RawValue>;
+
+/// What a pending request receives: its result parsed, or, asked for with
+/// [`RequestOptions::raw_result`], as the upstream wrote it.
+#[derive(Debug)]
+pub enum Answer {
+    Parsed(Value),
+    Raw(RawResult),
+}
+
+impl Answer {
+    /// The result as a `Value` (a raw one is parsed: it is valid JSON).
+    pub fn into_value(self) -> Value {
+        match self {
+            Answer::Parsed(v) => v,
+            Answer::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
+        }
+    }
+}
+
+/// A completed upstream request whose result may be raw ([`RequestOptions::raw_result`]).
+#[derive(Debug)]
+pub struct Answered {
+    pub upstream_id: u64,
+    pub epoch: u64,
+    /// `Ok(result)` or `Err(error object)` as the upstream sent them.
+    pub outcome: Result<Answer, Value>,
 }
 
 /// A completed upstream request.
