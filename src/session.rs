@@ -65,6 +65,15 @@ pub struct Queued {
 const EVENT_HEAD: &[u8] = b"event: message\ndata: ";
 const EVENT_TAIL: &[u8] = b"\n\n";
 
+/// A response as a `message` event, its JSON encoded once, in place.
+pub fn message_event(msg: &Reply) -> Vec<u8> {
+    let mut event = Vec::with_capacity(256);
+    event.extend_from_slice(EVENT_HEAD);
+    msg.write_json(&mut event);
+    event.extend_from_slice(EVENT_TAIL);
+    event
+}
+
 impl Queued {
     /// The event's bytes; its share of the byte budget is freed.
     pub fn into_event(self) -> Bytes {
@@ -494,12 +503,8 @@ impl SessionTable {
         if session.cancel.is_cancelled() {
             return false;
         }
-        // Encoded once, in its framing. Serializing a `Value` cannot fail (map keys are
-        // strings, a `Vec` write does not fail).
-        let mut event = Vec::with_capacity(256);
-        event.extend_from_slice(EVENT_HEAD);
-        msg.write_json(&mut event);
-        event.extend_from_slice(EVENT_TAIL);
+        // Encoded once, in its framing.
+        let event = message_event(&msg);
         drop(msg);
         // The budget counts the message, not its framing.
         let share = out.share(event.len() - EVENT_HEAD.len() - EVENT_TAIL.len());

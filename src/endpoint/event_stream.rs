@@ -23,14 +23,10 @@ use crate::session::Queued;
 /// A keep-alive comment.
 pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
 
-/// A response as a `message` event, encoded in place (compact JSON and a passed-through
-/// result hold no line break: one `data:` line).
+/// A response as a `message` event (compact JSON and a passed-through result hold no line
+/// break: one `data:` line), framed as a session's queued messages are.
 pub fn reply_event(reply: &crate::mcp::jsonrpc::Reply) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"event: message\ndata: ");
-    reply.write_json(&mut out);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    Bytes::from(crate::session::message_event(reply))
 }
 
 /// An event whose data is a JSON value. Compact JSON holds no line break (control

@@ -116,29 +116,25 @@ impl IntoResponse for Rejection {
 
 /// A 200 with a response's JSON (a passed-through result is written as it came).
 pub fn reply_response(reply: &crate::mcp::jsonrpc::Reply) -> Response {
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        Bytes::from(reply.to_vec()),
-    )
-        .into_response()
+    json_bytes(StatusCode::OK, reply.to_vec())
 }
 
 /// A JSON body with a status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
     // `to_vec` writes straight into the buffer (`to_string` goes through `fmt::Display`); it
     // cannot fail for a `Value` (map keys are strings).
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    json_bytes(status, serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// `application/json` bytes with a status.
+fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
     (
         status,
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        Bytes::from(bytes),
+        Bytes::from(body),
     )
         .into_response()
 }

@@ -328,10 +328,7 @@ async fn answer(
         }
         break first;
     };
-    let finish = |v: Reply| match opts.finish {
-        Some(f) => Reply::Value(f(v.into_value(), &opts.method)),
-        None => v,
-    };
+    let finish = |v: Reply| finished(opts.finish, &opts.method, v);
     // Notifications the call sent in the poll in which it ended are still queued: they go
     // out first, on a stream, before the result.
     let mut early = Vec::new();
@@ -396,6 +393,15 @@ async fn answer(
     }
 }
 
+/// The final response with `finish` applied (stateless: `resultType`, cache fields); a
+/// passed-through result is parsed for it.
+fn finished(finish: Option<fn(Value, &str) -> Value>, method: &str, v: Reply) -> Reply {
+    match finish {
+        Some(f) => Reply::Value(f(v.into_value(), method)),
+        None => v,
+    }
+}
+
 struct ReplyStream {
     pending: VecDeque<Bytes>,
     notes: Option<mpsc::Receiver<Value>>,
@@ -447,11 +453,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             },
             r = &mut result => {
                 st.guard.0 = None;
-                let v = r?;
-                let v = match st.finish {
-                    Some(f) => Reply::Value(f(v.into_value(), &st.method)),
-                    None => v,
-                };
+                let v = finished(st.finish, &st.method, r?);
                 // Notifications sent in the poll in which the call ended come first.
                 if let Some(notes) = st.notes.as_mut() {
                     while let Ok(n) = notes.try_recv() {

@@ -306,23 +306,20 @@ impl Reply {
     /// Appends the response's compact JSON to `out`. A raw result holds no line break: it
     /// was one line of its upstream's output, or encoded by serde_json.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        // Writing a `Value` into a `Vec` cannot fail (map keys are strings); should it, the
-        // id is written as `null` rather than half a value.
-        match self {
-            Reply::Value(v) => {
-                let head = out.len();
-                if serde_json::to_writer(&mut *out, v).is_err() {
-                    out.truncate(head);
-                    out.extend_from_slice(b"null");
-                }
+        // Writing a `Value` into a `Vec` cannot fail (map keys are strings); should it, it
+        // is written as `null` rather than half a value.
+        fn value(out: &mut Vec<u8>, v: &Value) {
+            let head = out.len();
+            if serde_json::to_writer(&mut *out, v).is_err() {
+                out.truncate(head);
+                out.extend_from_slice(b"null");
             }
+        }
+        match self {
+            Reply::Value(v) => value(out, v),
             Reply::Raw { id, result } => {
                 out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-                let head = out.len();
-                if serde_json::to_writer(&mut *out, id).is_err() {
-                    out.truncate(head);
-                    out.extend_from_slice(b"null");
-                }
+                value(out, id);
                 out.extend_from_slice(br#","result":"#);
                 out.extend_from_slice(result.get().as_bytes());
                 out.push(b'}');

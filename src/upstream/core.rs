@@ -240,48 +240,34 @@ impl Core {
             tracing::warn!(upstream = %self.upstream_id, %id, "ignoring response without result or error");
             return;
         };
-        let pending = id
-            .as_u64()
-            .and_then(|id| lock(&self.state).pending.remove(&id));
-        match pending {
-            Some(pending) => {
-                let outcome = outcome.map(|result| {
-                    // A raw waiter answered by a parsed message (the general path, HTTP
-                    // upstreams): its result encoded once, which cannot fail for a `Value`.
-                    match pending
-                        .raw
-                        .then(|| serde_json::value::to_raw_value(&result))
-                    {
-                        Some(Ok(raw)) => Answer::Raw(raw),
-                        _ => Answer::Parsed(result),
-                    }
-                });
-                // The waiter may be gone already (it raced with cancel); nothing to do then.
-                let _ = pending.tx.send(outcome);
-            }
-            None => {
-                tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, %id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
-            }
+        if let Some(pending) = self.answered(id.as_u64(), &id) {
+            // The waiter may be gone already (it raced with cancel); nothing to do then.
+            let _ = pending.tx.send(outcome.map(Answer::Parsed));
         }
+    }
+
+    /// The pending request a response answers (removed), or `None`, logged, when there is
+    /// none: late, cancelled, from another epoch, or an id that is not one of ours.
+    fn answered(&self, id: Option<u64>, shown: &dyn std::fmt::Display) -> Option<PendingRequest> {
+        let pending = id.and_then(|id| lock(&self.state).pending.remove(&id));
+        if pending.is_none() {
+            tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, id = %shown, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+        }
+        pending
     }
 
     /// A response with a result read without parsing the result (the stdio reader's common
     /// line, `stdio::ResultLine`): a raw waiter gets the text as it is, others the parsed
     /// value. Same routing as [`Core::dispatch`] gives a response.
     pub(crate) fn on_result(&self, id: u64, result: &serde_json::value::RawValue) {
-        let pending = lock(&self.state).pending.remove(&id);
-        let Some(pending) = pending else {
-            tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, id, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+        let Some(pending) = self.answered(Some(id), &id) else {
             return;
         };
-        let answer = if pending.raw {
-            Answer::Raw(result.to_owned())
-        } else {
-            match serde_json::from_str(result.get()) {
-                Ok(v) => Answer::Parsed(v),
-                Err(_) => Answer::Raw(result.to_owned()),
-            }
-        };
+        // The text is valid JSON: a waiter that wants it parsed gets it parsed.
+        let parsed = (!pending.raw)
+            .then(|| serde_json::from_str(result.get()).ok())
+            .flatten();
+        let answer = parsed.map_or_else(|| Answer::Raw(result.to_owned()), Answer::Parsed);
         // The waiter may be gone already (it raced with cancel); nothing to do then.
         let _ = pending.tx.send(Ok(answer));
     }

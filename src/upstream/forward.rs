@@ -185,9 +185,7 @@ impl Pool {
                 slot.answered();
                 fwd.upstream_request_id = Some(resp.upstream_id);
                 match resp.outcome {
-                    Ok(super::Answer::Raw(raw)) => ForwardOutcome::Result(raw),
-                    // Only a result that cannot be encoded comes back parsed; none can.
-                    Ok(super::Answer::Parsed(v)) => match serde_json::value::to_raw_value(&v) {
+                    Ok(answer) => match answer.into_raw() {
                         Ok(raw) => ForwardOutcome::Result(raw),
                         Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
                             UpstreamError::Protocol(format!("result not encodable: {e}")),

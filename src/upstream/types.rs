@@ -203,6 +203,15 @@ impl Answer {
             Answer::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
         }
     }
+
+    /// The result as text (a parsed one, from the general path or an HTTP upstream, is
+    /// encoded once; that cannot fail for a `Value`).
+    pub fn into_raw(self) -> Result<RawResult, serde_json::Error> {
+        match self {
+            Answer::Parsed(v) => serde_json::value::to_raw_value(&v),
+            Answer::Raw(r) => Ok(r),
+        }
+    }
 }
 
 /// A completed upstream request whose result may be raw ([`RequestOptions::raw_result`]).
