@@ -5,7 +5,7 @@
 //! Invariant: label values are bounded — a tool label is a granted tool name or `_unknown`
 //! (a client cannot mint label values by calling made-up tools).
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::RwLock;
 use std::time::Duration;
@@ -175,7 +175,7 @@ impl Metrics {
             registry,
             calls,
             latency,
-            call_handles: RwLock::new(HashMap::new()),
+            call_handles: RwLock::new(HashMap::default()),
             registrations_created,
             registrations_closed,
             registrations,

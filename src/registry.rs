@@ -3,7 +3,7 @@
 //! Invariant: a token is compared (in constant time) with its own registration's token only;
 //! lookup is by id first, never by searching tokens.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -5,7 +5,7 @@
 //! Invariant: lookups are scoped by registration; a session id minted under registration A
 //! never resolves under B.
 
-use std::collections::{HashMap, HashSet};
+use crate::sync::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,7 +164,7 @@ pub struct Session {
     log_level: AtomicU8,
     /// URIs this session subscribed to (`resources/subscribe` the upstream accepted); only
     /// their `notifications/resources/updated` reach it. At most `MAX_SUBSCRIPTIONS`.
-    subscriptions: Mutex<std::collections::HashSet<String>>,
+    subscriptions: Mutex<HashSet<String>>,
     /// The client capabilities its `initialize` declared (`ClientCapability::bits_of`):
     /// server → client requests reach it only for these.
     client_capabilities: AtomicU8,
@@ -383,13 +383,13 @@ impl SessionTable {
             protocol_version: Mutex::new(None),
             initialized: AtomicBool::new(false),
             outbound: Mutex::new(None),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::default()),
             max_in_flight: self.config.max_in_flight.max(1),
             early_cancels: Mutex::new(std::collections::VecDeque::new()),
             streams: AtomicUsize::new(0),
             last_active: Mutex::new(Instant::now()),
             log_level: AtomicU8::new(0),
-            subscriptions: Mutex::new(std::collections::HashSet::new()),
+            subscriptions: Mutex::new(HashSet::default()),
             client_capabilities: AtomicU8::new(0),
         });
         // At a cap, the oldest idle session (of the registration, or of the gateway) is

@@ -1,7 +1,7 @@
 //! Tools as a registration sees them: in-process tools written in Rust, granted tool sets,
 //! and the `CallToolResult` values they produce.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

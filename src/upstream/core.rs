@@ -4,7 +4,7 @@
 //! `stdio` and `http` feed it; `connection` registers requests in it. It owns no task, so a
 //! task holding it never keeps a connection alive.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::Mutex;
 
 use serde_json::{json, Map, Value};

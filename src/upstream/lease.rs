@@ -3,7 +3,7 @@
 //! of `_meta["io.gatehouse/lease"]` an upstream ever sees from that registration; release sends
 //! `notifications/io.gatehouse/lease_released`, bounded by [`RELEASE_TIMEOUT`].
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! upstream's own id. Also what a connection declares in `initialize`
 //! ([`declared_capabilities`]).
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

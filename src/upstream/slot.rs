@@ -6,7 +6,7 @@
 //!
 //! No std lock is held across `.await`: the connect path uses a tokio mutex per slot.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -99,7 +99,7 @@ pub(super) struct Slot {
     pub permits: Arc<Semaphore>,
     /// Calls in flight (waiting for a permit included) per registration, for the
     /// per-registration share of a shared or leased slot's permits.
-    pub holders: Mutex<std::collections::HashMap<String, usize>>,
+    pub holders: Mutex<HashMap<String, usize>>,
     /// `tools/list_changed` refreshes: one in flight, plus whether another was announced
     /// meanwhile.
     pub refresh: Mutex<Refresh>,
@@ -133,7 +133,7 @@ impl Slot {
             crash_epoch: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
-            holders: Mutex::new(std::collections::HashMap::new()),
+            holders: Mutex::new(HashMap::default()),
             refresh: Mutex::new(Refresh::default()),
             last_used: Mutex::new(Instant::now()),
             leases: Leases::default(),
