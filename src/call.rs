@@ -319,10 +319,29 @@ fn is_error(result: &RawResult) -> bool {
     if !text.trim_start().starts_with('{') {
         return false;
     }
+    if !may_say_is_error(text) {
+        return false;
+    }
     serde_json::from_str::<Flags>(text)
         .ok()
         .and_then(|f| f.is_error)
         .is_some_and(|v| v.get() == "true")
+}
+
+/// Whether `text` could hold a key `isError` whose value is `true`: a key written as
+/// `isError"` then `:` then `t` (whitespace allowed), or a `\u` escape, which could spell the
+/// key (no other escape yields a letter). Inside a string a quote is escaped, so a string's
+/// `isError\": true` is not such a key. When it is false the top-level flag cannot be true,
+/// which spares the parse for the usual `"isError": false` or no flag at all.
+fn may_say_is_error(text: &str) -> bool {
+    if text.contains("\\u") {
+        return true;
+    }
+    text.match_indices("isError\"").any(|(at, key)| {
+        let rest = text[at + key.len()..].trim_ascii_start();
+        rest.strip_prefix(':')
+            .is_some_and(|v| v.trim_ascii_start().starts_with('t'))
+    })
 }
 
 async fn sleep_opt(d: Option<Duration>) {
@@ -485,5 +504,16 @@ mod tests {
         assert!(!is_error(&raw(r#"{"content":[{"isError":true}]}"#)));
         assert!(!is_error(&raw(r#"{"isError":"true"}"#)));
         assert!(!is_error(&raw(r#"[true]"#)));
+        assert!(!is_error(&raw(r#"{"content":[],"isError" : false}"#)));
+        assert!(is_error(&raw(r#"{"a":{"isError":false},"isError":
+ true}"#)));
+        assert!(!is_error(&raw(
+            r#"{"content":[{"type":"text","text":"isError\": true"}]}"#
+        )));
+        // The key spelled with escapes is the same key.
+        assert!(is_error(&raw(r#"{"\u0069sError":true}"#)));
+        assert!(!is_error(&raw(
+            r#"{"content":[{"type":"text","text":"a\nb"}]}"#
+        )));
     }
 }

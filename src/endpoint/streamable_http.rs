@@ -46,11 +46,14 @@ fn accepts(headers: &HeaderMap, json: bool, sse: bool) -> bool {
     let mut has_json = false;
     let mut has_sse = false;
     for v in headers.get_all(header::ACCEPT) {
-        let Ok(v) = v.to_str() else { continue };
-        for item in v.split(',') {
-            let media = item.split(';').next().unwrap_or("").trim();
-            has_json |= media.eq_ignore_ascii_case("application/json");
-            has_sse |= media.eq_ignore_ascii_case("text/event-stream");
+        for item in v.as_bytes().split(|b| *b == b',') {
+            let media = item
+                .split(|b| *b == b';')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii();
+            has_json |= media.eq_ignore_ascii_case(b"application/json");
+            has_sse |= media.eq_ignore_ascii_case(b"text/event-stream");
         }
     }
     (!json || has_json) && (!sse || has_sse)
