@@ -951,13 +951,20 @@ impl Writer {
     /// replaced). A torn last line (crash, failed write) is terminated first, so the next
     /// record starts on a line of its own.
     fn ensure_open(&mut self) -> Result<(), AuditError> {
+        self.ensure_open_at(Instant::now())
+    }
+
+    /// [`Self::ensure_open`], with the time read once by the caller.
+    fn ensure_open_at(&mut self, now: Instant) -> Result<(), AuditError> {
         use std::os::unix::fs::MetadataExt;
-        if self.file.is_some() && self.identity_checked.elapsed() >= IDENTITY_EVERY {
-            let now = std::fs::metadata(&self.path)
+        if self.file.is_some()
+            && now.saturating_duration_since(self.identity_checked) >= IDENTITY_EVERY
+        {
+            let named = std::fs::metadata(&self.path)
                 .ok()
                 .map(|m| (m.dev(), m.ino()));
-            self.identity_checked = Instant::now();
-            if now != self.identity {
+            self.identity_checked = now;
+            if named != self.identity {
                 tracing::warn!(path = %self.path.display(), "audit path names another file now; reopening");
                 self.file = None;
             }
@@ -990,7 +997,7 @@ impl Writer {
                 }
             }
             self.identity = Some((meta.dev(), meta.ino()));
-            self.identity_checked = Instant::now();
+            self.identity_checked = now;
             self.head_seq = 0;
             self.head = if self.regular {
                 open_head(&self.path)
@@ -1044,8 +1051,10 @@ impl Writer {
     /// Writes a batch. `may_sync`: an `fsync` that is due may be done here (false when the
     /// caller is a runtime worker: the thread syncs instead).
     fn write_batch(&mut self, batch: &[Job], may_sync: bool) -> Result<(), AuditError> {
+        // One clock read for the batch's checks (identity, fsync due, head due).
+        let mono = Instant::now();
         // Open (or reopen) first: reopening may move the chain past lines already on file.
-        self.ensure_open()?;
+        self.ensure_open_at(mono)?;
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         let mut seq = self.seq;
@@ -1069,7 +1078,9 @@ impl Writer {
         let due = may_sync
             && match self.fsync {
                 FsyncPolicy::Always => true,
-                FsyncPolicy::Interval => self.last_sync.elapsed() >= self.fsync_interval,
+                FsyncPolicy::Interval => {
+                    mono.saturating_duration_since(self.last_sync) >= self.fsync_interval
+                }
                 FsyncPolicy::Never => false,
             };
         let regular = self.regular;
@@ -1108,7 +1119,7 @@ impl Writer {
                 .push_str(std::str::from_utf8(h).unwrap_or_default());
         }
         self.len += buf.len() as u64;
-        self.refresh_head(may_sync);
+        self.refresh_head_at(may_sync, mono);
         if self.stdout {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&buf);
@@ -1130,7 +1141,14 @@ impl Writer {
     /// Brings the head sidecar up to date if it is stale and `force` is set or the last
     /// update is `HEAD_EVERY` old.
     fn refresh_head(&mut self, force: bool) {
-        if self.head_seq >= self.seq || !(force || self.head_at.elapsed() >= HEAD_EVERY) {
+        self.refresh_head_at(force, Instant::now());
+    }
+
+    /// [`Self::refresh_head`], with the time read once by the caller.
+    fn refresh_head_at(&mut self, force: bool, now: Instant) {
+        if self.head_seq >= self.seq
+            || !(force || now.saturating_duration_since(self.head_at) >= HEAD_EVERY)
+        {
             return;
         }
         let Some(h) = &self.head else { return };
@@ -1141,7 +1159,7 @@ impl Writer {
         match write_head_at(h, &head) {
             Ok(()) => {
                 self.head_seq = self.seq;
-                self.head_at = Instant::now();
+                self.head_at = now;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "audit head not written; a cut tail may go unnoticed until it is")

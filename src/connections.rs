@@ -244,34 +244,55 @@ impl Guarded {
 
     /// Nothing to read now: `Ready` with the verdict if the phase's deadline has passed (or
     /// passes while the timer is polled), else `Pending` with the timer armed.
+    ///
+    /// The timer is moved only to an earlier deadline: a later one (every kept-alive
+    /// request's idle deadline is) stays unarmed until the armed one fires, which then
+    /// re-arms at the phase's deadline of that moment. So a request costs no timer reset and
+    /// no clock read here, and the timer never fires late.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.activity.waker.register(cx.waker());
-        let phase = *lock(&self.activity.phase);
-        let (deadline, expired) = match phase {
-            Phase::Busy => return Poll::Pending,
-            Phase::Head { since } => (
-                since + self.header_timeout,
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "request head not received in time",
-                )),
-            ),
-            // A quiet EOF: hyper closes an idle connection without an error.
-            Phase::Idle { since } => (since + self.idle_timeout, Ok(())),
-        };
-        if Instant::now() >= deadline {
-            return Poll::Ready(expired);
-        }
-        let (sleep, armed) = self
-            .timer
-            .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(deadline)), deadline));
-        if *armed != deadline {
-            sleep.as_mut().reset(deadline);
-            *armed = deadline;
-        }
-        match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(expired),
-            Poll::Pending => Poll::Pending,
+        loop {
+            let phase = *lock(&self.activity.phase);
+            let (deadline, expired) = match phase {
+                Phase::Busy => return Poll::Pending,
+                Phase::Head { since } => (
+                    since + self.header_timeout,
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "request head not received in time",
+                    )),
+                ),
+                // A quiet EOF: hyper closes an idle connection without an error.
+                Phase::Idle { since } => (since + self.idle_timeout, Ok(())),
+            };
+            let (sleep, armed) = match &mut self.timer {
+                Some((sleep, armed)) => {
+                    if deadline < *armed {
+                        sleep.as_mut().reset(deadline);
+                        *armed = deadline;
+                    }
+                    (sleep, armed)
+                }
+                None => {
+                    if Instant::now() >= deadline {
+                        return Poll::Ready(expired);
+                    }
+                    let (sleep, armed) = self
+                        .timer
+                        .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline));
+                    (sleep, armed)
+                }
+            };
+            match sleep.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                // Fired at (or after) this phase's deadline.
+                Poll::Ready(()) if *armed >= deadline => return Poll::Ready(expired),
+                // Fired at an earlier deadline that has since moved on: wait for this one.
+                Poll::Ready(()) => {
+                    sleep.as_mut().reset(deadline);
+                    *armed = deadline;
+                }
+            }
         }
     }
 }
@@ -343,5 +364,94 @@ mod tests {
         assert_eq!(auto_max(256), 192);
         assert_eq!(auto_max(1 << 20), AUTO_MAX);
         assert_eq!(auto_max(0), 1);
+    }
+
+    /// Serves `io` as hyper would for one-byte requests: a byte starts a request (`Head`);
+    /// the first `complete` of them are answered at once (`Busy`, then `Idle`), later ones
+    /// stay an unfinished head. Returns how the reading ended and when.
+    async fn serve_bytes(
+        io: TcpStream,
+        limits: Limits,
+        complete: usize,
+    ) -> (io::Result<()>, std::time::Duration) {
+        use tokio::io::AsyncReadExt;
+        let started = Instant::now();
+        let activity = Activity::new();
+        let mut g = Guarded::new(io, activity.clone(), &limits);
+        let mut seen = 0;
+        let mut buf = [0u8; 16];
+        loop {
+            match g.read(&mut buf).await {
+                Ok(0) => return (Ok(()), started.elapsed()),
+                Ok(n) => {
+                    for _ in 0..n {
+                        seen += 1;
+                        if seen <= complete {
+                            drop(activity.begin());
+                        }
+                    }
+                }
+                Err(e) => return (Err(e), started.elapsed()),
+            }
+        }
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    fn limits(header_ms: u64, idle_ms: u64) -> Limits {
+        Limits {
+            header_timeout: Duration::from_millis(header_ms),
+            idle_timeout: Duration::from_millis(idle_ms),
+            max: 1,
+            refusal: Bytes::new(),
+        }
+    }
+
+    /// The timer is moved only to an earlier deadline: a later idle deadline is waited for
+    /// after the armed one fires, so a kept-alive connection is closed at its last request's
+    /// idle deadline, neither at the armed (earlier) one nor later.
+    #[tokio::test]
+    async fn idle_deadline_follows_the_last_request() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, s) = pair().await;
+        let server = tokio::spawn(serve_bytes(s, limits(200, 600), usize::MAX));
+        c.write_all(b"a").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        // Idle since ~0 (deadline ~600 armed); now idle since ~350: deadline ~950.
+        c.write_all(b"b").await.unwrap();
+        let (end, at) = server.await.unwrap();
+        assert!(end.is_ok(), "an idle connection ends quietly: {end:?}");
+        assert!(
+            at >= Duration::from_millis(900) && at < Duration::from_millis(2000),
+            "closed at the last request's idle deadline (~950 ms), not at {at:?}"
+        );
+    }
+
+    /// A deadline earlier than the armed one moves the timer: an unfinished head on a
+    /// kept-alive connection is cut at its header deadline, not at the idle one.
+    #[tokio::test]
+    async fn an_earlier_header_deadline_moves_the_timer() {
+        use tokio::io::AsyncWriteExt;
+        let (mut c, s) = pair().await;
+        let server = tokio::spawn(serve_bytes(s, limits(200, 1500), 1));
+        c.write_all(b"a").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Idle deadline ~1500 armed; this byte starts a head that never completes: ~500.
+        c.write_all(b"b").await.unwrap();
+        let (end, at) = server.await.unwrap();
+        assert_eq!(
+            end.map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::TimedOut),
+            "the head timed out"
+        );
+        assert!(
+            at >= Duration::from_millis(450) && at < Duration::from_millis(1300),
+            "cut at the header deadline (~500 ms), not at {at:?}"
+        );
     }
 }
