@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::connections::{Activity, Guarded, GuardedBody, Limits};
 use crate::endpoint;
 use crate::hub::Hub;
+use crate::sync::unless_cancelled;
 
 /// The router of the data listener.
 pub fn router(hub: Arc<Hub>) -> Router {
@@ -316,9 +317,11 @@ pub async fn serve_http1<S>(
                 .max_buf_size(MAX_HEAD_BUFFER)
                 .serve_connection(io, service);
             let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = stop.cancelled() => {
+            // Not a `select!`: the stop token is polled only when it fires, not on every wake
+            // of the connection (`sync::unless_cancelled`).
+            let result = match unless_cancelled(&stop, conn.as_mut()).await {
+                Some(r) => r,
+                None => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
