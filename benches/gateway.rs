@@ -872,6 +872,110 @@ impl Required {
     }
 }
 
+type BenchBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+fn full(b: Bytes) -> BenchBody {
+    Full::new(b).boxed()
+}
+
+fn status_only(status: u16) -> http::Response<BenchBody> {
+    let mut resp = http::Response::new(full(Bytes::new()));
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    resp
+}
+
+/// The minimal proxy's legacy SSE side, the least that transport takes: `GET /sse` opens a
+/// stream whose first event names `/messages?sid=N`; a `POST` there is answered 202 at once
+/// and its call is spawned, its reply written to the session's stream as a `message` event.
+#[derive(Clone, Default)]
+struct MinimalSse {
+    sessions: Arc<Mutex<HashMap<u64, mpsc::Sender<Bytes>>>>,
+    next: Arc<AtomicU64>,
+}
+
+impl MinimalSse {
+    async fn serve<F, Fut>(
+        &self,
+        req: Request<Incoming>,
+        forward: &F,
+        init_result: &Arc<Value>,
+        required: Option<&Arc<Required>>,
+    ) -> http::Response<BenchBody>
+    where
+        F: Fn(Value) -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Value>> + Send + 'static,
+    {
+        if req.method() == http::Method::GET {
+            let sid = self.next.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::channel::<Bytes>(256);
+            let first = format!("event: endpoint\ndata: /messages?sid={sid}\n\n");
+            let _ = tx.try_send(Bytes::from(first));
+            self.sessions.lock().unwrap().insert(sid, tx);
+            let events = futures::stream::unfold(rx, |mut rx| async move {
+                let b = rx.recv().await?;
+                Some((Ok(hyper::body::Frame::data(b)), rx))
+            });
+            let mut resp = http::Response::new(http_body_util::StreamBody::new(events).boxed());
+            resp.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("text/event-stream"),
+            );
+            return resp;
+        }
+        let sid = req
+            .uri()
+            .query()
+            .and_then(|q| q.strip_prefix("sid="))
+            .and_then(|v| v.parse::<u64>().ok());
+        let Some(tx) = sid.and_then(|sid| self.sessions.lock().unwrap().get(&sid).cloned()) else {
+            return status_only(404);
+        };
+        let started = Instant::now();
+        let Ok(body) = req.into_body().collect().await.map(|b| b.to_bytes()) else {
+            return status_only(400);
+        };
+        let Ok(msg) = serde_json::from_slice::<Value>(&body) else {
+            return status_only(400);
+        };
+        let event = |v: &Value| {
+            let mut e = b"event: message\ndata: ".to_vec();
+            let _ = serde_json::to_writer(&mut e, v);
+            e.extend_from_slice(b"\n\n");
+            Bytes::from(e)
+        };
+        match (
+            msg.get("id").cloned(),
+            msg.get("method").and_then(Value::as_str),
+        ) {
+            (None, _) => {}
+            (Some(id), Some("initialize")) => {
+                let v = json!({"jsonrpc":"2.0","id":id,"result":(**init_result).clone()});
+                let _ = tx.send(event(&v)).await;
+            }
+            (Some(_), method) => {
+                let about = match (required, method) {
+                    (Some(_), Some("tools/call")) => Required::about(&msg).ok(),
+                    _ => None,
+                };
+                let required = about.as_ref().and(required).cloned();
+                let forward = forward.clone();
+                tokio::spawn(async move {
+                    let Ok(reply) = forward(msg).await else {
+                        return;
+                    };
+                    if let (Some(r), Some(about)) = (&required, &about) {
+                        if r.record(about, &reply, started).is_err() {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(event(&reply)).await;
+                });
+            }
+        }
+        status_only(202)
+    }
+}
+
 async fn minimal_proxy(
     required: Option<Arc<Required>>,
 ) -> Result<(SocketAddr, tokio::process::Child)> {
@@ -940,6 +1044,7 @@ async fn minimal_proxy(
     let init_result = Arc::new(init.get("result").cloned().context("initialize result")?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let sse = MinimalSse::default();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -948,16 +1053,21 @@ async fn minimal_proxy(
             let _ = stream.set_nodelay(true);
             let (forward, init_result) = (forward.clone(), init_result.clone());
             let required = required.clone();
+            let sse = sse.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let (forward, init_result) = (forward.clone(), init_result.clone());
                     let required = required.clone();
+                    let sse = sse.clone();
                     async move {
                         if let Some(status) = required.as_ref().and_then(|r| r.refuse(&req)) {
-                            let resp = http::Response::builder()
-                                .status(status)
-                                .body(Full::new(Bytes::new()));
-                            return Ok::<_, std::convert::Infallible>(resp.unwrap());
+                            return Ok::<_, std::convert::Infallible>(status_only(status));
+                        }
+                        if req.uri().path() == "/sse" || req.uri().path() == "/messages" {
+                            let resp = sse
+                                .serve(req, &forward, &init_result, required.as_ref())
+                                .await;
+                            return Ok(resp);
                         }
                         let reply = async {
                             let started = Instant::now();
@@ -985,15 +1095,15 @@ async fn minimal_proxy(
                         let resp = match reply {
                             Ok(Some(v)) => http::Response::builder()
                                 .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from(
+                                .body(full(Bytes::from(
                                     serde_json::to_vec(&v).unwrap_or_default(),
                                 ))),
                             Ok(None) => http::Response::builder()
                                 .status(202)
-                                .body(Full::new(Bytes::new())),
+                                .body(full(Bytes::new())),
                             Err(e) => http::Response::builder()
                                 .status(500)
-                                .body(Full::new(Bytes::from(e.to_string()))),
+                                .body(full(Bytes::from(e.to_string()))),
                         };
                         Ok::<_, std::convert::Infallible>(resp.unwrap())
                     }
@@ -1346,7 +1456,23 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         tool: "echo".into(),
         version: "2025-06-18",
     };
+    // The same two proxies, spoken to over legacy SSE: what that transport itself costs.
+    let minimal_sse = Target::Sse {
+        addr: min_addr,
+        sse_path: "/sse".into(),
+        token: None,
+        tool: "echo".into(),
+    };
+    let minimal_required_sse = Target::Sse {
+        addr: req_addr,
+        sse_path: "/sse".into(),
+        token: Some(required_token.into()),
+        tool: "echo".into(),
+    };
     const MINIMAL: &str = "ceiling: minimal HTTP→stdio proxy (Streamable HTTP)";
+    const MINIMAL_SSE: &str =
+        "minimal proxy over legacy SSE (POST answered 202, the call spawned, its reply an event)";
+    const REQUIRED_SSE: &str = "minimal proxy over legacy SSE + the required work";
     const REQUIRED: &str =
         "minimal proxy + the required work (token, Host, hash-chained audit line written per call)";
     const DIRECT: &str = "for scale: upstream alone (stdio, multiplexed)";
@@ -1365,7 +1491,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         o.targets.is_empty() || o.targets.iter().any(|t| name.contains(t.as_str()))
     };
     r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) behind each proxy, against a minimal proxy\n");
-    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on. The row \"minimal proxy + the required work\" is that proxy doing, the cheapest way, only what any gateway must do per call and the minimal proxy does not: the bearer token checked (SHA-256, constant time), the Host header checked, and one hash-chained audit line (the record's fields, an argument digest, the previous line's hash) written with one `write` before the reply; its ratio is the most a gateway with those duties can reach on this machine.\n");
+    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on. The row \"minimal proxy + the required work\" is that proxy doing, the cheapest way, only what any gateway must do per call and the minimal proxy does not: the bearer token checked (SHA-256, constant time), the Host header checked, and one hash-chained audit line (the record's fields, an argument digest, the previous line's hash) written with one `write` before the reply; its ratio is the most a gateway with those duties can reach on this machine. The two rows \"minimal proxy over legacy SSE\" are the same two proxies spoken to over the legacy transport, done the least way (`GET /sse` opens the stream, a `POST /messages?sid=N` is answered 202 at once and its call spawned, the reply written to the stream as a `message` event): what that transport costs by itself, the ceiling of the gateway's SSE row.\n");
     r.line(TABLE_HEAD);
     for &c in &o.concurrency {
         let base = if wanted(MINIMAL) {
@@ -1375,9 +1501,17 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         } else {
             None
         };
-        if wanted(REQUIRED) {
-            let s = cli.block_on(load(&minimal_required, c, o))?;
-            row(r, REQUIRED, c, &s, base.as_ref());
+        let mut floor: Vec<(&str, Stats)> = Vec::new();
+        for (name, t) in [
+            (REQUIRED, &minimal_required),
+            (MINIMAL_SSE, &minimal_sse),
+            (REQUIRED_SSE, &minimal_required_sse),
+        ] {
+            if wanted(name) {
+                let s = cli.block_on(load(t, c, o))?;
+                row(r, name, c, &s, base.as_ref());
+                floor.push((name, s));
+            }
         }
         if wanted(DIRECT) {
             let s = cli.block_on(load(&direct, c, o))?;
@@ -1410,6 +1544,24 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         };
         let streamable = get("gateway → stdio, Streamable");
         let sse = get("gateway → stdio, legacy SSE");
+        // What the minimal proxy reaches doing the required work (and over SSE), for context.
+        let reach = |names: &[&str]| {
+            let parts: Vec<String> = floor
+                .iter()
+                .filter(|(n, _)| names.contains(n))
+                .map(|(n, s)| {
+                    let what = if *n == REQUIRED {
+                        "with the required work"
+                    } else if *n == MINIMAL_SSE {
+                        "the minimal proxy over SSE"
+                    } else {
+                        "over SSE with the required work"
+                    };
+                    format!("{what} {:.0}%", 100.0 * s.rps / base.rps)
+                })
+                .collect();
+            (!parts.is_empty()).then(|| parts.join(", "))
+        };
         match (c, streamable) {
             (64, Some(s)) => {
                 r.throughput_verdict(
@@ -1417,7 +1569,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
                     s,
                     &base,
                     0.75,
-                    None,
+                    reach(&[REQUIRED]),
                 );
                 if let Some(m) = get("Rust mcp-proxy") {
                     r.verdict(
@@ -1432,7 +1584,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
                 s,
                 &base,
                 0.8,
-                None,
+                reach(&[REQUIRED]),
             ),
             (1, Some(s)) => r.latency_verdict(
                 "proxy Streamable HTTP: ≤ 20 µs p50 over the minimal proxy at 1 client",
@@ -1449,7 +1601,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
                 s,
                 &base,
                 0.65,
-                None,
+                reach(&[MINIMAL_SSE, REQUIRED_SSE]),
             );
         }
     }
