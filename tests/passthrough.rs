@@ -124,23 +124,14 @@ async fn a_tool_result_passes_through_as_the_upstream_wrote_it() {
     assert_eq!(arr["result"]["content"][0]["text"], "right", "{arr}");
 
     // Stateless (2026-07-28): the result still gets the revision's fields.
-    let mut params = json!({"name":"raw.spaced","arguments":{}});
-    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion":"2026-07-28",
-                             "io.modelcontextprotocol/clientCapabilities":{}});
-    let r: Value = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth(&tok)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "raw.spaced")
-        .json(&json!({"jsonrpc":"2.0","id":8,"method":"tools/call","params":params}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = common::stateless(
+        &url,
+        &tok,
+        8,
+        "tools/call",
+        json!({"name":"raw.spaced","arguments":{}}),
+    )
+    .await;
     assert_eq!(r["id"], 8, "{r}");
     assert_eq!(r["result"]["zeta"], 1, "{r}");
     assert_eq!(r["result"]["alpha"], json!([1, 2.5, 1000.0]), "{r}");

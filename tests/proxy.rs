@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use gatehouse::config::UpstreamConfig;
 use gatehouse::RegistrationSpec;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn conformance_upstream(id: &str) -> Option<UpstreamConfig> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -25,26 +25,6 @@ fn conformance_upstream(id: &str) -> Option<UpstreamConfig> {
     .ok()
 }
 
-async fn stateless(url: &str, token: &str, id: u64, method: &str, params: Value) -> Value {
-    let mut params = params;
-    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}});
-    let mut b = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method);
-    if let Some(n) = params.get("name").or_else(|| params.get("uri")) {
-        b = b.header("mcp-name", n.as_str().unwrap().to_string());
-    }
-    let r = b
-        .json(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}))
-        .send()
-        .await
-        .unwrap();
-    r.json::<Value>().await.unwrap()
-}
-
 #[tokio::test]
 async fn prompts_and_resources_follow_upstream_grants() {
     let (Some(a), Some(b)) = (conformance_upstream("a"), conformance_upstream("b")) else {
@@ -57,10 +37,10 @@ async fn prompts_and_resources_follow_upstream_grants() {
         .await
         .unwrap();
     let (url, tok) = (reg.mcp_url(), reg.token().to_string());
-    let d = stateless(&url, &tok, 1, "server/discover", json!({})).await;
+    let d = common::stateless(&url, &tok, 1, "server/discover", json!({})).await;
     assert!(d["result"]["capabilities"]["prompts"].is_object(), "{d}");
     assert!(d["result"]["capabilities"]["resources"].is_object(), "{d}");
-    let p = stateless(&url, &tok, 2, "prompts/list", json!({})).await;
+    let p = common::stateless(&url, &tok, 2, "prompts/list", json!({})).await;
     let names: Vec<&str> = p["result"]["prompts"]
         .as_array()
         .unwrap()
@@ -71,7 +51,7 @@ async fn prompts_and_resources_follow_upstream_grants() {
     assert!(names.iter().all(|n| n.starts_with("a.")), "{p}");
     // A list may be reused for a while (changes are heard on subscriptions/listen).
     assert_eq!(p["result"]["ttlMs"], 60_000);
-    let g = stateless(
+    let g = common::stateless(
         &url,
         &tok,
         3,
@@ -80,7 +60,7 @@ async fn prompts_and_resources_follow_upstream_grants() {
     )
     .await;
     assert!(g["result"]["messages"].is_array(), "{g}");
-    let g = stateless(
+    let g = common::stateless(
         &url,
         &tok,
         4,
@@ -89,7 +69,7 @@ async fn prompts_and_resources_follow_upstream_grants() {
     )
     .await;
     assert_eq!(g["error"]["code"], -32602, "{g}");
-    let r = stateless(
+    let r = common::stateless(
         &url,
         &tok,
         5,
@@ -104,6 +84,6 @@ async fn prompts_and_resources_follow_upstream_grants() {
         .register(RegistrationSpec::new("y").with_tool(echo_tool("e", "E")))
         .await
         .unwrap();
-    let p = stateless(&none.mcp_url(), none.token(), 6, "prompts/list", json!({})).await;
+    let p = common::stateless(&none.mcp_url(), none.token(), 6, "prompts/list", json!({})).await;
     assert_eq!(p["error"]["code"], -32601, "{p}");
 }

@@ -364,3 +364,25 @@ pub fn wait_daemon_ready(rx: &std::sync::mpsc::Receiver<String>) -> (String, Str
         admin.expect("no admin listener line"),
     )
 }
+
+/// One stateless (2026-07-28) request: the revision's `_meta` in `params`, its headers
+/// (`MCP-Method`, and `MCP-Name` from `params.name` or `params.uri`); the JSON reply.
+pub async fn stateless(url: &str, token: &str, id: u64, method: &str, params: Value) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}});
+    let mut b = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(n) = params.get("name").or_else(|| params.get("uri")) {
+        b = b.header("mcp-name", n.as_str().unwrap().to_string());
+    }
+    let r = b
+        .json(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}))
+        .send()
+        .await
+        .unwrap();
+    r.json::<Value>().await.unwrap()
+}
