@@ -54,6 +54,9 @@ struct Opts {
     calls: Option<u64>,
     /// `--targets a;b`: in the proxy section, only the rows whose name contains one of these.
     targets: Vec<String>,
+    /// `--rounds N`: the proxy section measures its baseline, its floors and the gateway's rows
+    /// N times, alternating, and prints each row's median (3; 1 with `--quick`).
+    rounds: usize,
 }
 
 fn opts() -> Opts {
@@ -68,6 +71,7 @@ fn opts() -> Opts {
         concurrency: vec![1, 8, 64],
         calls: None,
         targets: Vec::new(),
+        rounds: 3,
     };
     let mut i = 0;
     while i < args.len() {
@@ -112,6 +116,12 @@ fn opts() -> Opts {
                     .map(|s| s.split(';').map(str::to_lowercase).collect())
                     .unwrap_or_default();
             }
+            "--rounds" => {
+                i += 1;
+                if let Some(n) = args.get(i).and_then(|s| s.parse().ok()) {
+                    o.rounds = n;
+                }
+            }
             "--duration-ms" => {
                 i += 1;
                 if let Some(ms) = args.get(i).and_then(|s| s.parse().ok()) {
@@ -125,6 +135,7 @@ fn opts() -> Opts {
     if o.quick {
         o.duration = Duration::from_millis(1000);
         o.warmup = Duration::from_millis(200);
+        o.rounds = 1;
     }
     o
 }
@@ -1284,6 +1295,22 @@ impl Report {
     }
 }
 
+/// Each figure's median over `runs` (errors summed); `None` for no runs.
+fn median(runs: &[Stats]) -> Option<Stats> {
+    let mid = |f: fn(&Stats) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    Some(Stats {
+        rps: mid(|s| s.rps)?,
+        p50_us: mid(|s| s.p50_us)?,
+        p99_us: mid(|s| s.p99_us)?,
+        errors: runs.iter().map(|s| s.errors).sum(),
+        cpu_us: mid(|s| s.cpu_us)?,
+    })
+}
+
 fn row(r: &mut Report, name: &str, c: usize, s: &Stats, base: Option<&Stats>) {
     let ratio = base
         .map(|b| format!("{:.0}%", 100.0 * s.rps / b.rps))
@@ -1491,24 +1518,48 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         o.targets.is_empty() || o.targets.iter().any(|t| name.contains(t.as_str()))
     };
     r.line("\n### Proxy overhead: the stdio echo upstream (`gatehouse echo-upstream`) behind each proxy, against a minimal proxy\n");
-    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on. The row \"minimal proxy + the required work\" is that proxy doing, the cheapest way, only what any gateway must do per call and the minimal proxy does not: the bearer token checked (SHA-256, constant time), the Host header checked, and one hash-chained audit line (the record's fields, an argument digest, the previous line's hash) written with one `write` before the reply; its ratio is the most a gateway with those duties can reach on this machine. The two rows \"minimal proxy over legacy SSE\" are the same two proxies spoken to over the legacy transport, done the least way (`GET /sse` opens the stream, a `POST /messages?sid=N` is answered 202 at once and its call spawned, the reply written to the stream as a `message` event): what that transport costs by itself, the ceiling of the gateway's SSE row.\n");
+    r.line("The baseline of this section is a minimal HTTP→stdio proxy built into the bench (hyper, one shared `gatehouse echo-upstream` child, ids rewritten from an atomic counter, a pending map, the body parsed into a `Value` and the reply re-encoded; no auth, no audit, no sessions). Every row's ratio is to it. The gateway runs with audit on (fsync `interval`), token and Host/Origin checks on. The row \"minimal proxy + the required work\" is that proxy doing, the cheapest way, only what any gateway must do per call and the minimal proxy does not: the bearer token checked (SHA-256, constant time), the Host header checked, and one hash-chained audit line (the record's fields, an argument digest, the previous line's hash) written with one `write` before the reply; its ratio is the most a gateway with those duties can reach on this machine. The two rows \"minimal proxy over legacy SSE\" are the same two proxies spoken to over the legacy transport, done the least way (`GET /sse` opens the stream, a `POST /messages?sid=N` is answered 202 at once and its call spawned, the reply written to the stream as a `message` event): what that transport costs by itself, the ceiling of the gateway's SSE row. The baseline, these rows and the gateway's are measured `--rounds` times (3 here unless stated), alternating, and each figure is the median of its rounds; the other rows run once.\n");
     r.line(TABLE_HEAD);
+    let gateway_row = |name: &str| name.starts_with("gateway");
     for &c in &o.concurrency {
-        let base = if wanted(MINIMAL) {
-            let b = cli.block_on(load(&minimal, c, o))?;
-            row(r, MINIMAL, c, &b, None);
-            Some(b)
-        } else {
-            None
-        };
-        let mut floor: Vec<(&str, Stats)> = Vec::new();
-        for (name, t) in [
+        // The baseline, the floors and the gateway's rows, `rounds` times, alternating (this
+        // VM's run-to-run spread is larger than most differences between them).
+        let floors = [
             (REQUIRED, &minimal_required),
             (MINIMAL_SSE, &minimal_sse),
             (REQUIRED_SSE, &minimal_required_sse),
-        ] {
-            if wanted(name) {
-                let s = cli.block_on(load(t, c, o))?;
+        ];
+        let mut base_runs = Vec::new();
+        let mut floor_runs: Vec<Vec<Stats>> = vec![Vec::new(); floors.len()];
+        let mut gw_runs: Vec<Result<Vec<Stats>, String>> = vec![Ok(Vec::new()); targets.len()];
+        for _ in 0..o.rounds.max(1) {
+            if wanted(MINIMAL) {
+                base_runs.push(cli.block_on(load(&minimal, c, o))?);
+            }
+            for (i, (name, t)) in floors.iter().enumerate() {
+                if wanted(name) {
+                    floor_runs[i].push(cli.block_on(load(t, c, o))?);
+                }
+            }
+            for (i, (name, t)) in targets.iter().enumerate() {
+                if !gateway_row(name) || !wanted(name) {
+                    continue;
+                }
+                if let Ok(runs) = &mut gw_runs[i] {
+                    match cli.block_on(load(t, c, o)) {
+                        Ok(s) => runs.push(s),
+                        Err(e) => gw_runs[i] = Err(format!("{e:#}")),
+                    }
+                }
+            }
+        }
+        let base = median(&base_runs);
+        if let Some(b) = &base {
+            row(r, MINIMAL, c, b, None);
+        }
+        let mut floor: Vec<(&str, Stats)> = Vec::new();
+        for ((name, _), runs) in floors.iter().zip(&floor_runs) {
+            if let Some(s) = median(runs) {
                 row(r, name, c, &s, base.as_ref());
                 floor.push((name, s));
             }
@@ -1522,14 +1573,22 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             row(r, BARE, c, &s, base.as_ref());
         }
         let mut seen: Vec<(String, Stats)> = Vec::new();
-        for (name, t) in &targets {
+        for ((name, t), runs) in targets.iter().zip(&gw_runs) {
             if !wanted(name) {
                 continue;
             }
-            let s = match cli.block_on(load(t, c, o)) {
+            let measured = if gateway_row(name) {
+                match runs {
+                    Ok(runs) => median(runs).ok_or_else(|| "no run".to_string()),
+                    Err(e) => Err(e.clone()),
+                }
+            } else {
+                cli.block_on(load(t, c, o)).map_err(|e| format!("{e:#}"))
+            };
+            let s = match measured {
                 Ok(s) => s,
                 Err(e) => {
-                    r.line(&format!("| {name} | {c} | failed: {e:#} | | | | | | |"));
+                    r.line(&format!("| {name} | {c} | failed: {e} | | | | | | |"));
                     continue;
                 }
             };
