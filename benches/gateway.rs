@@ -1524,10 +1524,15 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     for &c in &o.concurrency {
         // The baseline, the floors and the gateway's rows, `rounds` times, alternating (this
         // VM's run-to-run spread is larger than most differences between them).
+        // (row, target, how a verdict names it)
         let floors = [
-            (REQUIRED, &minimal_required),
-            (MINIMAL_SSE, &minimal_sse),
-            (REQUIRED_SSE, &minimal_required_sse),
+            (REQUIRED, &minimal_required, "with the required work"),
+            (MINIMAL_SSE, &minimal_sse, "the minimal proxy over SSE"),
+            (
+                REQUIRED_SSE,
+                &minimal_required_sse,
+                "over SSE with the required work",
+            ),
         ];
         let mut base_runs = Vec::new();
         let mut floor_runs: Vec<Vec<Stats>> = vec![Vec::new(); floors.len()];
@@ -1536,7 +1541,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             if wanted(MINIMAL) {
                 base_runs.push(cli.block_on(load(&minimal, c, o))?);
             }
-            for (i, (name, t)) in floors.iter().enumerate() {
+            for (i, (name, t, _)) in floors.iter().enumerate() {
                 if wanted(name) {
                     floor_runs[i].push(cli.block_on(load(t, c, o))?);
                 }
@@ -1557,11 +1562,11 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         if let Some(b) = &base {
             row(r, MINIMAL, c, b, None);
         }
-        let mut floor: Vec<(&str, Stats)> = Vec::new();
-        for ((name, _), runs) in floors.iter().zip(&floor_runs) {
+        let mut floor: Vec<(&str, &str, Stats)> = Vec::new();
+        for ((name, _, label), runs) in floors.iter().zip(&floor_runs) {
             if let Some(s) = median(runs) {
                 row(r, name, c, &s, base.as_ref());
-                floor.push((name, s));
+                floor.push((name, label, s));
             }
         }
         if wanted(DIRECT) {
@@ -1607,17 +1612,8 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
         let reach = |names: &[&str]| {
             let parts: Vec<String> = floor
                 .iter()
-                .filter(|(n, _)| names.contains(n))
-                .map(|(n, s)| {
-                    let what = if *n == REQUIRED {
-                        "with the required work"
-                    } else if *n == MINIMAL_SSE {
-                        "the minimal proxy over SSE"
-                    } else {
-                        "over SSE with the required work"
-                    };
-                    format!("{what} {:.0}%", 100.0 * s.rps / base.rps)
-                })
+                .filter(|(n, _, _)| names.contains(n))
+                .map(|(_, what, s)| format!("{what} {:.0}%", 100.0 * s.rps / base.rps))
                 .collect();
             (!parts.is_empty()).then(|| parts.join(", "))
         };

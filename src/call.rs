@@ -316,10 +316,7 @@ fn is_error(result: &RawResult) -> bool {
     }
     // A derived struct would also read an array (`[true]`) by position: objects only.
     let text = result.get();
-    if !text.trim_start().starts_with('{') {
-        return false;
-    }
-    if !may_say_is_error(text) {
+    if !text.trim_start().starts_with('{') || !may_say_is_error(text) {
         return false;
     }
     serde_json::from_str::<Flags>(text)

@@ -284,10 +284,7 @@ impl Reply {
     pub fn into_value(self) -> Value {
         match self {
             Reply::Value(v) => v,
-            Reply::Raw { id, result } => success(
-                id,
-                serde_json::from_str(result.get()).unwrap_or(Value::Null),
-            ),
+            Reply::Raw { id, result } => success(id, raw_value(&result)),
         }
     }
 
@@ -333,6 +330,12 @@ impl Reply {
         self.write_json(&mut out);
         out
     }
+}
+
+/// Raw JSON text as a `Value`. The text was validated when it was read, so the `Null` of a
+/// failed parse is never seen.
+pub fn raw_value(raw: &serde_json::value::RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
 }
 
 /// A success response.
@@ -400,6 +403,8 @@ pub fn id_key(id: &Value) -> String {
 // Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_raw_reply_is_the_envelope_around_the_text_as_written() {
@@ -420,9 +425,6 @@ mod tests {
         plain.set_id(json!(2));
         assert_eq!(plain.to_vec(), br#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
     }
-
-    use super::*;
-    use serde_json::json;
 
     #[test]
     fn classifies_requests_notifications_and_responses() {

@@ -200,7 +200,7 @@ impl Answer {
     pub fn into_value(self) -> Value {
         match self {
             Answer::Parsed(v) => v,
-            Answer::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
+            Answer::Raw(r) => crate::mcp::jsonrpc::raw_value(&r),
         }
     }
 
