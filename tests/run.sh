@@ -31,3 +31,5 @@ echo "== official MCP conformance suite, directly and through the gateway =="
 bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
 echo "== RELIABILITY.md =="
 python3 tests/reliability.py
+echo "== disk used by target/ (CI machines' disks vary) =="
+du -sh target 2>/dev/null || true
