@@ -410,24 +410,6 @@ pub struct AuditStats {
     pub rotations: u64,
 }
 
-/// Records that arrive while another caller writes (inline policies). That caller — the
-/// combining writer — writes them after its own, in arrival order, one batch per round (group
-/// commit), and they wait for its acknowledgement: a runtime worker never sleeps on the
-/// writer's lock while another does a `write` under it. Its critical sections are a push or a
-/// take, no syscall.
-#[derive(Default)]
-struct Combine {
-    /// A caller (or the writer thread) is writing; arriving records queue.
-    busy: bool,
-    /// bounded: one job per record in flight — each caller waits for its acknowledgement, and
-    /// calls in flight are bounded by the registrations' limits.
-    queue: Vec<Job>,
-}
-
-/// Rounds a combining caller writes before it leaves what is still queued to the writer
-/// thread (its own reply waits meanwhile).
-const COMBINE_ROUNDS: usize = 8;
-
 /// Owns the writer thread: when the last `Audit` handle goes, its sender (a field declared
 /// before this one) has closed the channel, so the writer drains, syncs and ends; this joins it.
 struct WriterThread(Option<std::thread::JoinHandle<()>>);
@@ -444,8 +426,7 @@ impl Drop for WriterThread {
 ///
 /// Under `fsync = "interval"` or `"never"` a record is written by its caller, under a short
 /// `std` lock (no `.await` inside): one `write` to the page cache, no hand-off to another
-/// thread and back. While one caller writes, others' records queue for it to write next
-/// ([`Combine`]). The writer thread then only syncs (every interval, outside the lock, on
+/// thread and back. The writer thread then only syncs (every interval, outside the lock, on
 /// a duplicate of the descriptor) and probes after a failure. Under `"always"` every record
 /// waits for an `fsync`, which must not block a runtime worker: records go to the thread,
 /// which writes and syncs them in batches (group commit).
@@ -453,7 +434,6 @@ impl Drop for WriterThread {
 pub struct Audit {
     tx: std::sync::mpsc::Sender<Job>,
     writer: Arc<std::sync::Mutex<Writer>>,
-    combine: Arc<std::sync::Mutex<Combine>>,
     inline: bool,
     healthy: Arc<AtomicBool>,
     depth: Arc<AtomicUsize>,
@@ -492,22 +472,15 @@ impl Audit {
         let mut writer = Writer::open(config, counters.clone())?;
         writer.node_id = node_id.map(str::to_string);
         let writer = Arc::new(std::sync::Mutex::new(writer));
-        let combine = Arc::new(std::sync::Mutex::new(Combine::default()));
         let inline = config.fsync != FsyncPolicy::Always;
-        let shared = Shared {
-            writer: writer.clone(),
-            combine: combine.clone(),
-            healthy: healthy.clone(),
-            depth: depth.clone(),
-        };
+        let (h, d, w) = (healthy.clone(), depth.clone(), writer.clone());
         let handle = std::thread::Builder::new()
             .name("gatehouse-audit".into())
-            .spawn(move || run(&shared, rx, inline))
+            .spawn(move || run(&w, rx, h, d, inline))
             .map_err(|e| AuditError::Unavailable(format!("cannot start writer: {e}")))?;
         Ok(Audit {
             tx,
             writer,
-            combine,
             inline,
             healthy,
             depth,
@@ -520,17 +493,16 @@ impl Audit {
     /// Writes a record and waits until it is written (per the fsync policy).
     ///
     /// Under `interval` and `never` the record is written when this is called (the future
-    /// only reports how that went), or, while another caller is writing, queued for that
-    /// caller, and the future waits for its acknowledgement; under `always` it is queued for
-    /// the thread, and the future waits for the thread's acknowledgement. Not an `async fn`:
-    /// its future would hold the `Record` (hundreds of bytes) inside every caller's future.
+    /// only reports how that went); under `always` it is queued then, and the future waits
+    /// for the writer's acknowledgement. Not an `async fn`: its future would hold the
+    /// `Record` (hundreds of bytes) inside every caller's future.
     pub fn record(
         &self,
         record: Record,
     ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
         let record = record.bounded();
         let pending = if self.inline {
-            self.write_inline(record)
+            Pending::Done(self.write_inline(record))
         } else {
             self.enqueue(record)
         };
@@ -560,7 +532,6 @@ impl Audit {
     pub fn record_detached(&self, record: Record) {
         let record = record.bounded();
         if self.inline {
-            // Written now, or queued to the combining writer, which writes it without a waiter.
             let _ = self.write_inline(record);
             return;
         }
@@ -571,57 +542,26 @@ impl Audit {
         });
     }
 
-    /// Writes one record in the caller's thread (see the type's documentation), or, while
-    /// another caller writes, queues it for that caller to write next (see [`Combine`]).
-    fn write_inline(&self, record: Record) -> Pending {
-        let leftover = {
-            let mut c = lock(&self.combine);
-            if c.busy {
-                let (ack, done) = oneshot::channel();
-                c.queue.push(Job {
-                    record: Some(record),
-                    ack: Some(ack),
-                });
-                self.depth.fetch_add(1, Ordering::Relaxed);
-                return Pending::Ack(done);
-            }
-            c.busy = true;
-            // Left by a combining caller after its last round (the thread is on its way):
-            // they go first, so the order of arrival holds.
-            std::mem::take(&mut c.queue)
-        };
-        let mut own = Job {
+    /// Writes one record in the caller's thread (see the type's documentation).
+    fn write_inline(&self, record: Record) -> Result<(), AuditError> {
+        let batch = [Job {
             record: Some(record),
             ack: None,
+        }];
+        let result = {
+            let mut w = lock(&self.writer);
+            let result = w.write_batch(&batch, false);
+            w.note(&result, &self.healthy, 1);
+            result
         };
-        let result = if leftover.is_empty() {
-            write_jobs(
-                &self.writer,
-                &self.healthy,
-                std::slice::from_mut(&mut own),
-                false,
-            )
-        } else {
-            self.depth.fetch_sub(leftover.len(), Ordering::Relaxed);
-            let mut batch = leftover;
-            batch.push(own);
-            write_jobs(&self.writer, &self.healthy, &mut batch, false)
-        };
-        let left = drain_queue(
-            &self.combine,
-            &self.writer,
-            &self.healthy,
-            &self.depth,
-            COMBINE_ROUNDS,
-        );
-        if left || result.is_err() {
-            // Records are left for the thread, or it probes while unhealthy: wake it.
+        if result.is_err() {
+            // The thread probes while unhealthy; make sure it is awake to.
             let _ = self.tx.send(Job {
                 record: None,
                 ack: None,
             });
         }
-        Pending::Done(result)
+        result
     }
 
     /// False after a failed write, until a write succeeds again. The writer retries by
@@ -775,27 +715,22 @@ pub fn chain_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// acknowledges them. Inline mode: records are written by their callers; this syncs the file
 /// every interval and, while unhealthy, probes every `RETRY_EVERY`. Ends when every handle
 /// is gone (the channel closes), after a last sync.
-fn run(shared: &Shared, rx: std::sync::mpsc::Receiver<Job>, inline: bool) {
+fn run(
+    writer: &std::sync::Mutex<Writer>,
+    rx: std::sync::mpsc::Receiver<Job>,
+    healthy: Arc<AtomicBool>,
+    depth: Arc<AtomicUsize>,
+    inline: bool,
+) {
     use std::sync::mpsc::RecvTimeoutError;
-    let Shared {
-        writer,
-        healthy,
-        depth,
-        ..
-    } = shared;
     loop {
-        if inline {
-            // What a combining caller left after its last rounds (it woke this thread).
-            drain_left(shared);
-        }
         let wait = {
             let w = lock(writer);
             if !healthy.load(Ordering::Acquire) {
                 Some(RETRY_EVERY)
             } else if inline {
-                // Inline writers wake this thread only to leave it queued records or after a
-                // failure: it looks every `HEAD_TRAIL` for a stale head, and syncs when the
-                // interval is up.
+                // Inline writers do not wake this thread: it looks every `HEAD_TRAIL` for a
+                // stale head, and syncs when the interval is up.
                 let sync_in = (w.fsync == FsyncPolicy::Interval && w.unsynced)
                     .then(|| w.fsync_interval.saturating_sub(w.last_sync.elapsed()));
                 Some(sync_in.map_or(HEAD_TRAIL, |d| d.min(HEAD_TRAIL)))
@@ -823,7 +758,7 @@ fn run(shared: &Shared, rx: std::sync::mpsc::Receiver<Job>, inline: bool) {
                             sync_outside_lock(writer);
                         }
                     } else {
-                        lock(writer).probe(healthy);
+                        lock(writer).probe(&healthy);
                     }
                     continue;
                 }
@@ -840,91 +775,22 @@ fn run(shared: &Shared, rx: std::sync::mpsc::Receiver<Job>, inline: bool) {
         if batch.is_empty() {
             continue;
         }
-        depth.fetch_sub(batch.len(), Ordering::Relaxed);
-        let _ = write_jobs(writer, healthy, &mut batch, !inline);
+        let n = batch.len();
+        let result = {
+            let mut w = lock(writer);
+            let result = w.write_batch(&batch, !inline);
+            w.note(&result, &healthy, n);
+            result
+        };
+        depth.fetch_sub(n, Ordering::Relaxed);
+        for job in batch {
+            if let Some(ack) = job.ack {
+                let _ = ack.send(result.clone());
+            }
+        }
     }
-    drain_left(shared);
     lock(writer).refresh_head(true);
     sync_outside_lock(writer);
-}
-
-/// What the writer thread shares with the handles.
-struct Shared {
-    writer: Arc<std::sync::Mutex<Writer>>,
-    combine: Arc<std::sync::Mutex<Combine>>,
-    healthy: Arc<AtomicBool>,
-    depth: Arc<AtomicUsize>,
-}
-
-/// Writes a batch under the writer's lock and tells each waiting job how it went.
-fn write_jobs(
-    writer: &std::sync::Mutex<Writer>,
-    healthy: &AtomicBool,
-    batch: &mut [Job],
-    may_sync: bool,
-) -> Result<(), AuditError> {
-    let result = {
-        let mut w = lock(writer);
-        let result = w.write_batch(batch, may_sync);
-        w.note(&result, healthy, batch.len());
-        result
-    };
-    for job in batch.iter_mut() {
-        if let Some(ack) = job.ack.take() {
-            let _ = ack.send(result.clone());
-        }
-    }
-    result
-}
-
-/// The combining writer's rounds (see [`Combine`]): writes what queued while it wrote, batch
-/// after batch, until nothing is queued or `rounds` batches are written, then ends its turn.
-/// Returns whether records are still queued (for the thread to write).
-fn drain_queue(
-    combine: &std::sync::Mutex<Combine>,
-    writer: &std::sync::Mutex<Writer>,
-    healthy: &AtomicBool,
-    depth: &AtomicUsize,
-    rounds: usize,
-) -> bool {
-    for _ in 0..rounds {
-        let mut batch = {
-            let mut c = lock(combine);
-            if c.queue.is_empty() {
-                c.busy = false;
-                return false;
-            }
-            std::mem::take(&mut c.queue)
-        };
-        depth.fetch_sub(batch.len(), Ordering::Relaxed);
-        let _ = write_jobs(writer, healthy, &mut batch, false);
-    }
-    let mut c = lock(combine);
-    c.busy = false;
-    !c.queue.is_empty()
-}
-
-/// The writer thread takes the combining turn if records are queued and no caller has it.
-fn drain_left(shared: &Shared) {
-    loop {
-        {
-            let mut c = lock(&shared.combine);
-            if c.busy || c.queue.is_empty() {
-                return;
-            }
-            c.busy = true;
-        }
-        let left = drain_queue(
-            &shared.combine,
-            &shared.writer,
-            &shared.healthy,
-            &shared.depth,
-            usize::MAX,
-        );
-        if !left {
-            return;
-        }
-    }
 }
 
 /// Syncs the file if records are unsynced, on a duplicate descriptor so that writers are
@@ -1655,133 +1521,5 @@ mod tests {
             hash: "f".repeat(64),
         };
         assert!(head_bytes(&max).is_ok());
-    }
-
-    fn interval_audit(dir: &tempfile::TempDir) -> Audit {
-        let config = AuditConfig {
-            path: dir.path().join("a.jsonl"),
-            ..AuditConfig::default()
-        };
-        Audit::start(&config).unwrap()
-    }
-
-    fn event_order(audit: &Audit) -> Vec<String> {
-        read_records(audit.path())
-            .unwrap()
-            .into_iter()
-            .map(|r| r.event)
-            .collect()
-    }
-
-    #[test]
-    fn records_arriving_while_another_caller_writes_are_written_by_it_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = interval_audit(&dir);
-        futures::executor::block_on(audit.record(Record::event("first"))).unwrap();
-        // Another caller is mid-write: records arriving now queue behind it.
-        lock(&audit.combine).busy = true;
-        let mut a = Box::pin(audit.record(Record::event("queued-a")));
-        let mut b = Box::pin(audit.record(Record::event("queued-b")));
-        futures::executor::block_on(async {
-            assert!(futures::poll!(&mut a).is_pending());
-            assert!(futures::poll!(&mut b).is_pending());
-        });
-        assert_eq!(event_order(&audit), ["first"]);
-        assert_eq!(audit.queue_depth(), 2);
-        // That caller's turn ends: it writes what queued, in one batch, and acknowledges it.
-        let batches = audit.stats().batches;
-        let left = drain_queue(
-            &audit.combine,
-            &audit.writer,
-            &audit.healthy,
-            &audit.depth,
-            COMBINE_ROUNDS,
-        );
-        assert!(!left);
-        futures::executor::block_on(a).unwrap();
-        futures::executor::block_on(b).unwrap();
-        assert_eq!(audit.stats().batches, batches + 1);
-        assert_eq!(audit.queue_depth(), 0);
-        assert!(!lock(&audit.combine).busy);
-        assert_eq!(event_order(&audit), ["first", "queued-a", "queued-b"]);
-    }
-
-    #[test]
-    fn records_left_queued_go_before_the_next_callers_and_the_thread_writes_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = interval_audit(&dir);
-        // A combining caller ended its last round with a record still queued.
-        lock(&audit.combine).busy = true;
-        let left = audit.record(Record::event("left"));
-        lock(&audit.combine).busy = false;
-        // The next caller writes it first, then its own.
-        futures::executor::block_on(audit.record(Record::event("next"))).unwrap();
-        futures::executor::block_on(left).unwrap();
-        assert_eq!(event_order(&audit), ["left", "next"]);
-        // With no next caller, the thread (woken by the one that left it) writes it.
-        lock(&audit.combine).busy = true;
-        let left = audit.record(Record::event("left-for-the-thread"));
-        lock(&audit.combine).busy = false;
-        let _ = audit.tx.send(Job {
-            record: None,
-            ack: None,
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while event_order(&audit).len() < 3 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(
-            audit.queue_depth(),
-            0,
-            "the thread did not write the record left"
-        );
-        futures::executor::block_on(left).unwrap();
-        assert_eq!(event_order(&audit), ["left", "next", "left-for-the-thread"]);
-    }
-
-    #[test]
-    fn concurrent_callers_lose_and_reorder_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let audit = interval_audit(&dir);
-        let (threads, each) = (6usize, 400usize);
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let audit = audit.clone();
-                s.spawn(move || {
-                    for i in 0..each {
-                        let mut r = Record::event("call");
-                        r.reason = Some(format!("{t} {i}"));
-                        if i % 3 == 0 {
-                            audit.record_detached(r);
-                        } else {
-                            futures::executor::block_on(audit.record(r)).unwrap();
-                        }
-                    }
-                });
-            }
-        });
-        // The last detached records may still be in a combining caller's hands: wait for the
-        // queue to empty (each caller waits for its own, so it empties).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while audit.queue_depth() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let records = read_records(audit.path()).unwrap();
-        assert_eq!(records.len(), threads * each);
-        let mut next = vec![0usize; threads];
-        for (n, r) in records.iter().enumerate() {
-            assert_eq!(r.seq, n as u64 + 1);
-            let reason = r.reason.as_deref().unwrap();
-            let (t, i) = reason.split_once(' ').unwrap();
-            let (t, i): (usize, usize) = (t.parse().unwrap(), i.parse().unwrap());
-            assert_eq!(i, next[t], "thread {t}'s records out of order");
-            next[t] += 1;
-        }
-        let report = verify::verify_files(
-            &chain_files(audit.path()).unwrap(),
-            &verify::VerifyOptions::default(),
-        )
-        .unwrap();
-        assert!(report.is_ok(), "{:?}", report.error);
     }
 }
