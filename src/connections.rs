@@ -20,7 +20,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -151,8 +151,14 @@ pub struct Activity {
     phase: Mutex<Phase>,
     in_flight: AtomicUsize,
     /// The connection task's waker, woken when the last request in flight ends (the idle
-    /// timer must start even if no byte comes).
+    /// timer must start even if no byte comes) — unless `covered`.
     waker: AtomicWaker,
+    /// Set while busy once the IO has its timer registered at a deadline no later than the
+    /// busy period's end plus `idle_timeout` ([`Guarded::poll_busy`]): the end of the request
+    /// then needs no wake. The usual case (hyper reads on to see an EOF while a request is in
+    /// flight); a wake from a running task reschedules it as a yield, which wakes an idle
+    /// worker of the runtime to steal it — a futex wake and a worker's round trip per call.
+    covered: AtomicBool,
 }
 
 impl Activity {
@@ -163,12 +169,15 @@ impl Activity {
             }),
             in_flight: AtomicUsize::new(0),
             waker: AtomicWaker::new(),
+            covered: AtomicBool::new(false),
         })
     }
 
     /// A request's head was read: the connection is busy until the guard drops.
     pub fn begin(self: &Arc<Self>) -> Busy {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.covered.store(false, Ordering::SeqCst);
+        }
         *lock(&self.phase) = Phase::Busy;
         Busy(self.clone())
     }
@@ -184,7 +193,9 @@ impl Drop for Busy {
             *lock(&self.0.phase) = Phase::Idle {
                 since: Instant::now(),
             };
-            self.0.waker.wake();
+            if !self.0.covered.load(Ordering::SeqCst) {
+                self.0.waker.wake();
+            }
         }
     }
 }
@@ -229,6 +240,9 @@ pub struct Guarded {
     idle_timeout: Duration,
     /// The timer and the deadline it is set to (allocated on the first wait).
     timer: Option<(Pin<Box<Sleep>>, Instant)>,
+    /// The armed deadline is an instant already passed plus at most `idle_timeout`, so it is
+    /// no later than the end of a busy period begun since, plus `idle_timeout`.
+    within_idle: bool,
 }
 
 impl Guarded {
@@ -239,6 +253,7 @@ impl Guarded {
             header_timeout: limits.header_timeout,
             idle_timeout: limits.idle_timeout,
             timer: None,
+            within_idle: false,
         }
     }
 
@@ -254,7 +269,7 @@ impl Guarded {
         loop {
             let phase = *lock(&self.activity.phase);
             let (deadline, expired) = match phase {
-                Phase::Busy => return Poll::Pending,
+                Phase::Busy => return self.poll_busy(cx),
                 Phase::Head { since } => (
                     since + self.header_timeout,
                     Err(io::Error::new(
@@ -265,11 +280,15 @@ impl Guarded {
                 // A quiet EOF: hyper closes an idle connection without an error.
                 Phase::Idle { since } => (since + self.idle_timeout, Ok(())),
             };
+            // Both phases' deadlines are a passed instant plus their timeout.
+            let within_idle =
+                matches!(phase, Phase::Idle { .. }) || self.header_timeout <= self.idle_timeout;
             let (sleep, armed) = match &mut self.timer {
                 Some((sleep, armed)) => {
                     if deadline < *armed {
                         sleep.as_mut().reset(deadline);
                         *armed = deadline;
+                        self.within_idle = within_idle;
                     }
                     (sleep, armed)
                 }
@@ -277,6 +296,7 @@ impl Guarded {
                     if Instant::now() >= deadline {
                         return Poll::Ready(expired);
                     }
+                    self.within_idle = within_idle;
                     let (sleep, armed) = self
                         .timer
                         .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline));
@@ -291,9 +311,45 @@ impl Guarded {
                 Poll::Ready(()) => {
                     sleep.as_mut().reset(deadline);
                     *armed = deadline;
+                    self.within_idle = within_idle;
                 }
             }
         }
+    }
+
+    /// Busy: no timeout, but the timer stays registered at a deadline no later than this busy
+    /// period's end plus `idle_timeout` (the armed one if it is such and has not fired, else
+    /// now plus `idle_timeout`), and `covered` says so. When the request ends, its
+    /// [`Busy`] then needs no wake: the timer wakes the connection in time to arm the idle
+    /// deadline (earlier is harmless: it re-arms, as above). While a request outlives
+    /// `idle_timeout` (an SSE stream), the timer fires once per `idle_timeout` and re-arms.
+    fn poll_busy(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let (Some((sleep, _)), true) = (&mut self.timer, self.within_idle) {
+            if sleep.as_mut().poll(cx).is_pending() {
+                self.activity.covered.store(true, Ordering::SeqCst);
+                return Poll::Pending;
+            }
+        }
+        let deadline = Instant::now() + self.idle_timeout;
+        let sleep = match &mut self.timer {
+            Some((sleep, armed)) => {
+                sleep.as_mut().reset(deadline);
+                *armed = deadline;
+                sleep
+            }
+            None => {
+                &mut self
+                    .timer
+                    .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline))
+                    .0
+            }
+        };
+        self.within_idle = true;
+        // A deadline `idle_timeout` (at least 1 s) ahead: this poll registers it.
+        if sleep.as_mut().poll(cx).is_pending() {
+            self.activity.covered.store(true, Ordering::SeqCst);
+        }
+        Poll::Pending
     }
 }
 
@@ -430,6 +486,73 @@ mod tests {
             at >= Duration::from_millis(900) && at < Duration::from_millis(2000),
             "closed at the last request's idle deadline (~950 ms), not at {at:?}"
         );
+    }
+
+    /// A request that ends while its connection waits (hyper reads on, for an EOF, while a
+    /// request is in flight) wakes no one: the timer registered while busy wakes the connection
+    /// in time, and the idle deadline follows the request's end — also when the request
+    /// outlived the idle timeout.
+    #[tokio::test]
+    async fn a_request_ending_on_a_waiting_connection_needs_no_wake() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        struct Count(AtomicUsize);
+        impl futures::task::ArcWake for Count {
+            fn wake_by_ref(me: &Arc<Self>) {
+                me.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        for busy_ms in [50u64, 700] {
+            let (mut c, s) = pair().await;
+            let activity = Activity::new();
+            let mut g = Guarded::new(s, activity.clone(), &limits(200, 400));
+            let mut buf = [0u8; 16];
+            c.write_all(b"a").await.unwrap();
+            assert_eq!(g.read(&mut buf).await.unwrap(), 1);
+            let busy = activity.begin();
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = futures::task::waker(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            let mut rb = ReadBuf::new(&mut buf);
+            assert!(Pin::new(&mut g).poll_read(&mut cx, &mut rb).is_pending());
+            tokio::time::sleep(Duration::from_millis(busy_ms)).await;
+            // Woken by the timer meanwhile (a long request): polled again, as hyper does.
+            let fired = count.0.load(Ordering::SeqCst);
+            assert!(Pin::new(&mut g).poll_read(&mut cx, &mut rb).is_pending());
+            let ended = Instant::now();
+            drop(busy);
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                fired,
+                "the end of the request woke the connection"
+            );
+            // From here the connection is polled only when woken, as a task is.
+            let mut seen = fired;
+            let end = loop {
+                if ended.elapsed() > Duration::from_secs(3) {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let now = count.0.load(Ordering::SeqCst);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                let mut rb = ReadBuf::new(&mut buf);
+                if let Poll::Ready(r) = Pin::new(&mut g).poll_read(&mut cx, &mut rb) {
+                    break Some(r.map(|()| rb.filled().len()));
+                }
+            };
+            let at = ended.elapsed();
+            assert!(
+                matches!(end, Some(Ok(0))),
+                "an idle connection is woken and ends quietly (busy {busy_ms} ms): {end:?}"
+            );
+            assert!(
+                at >= Duration::from_millis(390) && at < Duration::from_millis(1300),
+                "closed at the idle deadline after the request (~400 ms), not at {at:?} (busy {busy_ms} ms)"
+            );
+        }
     }
 
     /// A deadline earlier than the armed one moves the timer: an unfinished head on a

@@ -231,9 +231,29 @@ pub(crate) fn reply(
     let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
     let (ntx, nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
+    let keep = ntx.clone();
     ctx.notify = Some(ntx);
     let work = call_work(ctx, id.clone(), method, params, cancel);
-    answer(gw, registration, id, nrx, work, guard, opts)
+    answer(gw, registration, id, (nrx, Some(keep)), work, guard, opts)
+}
+
+/// Closes a call's notes channel once its work has ended, without waking the task that reads
+/// it; returns a note still found there.
+///
+/// The receiver's task registered its waker on the channel, and the channel's last sender
+/// wakes it when dropped. The work drops its senders (in its `RequestCtx`) as it ends, in a
+/// poll of that same task: a wake of a running task makes tokio reschedule it as a yield and
+/// wake an idle worker to steal it — a `futex` wake and a worker's round trip per call, for
+/// nothing. So the reading side holds one sender (`keep`) while the work runs, and drops it
+/// here, last, after handing the channel a no-op waker.
+fn close_quietly(notes: &mut mpsc::Receiver<Value>, keep: mpsc::Sender<Value>) -> Option<Value> {
+    let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
+    let found = match notes.poll_recv(&mut noop) {
+        std::task::Poll::Ready(n) => n,
+        std::task::Poll::Pending => None,
+    };
+    drop(keep);
+    found
 }
 
 /// The request's work, boxed. A plain function: built inside `reply`, the unboxed future
@@ -279,16 +299,17 @@ pub(crate) async fn resume(
         v.set_id(retry_id);
         Some(v)
     })));
-    answer(hub, registration, id, notes, work, guard, opts).await
+    answer(hub, registration, id, (notes, None), work, guard, opts).await
 }
 
 /// Answers request `id` from its call's notes and result: JSON if the result comes first, an
-/// event stream if a notification does (or the call outlives a keep-alive period).
+/// event stream if a notification does (or the call outlives a keep-alive period). `keep`, a
+/// sender of the notes held while the work runs ([`close_quietly`]), if the work runs here.
 async fn answer(
     gw: Arc<Hub>,
     registration: Arc<crate::registry::RegistrationState>,
     id: Value,
-    mut nrx: mpsc::Receiver<Value>,
+    (mut nrx, mut keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
     mut work: CallWork,
     mut guard: CancelOnDrop,
     opts: ReplyOpts,
@@ -332,11 +353,17 @@ async fn answer(
     // Notifications the call sent in the poll in which it ended are still queued: they go
     // out first, on a stream, before the result.
     let mut early = Vec::new();
-    if matches!(first, First::Done(Some(_))) {
-        while let Ok(n) = nrx.try_recv() {
-            early.push(n);
+    if let First::Done(done) = &first {
+        let found = keep.take().and_then(|keep| close_quietly(&mut nrx, keep));
+        if done.is_some() {
+            early.extend(found);
+            while let Ok(n) = nrx.try_recv() {
+                early.push(n);
+            }
         }
     }
+    // Not the last sender while the work runs on (a stream, a held call).
+    drop(keep);
     let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
         let mut pending = VecDeque::new();
         if opts.priming {
@@ -487,6 +514,7 @@ pub(crate) fn to_session_stream(
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
         let (ntx, mut nrx) = mpsc::channel::<Value>(64);
+        let keep = ntx.clone();
         let mut ctx = ctx;
         ctx.notify = Some(ntx);
         let gw = ctx.hub.clone();
@@ -510,6 +538,9 @@ pub(crate) fn to_session_stream(
                 r = &mut work => break r,
             }
         };
+        if let Some(n) = close_quietly(&mut nrx, keep) {
+            gw.sessions().deliver(&session, n).await;
+        }
         while let Ok(n) = nrx.try_recv() {
             gw.sessions().deliver(&session, n).await;
         }
@@ -523,4 +554,55 @@ pub(crate) fn to_session_stream(
     // Spawned, not polled here first: the POST is answered 202 at once, whatever the tool does
     // (even one that blocks its thread), and the reply follows on the stream.
     calls.spawn(work);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    struct Count(AtomicUsize);
+    impl futures::task::ArcWake for Count {
+        fn wake_by_ref(me: &Arc<Self>) {
+            me.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The reading task's waker, registered on the notes, is not woken when the work's
+    /// senders drop (it holds `keep`) nor when the channel is closed; a note still queued is
+    /// returned, not lost.
+    #[test]
+    fn notes_close_without_waking_their_reader() {
+        for queued in [false, true] {
+            let (ntx, mut nrx) = mpsc::channel::<Value>(4);
+            let keep = ntx.clone();
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = futures::task::waker(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            // The reader waits on its notes, as `answer` does while the work runs.
+            assert!(nrx.poll_recv(&mut cx).is_pending());
+            // The work sends (or not) and ends: its sender goes with its `RequestCtx`.
+            if queued {
+                ntx.try_send(serde_json::json!({"method": "notifications/progress"}))
+                    .unwrap();
+            }
+            let woken_by_note = count.0.load(Ordering::SeqCst);
+            drop(ntx);
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                woken_by_note,
+                "the work's end woke the reader"
+            );
+            let found = close_quietly(&mut nrx, keep);
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                woken_by_note,
+                "the close woke the reader"
+            );
+            assert_eq!(found.is_some(), queued, "the queued note is returned");
+            // Closed: nothing more comes.
+            assert!(matches!(nrx.poll_recv(&mut cx), Poll::Ready(None)));
+        }
+    }
 }
