@@ -240,9 +240,6 @@ pub struct Guarded {
     idle_timeout: Duration,
     /// The timer and the deadline it is set to (allocated on the first wait).
     timer: Option<(Pin<Box<Sleep>>, Instant)>,
-    /// The armed deadline is an instant already passed plus at most `idle_timeout`, so it is
-    /// no later than the end of a busy period begun since, plus `idle_timeout`.
-    within_idle: bool,
 }
 
 impl Guarded {
@@ -253,7 +250,6 @@ impl Guarded {
             header_timeout: limits.header_timeout,
             idle_timeout: limits.idle_timeout,
             timer: None,
-            within_idle: false,
         }
     }
 
@@ -280,15 +276,11 @@ impl Guarded {
                 // A quiet EOF: hyper closes an idle connection without an error.
                 Phase::Idle { since } => (since + self.idle_timeout, Ok(())),
             };
-            // Both phases' deadlines are a passed instant plus their timeout.
-            let within_idle =
-                matches!(phase, Phase::Idle { .. }) || self.header_timeout <= self.idle_timeout;
             let (sleep, armed) = match &mut self.timer {
                 Some((sleep, armed)) => {
                     if deadline < *armed {
                         sleep.as_mut().reset(deadline);
                         *armed = deadline;
-                        self.within_idle = within_idle;
                     }
                     (sleep, armed)
                 }
@@ -296,7 +288,6 @@ impl Guarded {
                     if Instant::now() >= deadline {
                         return Poll::Ready(expired);
                     }
-                    self.within_idle = within_idle;
                     let (sleep, armed) = self
                         .timer
                         .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline));
@@ -311,7 +302,6 @@ impl Guarded {
                 Poll::Ready(()) => {
                     sleep.as_mut().reset(deadline);
                     *armed = deadline;
-                    self.within_idle = within_idle;
                 }
             }
         }
@@ -324,30 +314,32 @@ impl Guarded {
     /// deadline (earlier is harmless: it re-arms, as above). While a request outlives
     /// `idle_timeout` (an SSE stream), the timer fires once per `idle_timeout` and re-arms.
     fn poll_busy(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let (Some((sleep, _)), true) = (&mut self.timer, self.within_idle) {
-            if sleep.as_mut().poll(cx).is_pending() {
-                self.activity.covered.store(true, Ordering::SeqCst);
-                return Poll::Pending;
+        let idle = self.idle_timeout;
+        // Every armed deadline is an instant already passed plus the header or the idle
+        // timeout: no later than this busy period's end plus `idle_timeout`, unless the header
+        // timeout is the longer one (then the clock says).
+        let header_longer = self.header_timeout > idle;
+        let in_time = match &self.timer {
+            Some((sleep, armed)) => {
+                !sleep.is_elapsed() && (!header_longer || *armed <= Instant::now() + idle)
+            }
+            None => false,
+        };
+        if !in_time {
+            let deadline = Instant::now() + idle;
+            match &mut self.timer {
+                Some((sleep, armed)) => {
+                    sleep.as_mut().reset(deadline);
+                    *armed = deadline;
+                }
+                None => self.timer = Some((Box::pin(tokio::time::sleep_until(deadline)), deadline)),
             }
         }
-        let deadline = Instant::now() + self.idle_timeout;
-        let sleep = match &mut self.timer {
-            Some((sleep, armed)) => {
-                sleep.as_mut().reset(deadline);
-                *armed = deadline;
-                sleep
+        // This poll registers it (a deadline just re-armed is at least 1 s ahead).
+        if let Some((sleep, _)) = &mut self.timer {
+            if sleep.as_mut().poll(cx).is_pending() {
+                self.activity.covered.store(true, Ordering::SeqCst);
             }
-            None => {
-                &mut self
-                    .timer
-                    .insert((Box::pin(tokio::time::sleep_until(deadline)), deadline))
-                    .0
-            }
-        };
-        self.within_idle = true;
-        // A deadline `idle_timeout` (at least 1 s) ahead: this poll registers it.
-        if sleep.as_mut().poll(cx).is_pending() {
-            self.activity.covered.store(true, Ordering::SeqCst);
         }
         Poll::Pending
     }

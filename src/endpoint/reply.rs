@@ -523,18 +523,14 @@ pub(crate) fn to_session_stream(
         // whole request's state (it is moved three times on the way into the task).
         let mut work = Box::pin(async move {
             dispatch::handle_request(&ctx, call_id, &method, params, cancel).await
-            // `ctx` (and its sender) is dropped here.
+            // `ctx` (and its sender) is dropped here; `keep` holds the channel open.
         });
-        let mut notes_open = true;
         let reply = loop {
             tokio::select! {
                 biased;
-                n = nrx.recv(), if notes_open => match n {
-                    Some(n) => {
-                        gw.sessions().deliver(&session, n).await;
-                    }
-                    None => notes_open = false,
-                },
+                Some(n) = nrx.recv() => {
+                    gw.sessions().deliver(&session, n).await;
+                }
                 r = &mut work => break r,
             }
         };
@@ -584,8 +580,8 @@ mod tests {
             assert!(nrx.poll_recv(&mut cx).is_pending());
             // The work sends (or not) and ends: its sender goes with its `RequestCtx`.
             if queued {
-                ntx.try_send(serde_json::json!({"method": "notifications/progress"}))
-                    .unwrap();
+                let note = serde_json::json!({"method": "notifications/progress"});
+                ntx.try_send(note).unwrap(); // bounded: a test's channel of 4, one note
             }
             let woken_by_note = count.0.load(Ordering::SeqCst);
             drop(ntx);
