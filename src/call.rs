@@ -234,7 +234,7 @@ pub async fn run(
                     // Moved, not copied: nothing reads them after the call is under way.
                     params,
                     arguments: args,
-                    cancel: cancel.clone(),
+                    cancel: &cancel,
                     notify: ctx.notify.clone(),
                     ids: Some(&call_ids),
                 }))
@@ -402,7 +402,7 @@ async fn finish(
         Ended::Cancelled => {
             rec.set_outcome(Outcome::Cancelled);
             if rec.reason.is_none() {
-                rec.reason = Some(if ctx.registration.cancel.is_cancelled() {
+                rec.reason = Some(if ctx.registration.is_released() {
                     "registration released".into()
                 } else {
                     "cancelled by client or session end".into()
@@ -453,7 +453,7 @@ async fn finish(
         });
     }
     // A call cancelled while its record was being written is not answered.
-    if ctx.registration.cancel.is_cancelled() {
+    if ctx.registration.is_released() {
         return None;
     }
     reply

@@ -385,7 +385,7 @@ impl Gateway {
             .hub
             .metrics()
             .registration_closed(reason.as_str());
-        state.cancel.cancel();
+        state.release();
         state.calls.close();
         let closed = self.inner.hub.sessions().close_registration(id);
         tracing::info!(registration = %id, sessions = closed, ?reason, "released");

@@ -4,7 +4,7 @@
 //! lookup is by id first, never by searching tokens.
 
 use crate::sync::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -212,8 +212,11 @@ pub struct RegistrationState {
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// Unix ms at which the lease ends (0 = never). Renewing moves it.
     pub expires_at_ms: AtomicU64,
-    /// Fires on release: ends streams, cancels calls.
+    /// Fires on release ([`RegistrationState::release`]): ends streams, cancels calls.
     pub cancel: CancellationToken,
+    /// Set by [`RegistrationState::release`] before `cancel` fires: what a call reads to know
+    /// (the token's `is_cancelled` takes its mutex, which every call of the registration shares).
+    released: AtomicBool,
     /// Every call of this registration runs on this tracker, so release can wait for them.
     pub calls: TaskTracker,
     pub calls_started: AtomicU64,
@@ -250,10 +253,22 @@ impl RegistrationState {
             created_at,
             expires_at_ms: AtomicU64::new(expires),
             cancel: CancellationToken::new(),
+            released: AtomicBool::new(false),
             calls: TaskTracker::new(),
             calls_started: AtomicU64::new(0),
             calls_in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// Marks the registration released and fires its token (streams end, calls are cancelled).
+    pub(crate) fn release(&self) {
+        self.released.store(true, Ordering::Release);
+        self.cancel.cancel();
+    }
+
+    /// Whether [`RegistrationState::release`] ran; no lock.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
     }
 
     /// Constant-time comparison of a presented token with this registration's token.
@@ -341,6 +356,17 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_is_read_without_the_token_and_fires_it() {
+        let spec = RegistrationSpec::new("agent");
+        let reg = RegistrationState::new("r".into(), "t", &spec, ToolSet::default());
+        let session = reg.cancel.child_token();
+        assert!(!reg.is_released() && !session.is_cancelled());
+        reg.release();
+        assert!(reg.is_released());
+        assert!(reg.cancel.is_cancelled() && session.is_cancelled());
+    }
 
     #[test]
     fn ids_and_tokens_are_long_and_distinct() {

@@ -221,7 +221,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
             tool: "open_case",
             params: Map::new(),
             arguments: json!({"title": "t"}),
-            cancel: CancellationToken::new(),
+            cancel: &CancellationToken::new(),
             notify: None,
             ids: None,
         }))
@@ -245,7 +245,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
                 tool: "add_note_slow",
                 params: Map::new(),
                 arguments: json!({"text": "x"}),
-                cancel,
+                cancel: &cancel,
                 notify: None,
                 ids: None,
             })

@@ -314,7 +314,6 @@ async fn answer(
     mut guard: CancelOnDrop,
     opts: ReplyOpts,
 ) -> Result<Response, Rejection> {
-    let stop = registration.cancel.clone();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let sleep = tokio::time::sleep(period);
     tokio::pin!(sleep);
@@ -380,7 +379,7 @@ async fn answer(
             notes,
             result,
             ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-            stop: stop.clone(),
+            stop: registration.cancel.clone(),
             guard,
             finish: opts.finish,
             method: opts.method.clone(),
@@ -405,7 +404,7 @@ async fn answer(
         First::Done(None) => {
             let mut guard = guard;
             guard.0 = None;
-            if stop.is_cancelled() {
+            if registration.is_released() {
                 return Err(Rejection::not_found("registration released"));
             }
             // Cancelled by the client: no reply follows, the stream just ends.

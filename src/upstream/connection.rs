@@ -266,7 +266,7 @@ impl Connection {
 
     /// Whether the connection is closed (explicitly, or because the upstream went away).
     pub fn is_closed(&self) -> bool {
-        self.inner.core.closed.is_cancelled()
+        self.inner.core.is_closed()
     }
 
     /// Resolves once the connection is closed, for whatever reason.
@@ -359,9 +359,7 @@ impl Connection {
         cancellable: bool,
     ) -> Result<Answered, UpstreamError> {
         let core = &self.inner.core;
-        if let Some(reason) = core.closed_reason() {
-            return Err(UpstreamError::Closed(reason));
-        }
+        // A closed connection is refused by `register` below, under the lock it takes anyway.
         let id = core.ids.next();
         let progress = rewrite_progress_token(
             &mut params,
@@ -460,7 +458,7 @@ impl Connection {
     async fn abandon(&self, id: u64, cancellable: bool, reason: &str) {
         let core = &self.inner.core;
         let was_pending = core.remove(id);
-        if !(cancellable && was_pending) || core.closed.is_cancelled() {
+        if !(cancellable && was_pending) || core.is_closed() {
             return;
         }
         let msg = cancelled_notification(id, reason);
@@ -572,7 +570,7 @@ impl Drop for PendingGuard<'_> {
             return;
         }
         let inner = &self.conn.inner;
-        if inner.core.remove(self.id) && self.cancellable && !inner.core.closed.is_cancelled() {
+        if inner.core.remove(self.id) && self.cancellable && !inner.core.is_closed() {
             tracing::debug!(upstream = %inner.core.upstream_id, jsonrpc.id = self.id, "request dropped; cancelling upstream");
             // why: from Drop; bounded, a drop is logged (see `Transport::send_or_drop`).
             inner.transport.send_or_drop(

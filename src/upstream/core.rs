@@ -5,6 +5,7 @@
 //! task holding it never keeps a connection alive.
 
 use crate::sync::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use serde_json::{json, Map, Value};
@@ -93,6 +94,9 @@ pub(crate) struct Core {
     pub(super) ids: IdCounter,
     state: Mutex<State>,
     pub(super) closed: CancellationToken,
+    /// Set with `state.closed`, before `closed` fires: read by every call on the connection
+    /// (a token's `is_cancelled` takes its mutex, shared by every call on this upstream).
+    is_closed: AtomicBool,
     events: EventSink,
     refused: NotificationsRefused,
     grace: std::time::Duration,
@@ -118,6 +122,7 @@ impl Core {
             ids,
             state: Mutex::new(State::default()),
             closed: CancellationToken::new(),
+            is_closed: AtomicBool::new(false),
             events,
             refused,
             grace,
@@ -158,6 +163,11 @@ impl Core {
         lock(&self.state).pending.remove(&id).is_some()
     }
 
+    /// Whether [`Core::mark_closed`] ran; no lock.
+    pub(super) fn is_closed(&self) -> bool {
+        self.is_closed.load(Ordering::Acquire)
+    }
+
     pub(super) fn closed_reason(&self) -> Option<String> {
         lock(&self.state).closed.clone()
     }
@@ -176,6 +186,7 @@ impl Core {
                 return;
             }
             state.closed = Some(reason.clone());
+            self.is_closed.store(true, Ordering::Release);
             std::mem::take(&mut state.pending)
         };
         let failed = drained.len();

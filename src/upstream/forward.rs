@@ -27,7 +27,8 @@ pub struct ForwardCall<'a> {
     /// The downstream params (`name` and `arguments` are replaced).
     pub params: Map<String, Value>,
     pub arguments: Value,
-    pub cancel: CancellationToken,
+    /// Borrowed: each clone of a token, and each drop, takes the token's mutex.
+    pub cancel: &'a CancellationToken,
     /// Where `notifications/progress` for this call goes.
     pub notify: Option<mpsc::Sender<Value>>,
     /// Filled in as soon as they are known, so that a call the gateway itself cuts off (its
@@ -106,7 +107,7 @@ impl Pool {
             outcome: ForwardOutcome::Cancelled,
         };
         let in_use = match self
-            .acquire(call.upstream, &call.registration.id, &call.cancel)
+            .acquire(call.upstream, &call.registration.id, call.cancel)
             .await
         {
             Ok(u) => u,
@@ -164,22 +165,27 @@ impl Pool {
         };
         let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
+        // The request reports its id before its first wait, so it is read after each poll of
+        // the request: a second branch woken by it would poll the whole request once more.
         let mut started_rx = Some(started_rx);
-        let result = loop {
-            tokio::select! {
-                biased;
-                r = &mut request => break r,
-                id = async { match started_rx.as_mut() { Some(rx) => rx.await.ok(), None => std::future::pending().await } } => {
-                    started_rx = None;
-                    if let Some(id) = id {
+        let result = std::future::poll_fn(|cx| {
+            let polled = std::future::Future::poll(request.as_mut(), cx);
+            if let Some(rx) = started_rx.as_mut() {
+                match rx.try_recv() {
+                    Ok(id) => {
+                        started_rx = None;
                         fwd.upstream_request_id = Some(id);
                         if let Some(ids) = call.ids {
                             ids.request_id.store(id, Ordering::Release);
                         }
                     }
+                    Err(oneshot::error::TryRecvError::Closed) => started_rx = None,
+                    Err(oneshot::error::TryRecvError::Empty) => {}
                 }
             }
-        };
+            polled
+        })
+        .await;
         fwd.outcome = match result {
             Ok(resp) => {
                 slot.answered();
@@ -266,14 +272,14 @@ impl Pool {
         // Each wait below polls its step first: when the step is ready at once (the common
         // case), the cancellation and the deadline are not even registered (a timer entry and
         // a waiter each, set and taken back per call otherwise).
-        let slot = tokio::select! {
+        let (slot, shared) = tokio::select! {
             biased;
             s = self.slot_for(upstream, registration_id) => s?,
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
         };
         let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
         let deadline = began + timeout;
-        let share = if self.is_shared(upstream) {
+        let share = if shared {
             let cap = slot.spec.config.registration_share();
             match Share::take(&slot, registration_id, cap) {
                 Some(s) => Some(s),
@@ -308,17 +314,6 @@ impl Pool {
             _permit: permit,
             _share: share,
             _busy: busy,
-        })
-    }
-
-    /// Whether `upstream`'s connections are shared between registrations (`shared`, or
-    /// `leased` with the extension): its permits are then divided.
-    fn is_shared(&self, upstream: &str) -> bool {
-        self.inner.upstreams.get(upstream).is_some_and(|u| {
-            matches!(
-                crate::sync::lock(&u.slots).effective,
-                Some(crate::config::Sharing::Shared | crate::config::Sharing::Leased)
-            )
         })
     }
 }

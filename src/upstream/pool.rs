@@ -82,6 +82,11 @@ pub struct UpstreamInfo {
     pub connections: Vec<ConnectionInfo>,
 }
 
+/// Whether connections under `sharing` serve several registrations (their permits divided).
+fn shares(sharing: Sharing) -> bool {
+    matches!(sharing, Sharing::Shared | Sharing::Leased)
+}
+
 impl Pool {
     /// Builds the pool from the configured upstreams and their resolved transports (config
     /// loading resolves them); spawns nothing.
@@ -223,16 +228,25 @@ impl Pool {
 
     /// The slot serving `registration_id` on `upstream_id` (the sharing choice), created on
     /// first use.
+    /// Also says whether the slot is shared between registrations (`shared`, or `leased`
+    /// with the extension): its permits are then divided.
     pub(super) async fn slot_for(
         &self,
         upstream_id: &str,
         registration_id: &str,
-    ) -> Result<Arc<Slot>, ForwardError> {
+    ) -> Result<(Arc<Slot>, bool), ForwardError> {
         let up = self
             .inner
             .upstreams
             .get(upstream_id)
             .ok_or_else(|| ForwardError::UnknownUpstream(upstream_id.to_string()))?;
+        // The common case under one lock (every call of the upstream takes it).
+        {
+            let slots = lock(&up.slots);
+            if let (Some(sharing), Some(slot)) = (slots.effective, slots.find(registration_id)) {
+                return Ok((slot, shares(sharing)));
+            }
+        }
         if lock(&up.slots).effective.is_none() {
             // Boxed: the first call's rare path (spawn, initialize, tools/list) would otherwise
             // make every forwarded call's future as large as it (BENCHMARKS.md, issue 19).
@@ -243,24 +257,26 @@ impl Pool {
                     source,
                 })?;
         }
-        if let Some(s) = lock(&up.slots).find(registration_id) {
-            return Ok(s);
-        }
         let mut slots = lock(&up.slots);
-        match slots.effective {
-            Some(Sharing::PerRegistration) | None => Ok(slots
+        let shared = slots.effective.is_some_and(shares);
+        if let Some(s) = slots.find(registration_id) {
+            return Ok((s, shared));
+        }
+        let slot = match slots.effective {
+            Some(Sharing::PerRegistration) | None => slots
                 .per_registration
                 .entry(registration_id.to_string())
                 .or_insert_with(|| self.new_slot(&up.spec, false, Some(registration_id)))
-                .clone()),
+                .clone(),
             Some(sharing) => {
                 let leased = sharing == Sharing::Leased;
-                Ok(slots
+                slots
                     .shared
                     .get_or_insert_with(|| self.new_slot(&up.spec, leased, None))
-                    .clone())
+                    .clone()
             }
-        }
+        };
+        Ok((slot, shared))
     }
 
     /// Releases what a registration holds: its lease on shared connections
