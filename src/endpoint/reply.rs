@@ -238,7 +238,7 @@ pub(crate) fn reply(
 }
 
 /// Closes a call's notes channel once its work has ended, without waking the task that reads
-/// it; returns a note still found there.
+/// it; returns the notes still queued there, in order.
 ///
 /// The receiver's task registered its waker on the channel, and the channel's last sender
 /// wakes it when dropped. The work drops its senders (in its `RequestCtx`) as it ends, in a
@@ -246,12 +246,15 @@ pub(crate) fn reply(
 /// wake an idle worker to steal it — a `futex` wake and a worker's round trip per call, for
 /// nothing. So the reading side holds one sender (`keep`) while the work runs, and drops it
 /// here, last, after handing the channel a no-op waker.
-fn close_quietly(notes: &mut mpsc::Receiver<Value>, keep: mpsc::Sender<Value>) -> Option<Value> {
+fn close_quietly(
+    notes: &mut mpsc::Receiver<Value>,
+    keep: Option<mpsc::Sender<Value>>,
+) -> Vec<Value> {
     let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
-    let found = match notes.poll_recv(&mut noop) {
-        std::task::Poll::Ready(n) => n,
-        std::task::Poll::Pending => None,
-    };
+    let mut found = Vec::new();
+    while let std::task::Poll::Ready(Some(n)) = notes.poll_recv(&mut noop) {
+        found.push(n);
+    }
     drop(keep);
     found
 }
@@ -353,12 +356,9 @@ async fn answer(
     // out first, on a stream, before the result.
     let mut early = Vec::new();
     if let First::Done(done) = &first {
-        let found = keep.take().and_then(|keep| close_quietly(&mut nrx, keep));
+        let found = close_quietly(&mut nrx, keep.take());
         if done.is_some() {
-            early.extend(found);
-            while let Ok(n) = nrx.try_recv() {
-                early.push(n);
-            }
+            early = found;
         }
     }
     // Not the last sender while the work runs on (a stream, a held call).
@@ -533,10 +533,7 @@ pub(crate) fn to_session_stream(
                 r = &mut work => break r,
             }
         };
-        if let Some(n) = close_quietly(&mut nrx, keep) {
-            gw.sessions().deliver(&session, n).await;
-        }
-        while let Ok(n) = nrx.try_recv() {
+        for n in close_quietly(&mut nrx, Some(keep)) {
             gw.sessions().deliver(&session, n).await;
         }
         // The call counts as in flight until its reply is queued, so a session's replies
@@ -589,13 +586,13 @@ mod tests {
                 woken_by_note,
                 "the work's end woke the reader"
             );
-            let found = close_quietly(&mut nrx, keep);
+            let found = close_quietly(&mut nrx, Some(keep));
             assert_eq!(
                 count.0.load(Ordering::SeqCst),
                 woken_by_note,
                 "the close woke the reader"
             );
-            assert_eq!(found.is_some(), queued, "the queued note is returned");
+            assert_eq!(!found.is_empty(), queued, "the queued note is returned");
             // Closed: nothing more comes.
             assert!(matches!(nrx.poll_recv(&mut cx), Poll::Ready(None)));
         }

@@ -227,8 +227,7 @@ impl Pool {
     }
 
     /// The slot serving `registration_id` on `upstream_id` (the sharing choice), created on
-    /// first use.
-    /// Also says whether the slot is shared between registrations (`shared`, or `leased`
+    /// first use, and whether the slot is shared between registrations (`shared`, or `leased`
     /// with the extension): its permits are then divided.
     pub(super) async fn slot_for(
         &self,
@@ -241,13 +240,14 @@ impl Pool {
             .get(upstream_id)
             .ok_or_else(|| ForwardError::UnknownUpstream(upstream_id.to_string()))?;
         // The common case under one lock (every call of the upstream takes it).
-        {
+        let uncatalogued = {
             let slots = lock(&up.slots);
             if let (Some(sharing), Some(slot)) = (slots.effective, slots.find(registration_id)) {
                 return Ok((slot, shares(sharing)));
             }
-        }
-        if lock(&up.slots).effective.is_none() {
+            slots.effective.is_none()
+        };
+        if uncatalogued {
             // Boxed: the first call's rare path (spawn, initialize, tools/list) would otherwise
             // make every forwarded call's future as large as it (BENCHMARKS.md, issue 19).
             Box::pin(self.catalog(upstream_id))
