@@ -31,6 +31,35 @@ RULES = [
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
 ]
+# The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
+# same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
+# module that matches none fails the check (every module is placed on purpose).
+LAYERS = [
+    (10, ["cli", "admin"]),
+    (9, ["gateway"]),
+    (8, ["server"]),
+    (7, ["endpoint"]),
+    (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "call"]),
+    (5, ["hub"]),
+    (4, ["upstream"]),
+    (3, ["session", "listen", "mrtr", "metrics", "expiry"]),
+    (2, ["registry", "connections"]),
+    (1, ["tools", "demo_upstream"]),
+    # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
+    # — no dispatch), the config, names, the audit trail, the std-lock helpers.
+    (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync"]),
+]
+
+
+def rank_of(m):
+    best, rank = -1, None
+    for r, prefixes in LAYERS:
+        for p in prefixes:
+            if within(m, p) and len(p) > best:
+                best, rank = len(p), r
+    return rank
+
+
 # What the leaves may still use.
 LEAF_ALLOWED = {"config": ["sync", "tool_name"], "config_load": ["config", "sync", "tool_name"],
                 "audit": ["config", "sync"]}
@@ -141,6 +170,17 @@ def main():
                     problems.append(f"layering: {m} -> {t} (forbidden for {prefix})")
             for c in sorted(externals[m] & set(crates)):
                 problems.append(f"layering: {m} uses crate {c} (forbidden for {prefix})")
+    for m in sorted(edges):
+        if m == "":
+            continue
+        r = rank_of(m)
+        if r is None:
+            problems.append(f"layering: {m} has no layer (add it to LAYERS and ARCHITECTURE.md)")
+            continue
+        for t in sorted(edges[m]):
+            rt = rank_of(t)
+            if rt is not None and rt > r:
+                problems.append(f"layering: {m} (layer {r}) -> {t} (layer {rt}): an import from above")
     for p in problems:
         print(p)
     if problems:

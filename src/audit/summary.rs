@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::Record;
+use super::record::Record;
 
 /// One row: the calls of one agent, or of one tool.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

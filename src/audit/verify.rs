@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{line_hash, read_head, Head, Record, GENESIS};
+use super::chain::{head_path, line_hash, read_head, Head, GENESIS};
+use super::record::Record;
 
 /// What is wrong with a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,7 +371,7 @@ fn check_head(
         Ok(None) | Err(_) => {
             report.warnings.push(Finding {
                 problem: Problem::NoHead,
-                file: super::head_path(&base),
+                file: head_path(&base),
                 line: 0,
                 seq: None,
                 detail: "no readable chain head: a cut tail cannot be detected".into(),

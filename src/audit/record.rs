@@ -1,0 +1,482 @@
+//! An audit record: its fields, the bounds on what a client can fill, the outcome of a
+//! governed call, and the line it is written as (field by field, byte-identical to serde's).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// One audit record. `ts`, `seq`, `node_id` and `prev` are set by the writer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ts: String,
+    #[serde(default)]
+    pub seq: u64,
+    /// The node that wrote the record (`node_id` of the config; absent without one), so a
+    /// collector gathering several nodes' lines can tell their chains apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registration_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_request_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prev: String,
+}
+
+/// The longest a tool name may be in an audit record (bytes); longer ones are cut and
+/// digested ([`bound_text`]). MCP tool names are 1-128 characters; 256 leaves room for a
+/// gateway prefix.
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
+/// The longest free text (reason, label, agent id, signal) may be in an audit record (bytes).
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// `s` if it fits in `max` bytes, else its first bytes (cut at a character boundary) then
+/// `…[cut: N bytes, sha256:<hex of the whole>]`: a record stays small whatever a client
+/// sent, and the digest still tells two long values apart.
+pub fn bound_text(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let digest = hex::encode(Sha256::digest(s.as_bytes()));
+    let mut end = max.min(s.len()) / 2;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let total = s.len();
+    s.truncate(end);
+    s.push_str(&format!("…[cut: {total} bytes, sha256:{digest}]"));
+}
+
+impl Record {
+    /// Cuts over-long fields (tool names, free text) so that no request can make a record
+    /// large: what a client controls is at most a few hundred bytes per field here.
+    pub fn bounded(mut self) -> Self {
+        for (field, max) in [
+            (&mut self.tool, MAX_TOOL_NAME_BYTES),
+            (&mut self.reason, MAX_TEXT_BYTES),
+            (&mut self.label, MAX_TEXT_BYTES),
+            (&mut self.agent_id, MAX_TEXT_BYTES),
+            (&mut self.session_id, MAX_TOOL_NAME_BYTES),
+            (&mut self.signal, MAX_TEXT_BYTES),
+        ] {
+            if let Some(s) = field {
+                bound_text(s, max);
+            }
+        }
+        if let Some(tools) = &mut self.tools {
+            for t in tools {
+                bound_text(t, MAX_TOOL_NAME_BYTES);
+            }
+        }
+        self
+    }
+
+    pub fn event(event: &str) -> Self {
+        Record {
+            event: event.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// A record about one registration: its id, `agent_id` and label, as the registration
+    /// holds them (`RegistrationState::audit_record` is the one caller, so `agent_id` never
+    /// comes from a request).
+    pub fn about(event: &str, registration_id: &str, agent_id: &str, label: Option<&str>) -> Self {
+        Record {
+            event: event.to_string(),
+            registration_id: Some(registration_id.to_string()),
+            agent_id: Some(agent_id.to_string()),
+            label: label.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    pub fn set_outcome(&mut self, outcome: Outcome) {
+        self.outcome = Some(outcome.as_str().to_string());
+    }
+
+    /// Appends this record's line (without the newline) to `out`: the bytes
+    /// `serde_json::to_string` writes for it, with `ts` (when the record has none), `seq` and
+    /// `prev` given by the writer. Written field by field, with no intermediate `String`s: the
+    /// chain hashes these exact bytes, and a test holds them equal to serde's.
+    pub fn encode_line(&self, ts: &str, seq: u64, prev: &str, out: &mut Vec<u8>) {
+        self.encode_line_on(None, ts, seq, prev, out)
+    }
+
+    /// [`Record::encode_line`] on a node: `node` (when the record has none) is its `node_id`.
+    pub fn encode_line_on(
+        &self,
+        node: Option<&str>,
+        ts: &str,
+        seq: u64,
+        prev: &str,
+        out: &mut Vec<u8>,
+    ) {
+        let mut line = Line::open(out);
+        let ts = if self.ts.is_empty() { ts } else { &self.ts };
+        if !ts.is_empty() {
+            line.str("ts", ts);
+        }
+        line.u64("seq", seq);
+        if let Some(node) = self.node_id.as_deref().or(node) {
+            line.str("node_id", node);
+        }
+        line.str("event", &self.event);
+        line.opt_str("registration_id", &self.registration_id);
+        line.opt_str("agent_id", &self.agent_id);
+        line.opt_str("label", &self.label);
+        line.opt_str("session_id", &self.session_id);
+        line.opt_str("transport", &self.transport);
+        line.opt_str("tool", &self.tool);
+        line.opt_str("upstream", &self.upstream);
+        if let Some(v) = self.upstream_request_id {
+            line.u64("upstream_request_id", v);
+        }
+        if let Some(v) = self.epoch {
+            line.u64("epoch", v);
+        }
+        line.opt_str("args_digest", &self.args_digest);
+        if let Some(v) = &self.arguments {
+            line.serde("arguments", v);
+        }
+        line.opt_str("outcome", &self.outcome);
+        if let Some(v) = self.error_code {
+            line.serde("error_code", &v);
+        }
+        line.opt_str("reason", &self.reason);
+        if let Some(v) = self.duration_ms {
+            line.serde("duration_ms", &v);
+        }
+        if let Some(v) = self.pid {
+            line.u64("pid", u64::from(v));
+        }
+        line.opt_str("signal", &self.signal);
+        if let Some(v) = &self.tools {
+            line.serde("tools", v);
+        }
+        if !prev.is_empty() {
+            line.str("prev", prev);
+        }
+        line.out.push(b'}');
+    }
+}
+
+/// A JSON object being written by [`Record::encode_line`].
+struct Line<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Line<'a> {
+    fn open(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Line { out, first: true }
+    }
+
+    /// `"key":`, after a comma unless it is the first field. Keys are plain ASCII.
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    fn str(&mut self, key: &str, v: &str) {
+        self.key(key);
+        json_str(self.out, v);
+    }
+
+    fn opt_str(&mut self, key: &str, v: &Option<String>) {
+        if let Some(v) = v {
+            self.str(key, v);
+        }
+    }
+
+    fn u64(&mut self, key: &str, v: u64) {
+        self.serde(key, &v);
+    }
+
+    /// A value serde_json writes itself (numbers, JSON values, lists).
+    fn serde(&mut self, key: &str, v: &impl Serialize) {
+        self.key(key);
+        // Writing to a `Vec` cannot fail, and these values always serialize (map keys of a
+        // `Value` are strings; a non-finite float is `null`).
+        let _ = serde_json::to_writer(&mut *self.out, v);
+    }
+}
+
+/// A JSON string as serde_json writes it: quotes, and `"`, `\\` and control characters escaped
+/// (everything else, non-ASCII included, as is). Strings with nothing to escape — ids,
+/// digests, timestamps, almost every name — are copied in one go.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        let _ = serde_json::to_writer(&mut *out, s);
+        return;
+    }
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+}
+
+/// Outcome of a governed call, as written in `outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    ToolError,
+    ProtocolError,
+    Denied,
+    Cancelled,
+    Timeout,
+    UpstreamFailed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ToolError => "tool_error",
+            Outcome::ProtocolError => "protocol_error",
+            Outcome::Denied => "denied",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Timeout => "timeout",
+            Outcome::UpstreamFailed => "upstream_failed",
+        }
+    }
+}
+
+/// Does `s` hold a byte that JSON strings escape (`"`, `\\`, a control character)? Eight
+/// bytes at a time: a byte is below `n` where `(x - n·0x01…) & !x & 0x80…` is set (exact as
+/// to whether one exists, for `n` ≤ 0x80), and equal to `c` where `x ^ c·0x01…` is zero.
+fn needs_escape(s: &[u8]) -> bool {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let below = |x: u64, n: u8| x.wrapping_sub(LO * u64::from(n)) & !x;
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let x = u64::from_le_bytes(w);
+        let hits = below(x, 0x20)
+            | below(x ^ (LO * u64::from(b'"')), 1)
+            | below(x ^ (LO * u64::from(b'\\')), 1);
+        if hits & HI != 0 {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
+// Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::audit::chain::{digest_value, line_hash, GENESIS};
+
+    /// What the writer wrote before `encode_line`: serde's encoding of the record with `ts`
+    /// (if it had none), `seq` and `prev` set.
+    fn serde_line(r: &Record, ts: &str, seq: u64, prev: &str) -> String {
+        serde_line_on(r, None, ts, seq, prev)
+    }
+
+    /// ...and with `node_id` (if it had none) set to `node`.
+    fn serde_line_on(r: &Record, node: Option<&str>, ts: &str, seq: u64, prev: &str) -> String {
+        let mut r = r.clone();
+        if r.ts.is_empty() {
+            r.ts = ts.to_string();
+        }
+        if r.node_id.is_none() {
+            r.node_id = node.map(str::to_string);
+        }
+        r.seq = seq;
+        r.prev = prev.to_string();
+        serde_json::to_string(&r).unwrap()
+    }
+
+    fn encoded(r: &Record, ts: &str, seq: u64, prev: &str) -> String {
+        let mut out = Vec::new();
+        r.encode_line(ts, seq, prev, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn encoded_on(r: &Record, node: Option<&str>, ts: &str, seq: u64, prev: &str) -> String {
+        let mut out = Vec::new();
+        r.encode_line_on(node, ts, seq, prev, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn encoded_lines_are_serdes_bytes() {
+        let full = Record {
+            ts: String::new(),
+            seq: 0,
+            node_id: None,
+            event: "governed_mcp_call".into(),
+            registration_id: Some("q0b6zN3Lq6m1o0m9v5d0Yw".into()),
+            agent_id: Some("agent \"7\"\\\n\u{1}\u{7f}é🙂".into()),
+            label: Some(String::new()),
+            session_id: Some("s".into()),
+            transport: Some("streamable_http".into()),
+            tool: Some("echo".into()),
+            upstream: Some("up".into()),
+            upstream_request_id: Some(u64::MAX),
+            epoch: Some(0),
+            args_digest: Some(digest_value(&serde_json::json!({"b": 1, "a": [1.5, null]}))),
+            arguments: Some(serde_json::json!({"z": "\u{0}", "a": {"x": -1e300}})),
+            outcome: Some("ok".into()),
+            error_code: Some(i64::MIN),
+            reason: Some("line\r\nbreak\t".into()),
+            duration_ms: Some(0.042),
+            pid: Some(u32::MAX),
+            signal: Some("SIGTERM".into()),
+            tools: Some(vec!["a".into(), "b\"".into()]),
+            prev: String::new(),
+        };
+        let ts = "2026-11-29T12:00:00.000000Z";
+        let prev = GENESIS;
+        for r in [
+            full.clone(),
+            Record::event("daemon_stopped"),
+            Record {
+                ts: "1999-01-01T00:00:00Z".into(),
+                arguments: Some(Value::Null),
+                ..Record::event("x")
+            },
+        ] {
+            assert_eq!(encoded(&r, ts, 7, prev), serde_line(&r, ts, 7, prev));
+            assert_eq!(encoded(&r, "", 1, ""), serde_line(&r, "", 1, ""));
+            // On a node (DESIGN.md §8): the writer's node id, or the record's own.
+            for node in [Some("n1"), Some("0"), None] {
+                assert_eq!(
+                    encoded_on(&r, node, ts, 7, prev),
+                    serde_line_on(&r, node, ts, 7, prev)
+                );
+                let own = Record {
+                    node_id: Some("own".into()),
+                    ..r.clone()
+                };
+                assert_eq!(
+                    encoded_on(&own, node, ts, 7, prev),
+                    serde_line_on(&own, node, ts, 7, prev)
+                );
+            }
+        }
+        assert!(encoded_on(&full, Some("n1"), ts, 7, prev)
+            .starts_with(r#"{"ts":"2026-11-29T12:00:00.000000Z","seq":7,"node_id":"n1","event":"#));
+        for d in [
+            f64::NAN,
+            f64::INFINITY,
+            -0.0,
+            1e-7,
+            123456789.0,
+            0.1 + 0.2,
+            1e21,
+        ] {
+            let r = Record {
+                duration_ms: Some(d),
+                ..full.clone()
+            };
+            assert_eq!(encoded(&r, ts, 1, prev), serde_line(&r, ts, 1, prev));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encoded_lines_match_serde_for_any_text(
+            event in ".*",
+            agent in proptest::option::of(".*"),
+            reason in proptest::option::of("\\PC*"),
+            tool in proptest::option::of("[\\x00-\\x7f]*"),
+            code in proptest::option::of(proptest::num::i64::ANY),
+            ms in proptest::option::of(proptest::num::f64::ANY),
+            seq in proptest::num::u64::ANY,
+            node in proptest::option::of("[a-z0-9]{1,16}"),
+        ) {
+            let r = Record {
+                agent_id: agent,
+                reason,
+                tool,
+                error_code: code,
+                duration_ms: ms,
+                ..Record::event(&event)
+            };
+            let ts = "2026-11-29T12:00:00.123456Z";
+            proptest::prop_assert_eq!(encoded(&r, ts, seq, GENESIS), serde_line(&r, ts, seq, GENESIS));
+            proptest::prop_assert_eq!(
+                encoded_on(&r, node.as_deref(), ts, seq, GENESIS),
+                serde_line_on(&r, node.as_deref(), ts, seq, GENESIS)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn needs_escape_is_the_bytewise_test(s in proptest::collection::vec(proptest::num::u8::ANY, 0..40)) {
+            let naive = s.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+            proptest::prop_assert_eq!(needs_escape(&s), naive);
+        }
+    }
+
+    #[test]
+    fn needs_escape_finds_each_byte_in_each_lane() {
+        for b in 0..=255u8 {
+            let naive = b < 0x20 || b == b'"' || b == b'\\';
+            for at in 0..20 {
+                let mut s = vec![b'a'; 20];
+                s[at] = b;
+                assert_eq!(needs_escape(&s), naive, "byte {b:#x} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn digests_match_the_previous_formatting() {
+        let v = serde_json::json!({"message": "hello", "n": [1, 2.5, null, {"k": "v"}]});
+        assert_eq!(
+            digest_value(&v),
+            hex::encode(Sha256::digest(serde_json::to_vec(&v).unwrap()))
+        );
+        assert_eq!(line_hash("abc"), hex::encode(Sha256::digest(b"abc")));
+    }
+}
