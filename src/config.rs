@@ -66,6 +66,10 @@ pub struct Config {
     /// hex digits of its digest; two tools under one name are refused at registration.
     /// Needs a separator other than `"."`. An upstream's `model_safe_names` overrides it.
     pub model_safe_tool_names: bool,
+    /// How the daemon writes its log lines on stderr: `text` (default; coloured only when
+    /// stderr is a terminal and `NO_COLOR` is unset) or `json` (one JSON object per line,
+    /// start-up lines included, for log collectors). `GATEHOUSE_LOG_FORMAT` overrides it.
+    pub log_format: LogFormat,
     pub connections: ConnectionConfig,
     pub sessions: SessionConfig,
     pub audit: AuditConfig,
@@ -89,6 +93,7 @@ impl Default for Config {
             shutdown_grace_s: 10,
             tool_name_separator: ".".into(),
             model_safe_tool_names: false,
+            log_format: LogFormat::Text,
             connections: ConnectionConfig::default(),
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
@@ -156,6 +161,28 @@ impl Default for SessionConfig {
             slow_reader_grace_ms: 10_000,
             queue_bytes: 4 * 1024 * 1024,
             max_in_flight: 128,
+        }
+    }
+}
+
+/// How the daemon's log lines are written (`log_format`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines; ANSI colour only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json` (as in the config and `GATEHOUSE_LOG_FORMAT`).
+    pub fn parse(s: &str) -> Option<LogFormat> {
+        match s.trim() {
+            "text" => Some(LogFormat::Text),
+            "json" => Some(LogFormat::Json),
+            _ => None,
         }
     }
 }

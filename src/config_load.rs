@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{Config, ConfigError, UpstreamConfig, UpstreamTransport};
+use crate::config::{Config, ConfigError, LogFormat, UpstreamConfig, UpstreamTransport};
 
 /// The shipped config, used when neither `--config` nor `GATEHOUSE_CONFIG` names one.
 pub const DEFAULT_CONFIG_PATH: &str = "config/gatehouse.toml";
@@ -52,7 +52,10 @@ pub fn load_with_env(
             message: e.to_string(),
         })?
     };
-    apply_env(&mut config, env);
+    apply_env(&mut config, env).map_err(|message| ConfigError::Parse {
+        path: shown.clone(),
+        message,
+    })?;
     config.validate().map_err(|e| match e {
         ConfigError::Invalid(msg) => ConfigError::Parse {
             message: match line_of_key(&text, &msg) {
@@ -67,9 +70,9 @@ pub fn load_with_env(
 }
 
 /// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`,
-/// `GATEHOUSE_NODE_ID`.
+/// `GATEHOUSE_NODE_ID`, `GATEHOUSE_LOG_FORMAT` (an unknown format is an error naming it).
 /// (`GATEHOUSE_ADMIN_TOKEN` is read by the admin API itself and never stored in the config.)
-pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
+pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> Result<(), String> {
     let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
     if let Some(v) = get("GATEHOUSE_LISTEN") {
         config.listen = v;
@@ -83,6 +86,12 @@ pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
     if let Some(v) = get("GATEHOUSE_NODE_ID") {
         config.node_id = Some(v);
     }
+    if let Some(v) = get("GATEHOUSE_LOG_FORMAT") {
+        config.log_format = LogFormat::parse(&v).ok_or_else(|| {
+            format!("GATEHOUSE_LOG_FORMAT = {v:?}: expected \"text\" or \"json\"")
+        })?;
+    }
+    Ok(())
 }
 
 /// Finds the line that sets the key a validation message is about (messages start with the

@@ -15,6 +15,8 @@ use crate::config::Config;
 use crate::config_load;
 use crate::gateway::Gateway;
 
+use super::runtime::{say, say_at};
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Config file: TOML, or an `mcpServers` JSON file.
@@ -27,16 +29,17 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> ExitCode {
-    super::runtime::init_logging("info");
     let path = config_load::resolve_path(a.config);
-    // Validated before anything binds.
+    // Validated before anything binds (an error is written in the format the environment
+    // asks for; the config's own `log_format` applies from here on).
     let config = match config_load::load(&path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("gatehouse: {e}");
+            say_at("ERROR", format_args!("{e}"));
             return ExitCode::FAILURE;
         }
     };
+    super::runtime::init_logging("info", config.log_format);
     // At least two workers: a tool that blocks its thread must not also block the signal
     // handling that would force the exit.
     let workers = std::thread::available_parallelism()
@@ -50,7 +53,7 @@ pub fn run(a: ServeArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("gatehouse: cannot start runtime: {e}");
+            say_at("ERROR", format_args!("cannot start runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -60,7 +63,7 @@ pub fn run(a: ServeArgs) -> ExitCode {
 }
 
 fn fail(e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("gatehouse: {e}");
+    say_at("ERROR", format_args!("{e}"));
     ExitCode::FAILURE
 }
 
@@ -75,23 +78,27 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
     };
     // Before anything is sized from it (the data listener's auto connection cap).
     match crate::connections::raise_nofile_limit() {
-        Ok((before, now)) if before != now => {
-            eprintln!("gatehouse: open-files limit raised from {before} to {now}")
-        }
+        Ok((before, now)) if before != now => say(format_args!(
+            "open-files limit raised from {before} to {now}"
+        )),
         Ok(_) => {}
-        Err(e) => eprintln!("gatehouse: cannot raise the open-files limit: {e}"),
+        Err(e) => say_at(
+            "WARN",
+            format_args!("cannot raise the open-files limit: {e}"),
+        ),
     }
     let data_limits = crate::connections::Limits::data(&config.connections);
     let nofile = crate::connections::nofile_soft_limit();
-    eprintln!(
-        "gatehouse: open-files limit {nofile}; data connections at most {}",
+    say(format_args!(
+        "open-files limit {nofile}; data connections at most {}",
         data_limits.max
-    );
+    ));
     if data_limits.max as u64 > nofile.saturating_sub(64) {
-        eprintln!(
-            "gatehouse: warning: connections.max = {} leaves too few of the {nofile} file descriptors for the rest (accepts will fail before the cap)",
+        say_at(
+            "WARN",
+            format_args!("warning: connections.max = {} leaves too few of the {nofile} file descriptors for the rest (accepts will fail before the cap)",
             data_limits.max
-        );
+        ));
     }
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let admin_listen = config.admin_listen.clone();
@@ -128,23 +135,23 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
         crate::connections::Limits::admin(&gw.config().connections),
     ));
     drop(token);
-    eprintln!("gatehouse: data listener on http://{data_addr}");
-    eprintln!("gatehouse: admin listener on http://{admin_addr}");
+    say(format_args!("data listener on http://{data_addr}"));
+    say(format_args!("admin listener on http://{admin_addr}"));
     match source {
-        TokenSource::Env => eprintln!("gatehouse: admin token from GATEHOUSE_ADMIN_TOKEN"),
-        TokenSource::File(p) => eprintln!("gatehouse: admin token file {}", p.display()),
+        TokenSource::Env => say(format_args!("admin token from GATEHOUSE_ADMIN_TOKEN")),
+        TokenSource::File(p) => say(format_args!("admin token file {}", p.display())),
     }
-    eprintln!("gatehouse: audit log {}", gw.audit().path().display());
-    eprintln!("gatehouse: ready");
+    say(format_args!("audit log {}", gw.audit().path().display()));
+    say(format_args!("ready"));
 
     let which = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    eprintln!(
-        "gatehouse: {which}: shutting down (grace {} s; a second signal forces)",
+    say(format_args!(
+        "{which}: shutting down (grace {} s; a second signal forces)",
         grace.as_secs()
-    );
+    ));
     // Stop accepting registrations first, then: cancel calls, end streams, release every
     // registration (audited), stop the data listener, flush the audit.
     stop_admin.cancel();
@@ -159,7 +166,7 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
             // Every upstream group was torn down by now; any left (a teardown cut short
             // whose transport is still referenced) is killed rather than left behind.
             kill_upstream_groups();
-            eprintln!("gatehouse: stopped");
+            say(format_args!("stopped"));
             ExitCode::SUCCESS
         }
         _ = tokio::time::sleep(grace) => forced("grace period over"),
@@ -169,7 +176,7 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
 }
 
 fn forced(why: &str) -> ExitCode {
-    eprintln!("gatehouse: {why}: forced exit");
+    say_at("WARN", format_args!("{why}: forced exit"));
     // `exit` runs no destructor: the upstream process groups still being torn down politely
     // are SIGKILLed here, or they would outlive the daemon.
     kill_upstream_groups();
@@ -180,6 +187,8 @@ fn forced(why: &str) -> ExitCode {
 fn kill_upstream_groups() {
     let n = crate::upstream::kill_all_groups();
     if n > 0 {
-        eprintln!("gatehouse: SIGKILL sent to {n} upstream process group(s)");
+        say(format_args!(
+            "SIGKILL sent to {n} upstream process group(s)"
+        ));
     }
 }
