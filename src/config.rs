@@ -116,6 +116,10 @@ pub struct ConnectionConfig {
     /// Connections held at once on the data listener; beyond it a new connection gets a
     /// canned 503 and is closed. 0 = auto: 3/4 of the open-files limit, at most 16384.
     pub max: usize,
+    /// Longest wait for a request's whole body once its head is read, seconds; a slower one
+    /// (a body trickled a byte at a time) is answered 408 and its connection closed. Both
+    /// listeners.
+    pub body_timeout_s: u64,
 }
 
 impl Default for ConnectionConfig {
@@ -124,6 +128,7 @@ impl Default for ConnectionConfig {
             header_timeout_s: 30,
             idle_timeout_s: 75,
             max: 0,
+            body_timeout_s: 30,
         }
     }
 }
@@ -451,6 +456,11 @@ impl Config {
         if !(1..=3600).contains(&c.header_timeout_s) {
             return Err(ConfigError::Invalid(
                 "connections.header_timeout_s must be 1-3600".into(),
+            ));
+        }
+        if !(1..=3600).contains(&c.body_timeout_s) {
+            return Err(ConfigError::Invalid(
+                "connections.body_timeout_s must be 1-3600".into(),
             ));
         }
         if !(1..=86_400).contains(&c.idle_timeout_s) {

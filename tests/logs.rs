@@ -86,7 +86,11 @@ impl LogDaemon {
             if let Some(l) = self.text().lines().find(|l| f(l)) {
                 return l.to_string();
             }
-            assert!(Instant::now() < deadline, "no {what} in the log:\n{}", self.text());
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in the log:\n{}",
+                self.text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -138,7 +142,9 @@ async fn a_log_file_gets_plain_text_without_colour_codes() {
     let admin = d.wait_for("admin listener line", |l| {
         l.starts_with("gatehouse: admin listener on ")
     });
-    let admin = admin.trim_start_matches("gatehouse: admin listener on ").to_string();
+    let admin = admin
+        .trim_start_matches("gatehouse: admin listener on ")
+        .to_string();
     d.wait_for("ready line", |l| l == "gatehouse: ready");
     let reg_token = traffic(&admin, &d.token()).await;
     d.wait_for("released line", |l| l.contains("released"));
@@ -152,7 +158,10 @@ async fn a_log_file_gets_plain_text_without_colour_codes() {
         "a log file must carry no ANSI escape:\n{text:?}"
     );
     assert!(!text.contains(&reg_token), "a token reached the log");
-    assert!(!text.contains(&d.token()), "the admin token reached the log");
+    assert!(
+        !text.contains(&d.token()),
+        "the admin token reached the log"
+    );
 }
 
 /// Every line of a JSON log: an object with a timestamp, a level, a message and a target.
@@ -213,10 +222,7 @@ async fn log_format_json_in_the_config_gives_one_object_per_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gatehouse_log_format_overrides_the_config() {
-    let mut d = LogDaemon::start(
-        "log_format = \"text\"",
-        &[("GATEHOUSE_LOG_FORMAT", "json")],
-    );
+    let mut d = LogDaemon::start("log_format = \"text\"", &[("GATEHOUSE_LOG_FORMAT", "json")]);
     json_log_holds_every_line(&mut d).await;
 }
 

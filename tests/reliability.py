@@ -11,14 +11,14 @@ import sys
 root = pathlib.Path(__file__).resolve().parent.parent
 d = root / "target" / "reliability"
 need = ["hostile", "faults", "slow_reader", "soak", "leaks", "leaks_proxy", "connections", "teardown",
-        "audit_modes", "session_bytes", "fairness", "call_ids", "audit_bounds", "transport_binding", "list_changed", "floods", "stalled_reader"]
+        "audit_modes", "session_bytes", "fairness", "call_ids", "audit_bounds", "transport_binding", "list_changed", "floods", "stalled_reader", "hostile_load"]
 f = {}
 for n in need:
     p = d / f"{n}.json"
     if not p.exists():
         sys.exit(f"reliability: {p} missing (did the robustness tests run?)")
     f[n] = json.loads(p.read_text())
-h, fa, sr, s, lk, lp, cn, td, am, sb, fr, ci, ab, tb, lc, fl, st = (f[n] for n in need)
+h, fa, sr, s, lk, lp, cn, td, am, sb, fr, ci, ab, tb, lc, fl, st, hl = (f[n] for n in need)
 leaks = s["secret_leaks"] + lk["leaks_found"] + lp["leaks_found"]
 smuggled = ", ".join(f'{u["transport"]}: {u["smuggling_requests"]} requests, {u["meta_entries_scrubbed"]} _meta entries scrubbed, '
                      f'{u["upstream_messages_checked"]} upstream messages' + (f', {u["http_requests_checked"]} HTTP requests\' headers' if u["http_requests_checked"] else "")
@@ -32,7 +32,9 @@ bad = (h["mismatches"] + s["audit_mismatches"] + leaks + causes["unexplained"] +
        + int(lc["refreshes"] > 20)
        + int(fl["notifications_delivered"] + fl["notifications_refused"] != fl["notifications_sent"])
        + int(fl["requests_answered"] != fl["requests_sent"])
-       + int(st["delivered"] + st["refused"] != st["sent"]))
+       + int(st["delivered"] + st["refused"] != st["sent"])
+       + int(hl["growth_kb"] >= hl["bound_kb"]) + sum(1 for c in hl["cases"] if not c["ok"]))
+hostile_rows = "\n".join(f'| {c["case"]} | {c["seen"]} | {c["bystander"]} | {c["rss_growth_kb"] / 1024:.1f} MiB |' for c in hl["cases"])
 runs = {r["shutdown_grace_s"]: r for r in td["runs"]}
 graceful, forced = runs[max(runs)], runs[min(runs)]
 strict = "; ".join(f'{c["case"]} {c["status"]}' for c in h["strict_http"] if not c["case"].startswith("control"))
@@ -101,6 +103,20 @@ What the soak's error replies were (cause: what the client saw): {shapes}.
 An error counts as caused by a release or an expiry only if the registration was already gone
 from the registry when the client saw it (release and expiry remove the entry first); an error
 on a registration still registered is unexplained, and the test fails on any.
+
+## Hostile load at the defaults (tests/hostile_load.rs)
+
+A real `gatehouse serve` (debug build) with every bound at its shipped default
+(`config/gatehouse.toml`), the cases one after another (the trickled body beside them), and a
+bystander registration calling every 20 ms throughout. Each case's client gets a clear error or
+a closed connection; the bystander is never refused; memory is compared with the idle figure
+(one registration, its upstream started) once everything is released.
+
+| Case | What the hostile client and the rest saw | Bystander meanwhile | RSS growth at its peak |
+|---|---|---|---|
+{hostile_rows}
+
+Daemon RSS idle {hl['idle_rss_kb']} kB, after every case and release {hl['after_rss_kb']} kB: **{hl['growth_kb'] / 1024:.1f} MiB over idle** (bound 10 MiB).
 
 ## Memory (soak)
 

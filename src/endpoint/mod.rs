@@ -88,15 +88,44 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
-/// Reads a body up to the configured limit (413 above it).
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, Rejection> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
+/// Reads a body up to `max_body_bytes` (413 above it) within `connections.body_timeout_s` of
+/// the request's start (408 after it, and the connection is closed: a body trickled a byte
+/// at a time holds nothing for long). A body that came with its head (nearly all of them)
+/// is read on the first poll and arms no timer.
+pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Bytes, Rejection> {
+    let limit = config.max_body_bytes;
+    let too_large = |_| {
         Rejection::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             jsonrpc::INVALID_REQUEST,
             format!("request body exceeds the limit of {limit} bytes"),
         )
+    };
+    let mut read = std::pin::pin!(axum::body::to_bytes(body, limit));
+    let first = std::future::poll_fn(|cx| match std::future::Future::poll(read.as_mut(), cx) {
+        std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
     })
+    .await;
+    if let Some(r) = first {
+        return r.map_err(too_large);
+    }
+    let within = std::time::Duration::from_secs(config.connections.body_timeout_s.max(1));
+    match tokio::time::timeout(within, read).await {
+        Ok(r) => r.map_err(too_large),
+        Err(_) => Err(Rejection::new(
+            StatusCode::REQUEST_TIMEOUT,
+            jsonrpc::INVALID_REQUEST,
+            format!(
+                "request body not received within {} s (connections.body_timeout_s)",
+                within.as_secs()
+            ),
+        )
+        .with_header(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        )),
+    }
 }
 
 /// A query parameter's value (no percent-decoding is needed for our ids).

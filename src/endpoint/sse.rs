@@ -88,7 +88,7 @@ pub async fn message(
             "Content-Type must be application/json",
         ));
     }
-    let bytes = read_body(body, gw.config().max_body_bytes).await?;
+    let bytes = read_body(body, gw.config()).await?;
     // One valid request or notification is read directly; anything else takes the general
     // path, which words the errors.
     let msg = match jsonrpc::parse_request(&bytes) {

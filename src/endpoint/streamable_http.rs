@@ -121,7 +121,7 @@ pub async fn post(
             "unsupported media type: Content-Type must be application/json",
         ));
     }
-    let bytes = read_body(body, gw.config().max_body_bytes).await?;
+    let bytes = read_body(body, gw.config()).await?;
     // The common case: one valid request or notification, read without a `Value` envelope.
     if let Some(msg) = jsonrpc::parse_request(&bytes) {
         return if super::stateless::is_stateless(msg.method(), msg.params(), &headers) {

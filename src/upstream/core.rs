@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::events::{EventSink, EVENT_BURST, EVENT_RATE_PER_S};
+use super::events::{EventSink, Limiter, Refusal, EVENT_BURST, EVENT_RATE_PER_S};
 use super::types::Answer;
 use super::{IdCounter, LogFilter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
 use crate::sync::lock;
@@ -100,7 +100,15 @@ pub(crate) struct Core {
     events: EventSink,
     refused: NotificationsRefused,
     grace: std::time::Duration,
+    /// Warnings about responses that answer no pending request (twice-answered, never-sent
+    /// or late ids): an upstream that writes them in a loop gets a few lines logged, then a
+    /// count every [`super::events::SUMMARY_EVERY`], not a line each.
+    stray: Mutex<Limiter>,
 }
+
+/// Warnings about stray responses logged per second per connection (burst [`STRAY_BURST`]).
+const STRAY_WARNINGS_PER_S: u32 = 10;
+const STRAY_BURST: u32 = 50;
 
 impl Core {
     /// Number of requests awaiting a response.
@@ -126,6 +134,7 @@ impl Core {
             events,
             refused,
             grace,
+            stray: Mutex::new(Limiter::new(STRAY_WARNINGS_PER_S, STRAY_BURST)),
         }
     }
 
@@ -261,10 +270,42 @@ impl Core {
     /// none: late, cancelled, from another epoch, or an id that is not one of ours.
     fn answered(&self, id: Option<u64>, shown: &dyn std::fmt::Display) -> Option<PendingRequest> {
         let pending = id.and_then(|id| lock(&self.state).pending.remove(&id));
-        if pending.is_none() {
-            tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, id = %shown, "dropping response for unknown upstream request id (late, cancelled or from another epoch)");
+        if pending.is_none() && self.may_warn_stray() {
+            tracing::warn!(upstream = %self.upstream_id, epoch = self.epoch, id = %shown, "dropping response for unknown upstream request id (answered twice, never sent, late, cancelled or from another epoch)");
         }
         pending
+    }
+
+    /// Whether one more stray-response warning may be logged now; says when they start being
+    /// counted instead, and sums the counted ones up.
+    fn may_warn_stray(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut limiter = lock(&self.stray);
+        if let Some(n) = limiter.summary(now, false) {
+            tracing::warn!(upstream = %self.upstream_id, skipped = n, "responses for unknown upstream request ids dropped and not logged since the last summary");
+        }
+        if limiter.admit(now) {
+            return true;
+        }
+        if let Refusal::Started = limiter.refuse(now) {
+            tracing::warn!(upstream = %self.upstream_id, "too many responses for unknown upstream request ids: further ones are dropped and counted, not logged");
+        }
+        false
+    }
+
+    /// An over-long response line for pending request `id` (its id read from the line's
+    /// start, the rest skipped unread): the waiter gets an error at once rather than waiting
+    /// out its timeout. False when no request with that id is pending.
+    pub(crate) fn on_oversized(&self, id: u64, max: usize) -> bool {
+        let Some(pending) = lock(&self.state).pending.remove(&id) else {
+            return false;
+        };
+        let error = json!({
+            "code": -32603,
+            "message": format!("the upstream's response is larger than {max} bytes (the gateway's line limit); it was skipped"),
+        });
+        let _ = pending.tx.send(Err(error));
+        true
     }
 
     /// A response with a result read without parsing the result (the stdio reader's common

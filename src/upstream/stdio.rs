@@ -397,12 +397,17 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
     // Warnings about what the upstream writes are rate-limited like its stderr lines.
     let mut warnings = Limiter::new(STDERR_LINES_PER_S, STDERR_BURST);
     let reason = loop {
+        shrink(&mut buf);
         match read_line_bounded(&mut stdout, &mut buf, MAX_LINE_BYTES).await {
             Ok(None) => break "upstream closed stdout".to_owned(),
             Err(err) => break format!("reading upstream stdout failed: {err}"),
             Ok(Some(LineStatus::TooLong)) => {
+                // `buf` holds the line's first bytes: a response's id is there, and its
+                // waiter is failed now instead of waiting out its timeout.
+                let answered =
+                    response_id(&buf).is_some_and(|id| core.on_oversized(id, MAX_LINE_BYTES));
                 if may_warn(&mut warnings, &core.upstream_id) {
-                    tracing::warn!(upstream = %core.upstream_id, max = MAX_LINE_BYTES, "skipping over-long line from upstream stdout");
+                    tracing::warn!(upstream = %core.upstream_id, max = MAX_LINE_BYTES, failed_request = answered, "skipping over-long line from upstream stdout");
                 }
             }
             Ok(Some(LineStatus::Complete)) => {
@@ -465,6 +470,68 @@ async fn read_stdout<R: AsyncBufRead + Unpin>(
         tracing::warn!(upstream = %core.upstream_id, skipped = n, "warnings about this upstream's stdout not logged since the last summary; stdout closed");
     }
     core.mark_closed(reason);
+}
+
+/// A line buffer that grew past this (a large result) is not kept for the next line: one
+/// 16 MiB answer would otherwise hold 16 MiB for the connection's life.
+const KEEP_LINE_BUF: usize = 64 * 1024;
+
+fn shrink(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_LINE_BUF {
+        *buf = Vec::new();
+    }
+}
+
+/// How much of an over-long line is kept to read its id from.
+const LINE_PREFIX_BYTES: usize = 256;
+
+/// The numeric `id` of a JSON-RPC response from the first bytes of its line: the value of a
+/// top-level `"id"` key, if it comes before any top-level `"method"` (a request or a
+/// notification is not a response) and before the prefix ends. Strings are skipped whole,
+/// escapes included, so an `"id"` inside a value is not taken for the key.
+fn response_id(prefix: &[u8]) -> Option<u64> {
+    let mut depth = 0usize;
+    let mut i = 0usize;
+    // The last top-level string read, if it may be a key (at depth 1, not after a colon).
+    let mut key: Option<&[u8]> = None;
+    let mut expect_key = false;
+    while i < prefix.len() {
+        match prefix[i] {
+            b'{' | b'[' => {
+                depth += 1;
+                expect_key = depth == 1 && prefix[i] == b'{';
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => expect_key = depth == 1,
+            b'"' => {
+                let start = i + 1;
+                i += 1;
+                while i < prefix.len() && prefix[i] != b'"' {
+                    i += if prefix[i] == b'\\' { 2 } else { 1 };
+                }
+                if i >= prefix.len() {
+                    return None;
+                }
+                if depth == 1 && expect_key {
+                    key = Some(&prefix[start..i]);
+                }
+                expect_key = false;
+            }
+            b':' if depth == 1 => match key.take() {
+                Some(b"method") => return None,
+                Some(b"id") => {
+                    let rest = &prefix[i + 1..];
+                    let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
+                    let end = rest.iter().position(|b| !b.is_ascii_digit())?;
+                    return std::str::from_utf8(&rest[..end]).ok()?.parse().ok();
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 /// Whether one more warning about an upstream's stdout may be logged now (see [`Limiter`]).
@@ -551,8 +618,11 @@ async fn read_line_bounded<R: AsyncBufRead + Unpin>(
         };
         if !too_long {
             if buf.len() + take > max {
+                // Only the line's start is kept (to read a response's id from).
                 too_long = true;
-                buf.clear();
+                let keep = LINE_PREFIX_BYTES.saturating_sub(buf.len()).min(take);
+                buf.extend_from_slice(&chunk[..keep]);
+                buf.truncate(LINE_PREFIX_BYTES);
             } else {
                 buf.extend_from_slice(&chunk[..take]);
             }
@@ -587,5 +657,45 @@ mod tests {
             });
         }
         assert_eq!(seen, ["short\n", "<long>", "\n", "last"]);
+    }
+
+    #[tokio::test]
+    async fn an_over_long_line_keeps_its_start_only() {
+        let mut line = br#"{"jsonrpc":"2.0","id":42,"result":{"text":""#.to_vec();
+        line.extend(std::iter::repeat_n(b'x', 100_000));
+        line.extend_from_slice(b"\"}}\nnext\n");
+        let mut reader = BufReader::with_capacity(1024, &line[..]);
+        let mut buf = Vec::new();
+        let status = read_line_bounded(&mut reader, &mut buf, 4096)
+            .await
+            .unwrap();
+        assert!(matches!(status, Some(LineStatus::TooLong)));
+        assert_eq!(buf.len(), LINE_PREFIX_BYTES);
+        assert_eq!(response_id(&buf), Some(42));
+        let status = read_line_bounded(&mut reader, &mut buf, 4096)
+            .await
+            .unwrap();
+        assert!(matches!(status, Some(LineStatus::Complete)));
+        assert_eq!(buf, b"next\n");
+    }
+
+    #[test]
+    fn response_ids_are_read_from_the_top_level_key_only() {
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":7,"result":{"#),
+            Some(7)
+        );
+        assert_eq!(response_id(br#"{ "id" : 12345 , "result""#), Some(12345));
+        assert_eq!(response_id(br#"{"result":{"id":3,"x":1},"id":9,"#), Some(9));
+        // A request or a notification is not a response, wherever its id is.
+        assert_eq!(response_id(br#"{"method":"x","id":4,"params""#), None);
+        // An "id" inside a string, an escaped quote, a string id, a cut prefix.
+        assert_eq!(response_id(br#"{"a":"\"id\":5","id":6,"#), Some(6));
+        assert_eq!(response_id(br#"{"id":"s-1","result""#), None);
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","id":12"#), None);
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","result":{"text":"aaaa"#),
+            None
+        );
     }
 }
