@@ -37,6 +37,26 @@ async def run(a):
                 done.set()
 
     client = Client(a.url, auth=BearerAuth(a.token), log_handler=on_log, message_handler=on_message)
+    try:
+        await measure(a, client, out, done)
+    except BaseException as e:  # noqa: BLE001
+        # The SDK's legacy-SSE reader raises anyio.BrokenResourceError when a server message
+        # arrives after the session's read stream has closed in teardown (its own race, seen
+        # once in CI). Once the counts are in, that alone is not a failure of the gateway.
+        if not (out.get("measured") and only_broken_resource(e)):
+            raise
+        print(f"fastmcp_updates: teardown race in the SDK ignored: {e!r}", file=sys.stderr, flush=True)
+    out.pop("measured", None)
+    print(json.dumps(out, default=str), flush=True)
+
+
+def only_broken_resource(e):
+    if isinstance(e, BaseExceptionGroup):
+        return all(only_broken_resource(x) for x in e.exceptions)
+    return type(e).__name__ == "BrokenResourceError"
+
+
+async def measure(a, client, out, done):
     async with client:
         session = client.session
         out["protocol_version"] = getattr(session, "protocol_version", None) or getattr(
@@ -49,6 +69,9 @@ async def run(a):
                 await asyncio.wait_for(done.wait(), a.seconds)
             except asyncio.TimeoutError:
                 pass
+            # Both toggles off again, so nothing is on its way while the client tears down.
+            await client.call_tool(f"{a.prefix}toggle-subscriber-updates", {})
+            await client.call_tool(f"{a.prefix}toggle-simulated-logging", {})
         else:
             await client.call_tool(f"{a.prefix}toggle-subscriber-updates", {})
             async with listen(session, resource_subscriptions=[a.uri]) as sub:
@@ -65,7 +88,7 @@ async def run(a):
                     await asyncio.wait_for(first(), a.seconds)
                 except asyncio.TimeoutError:
                     pass
-    print(json.dumps(out, default=str), flush=True)
+        out["measured"] = True
 
 
 def main():

@@ -138,10 +138,10 @@ if ! nginx_bin >/dev/null; then
   [[ "$(id -u)" -eq 0 ]] || die "nginx is missing: install it as root (apt-get install -y nginx-light)"
   log "installing nginx-light (Debian package)"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y -q nginx-light >&2; then
+  if ! apt-get -o DPkg::Lock::Timeout=600 install -y -q nginx-light >&2; then
     log "apt-get install failed; running apt-get update first"
-    apt-get update -q >&2 || die "apt-get update failed"
-    apt-get install -y -q nginx-light >&2 || die "apt-get install -y nginx-light failed"
+    apt-get -o DPkg::Lock::Timeout=600 update -q >&2 || die "apt-get update failed"
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q nginx-light >&2 || die "apt-get install -y nginx-light failed"
   fi
   nginx_bin >/dev/null || die "nginx-light is installed but there is no nginx binary"
 fi
