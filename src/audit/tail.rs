@@ -177,12 +177,10 @@ fn check(
                     });
                 }
             }
-            None if from_start && i == 0 => {
-                if r.prev != GENESIS || r.seq != 1 {
-                    problem.get_or_insert_with(|| {
-                        format!("seq {}: the chain's first record does not start it", r.seq)
-                    });
-                }
+            None if from_start && i == 0 && (r.prev != GENESIS || r.seq != 1) => {
+                problem.get_or_insert_with(|| {
+                    format!("seq {}: the chain's first record does not start it", r.seq)
+                });
             }
             None => {}
         }
