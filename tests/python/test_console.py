@@ -209,6 +209,16 @@ def test_the_console_is_on_the_admin_listener_only_with_strict_headers(daemon: D
     # Never on the data listener.
     admin = gatehouse.AdminClient(d.admin_url, token)
     with admin.register("agent-h", ["helpdesk.*"]) as reg:
+        call_tools(reg, 1)
+        # The console's answers never carry a token.
+        for path in ["/v1/console/stats", "/v1/audit?limit=1000"]:
+            status, _, body = get(d.admin_url + path, token)
+            assert status == 200, path
+            assert reg.token.encode() not in body and token.encode() not in body, path
+        stats = json.loads(get(d.admin_url + "/v1/console/stats", token)[2])
+        row = stats["registrations"][0]
+        assert row["id"] == reg.id and "token" not in row
+        assert stats["series"]["window_s"] == 900 and stats["series"]["agents"][0]["key"] == "agent-h"
         data = reg.mcp_url.split("/gw/")[0]
         for path in ["/ui", "/ui/console.js", "/v1/console/stats", "/v1/audit"]:
             assert get(data + path)[0] == 404, path
