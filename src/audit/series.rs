@@ -25,6 +25,11 @@ pub const MAX_TOOLS: usize = 64;
 pub const OTHER: &str = "_other";
 /// The upstream key of in-process tools (and calls refused before an upstream was known).
 pub const LOCAL: &str = "_local";
+/// The tool key of calls whose name the client chose and no grant matched (or whose params
+/// were malformed): they fail with JSON-RPC invalid params (-32602), and counting them under
+/// their own names would let a client fill the tool keys (as the metrics' `_unknown` label).
+pub const UNKNOWN: &str = "_unknown";
+const INVALID_PARAMS: i64 = -32602;
 /// The longest key kept (bytes); a longer one is cut at a character boundary.
 pub const MAX_KEY_BYTES: usize = 128;
 /// Latency buckets: bucket `i` holds durations up to `10 µs · √2^i` (the last: everything
@@ -323,7 +328,11 @@ impl Series {
                 ring.add(now, error);
             }
             if let Some(ms) = r.duration_ms {
-                let tool = r.tool.as_deref().unwrap_or("_none");
+                let tool = if r.error_code == Some(INVALID_PARAMS) {
+                    UNKNOWN
+                } else {
+                    r.tool.as_deref().unwrap_or("_none")
+                };
                 let tools = inner.tools.get_or_insert_with(|| Keyed::new(MAX_TOOLS));
                 if let Some(lat) = tools.entry(tool, || Latency::new(now / 60)) {
                     lat.add(now / 60, ms);
@@ -554,6 +563,21 @@ mod tests {
             snap.agents.iter().map(|k| k.calls_total).sum::<u64>(),
             1_000
         );
+        // Made-up tool names (refused with -32602) take no key of their own.
+        let s2 = Series::new();
+        for i in 0..100 {
+            let mut r = call("a", None, &format!("made-up-{i}"), "denied", 0.1);
+            r.error_code = Some(-32602);
+            s2.observe_at(t0, &r);
+        }
+        s2.observe_at(t0, &call("a", None, "real", "ok", 0.1));
+        let tools: Vec<String> = s2
+            .snapshot_at(t0)
+            .tools
+            .into_iter()
+            .map(|t| t.tool)
+            .collect();
+        assert_eq!(tools, [UNKNOWN, "real"]);
         // The bound the caps give: under 1 MiB whatever the traffic.
         const { assert!(Series::max_bytes() < 1 << 20) };
     }
