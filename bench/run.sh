@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every gatehouse benchmark in one go and writes BENCHMARKS.md.
-#   bench/run.sh            full run (~10 min on 2 cores)
+#   bench/run.sh            full run (~12 min on 2 cores, the console section included)
 #   bench/run.sh --quick    short run (~2-3 min), smaller scale figures
 #   bench/run.sh --with-rust-mcp-proxy   also the Rust mcp-proxy 0.6.0 (crates.io) as a peer:
 #                           `cargo install`ed once into bench/.cargo-peers (git-ignored; it

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{Path as UrlPath, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -97,8 +97,11 @@ struct AdminState {
     token_digest: Arc<[u8; 32]>,
 }
 
-/// The admin router. Every route needs `Authorization: Bearer <admin token>`.
+/// The admin router. Every route needs `Authorization: Bearer <admin token>`, except the
+/// operator console's page and its static files (`/ui`, a login shell holding no data). Building
+/// it turns on the console's live series (`Audit::enable_series`): only the daemon pays for them.
 pub fn router(gw: Gateway, admin_token: &str) -> Router {
+    gw.audit().enable_series();
     let state = AdminState {
         gw,
         token_digest: Arc::new(Sha256::digest(admin_token.as_bytes()).into()),
@@ -112,8 +115,11 @@ pub fn router(gw: Gateway, admin_token: &str) -> Router {
         .route("/v1/registrations/{id}/renew", post(renew))
         .route("/v1/upstreams", get(upstreams))
         .route("/metrics", get(metrics))
+        .route("/v1/console/stats", get(console_stats))
+        .route("/v1/audit", get(audit_tail))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .merge(crate::console::routes().layer(axum::middleware::from_fn(strict)))
         .with_state(state)
 }
 
@@ -167,6 +173,16 @@ async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Respons
             header::WWW_AUTHENTICATE,
             header::HeaderValue::from_static("Bearer realm=\"gatehouse-admin\""),
         );
+        return r;
+    }
+    next.run(req).await
+}
+
+/// The pre-check of the console's public files (the rest of the API runs it in `auth`).
+async fn strict(req: Request, next: Next) -> Response {
+    if let Err(refused) = crate::server::strict_http(req.version(), req.headers()) {
+        let mut r = error(refused.status, refused.message);
+        refused.close(&mut r);
         return r;
     }
     next.run(req).await
@@ -416,6 +432,15 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
 
 async fn upstreams(State(st): State<AdminState>) -> Response {
     Json(upstream_status(&st.gw)).into_response()
+}
+
+async fn console_stats(State(st): State<AdminState>) -> Response {
+    let upstreams = serde_json::to_value(upstream_status(&st.gw)).unwrap_or_default();
+    Json(crate::console::stats(&st.gw, upstreams)).into_response()
+}
+
+async fn audit_tail(State(st): State<AdminState>, RawQuery(q): RawQuery) -> Response {
+    crate::console::audit(&st.gw, q.as_deref()).await
 }
 
 /// The gauges of one gateway, read now.

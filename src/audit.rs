@@ -18,7 +18,9 @@ mod chain;
 mod clock;
 mod files;
 mod record;
+pub mod series;
 pub mod summary;
+pub mod tail;
 mod thread;
 pub mod verify;
 mod writer;
@@ -78,6 +80,9 @@ pub struct Audit {
     depth: Arc<AtomicUsize>,
     counters: Arc<Counters>,
     path: Arc<PathBuf>,
+    /// The console's live series, fed from every record once enabled (the daemon's admin
+    /// router does; an embedded gateway never pays for it).
+    series: Arc<std::sync::OnceLock<series::Series>>,
     _thread: Arc<WriterThread>,
 }
 
@@ -110,6 +115,7 @@ impl Audit {
             depth,
             counters,
             path: Arc::new(config.path.clone()),
+            series: Arc::default(),
             _thread: Arc::new(WriterThread(Some(handle))),
         })
     }
@@ -125,6 +131,7 @@ impl Audit {
         record: Record,
     ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
         let record = record.bounded();
+        self.observe(&record);
         let pending = if self.inline {
             Pending::Done(self.write_inline(record))
         } else {
@@ -136,6 +143,23 @@ impl Audit {
                 Pending::Ack(ack) => ack.await.map_err(|_| AuditError::Stopped)?,
             }
         }
+    }
+
+    /// Feeds the console's series, when enabled (one atomic load when not).
+    fn observe(&self, record: &Record) {
+        if let Some(s) = self.series.get() {
+            s.observe(record);
+        }
+    }
+
+    /// Turns the console's series on (idempotent): every record from now on feeds it.
+    pub fn enable_series(&self) {
+        self.series.get_or_init(series::Series::new);
+    }
+
+    /// The console's series, if enabled.
+    pub fn series(&self) -> Option<&series::Series> {
+        self.series.get()
     }
 
     /// Queues a record for the writer thread.
@@ -155,6 +179,7 @@ impl Audit {
     /// order.
     pub fn record_detached(&self, record: Record) {
         let record = record.bounded();
+        self.observe(&record);
         if self.inline {
             let _ = self.write_inline(record);
             return;

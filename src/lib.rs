@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 mod config_load;
 mod connections;
+mod console;
 mod demo_upstream;
 mod endpoint;
 mod expiry;
@@ -55,6 +56,7 @@ pub mod testing {
         pub use crate::admin::{router, serve};
     }
     pub mod audit {
+        pub use crate::audit::series::Series;
         pub use crate::audit::verify;
         pub use crate::audit::{
             chain_files, digest_value, head_path, line_hash, read_chain, read_head, read_records,

@@ -8,7 +8,8 @@
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
-# Also nginx (Debian package nginx-light, apt-get as root) when it is missing, for tests/nodes.rs.
+# Also nginx (Debian package nginx-light, apt-get as root) when it is missing, for tests/nodes.rs,
+# and Debian's chromium (the headless browser tests/python/test_console.py drives with Playwright).
 #
 # Idempotent: each part writes a stamp keyed on a hash of its pinned inputs (requirements.txt,
 # package.json + package-lock.json, and the interpreter versions), so a second run is a no-op.
@@ -72,7 +73,7 @@ venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
 # The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
 # and run the Python package's tests (tests/python) in the same venv.
 venv_install .venv "requirements.txt requirements-python.txt" \
-  'import mcp, httpx2, uvicorn, maturin, pytest; from mcp.server.mcpserver import MCPServer'
+  'import mcp, httpx2, uvicorn, maturin, pytest, playwright; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
 # The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
 venv_install .venv-mcp1 requirements-mcp1.txt \
   'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
@@ -133,18 +134,34 @@ nginx_bin() {
   [[ -x /usr/sbin/nginx ]] && echo /usr/sbin/nginx && return 0
   return 1
 }
-if ! nginx_bin >/dev/null; then
-  command -v apt-get >/dev/null || die "nginx is missing and there is no apt-get: install nginx (Debian: nginx-light)"
-  [[ "$(id -u)" -eq 0 ]] || die "nginx is missing: install it as root (apt-get install -y nginx-light)"
-  log "installing nginx-light (Debian package)"
+# apt_install PACKAGE: apt-get install as root, waiting for another apt's lock (two setups at
+# once), with an apt-get update and a retry if the first try fails.
+apt_install() {
+  command -v apt-get >/dev/null || die "$1 is missing and there is no apt-get: install the Debian package $1"
+  [[ "$(id -u)" -eq 0 ]] || die "$1 is missing: install it as root (apt-get install -y $1)"
+  log "installing $1 (Debian package)"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get -o DPkg::Lock::Timeout=600 install -y -q nginx-light >&2; then
+  local -a wait=(-o DPkg::Lock::Timeout=600)
+  if ! apt-get install -y -q "${wait[@]}" "$1" >&2; then
     log "apt-get install failed; running apt-get update first"
-    apt-get -o DPkg::Lock::Timeout=600 update -q >&2 || die "apt-get update failed"
-    apt-get -o DPkg::Lock::Timeout=600 install -y -q nginx-light >&2 || die "apt-get install -y nginx-light failed"
+    apt-get update -q "${wait[@]}" >&2 || die "apt-get update failed"
+    apt-get install -y -q "${wait[@]}" "$1" >&2 || die "apt-get install -y $1 failed"
   fi
+}
+if ! nginx_bin >/dev/null; then
+  apt_install nginx-light
   nginx_bin >/dev/null || die "nginx-light is installed but there is no nginx binary"
 fi
 "$(nginx_bin)" -v 2>/dev/null || die "nginx does not run"
+
+# ---------------------------------------------------------------- chromium: test_console.py
+# The operator console's browser tests: Debian's chromium, driven by Playwright (in .venv) with
+# executable_path=/usr/bin/chromium; Playwright's own browser download is not used.
+if [[ ! -x /usr/bin/chromium ]]; then
+  apt_install chromium
+  [[ -x /usr/bin/chromium ]] || die "chromium is installed but there is no /usr/bin/chromium"
+fi
+/usr/bin/chromium --headless --no-sandbox --disable-gpu --version >/dev/null 2>&1 \
+  || die "chromium does not run (/usr/bin/chromium --version)"
 
 trap - ERR

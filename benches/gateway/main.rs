@@ -2,7 +2,7 @@
 //! loopback, with our own load client (hyper, one keep-alive connection per worker) that speaks
 //! every transport, including legacy SSE (POST -> 202, reply on the stream).
 //!
-//! `cargo bench --bench gateway -- [--quick] [--out BENCHMARKS.md] [--only transports,proxy,scale]
+//! `cargo bench --bench gateway -- [--quick] [--out BENCHMARKS.md] [--only transports,proxy,scale,idle,console]
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
@@ -34,6 +34,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
+
+mod console;
 
 const GATEHOUSE_BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
 
@@ -2177,6 +2179,9 @@ fn main() -> Result<()> {
     }
     if want("idle") {
         idle(&mut r, &o, &srv)?;
+    }
+    if want("console") {
+        console::console(&mut r, &o, &srv, &cli)?;
     }
     r.line(&format!("\n- Load average at end: {}", loadavg()));
     let mut md = String::new();
