@@ -14,6 +14,11 @@
 #
 #   bench/callgrind.sh [CLIENTS]    8 clients by default; takes a few minutes
 # Needs valgrind (Debian: apt-get install valgrind).
+#
+# The gate (issue 28): each gateway row, without SHA, at most GATE (1.10) times the required-work
+# twin's figure without SHA; a verdict line per transport, and exit status 1 when one is missed.
+# CALLGRIND_KEEP=DIR keeps the N2 runs' callgrind files there (one directory per target) for
+# `callgrind_annotate`. Not run by tests/run.sh or CI: it takes minutes and needs valgrind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is missing (apt-get install valgrind)" >&2; exit 2; }
@@ -21,6 +26,8 @@ command -v callgrind_annotate >/dev/null || { echo "callgrind.sh: callgrind_anno
 CLIENTS="${1:-8}"
 N1=500
 N2=2500
+GATE=1.10
+KEEP="${CALLGRIND_KEEP:-}"
 
 echo "== build (release)" >&2
 BIN=$(cargo bench --no-run --bench gateway 2>&1 | sed -n 's/.*Executable benches\/gateway.rs (\(.*\))/\1/p' | tail -1)
@@ -55,6 +62,10 @@ per_call() {
     grep -q "| $CLIENTS | [0-9]" "$TMP/out.md" \
       || { echo "callgrind.sh: '$target' served no calls" >&2; return 1; }
     counts+=($(server_side "$TMP/cg.$n"))
+    if [[ -n "$KEEP" && "$n" == "$N2" ]]; then
+      local keep_dir="$KEEP/${target//[^a-zA-Z0-9]/_}"
+      mkdir -p "$keep_dir" && cp "$TMP"/cg.* "$keep_dir"/
+    fi
     rm -f "$TMP"/cg.*
   done
   local calls=$((N2 - N1))
@@ -66,6 +77,9 @@ echo
 echo "| target | instructions per call | without the software SHA-256 | vs the minimal proxy (without SHA) |"
 echo "|---|---:|---:|---:|"
 BASE=""
+TWIN=""
+VERDICTS=()
+MISSED=0
 for spec in "ceiling: minimal|minimal HTTP→stdio proxy (the baseline)" \
             "+ the required work (|minimal proxy + the required work (token, Host, hash-chained audit line)" \
             "gateway → stdio, streamable|gateway → stdio, Streamable HTTP" \
@@ -76,5 +90,14 @@ for spec in "ceiling: minimal|minimal HTTP→stdio proxy (the baseline)" \
   counted=$(per_call "$target")
   read -r all nosha <<<"$counted"
   [[ -z "$BASE" ]] && BASE="$nosha"
+  [[ "$target" == "+ the required work (" ]] && TWIN="$nosha"
   echo "| $name | $all | $nosha | $(python3 -c "print(f'{$nosha / $BASE:.2f}×')") |"
+  if [[ "$target" == gateway* && -n "$TWIN" ]]; then
+    verdict=$(python3 -c "r = $nosha / $TWIN; print(f'{r:.3f}× the required-work twin ({$nosha:,} vs {$TWIN:,}): ' + ('met' if r <= $GATE else 'MISSED'))")
+    [[ "$verdict" == *MISSED ]] && MISSED=1
+    VERDICTS+=("${name#gateway → stdio, }: gate ≤${GATE}×: $verdict")
+  fi
 done
+echo
+for v in "${VERDICTS[@]}"; do echo "$v"; done
+exit "$MISSED"
