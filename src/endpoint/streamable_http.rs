@@ -41,11 +41,26 @@ const BATCH_VERSION: &str = "2025-03-26";
 /// Priming events (empty data with an id) go to clients at this revision or later.
 const PRIMING_SINCE: &str = "2025-11-25";
 
+/// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
+const COMMON_ACCEPTS: [&[u8]; 4] = [
+    b"application/json, text/event-stream",
+    b"text/event-stream, application/json",
+    b"application/json,text/event-stream",
+    b"text/event-stream,application/json",
+];
+
 /// Does `Accept` list both `application/json` and `text/event-stream`?
 fn accepts(headers: &HeaderMap, json: bool, sse: bool) -> bool {
     let mut has_json = false;
     let mut has_sse = false;
     for v in headers.get_all(header::ACCEPT) {
+        // What clients send nearly always, compared whole before the general parse below
+        // (its splitting and trimming cost more than the rest of the header checks).
+        if COMMON_ACCEPTS.contains(&v.as_bytes()) {
+            has_json = true;
+            has_sse = true;
+            continue;
+        }
         for item in v.as_bytes().split(|b| *b == b',') {
             let media = item
                 .split(|b| *b == b';')
@@ -164,7 +179,8 @@ async fn legacy_single(
     headers: &HeaderMap,
     msg: Result<Message, jsonrpc::RpcError>,
 ) -> Result<Response, Rejection> {
-    let version = legacy_version(headers)?.to_string();
+    // Only whether priming events are sent depends on the version: no copy of it is kept.
+    let priming = legacy_version(headers)? >= PRIMING_SINCE;
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
@@ -179,7 +195,7 @@ async fn legacy_single(
                 .begin_call(&id)
                 .map_err(|why| Rejection::call_refused(why, id.clone()))?;
             let opts = ReplyOpts {
-                priming: version.as_str() >= PRIMING_SINCE,
+                priming,
                 cancel_on_drop: false,
                 method: method.clone(),
                 finish: None,
