@@ -60,6 +60,15 @@ pub struct Queued {
     _bytes: OwnedSemaphorePermit,
 }
 
+/// A message that found no room in its session's queue: the queue, the message's share of
+/// the byte budget, and the message (with its share already held, when only the queue's
+/// slots were full).
+struct Waiting {
+    out: Outbound,
+    share: u32,
+    queued: Result<Queued, Bytes>,
+}
+
 /// What frames a queued message: compact JSON holds no line break (control characters in
 /// strings are escaped), so it is one `data:` line.
 const EVENT_HEAD: &[u8] = b"event: message\ndata: ";
@@ -497,11 +506,22 @@ impl SessionTable {
     /// [`SessionTable::deliver`] for a response (whose result may be an upstream's, passed
     /// through as written).
     pub async fn deliver_reply(&self, session: &Session, msg: Reply) -> bool {
+        match self.try_deliver(session, msg) {
+            Ok(delivered) => delivered,
+            // Boxed: the wait's future (a deadline, a permit, a send) is large, and this
+            // future lives inside every legacy SSE call's task.
+            Err(wait) => Box::pin(self.deliver_waiting(session, wait)).await,
+        }
+    }
+
+    /// What [`SessionTable::deliver_reply`] does without waiting: `Ok(delivered)`, or the
+    /// message when the queue has no room for it now.
+    fn try_deliver(&self, session: &Session, msg: Reply) -> Result<bool, Waiting> {
         let Some(out) = session.outbound() else {
-            return false;
+            return Ok(false);
         };
         if session.cancel.is_cancelled() {
-            return false;
+            return Ok(false);
         }
         // Encoded once, in its framing.
         let event = message_event(&msg);
@@ -518,14 +538,21 @@ impl SessionTable {
                 };
                 let sent = out.tx.try_send(item); // bounded: messages and bytes; full → the wait below, never a drop
                 match sent {
-                    Ok(()) => return true,
-                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                    Ok(()) => return Ok(true),
+                    Err(mpsc::error::TrySendError::Closed(_)) => return Ok(false),
                     Err(mpsc::error::TrySendError::Full(q)) => Ok(q),
                 }
             }
-            Err(tokio::sync::TryAcquireError::Closed) => return false,
+            Err(tokio::sync::TryAcquireError::Closed) => return Ok(false),
             Err(tokio::sync::TryAcquireError::NoPermits) => Err(event),
         };
+        Err(Waiting { out, share, queued })
+    }
+
+    /// A message waiting for room in its session's queue, at most `slow_reader_grace_ms`;
+    /// then the reader is slow and its session closed.
+    async fn deliver_waiting(&self, session: &Session, wait: Waiting) -> bool {
+        let Waiting { out, share, queued } = wait;
         let grace = Duration::from_millis(self.config.slow_reader_grace_ms);
         let deadline = Instant::now() + grace;
         let sent = async {
