@@ -282,21 +282,24 @@ impl Session {
     pub fn begin_call(&self, id: &Value) -> Result<CancellationToken, CallRefused> {
         let key = jsonrpc::id_key(id);
         let token = self.cancel.child_token();
+        let mut in_flight = lock(&self.in_flight);
+        if in_flight.contains_key(&key) {
+            return Err(CallRefused::DuplicateId);
+        }
+        if in_flight.len() >= self.max_in_flight {
+            return Err(CallRefused::TooMany(self.max_in_flight));
+        }
+        // An early cancellation is looked for before the key moves into the table, under the
+        // table's lock (so the key is not copied): `cancel_call` takes the two locks one after
+        // the other, never together, so this order cannot deadlock with it.
         {
-            let mut in_flight = lock(&self.in_flight);
-            if in_flight.contains_key(&key) {
-                return Err(CallRefused::DuplicateId);
+            let mut early = lock(&self.early_cancels);
+            if let Some(i) = early.iter().position(|k| *k == key) {
+                early.remove(i);
+                token.cancel();
             }
-            if in_flight.len() >= self.max_in_flight {
-                return Err(CallRefused::TooMany(self.max_in_flight));
-            }
-            in_flight.insert(key.clone(), token.clone());
         }
-        let mut early = lock(&self.early_cancels);
-        if let Some(i) = early.iter().position(|k| *k == key) {
-            early.remove(i);
-            token.cancel();
-        }
+        in_flight.insert(key, token.clone());
         Ok(token)
     }
 

@@ -30,6 +30,7 @@ pub(crate) struct ReplyOpts {
     pub priming: bool,
     /// Cancel the call when the response is dropped (stateless: disconnect = cancel).
     pub cancel_on_drop: bool,
+    /// The request's method, for `finish` (empty when there is none: nothing reads it).
     pub method: String,
     /// Applied to the final response (stateless: `resultType`, cache fields).
     pub finish: Option<fn(Value, &str) -> Value>,

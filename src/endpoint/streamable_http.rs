@@ -197,7 +197,8 @@ async fn legacy_single(
             let opts = ReplyOpts {
                 priming,
                 cancel_on_drop: false,
-                method: method.clone(),
+                // Read by `finish` only (none here): no copy of the method.
+                method: String::new(),
                 finish: None,
                 mrtr: None,
             };
