@@ -231,32 +231,87 @@ pub(crate) fn reply(
     let gw = ctx.hub.clone();
     let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
-    let (ntx, nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
-    let keep = ntx.clone();
+    let (keep, nrx) = notes_channel(gw.sessions().config().queue.max(1));
+    let ntx = keep.clone();
     ctx.notify = Some(ntx);
     let work = call_work(ctx, id.clone(), method, params, cancel);
     answer(gw, registration, id, (nrx, Some(keep)), work, guard, opts)
 }
 
-/// Closes a call's notes channel once its work has ended, without waking the task that reads
-/// it; returns the notes still queued there, in order.
+/// A notes channel that ended its call unused, kept for the next call on this thread (a
+/// channel's two allocations, its setup and its teardown cost more than the rest of the reply
+/// engine for a call without notes). At most [`SPARE_NOTES_MAX`] per thread.
+type Notes = (mpsc::Sender<Value>, mpsc::Receiver<Value>);
+
+thread_local! {
+    static SPARE_NOTES: std::cell::RefCell<Vec<Notes>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare notes channels kept per thread (each holds one block of 32 slots, ~2.5 KiB).
+const SPARE_NOTES_MAX: usize = 4;
+
+/// A call's notes channel of `capacity`: a spare one if this thread has one, else new. The
+/// sender returned is the reading side's `keep` (see [`drain_quietly`]).
+fn notes_channel(capacity: usize) -> Notes {
+    SPARE_NOTES
+        .with_borrow_mut(|spare| {
+            let at = spare
+                .iter()
+                .position(|(tx, _)| tx.max_capacity() == capacity)?;
+            Some(spare.swap_remove(at))
+        })
+        .unwrap_or_else(|| mpsc::channel(capacity))
+}
+
+/// Keeps a call's notes channel for the next call if nothing can reach it any more: `keep`
+/// is its only sender (no tool context or upstream route holds a clone), nothing is queued,
+/// and it is open. Else it is dropped as before. Keeping it also spares the wake of the
+/// reader that the last sender's drop makes ([`drain_quietly`]).
+/// Only after [`drain_quietly`].
+fn recycle_notes(keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
+    let unused = notes.sender_strong_count() == 1
+        && notes.sender_weak_count() == 0
+        && notes.is_empty()
+        && !notes.is_closed();
+    if !unused {
+        quietly_drop(keep, notes);
+        return;
+    }
+    let left = SPARE_NOTES.with_borrow_mut(|spare| {
+        if spare.len() < SPARE_NOTES_MAX {
+            spare.push((keep, notes));
+            None
+        } else {
+            Some((keep, notes))
+        }
+    });
+    if let Some((keep, notes)) = left {
+        quietly_drop(keep, notes);
+    }
+}
+
+/// Drops a notes channel drained by [`drain_quietly`] (its waker is a no-op: no one is woken).
+fn quietly_drop(keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
+    drop(keep);
+    drop(notes);
+}
+
+/// The notes still queued, in order, once a call's work has ended, taken with a no-op waker
+/// left in the channel's place for the reader's: after it, dropping the last sender (or
+/// keeping the channel, [`recycle_notes`]) wakes nobody.
 ///
 /// The receiver's task registered its waker on the channel, and the channel's last sender
 /// wakes it when dropped. The work drops its senders (in its `RequestCtx`) as it ends, in a
 /// poll of that same task: a wake of a running task makes tokio reschedule it as a yield and
 /// wake an idle worker to steal it — a `futex` wake and a worker's round trip per call, for
 /// nothing. So the reading side holds one sender (`keep`) while the work runs, and drops it
-/// here, last, after handing the channel a no-op waker.
-fn close_quietly(
-    notes: &mut mpsc::Receiver<Value>,
-    keep: Option<mpsc::Sender<Value>>,
-) -> Vec<Value> {
+/// last, after this handed the channel a no-op waker.
+fn drain_quietly(notes: &mut mpsc::Receiver<Value>) -> Vec<Value> {
     let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
     let mut found = Vec::new();
     while let std::task::Poll::Ready(Some(n)) = notes.poll_recv(&mut noop) {
         found.push(n);
     }
-    drop(keep);
     found
 }
 
@@ -308,12 +363,12 @@ pub(crate) async fn resume(
 
 /// Answers request `id` from its call's notes and result: JSON if the result comes first, an
 /// event stream if a notification does (or the call outlives a keep-alive period). `keep`, a
-/// sender of the notes held while the work runs ([`close_quietly`]), if the work runs here.
+/// sender of the notes held while the work runs ([`drain_quietly`]), if the work runs here.
 async fn answer(
     gw: Arc<Hub>,
     registration: Arc<crate::registry::RegistrationState>,
     id: Value,
-    (mut nrx, mut keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
+    (mut nrx, keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
     mut work: CallWork,
     mut guard: CancelOnDrop,
     opts: ReplyOpts,
@@ -357,13 +412,18 @@ async fn answer(
     // out first, on a stream, before the result.
     let mut early = Vec::new();
     if let First::Done(done) = &first {
-        let found = close_quietly(&mut nrx, keep.take());
+        let found = drain_quietly(&mut nrx);
         if done.is_some() {
             early = found;
         }
     }
-    // Not the last sender while the work runs on (a stream, a held call).
-    drop(keep);
+    // A call that ended with nothing queued leaves its channel to the next call, if nothing
+    // else can reach it ([`recycle_notes`]); `keep` is dropped otherwise, and must not be the
+    // last sender while the work runs on (a stream).
+    let recycle = |keep: Option<mpsc::Sender<Value>>, nrx| match keep {
+        Some(keep) => recycle_notes(keep, nrx),
+        None => drop(nrx),
+    };
     let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
         let mut pending = VecDeque::new();
         if opts.priming {
@@ -393,16 +453,19 @@ async fn answer(
     };
     match first {
         First::Done(Some(v)) if early.is_empty() => {
+            recycle(keep, nrx);
             let mut guard = guard;
             guard.0 = None;
             Ok(reply_response(&finish(v)))
         }
         First::Done(Some(v)) => {
+            drop(keep);
             let mut guard = guard;
             guard.0 = None;
             Ok(streamed(early, Some(v), None, guard))
         }
         First::Done(None) => {
+            recycle(keep, nrx);
             let mut guard = guard;
             guard.0 = None;
             if registration.is_released() {
@@ -411,12 +474,16 @@ async fn answer(
             // Cancelled by the client: no reply follows, the stream just ends.
             Ok(event_stream::response(Body::empty()))
         }
-        First::Stream(note) => Ok(streamed(
-            note.into_iter().collect(),
-            None,
-            Some((nrx, work)),
-            guard,
-        )),
+        First::Stream(note) => {
+            // Not the last sender while the work runs on: the stream ends with the work's.
+            drop(keep);
+            Ok(streamed(
+                note.into_iter().collect(),
+                None,
+                Some((nrx, work)),
+                guard,
+            ))
+        }
     }
 }
 
@@ -497,6 +564,9 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
     }
 }
 
+/// A legacy SSE call's notes channel: notes wait there only until `deliver` takes them.
+const SSE_NOTES: usize = 64;
+
 /// Legacy SSE: runs a request on the registration's tracker; its notifications, then its
 /// reply, go to the session's stream (through `deliver`, so a stuck reader closes the
 /// session instead of blocking the call on a full queue).
@@ -513,8 +583,8 @@ pub(crate) fn to_session_stream(
         // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
-        let (ntx, mut nrx) = mpsc::channel::<Value>(64);
-        let keep = ntx.clone();
+        let (keep, mut nrx) = notes_channel(SSE_NOTES);
+        let ntx = keep.clone();
         let mut ctx = ctx;
         ctx.notify = Some(ntx);
         let gw = ctx.hub.clone();
@@ -534,8 +604,14 @@ pub(crate) fn to_session_stream(
                 r = &mut work => break r,
             }
         };
-        for n in close_quietly(&mut nrx, Some(keep)) {
-            gw.sessions().deliver(&session, n).await;
+        let left = drain_quietly(&mut nrx);
+        if left.is_empty() {
+            recycle_notes(keep, nrx);
+        } else {
+            drop(keep);
+            for n in left {
+                gw.sessions().deliver(&session, n).await;
+            }
         }
         // The call counts as in flight until its reply is queued, so a session's replies
         // waiting for room are bounded by `sessions.max_in_flight` too.
@@ -560,6 +636,51 @@ mod tests {
         fn wake_by_ref(me: &Arc<Self>) {
             me.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    fn spares(capacity: usize) -> usize {
+        SPARE_NOTES.with_borrow(|s| {
+            s.iter()
+                .filter(|(tx, _)| tx.max_capacity() == capacity)
+                .count()
+        })
+    }
+
+    /// A drained channel whose only sender is `keep` is kept and handed to the next call of
+    /// its capacity; one another sender can still reach, or with a note queued, is not; at
+    /// most `SPARE_NOTES_MAX` are kept.
+    #[test]
+    fn unused_notes_channels_are_reused_and_reachable_ones_are_not() {
+        std::thread::spawn(|| {
+            let (keep, mut rx) = notes_channel(1234);
+            assert!(drain_quietly(&mut rx).is_empty());
+            recycle_notes(keep, rx);
+            assert_eq!(spares(1234), 1);
+            assert_eq!(spares(7), 0);
+            let (keep, mut rx) = notes_channel(1234);
+            assert_eq!(spares(1234), 0, "the spare was handed out");
+            // A tool context or an upstream route still holds a sender: not kept.
+            let held = keep.clone();
+            drain_quietly(&mut rx);
+            recycle_notes(keep, rx);
+            assert_eq!(spares(1234), 0);
+            assert!(held.is_closed(), "its receiver went");
+            // A note queued: not kept.
+            let (keep, rx) = notes_channel(1234);
+            keep.try_send(serde_json::json!({})).unwrap(); // bounded (1234), empty
+            recycle_notes(keep, rx);
+            assert_eq!(spares(1234), 0);
+            // At most SPARE_NOTES_MAX.
+            let all: Vec<_> = (0..SPARE_NOTES_MAX + 2)
+                .map(|_| notes_channel(1234))
+                .collect();
+            for (keep, rx) in all {
+                recycle_notes(keep, rx);
+            }
+            assert_eq!(spares(1234), SPARE_NOTES_MAX);
+        })
+        .join()
+        .unwrap();
     }
 
     /// The reading task's waker, registered on the notes, is not woken when the work's
@@ -587,7 +708,8 @@ mod tests {
                 woken_by_note,
                 "the work's end woke the reader"
             );
-            let found = close_quietly(&mut nrx, Some(keep));
+            let found = drain_quietly(&mut nrx);
+            drop(keep);
             assert_eq!(
                 count.0.load(Ordering::SeqCst),
                 woken_by_note,
