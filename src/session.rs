@@ -367,13 +367,62 @@ struct Tables {
 pub struct SessionTable {
     config: SessionConfig,
     tables: Mutex<Tables>,
+    /// Calls' notes channels that ended unused, for the next calls ([`SessionTable::notes_channel`]).
+    spare_notes: Mutex<Vec<Notes>>,
 }
+
+/// A call's notes channel: the sender its reader keeps while the work runs (`keep`), and the
+/// receiver.
+pub(crate) type Notes = (mpsc::Sender<Value>, mpsc::Receiver<Value>);
+
+/// Spare notes channels kept (each holds one block of 32 slots, ~2.5 KiB).
+pub(crate) const SPARE_NOTES_MAX: usize = 8;
 
 impl SessionTable {
     pub fn new(config: SessionConfig) -> Self {
         SessionTable {
             config,
             tables: Mutex::new(Tables::default()),
+            spare_notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A call's notes channel of `capacity`: a spare one if there is one, else new. A
+    /// channel's two allocations, setup and teardown cost more than the rest of the reply
+    /// engine for a call without notes, and nearly every call ends without any.
+    pub(crate) fn notes_channel(&self, capacity: usize) -> Notes {
+        let spare = {
+            let mut spare = lock(&self.spare_notes);
+            spare
+                .iter()
+                .position(|(tx, _)| tx.max_capacity() == capacity)
+                .map(|at| spare.swap_remove(at))
+        };
+        spare.unwrap_or_else(|| mpsc::channel(capacity))
+    }
+
+    /// Spare notes channels kept now.
+    #[cfg(test)]
+    pub(crate) fn spare_notes(&self) -> usize {
+        lock(&self.spare_notes).len()
+    }
+
+    /// Keeps a call's notes channel for a next call if nothing can reach it any more: `keep`
+    /// is its only sender (no tool context or upstream route holds a clone), nothing is
+    /// queued, and it is open; at most [`SPARE_NOTES_MAX`]. Else it is dropped. Only after
+    /// its reader left a no-op waker in it (`endpoint::reply::drain_quietly`), so neither way
+    /// wakes anyone.
+    pub(crate) fn recycle_notes(&self, keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
+        let unused = notes.sender_strong_count() == 1
+            && notes.sender_weak_count() == 0
+            && notes.is_empty()
+            && !notes.is_closed();
+        if !unused {
+            return;
+        }
+        let mut spare = lock(&self.spare_notes);
+        if spare.len() < SPARE_NOTES_MAX {
+            spare.push((keep, notes));
         }
     }
 

@@ -231,74 +231,18 @@ pub(crate) fn reply(
     let gw = ctx.hub.clone();
     let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
-    let (keep, nrx) = notes_channel(gw.sessions().config().queue.max(1));
+    let (keep, nrx) = gw
+        .sessions()
+        .notes_channel(gw.sessions().config().queue.max(1));
     let ntx = keep.clone();
     ctx.notify = Some(ntx);
     let work = call_work(ctx, id.clone(), method, params, cancel);
     answer(gw, registration, id, (nrx, Some(keep)), work, guard, opts)
 }
 
-/// A notes channel that ended its call unused, kept for the next call on this thread (a
-/// channel's two allocations, its setup and its teardown cost more than the rest of the reply
-/// engine for a call without notes). At most [`SPARE_NOTES_MAX`] per thread.
-type Notes = (mpsc::Sender<Value>, mpsc::Receiver<Value>);
-
-thread_local! {
-    static SPARE_NOTES: std::cell::RefCell<Vec<Notes>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Spare notes channels kept per thread (each holds one block of 32 slots, ~2.5 KiB).
-const SPARE_NOTES_MAX: usize = 4;
-
-/// A call's notes channel of `capacity`: a spare one if this thread has one, else new. The
-/// sender returned is the reading side's `keep` (see [`drain_quietly`]).
-fn notes_channel(capacity: usize) -> Notes {
-    SPARE_NOTES
-        .with_borrow_mut(|spare| {
-            let at = spare
-                .iter()
-                .position(|(tx, _)| tx.max_capacity() == capacity)?;
-            Some(spare.swap_remove(at))
-        })
-        .unwrap_or_else(|| mpsc::channel(capacity))
-}
-
-/// Keeps a call's notes channel for the next call if nothing can reach it any more: `keep`
-/// is its only sender (no tool context or upstream route holds a clone), nothing is queued,
-/// and it is open. Else it is dropped as before. Keeping it also spares the wake of the
-/// reader that the last sender's drop makes ([`drain_quietly`]).
-/// Only after [`drain_quietly`].
-fn recycle_notes(keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
-    let unused = notes.sender_strong_count() == 1
-        && notes.sender_weak_count() == 0
-        && notes.is_empty()
-        && !notes.is_closed();
-    if !unused {
-        quietly_drop(keep, notes);
-        return;
-    }
-    let left = SPARE_NOTES.with_borrow_mut(|spare| {
-        if spare.len() < SPARE_NOTES_MAX {
-            spare.push((keep, notes));
-            None
-        } else {
-            Some((keep, notes))
-        }
-    });
-    if let Some((keep, notes)) = left {
-        quietly_drop(keep, notes);
-    }
-}
-
-/// Drops a notes channel drained by [`drain_quietly`] (its waker is a no-op: no one is woken).
-fn quietly_drop(keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
-    drop(keep);
-    drop(notes);
-}
-
 /// The notes still queued, in order, once a call's work has ended, taken with a no-op waker
 /// left in the channel's place for the reader's: after it, dropping the last sender (or
-/// keeping the channel, [`recycle_notes`]) wakes nobody.
+/// keeping the channel, `SessionTable::recycle_notes`) wakes nobody.
 ///
 /// The receiver's task registered its waker on the channel, and the channel's last sender
 /// wakes it when dropped. The work drops its senders (in its `RequestCtx`) as it ends, in a
@@ -418,10 +362,10 @@ async fn answer(
         }
     }
     // A call that ended with nothing queued leaves its channel to the next call, if nothing
-    // else can reach it ([`recycle_notes`]); `keep` is dropped otherwise, and must not be the
+    // else can reach it (`SessionTable::recycle_notes`); `keep` is dropped otherwise, and must not be the
     // last sender while the work runs on (a stream).
     let recycle = |keep: Option<mpsc::Sender<Value>>, nrx| match keep {
-        Some(keep) => recycle_notes(keep, nrx),
+        Some(keep) => gw.sessions().recycle_notes(keep, nrx),
         None => drop(nrx),
     };
     let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
@@ -583,11 +527,11 @@ pub(crate) fn to_session_stream(
         // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
-        let (keep, mut nrx) = notes_channel(SSE_NOTES);
+        let gw = ctx.hub.clone();
+        let (keep, mut nrx) = gw.sessions().notes_channel(SSE_NOTES);
         let ntx = keep.clone();
         let mut ctx = ctx;
         ctx.notify = Some(ntx);
-        let gw = ctx.hub.clone();
         let call_id = id.clone();
         // Boxed: the spawned future stays small, so the task's cell is not a copy of the
         // whole request's state (it is moved three times on the way into the task).
@@ -606,7 +550,7 @@ pub(crate) fn to_session_stream(
         };
         let left = drain_quietly(&mut nrx);
         if left.is_empty() {
-            recycle_notes(keep, nrx);
+            gw.sessions().recycle_notes(keep, nrx);
         } else {
             drop(keep);
             for n in left {
@@ -638,49 +582,42 @@ mod tests {
         }
     }
 
-    fn spares(capacity: usize) -> usize {
-        SPARE_NOTES.with_borrow(|s| {
-            s.iter()
-                .filter(|(tx, _)| tx.max_capacity() == capacity)
-                .count()
-        })
-    }
-
     /// A drained channel whose only sender is `keep` is kept and handed to the next call of
     /// its capacity; one another sender can still reach, or with a note queued, is not; at
     /// most `SPARE_NOTES_MAX` are kept.
     #[test]
     fn unused_notes_channels_are_reused_and_reachable_ones_are_not() {
-        std::thread::spawn(|| {
-            let (keep, mut rx) = notes_channel(1234);
-            assert!(drain_quietly(&mut rx).is_empty());
-            recycle_notes(keep, rx);
-            assert_eq!(spares(1234), 1);
-            assert_eq!(spares(7), 0);
-            let (keep, mut rx) = notes_channel(1234);
-            assert_eq!(spares(1234), 0, "the spare was handed out");
-            // A tool context or an upstream route still holds a sender: not kept.
-            let held = keep.clone();
-            drain_quietly(&mut rx);
-            recycle_notes(keep, rx);
-            assert_eq!(spares(1234), 0);
-            assert!(held.is_closed(), "its receiver went");
-            // A note queued: not kept.
-            let (keep, rx) = notes_channel(1234);
-            keep.try_send(serde_json::json!({})).unwrap(); // bounded (1234), empty
-            recycle_notes(keep, rx);
-            assert_eq!(spares(1234), 0);
-            // At most SPARE_NOTES_MAX.
-            let all: Vec<_> = (0..SPARE_NOTES_MAX + 2)
-                .map(|_| notes_channel(1234))
-                .collect();
-            for (keep, rx) in all {
-                recycle_notes(keep, rx);
-            }
-            assert_eq!(spares(1234), SPARE_NOTES_MAX);
-        })
-        .join()
-        .unwrap();
+        use crate::session::{SessionTable, SPARE_NOTES_MAX};
+        let table = SessionTable::new(crate::config::SessionConfig::default());
+        let (keep, mut rx) = table.notes_channel(1234);
+        assert!(drain_quietly(&mut rx).is_empty());
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 1);
+        // Another capacity: a new channel, the spare stays.
+        let (keep7, rx7) = table.notes_channel(7);
+        assert_eq!((keep7.max_capacity(), table.spare_notes()), (7, 1));
+        let (keep, mut rx) = table.notes_channel(1234);
+        assert_eq!(table.spare_notes(), 0, "the spare was handed out");
+        // A tool context or an upstream route still holds a sender: not kept.
+        let held = keep.clone();
+        drain_quietly(&mut rx);
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 0);
+        assert!(held.is_closed(), "its receiver went");
+        // A note queued: not kept.
+        let (keep, rx) = table.notes_channel(1234);
+        keep.try_send(serde_json::json!({})).unwrap(); // bounded (1234), empty
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 0);
+        // At most SPARE_NOTES_MAX.
+        let all: Vec<_> = (0..SPARE_NOTES_MAX + 2)
+            .map(|_| table.notes_channel(1234))
+            .collect();
+        for (keep, rx) in all {
+            table.recycle_notes(keep, rx);
+        }
+        assert_eq!(table.spare_notes(), SPARE_NOTES_MAX);
+        drop((keep7, rx7));
     }
 
     /// The reading task's waker, registered on the notes, is not woken when the work's
