@@ -60,7 +60,21 @@ pub async fn run(
             .await;
         }
     };
-    let name = match params.get("name") {
+    // One pass over the params' members: a map lookup hashes its key (SipHash), and a
+    // `tools/call` reads three of them. `arguments` is taken out (the upstream's params get
+    // it back in its place, `upstream::forward`); `Null` is left there meanwhile.
+    let mut name = None;
+    let mut arguments = None;
+    let mut progress_token = None;
+    for (k, v) in params.iter_mut() {
+        match k.as_str() {
+            "name" => name = Some(&*v),
+            "arguments" => arguments = Some(std::mem::take(v)),
+            "_meta" => progress_token = v.get("progressToken").cloned(),
+            _ => {}
+        }
+    }
+    let name = match name {
         Some(Value::String(s)) => s.clone(),
         _ => {
             return Box::pin(malformed(
@@ -74,7 +88,7 @@ pub async fn run(
             .await;
         }
     };
-    let args = match params.remove("arguments") {
+    let args = match arguments {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v,
         Some(_) => {
@@ -181,11 +195,6 @@ pub async fn run(
         .call_timeout_s
         .filter(|t| *t > 0.0 && t.is_finite())
         .map(Duration::from_secs_f64);
-
-    let progress_token = params
-        .get("_meta")
-        .and_then(|m| m.get("progressToken"))
-        .cloned();
 
     // The upstream request id and epoch, kept even if the timeout below drops `exec`.
     let call_ids = CallIds::default();
@@ -330,15 +339,45 @@ fn is_error(result: &RawResult) -> bool {
 /// key (no other escape yields a letter). Inside a string a quote is escaped, so a string's
 /// `isError\": true` is not such a key. When it is false the top-level flag cannot be true,
 /// which spares the parse for the usual `"isError": false` or no flag at all.
+///
+/// Read with byte searches (`str::find` of one ASCII byte is a `memchr`): a substring
+/// searcher is built per call otherwise, and costs more than the whole scan of a small result.
 fn may_say_is_error(text: &str) -> bool {
-    if text.contains("\\u") {
-        return true;
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(at) = text[from..].find('\\') {
+        let at = from + at;
+        match bytes.get(at + 1) {
+            Some(b'u') => return true,
+            // An escaped backslash: the byte after it starts no escape.
+            Some(b'\\') => from = at + 2,
+            // (`at + 1` is a character boundary: a backslash is one byte.)
+            Some(_) => from = at + 1,
+            None => break,
+        }
+        if from >= bytes.len() {
+            break;
+        }
     }
-    text.match_indices("isError\"").any(|(at, key)| {
-        let rest = text[at + key.len()..].trim_ascii_start();
-        rest.strip_prefix(':')
-            .is_some_and(|v| v.trim_ascii_start().starts_with('t'))
-    })
+    const KEY: &[u8] = b"isError\"";
+    let mut from = 0;
+    while let Some(at) = text[from..].find('E') {
+        let at = from + at;
+        from = at + 1;
+        let Some(start) = at.checked_sub(2) else {
+            continue;
+        };
+        if bytes[start..].starts_with(KEY) {
+            let rest = bytes[start + KEY.len()..].trim_ascii_start();
+            if rest
+                .strip_prefix(b":")
+                .is_some_and(|v| v.trim_ascii_start().starts_with(b"t"))
+            {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 async fn sleep_opt(d: Option<Duration>) {
@@ -512,5 +551,35 @@ mod tests {
         assert!(!is_error(&raw(
             r#"{"content":[{"type":"text","text":"a\nb"}]}"#
         )));
+        // An escaped backslash before a `u` is no `\u` escape; one after it is.
+        assert!(!is_error(&raw(r#"{"text":"a\\u","isError":false}"#)));
+        assert!(is_error(&raw(r#"{"text":"a\\\u0041","isError":true}"#)));
+        assert!(is_error(&raw(r#"{"E":1,"isError":true}"#)));
+        assert!(!is_error(&raw(r#"{"text":"Error","isError" : false}"#)));
+    }
+
+    /// The pre-check: true wherever the flag could be `true` (the parse then decides).
+    #[test]
+    fn may_say_is_error_reads_bytes() {
+        for (t, maybe) in [
+            (r#"{"content":[],"isError":true}"#, true),
+            (r#"{"isError" :  true}"#, true),
+            (r#"{"isError":false}"#, false),
+            (r#"isError"#, false),
+            (r#"E"#, false),
+            (r#"sE"#, false),
+            (r#"{"isError":"#, false),
+            (r#"{"a\\":1,"isError":	true}"#, true),
+            (r#"{"a\\u":1}"#, false),
+            (r#"{"a\\\u0069":1}"#, true),
+            (r#"\\"#, false),
+            (r#"\"#, false),
+            (r#"{"é\é":1}"#, false),
+            (r#"{"EisError":true}"#, true),
+            (r#"{"isErrorisError":true}"#, true),
+            (r#"{"isErrorX":true}"#, false),
+        ] {
+            assert_eq!(super::may_say_is_error(t), maybe, "{t}");
+        }
     }
 }

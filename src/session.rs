@@ -60,6 +60,15 @@ pub struct Queued {
     _bytes: OwnedSemaphorePermit,
 }
 
+/// A message that found no room in its session's queue: the queue, the message's share of
+/// the byte budget, and the message (with its share already held, when only the queue's
+/// slots were full).
+struct Waiting {
+    out: Outbound,
+    share: u32,
+    queued: Result<Queued, Bytes>,
+}
+
 /// What frames a queued message: compact JSON holds no line break (control characters in
 /// strings are escaped), so it is one `data:` line.
 const EVENT_HEAD: &[u8] = b"event: message\ndata: ";
@@ -273,21 +282,24 @@ impl Session {
     pub fn begin_call(&self, id: &Value) -> Result<CancellationToken, CallRefused> {
         let key = jsonrpc::id_key(id);
         let token = self.cancel.child_token();
+        let mut in_flight = lock(&self.in_flight);
+        if in_flight.contains_key(&key) {
+            return Err(CallRefused::DuplicateId);
+        }
+        if in_flight.len() >= self.max_in_flight {
+            return Err(CallRefused::TooMany(self.max_in_flight));
+        }
+        // An early cancellation is looked for before the key moves into the table, under the
+        // table's lock (so the key is not copied): `cancel_call` takes the two locks one after
+        // the other, never together, so this order cannot deadlock with it.
         {
-            let mut in_flight = lock(&self.in_flight);
-            if in_flight.contains_key(&key) {
-                return Err(CallRefused::DuplicateId);
+            let mut early = lock(&self.early_cancels);
+            if let Some(i) = early.iter().position(|k| *k == key) {
+                early.remove(i);
+                token.cancel();
             }
-            if in_flight.len() >= self.max_in_flight {
-                return Err(CallRefused::TooMany(self.max_in_flight));
-            }
-            in_flight.insert(key.clone(), token.clone());
         }
-        let mut early = lock(&self.early_cancels);
-        if let Some(i) = early.iter().position(|k| *k == key) {
-            early.remove(i);
-            token.cancel();
-        }
+        in_flight.insert(key, token.clone());
         Ok(token)
     }
 
@@ -355,13 +367,62 @@ struct Tables {
 pub struct SessionTable {
     config: SessionConfig,
     tables: Mutex<Tables>,
+    /// Calls' notes channels that ended unused, for the next calls ([`SessionTable::notes_channel`]).
+    spare_notes: Mutex<Vec<Notes>>,
 }
+
+/// A call's notes channel: the sender its reader keeps while the work runs (`keep`), and the
+/// receiver.
+pub(crate) type Notes = (mpsc::Sender<Value>, mpsc::Receiver<Value>);
+
+/// Spare notes channels kept (each holds one block of 32 slots, ~2.5 KiB).
+pub(crate) const SPARE_NOTES_MAX: usize = 8;
 
 impl SessionTable {
     pub fn new(config: SessionConfig) -> Self {
         SessionTable {
             config,
             tables: Mutex::new(Tables::default()),
+            spare_notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A call's notes channel of `capacity`: a spare one if there is one, else new. A
+    /// channel's two allocations, setup and teardown cost more than the rest of the reply
+    /// engine for a call without notes, and nearly every call ends without any.
+    pub(crate) fn notes_channel(&self, capacity: usize) -> Notes {
+        let spare = {
+            let mut spare = lock(&self.spare_notes);
+            spare
+                .iter()
+                .position(|(tx, _)| tx.max_capacity() == capacity)
+                .map(|at| spare.swap_remove(at))
+        };
+        spare.unwrap_or_else(|| mpsc::channel(capacity))
+    }
+
+    /// Spare notes channels kept now.
+    #[cfg(test)]
+    pub(crate) fn spare_notes(&self) -> usize {
+        lock(&self.spare_notes).len()
+    }
+
+    /// Keeps a call's notes channel for a next call if nothing can reach it any more: `keep`
+    /// is its only sender (no tool context or upstream route holds a clone), nothing is
+    /// queued, and it is open; at most [`SPARE_NOTES_MAX`]. Else it is dropped. Only after
+    /// its reader left a no-op waker in it (`endpoint::reply::drain_quietly`), so neither way
+    /// wakes anyone.
+    pub(crate) fn recycle_notes(&self, keep: mpsc::Sender<Value>, notes: mpsc::Receiver<Value>) {
+        let unused = notes.sender_strong_count() == 1
+            && notes.sender_weak_count() == 0
+            && notes.is_empty()
+            && !notes.is_closed();
+        if !unused {
+            return;
+        }
+        let mut spare = lock(&self.spare_notes);
+        if spare.len() < SPARE_NOTES_MAX {
+            spare.push((keep, notes));
         }
     }
 
@@ -497,11 +558,22 @@ impl SessionTable {
     /// [`SessionTable::deliver`] for a response (whose result may be an upstream's, passed
     /// through as written).
     pub async fn deliver_reply(&self, session: &Session, msg: Reply) -> bool {
+        match self.try_deliver(session, msg) {
+            Ok(delivered) => delivered,
+            // Boxed: the wait's future (a deadline, a permit, a send) is large, and this
+            // future lives inside every legacy SSE call's task.
+            Err(wait) => Box::pin(self.deliver_waiting(session, wait)).await,
+        }
+    }
+
+    /// What [`SessionTable::deliver_reply`] does without waiting: `Ok(delivered)`, or the
+    /// message when the queue has no room for it now.
+    fn try_deliver(&self, session: &Session, msg: Reply) -> Result<bool, Waiting> {
         let Some(out) = session.outbound() else {
-            return false;
+            return Ok(false);
         };
         if session.cancel.is_cancelled() {
-            return false;
+            return Ok(false);
         }
         // Encoded once, in its framing.
         let event = message_event(&msg);
@@ -518,14 +590,21 @@ impl SessionTable {
                 };
                 let sent = out.tx.try_send(item); // bounded: messages and bytes; full → the wait below, never a drop
                 match sent {
-                    Ok(()) => return true,
-                    Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                    Ok(()) => return Ok(true),
+                    Err(mpsc::error::TrySendError::Closed(_)) => return Ok(false),
                     Err(mpsc::error::TrySendError::Full(q)) => Ok(q),
                 }
             }
-            Err(tokio::sync::TryAcquireError::Closed) => return false,
+            Err(tokio::sync::TryAcquireError::Closed) => return Ok(false),
             Err(tokio::sync::TryAcquireError::NoPermits) => Err(event),
         };
+        Err(Waiting { out, share, queued })
+    }
+
+    /// A message waiting for room in its session's queue, at most `slow_reader_grace_ms`;
+    /// then the reader is slow and its session closed.
+    async fn deliver_waiting(&self, session: &Session, wait: Waiting) -> bool {
+        let Waiting { out, share, queued } = wait;
         let grace = Duration::from_millis(self.config.slow_reader_grace_ms);
         let deadline = Instant::now() + grace;
         let sent = async {

@@ -15,14 +15,13 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::header::{AsHeaderName, HeaderName};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 use crate::hub::Hub;
 use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 pub use oauth::Surface;
-pub use origin::check_host_origin;
 pub use rejection::{json_response, reply_response, Rejection};
 
 /// `Mcp-Session-Id` and `MCP-Protocol-Version`.
@@ -37,10 +36,54 @@ pub fn header_str(headers: &HeaderMap, name: impl AsHeaderName) -> Option<&str> 
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The bearer token of a request, if it has one.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
+/// The headers an agent request's checks read, found in one pass over the map (a lookup by
+/// name hashes the name; comparing a standard name is comparing its tag): each the first
+/// value of its name, as `HeaderMap::get` gives it.
+#[derive(Default)]
+pub(crate) struct Heads<'a> {
+    pub host: Option<&'a HeaderValue>,
+    pub origin: Option<&'a HeaderValue>,
+    pub authorization: Option<&'a HeaderValue>,
+    pub content_type: Option<&'a HeaderValue>,
+    /// `Mcp-Session-Id`.
+    pub session: Option<&'a HeaderValue>,
+    /// `MCP-Protocol-Version`.
+    pub version: Option<&'a HeaderValue>,
+}
+
+impl<'a> Heads<'a> {
+    pub(crate) fn of(headers: &'a HeaderMap) -> Self {
+        let mut h = Heads::default();
+        for (name, value) in headers {
+            let slot = if name == header::HOST {
+                &mut h.host
+            } else if name == header::ORIGIN {
+                &mut h.origin
+            } else if name == header::AUTHORIZATION {
+                &mut h.authorization
+            } else if name == header::CONTENT_TYPE {
+                &mut h.content_type
+            } else if name == SESSION_NAME {
+                &mut h.session
+            } else if name == VERSION_NAME {
+                &mut h.version
+            } else {
+                continue;
+            };
+            if slot.is_none() {
+                *slot = Some(value);
+            }
+        }
+        h
+    }
+}
+
+/// The bearer token in a request's `Authorization` value, if it has one.
+fn bearer_of(authorization: Option<&HeaderValue>) -> Option<&str> {
+    let v = authorization?.to_str().ok()?;
+    // A byte scan (a `str` search costs more than this short value); a space is one byte.
+    let at = v.bytes().position(|c| c == b' ')?;
+    let (scheme, token) = (&v[..at], &v[at + 1..]);
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
@@ -56,11 +99,22 @@ pub fn authorize(
     surface: Surface,
     headers: &HeaderMap,
 ) -> Result<Arc<RegistrationState>, Rejection> {
-    check_host_origin(gw.config(), headers)?;
+    authorize_with(gw, id, surface, headers, &Heads::of(headers))
+}
+
+/// [`authorize`] with the request's headers already found ([`Heads`]).
+pub(crate) fn authorize_with(
+    gw: &Hub,
+    id: &str,
+    surface: Surface,
+    headers: &HeaderMap,
+    heads: &Heads<'_>,
+) -> Result<Arc<RegistrationState>, Rejection> {
+    origin::check_host_origin_values(gw.config(), heads.host, heads.origin)?;
     let Some(reg) = gw.registry().get(id) else {
         return Err(Rejection::not_found("registration not found"));
     };
-    match bearer(headers) {
+    match bearer_of(heads.authorization) {
         None => Err(oauth::unauthorized(
             gw,
             headers,
@@ -79,13 +133,19 @@ pub fn authorize(
     }
 }
 
-/// Is the request's Content-Type JSON?
-pub fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
+pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(v) = content_type else {
+        return false;
+    };
+    // The media type, before any parameters, read from the bytes (a `str` split costs more
+    // than the whole check): visible ASCII only, as `to_str` requires.
+    let v = v.as_bytes();
+    if !v.iter().all(|&c| c == b'\t' || (b' '..=b'~').contains(&c)) {
+        return false;
+    }
+    let media = v.iter().position(|&c| c == b';').map_or(v, |at| &v[..at]);
+    media.trim_ascii().eq_ignore_ascii_case(b"application/json")
 }
 
 /// Reads a body up to `max_body_bytes` (413 above it) within `connections.body_timeout_s` of

@@ -1,20 +1,33 @@
 //! The first check of every agent request: its `Host` and `Origin` (403), against DNS
 //! rebinding, before the registration is even looked up.
 
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, HeaderValue};
 
 use super::Rejection;
 use crate::config::Config;
 
 /// Host and Origin (403): DNS-rebinding protection, before anything else.
 pub fn check_host_origin(config: &Config, headers: &HeaderMap) -> Result<(), Rejection> {
-    if let Some(host) = headers.get(header::HOST) {
+    check_host_origin_values(
+        config,
+        headers.get(header::HOST),
+        headers.get(header::ORIGIN),
+    )
+}
+
+/// [`check_host_origin`] on the request's first `Host` and `Origin` values, already found.
+pub fn check_host_origin_values(
+    config: &Config,
+    host: Option<&HeaderValue>,
+    origin: Option<&HeaderValue>,
+) -> Result<(), Rejection> {
+    if let Some(host) = host {
         let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
         if !ok {
             return Err(Rejection::forbidden("forbidden: Host not allowed"));
         }
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    if let Some(origin) = origin {
         let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
         if !ok {
             return Err(Rejection::forbidden("forbidden: Origin not allowed"));
@@ -70,7 +83,12 @@ fn split_host(hostport: &str) -> Option<(&str, Option<&str>)> {
             _ => None,
         };
     }
-    match hostport.split_once(':') {
+    // A byte scan (a `str` search costs more than a host); `:` is one byte.
+    match hostport
+        .bytes()
+        .position(|c| c == b':')
+        .map(|at| (&hostport[..at], &hostport[at + 1..]))
+    {
         Some((h, p)) if valid_port(p) && !h.is_empty() => Some((h, Some(p))),
         Some(_) => None,
         None if !hostport.is_empty() => Some((hostport, None)),

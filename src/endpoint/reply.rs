@@ -30,6 +30,7 @@ pub(crate) struct ReplyOpts {
     pub priming: bool,
     /// Cancel the call when the response is dropped (stateless: disconnect = cancel).
     pub cancel_on_drop: bool,
+    /// The request's method, for `finish` (empty when there is none: nothing reads it).
     pub method: String,
     /// Applied to the final response (stateless: `resultType`, cache fields).
     pub finish: Option<fn(Value, &str) -> Value>,
@@ -230,32 +231,31 @@ pub(crate) fn reply(
     let gw = ctx.hub.clone();
     let registration = ctx.registration.clone();
     let guard = CancelOnDrop(opts.cancel_on_drop.then(|| cancel.clone()));
-    let (ntx, nrx) = mpsc::channel::<Value>(gw.sessions().config().queue.max(1));
-    let keep = ntx.clone();
+    let (keep, nrx) = gw
+        .sessions()
+        .notes_channel(gw.sessions().config().queue.max(1));
+    let ntx = keep.clone();
     ctx.notify = Some(ntx);
     let work = call_work(ctx, id.clone(), method, params, cancel);
     answer(gw, registration, id, (nrx, Some(keep)), work, guard, opts)
 }
 
-/// Closes a call's notes channel once its work has ended, without waking the task that reads
-/// it; returns the notes still queued there, in order.
+/// The notes still queued, in order, once a call's work has ended, taken with a no-op waker
+/// left in the channel's place for the reader's: after it, dropping the last sender (or
+/// keeping the channel, `SessionTable::recycle_notes`) wakes nobody.
 ///
 /// The receiver's task registered its waker on the channel, and the channel's last sender
 /// wakes it when dropped. The work drops its senders (in its `RequestCtx`) as it ends, in a
 /// poll of that same task: a wake of a running task makes tokio reschedule it as a yield and
 /// wake an idle worker to steal it — a `futex` wake and a worker's round trip per call, for
 /// nothing. So the reading side holds one sender (`keep`) while the work runs, and drops it
-/// here, last, after handing the channel a no-op waker.
-fn close_quietly(
-    notes: &mut mpsc::Receiver<Value>,
-    keep: Option<mpsc::Sender<Value>>,
-) -> Vec<Value> {
+/// last, after this handed the channel a no-op waker.
+fn drain_quietly(notes: &mut mpsc::Receiver<Value>) -> Vec<Value> {
     let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
     let mut found = Vec::new();
     while let std::task::Poll::Ready(Some(n)) = notes.poll_recv(&mut noop) {
         found.push(n);
     }
-    drop(keep);
     found
 }
 
@@ -307,12 +307,12 @@ pub(crate) async fn resume(
 
 /// Answers request `id` from its call's notes and result: JSON if the result comes first, an
 /// event stream if a notification does (or the call outlives a keep-alive period). `keep`, a
-/// sender of the notes held while the work runs ([`close_quietly`]), if the work runs here.
+/// sender of the notes held while the work runs ([`drain_quietly`]), if the work runs here.
 async fn answer(
     gw: Arc<Hub>,
     registration: Arc<crate::registry::RegistrationState>,
     id: Value,
-    (mut nrx, mut keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
+    (mut nrx, keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
     mut work: CallWork,
     mut guard: CancelOnDrop,
     opts: ReplyOpts,
@@ -356,13 +356,18 @@ async fn answer(
     // out first, on a stream, before the result.
     let mut early = Vec::new();
     if let First::Done(done) = &first {
-        let found = close_quietly(&mut nrx, keep.take());
+        let found = drain_quietly(&mut nrx);
         if done.is_some() {
             early = found;
         }
     }
-    // Not the last sender while the work runs on (a stream, a held call).
-    drop(keep);
+    // A call that ended with nothing queued leaves its channel to the next call, if nothing
+    // else can reach it (`SessionTable::recycle_notes`); `keep` is dropped otherwise, and must not be the
+    // last sender while the work runs on (a stream).
+    let recycle = |keep: Option<mpsc::Sender<Value>>, nrx| match keep {
+        Some(keep) => gw.sessions().recycle_notes(keep, nrx),
+        None => drop(nrx),
+    };
     let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
         let mut pending = VecDeque::new();
         if opts.priming {
@@ -392,16 +397,19 @@ async fn answer(
     };
     match first {
         First::Done(Some(v)) if early.is_empty() => {
+            recycle(keep, nrx);
             let mut guard = guard;
             guard.0 = None;
             Ok(reply_response(&finish(v)))
         }
         First::Done(Some(v)) => {
+            drop(keep);
             let mut guard = guard;
             guard.0 = None;
             Ok(streamed(early, Some(v), None, guard))
         }
         First::Done(None) => {
+            recycle(keep, nrx);
             let mut guard = guard;
             guard.0 = None;
             if registration.is_released() {
@@ -410,12 +418,16 @@ async fn answer(
             // Cancelled by the client: no reply follows, the stream just ends.
             Ok(event_stream::response(Body::empty()))
         }
-        First::Stream(note) => Ok(streamed(
-            note.into_iter().collect(),
-            None,
-            Some((nrx, work)),
-            guard,
-        )),
+        First::Stream(note) => {
+            // Not the last sender while the work runs on: the stream ends with the work's.
+            drop(keep);
+            Ok(streamed(
+                note.into_iter().collect(),
+                None,
+                Some((nrx, work)),
+                guard,
+            ))
+        }
     }
 }
 
@@ -496,6 +508,9 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
     }
 }
 
+/// A legacy SSE call's notes channel: notes wait there only until `deliver` takes them.
+const SSE_NOTES: usize = 64;
+
 /// Legacy SSE: runs a request on the registration's tracker; its notifications, then its
 /// reply, go to the session's stream (through `deliver`, so a stuck reader closes the
 /// session instead of blocking the call on a full queue).
@@ -512,11 +527,11 @@ pub(crate) fn to_session_stream(
         // Notifications of this call (progress, logs) go through `deliver` too, so a stuck
         // reader closes the session instead of blocking the call forever on a full queue.
         // They are delivered in order, before the reply.
-        let (ntx, mut nrx) = mpsc::channel::<Value>(64);
-        let keep = ntx.clone();
+        let gw = ctx.hub.clone();
+        let (keep, mut nrx) = gw.sessions().notes_channel(SSE_NOTES);
+        let ntx = keep.clone();
         let mut ctx = ctx;
         ctx.notify = Some(ntx);
-        let gw = ctx.hub.clone();
         let call_id = id.clone();
         // Boxed: the spawned future stays small, so the task's cell is not a copy of the
         // whole request's state (it is moved three times on the way into the task).
@@ -533,8 +548,14 @@ pub(crate) fn to_session_stream(
                 r = &mut work => break r,
             }
         };
-        for n in close_quietly(&mut nrx, Some(keep)) {
-            gw.sessions().deliver(&session, n).await;
+        let left = drain_quietly(&mut nrx);
+        if left.is_empty() {
+            gw.sessions().recycle_notes(keep, nrx);
+        } else {
+            drop(keep);
+            for n in left {
+                gw.sessions().deliver(&session, n).await;
+            }
         }
         // The call counts as in flight until its reply is queued, so a session's replies
         // waiting for room are bounded by `sessions.max_in_flight` too.
@@ -559,6 +580,44 @@ mod tests {
         fn wake_by_ref(me: &Arc<Self>) {
             me.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A drained channel whose only sender is `keep` is kept and handed to the next call of
+    /// its capacity; one another sender can still reach, or with a note queued, is not; at
+    /// most `SPARE_NOTES_MAX` are kept.
+    #[test]
+    fn unused_notes_channels_are_reused_and_reachable_ones_are_not() {
+        use crate::session::{SessionTable, SPARE_NOTES_MAX};
+        let table = SessionTable::new(crate::config::SessionConfig::default());
+        let (keep, mut rx) = table.notes_channel(1234);
+        assert!(drain_quietly(&mut rx).is_empty());
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 1);
+        // Another capacity: a new channel, the spare stays.
+        let (keep7, rx7) = table.notes_channel(7);
+        assert_eq!((keep7.max_capacity(), table.spare_notes()), (7, 1));
+        let (keep, mut rx) = table.notes_channel(1234);
+        assert_eq!(table.spare_notes(), 0, "the spare was handed out");
+        // A tool context or an upstream route still holds a sender: not kept.
+        let held = keep.clone();
+        drain_quietly(&mut rx);
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 0);
+        assert!(held.is_closed(), "its receiver went");
+        // A note queued: not kept.
+        let (keep, rx) = table.notes_channel(1234);
+        keep.try_send(serde_json::json!({})).unwrap(); // bounded (1234), empty
+        table.recycle_notes(keep, rx);
+        assert_eq!(table.spare_notes(), 0);
+        // At most SPARE_NOTES_MAX.
+        let all: Vec<_> = (0..SPARE_NOTES_MAX + 2)
+            .map(|_| table.notes_channel(1234))
+            .collect();
+        for (keep, rx) in all {
+            table.recycle_notes(keep, rx);
+        }
+        assert_eq!(table.spare_notes(), SPARE_NOTES_MAX);
+        drop((keep7, rx7));
     }
 
     /// The reading task's waker, registered on the notes, is not woken when the work's
@@ -586,7 +645,8 @@ mod tests {
                 woken_by_note,
                 "the work's end woke the reader"
             );
-            let found = close_quietly(&mut nrx, Some(keep));
+            let found = drain_quietly(&mut nrx);
+            drop(keep);
             assert_eq!(
                 count.0.load(Ordering::SeqCst),
                 woken_by_note,

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::event_stream::{self, sse_event};
 use super::reply;
-use super::{authorize, is_json, query_param, read_body, Rejection};
+use super::{authorize, query_param, read_body, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
@@ -71,7 +71,8 @@ pub async fn message(
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
     let (uri, headers) = (&parts.uri, &parts.headers);
-    let reg = authorize(&gw, &id, super::Surface::Sse, headers)?;
+    let heads = super::Heads::of(headers);
+    let reg = super::authorize_with(&gw, &id, super::Surface::Sse, headers, &heads)?;
     let Some(sid) =
         query_param(uri.query(), &["session_id", "sessionId"]).filter(|s| !s.is_empty())
     else {
@@ -81,7 +82,7 @@ pub async fn message(
         return Err(Rejection::not_found("session not found"));
     };
     session.touch();
-    if !is_json(headers) {
+    if !super::is_json(heads.content_type) {
         return Err(Rejection::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,

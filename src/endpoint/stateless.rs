@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Map, Value};
@@ -50,20 +50,43 @@ const METHODS: &[&str] = &[
 
 /// A message's `_meta`, from its params.
 fn meta(params: Option<&Value>) -> Option<&Map<String, Value>> {
-    params?.get("_meta")?.as_object()
+    // Found by comparing keys: a lookup hashes the key (SipHash), and this runs on every POST.
+    params?
+        .as_object()?
+        .iter()
+        .find_map(|(k, v)| (k == "_meta").then_some(v))?
+        .as_object()
 }
 
 /// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has
 /// no session and its `MCP-Protocol-Version` header is not a handshake-era one. Takes the
 /// message's method and params (as read, valid or not).
 pub fn is_stateless(method: Option<&str>, params: Option<&Value>, headers: &HeaderMap) -> bool {
+    is_stateless_with(
+        method,
+        params,
+        headers.get(&SESSION_NAME),
+        headers.get(&VERSION_NAME),
+    )
+}
+
+/// [`is_stateless`] on the request's first `Mcp-Session-Id` and `MCP-Protocol-Version`
+/// values, already found.
+pub(crate) fn is_stateless_with(
+    method: Option<&str>,
+    params: Option<&Value>,
+    session: Option<&HeaderValue>,
+    version: Option<&HeaderValue>,
+) -> bool {
     if meta(params).is_some_and(|m| m.contains_key(META_VERSION)) {
         return true;
     }
     let is_initialize = method == Some("initialize");
-    headers.get(&SESSION_NAME).is_none()
+    session.is_none()
         && !is_initialize
-        && header_str(headers, &VERSION_NAME).is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
+        && version
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
 }
 
 fn error(

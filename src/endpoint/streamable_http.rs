@@ -23,8 +23,8 @@ use serde_json::Value;
 use super::event_stream;
 use super::reply::{reply, ReplyOpts};
 use super::{
-    authorize, header_str, is_json, json_response, read_body, Rejection, SESSION_HEADER,
-    SESSION_NAME, VERSION_HEADER, VERSION_NAME,
+    authorize, header_str, json_response, read_body, Rejection, SESSION_HEADER, SESSION_NAME,
+    VERSION_HEADER, VERSION_NAME,
 };
 use crate::hub::Hub;
 use crate::mcp::dispatch;
@@ -41,11 +41,26 @@ const BATCH_VERSION: &str = "2025-03-26";
 /// Priming events (empty data with an id) go to clients at this revision or later.
 const PRIMING_SINCE: &str = "2025-11-25";
 
+/// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
+const COMMON_ACCEPTS: [&[u8]; 4] = [
+    b"application/json, text/event-stream",
+    b"text/event-stream, application/json",
+    b"application/json,text/event-stream",
+    b"text/event-stream,application/json",
+];
+
 /// Does `Accept` list both `application/json` and `text/event-stream`?
 fn accepts(headers: &HeaderMap, json: bool, sse: bool) -> bool {
     let mut has_json = false;
     let mut has_sse = false;
     for v in headers.get_all(header::ACCEPT) {
+        // What clients send nearly always, compared whole before the general parse below
+        // (its splitting and trimming cost more than the rest of the header checks).
+        if COMMON_ACCEPTS.contains(&v.as_bytes()) {
+            has_json = true;
+            has_sse = true;
+            continue;
+        }
         for item in v.as_bytes().split(|b| *b == b',') {
             let media = item
                 .split(|b| *b == b';')
@@ -70,7 +85,17 @@ fn require_session(
     reg: &RegistrationState,
     headers: &HeaderMap,
 ) -> Result<Arc<Session>, Rejection> {
-    let Some(sid) = header_str(headers, &SESSION_NAME).filter(|s| !s.is_empty()) else {
+    require_session_of(gw, reg, headers.get(&SESSION_NAME))
+}
+
+/// [`require_session`] on the request's first `Mcp-Session-Id` value.
+fn require_session_of(
+    gw: &Hub,
+    reg: &RegistrationState,
+    session: Option<&HeaderValue>,
+) -> Result<Arc<Session>, Rejection> {
+    let sid = session.and_then(|v| v.to_str().ok());
+    let Some(sid) = sid.filter(|s| !s.is_empty()) else {
         return Err(Rejection::bad_request(
             "bad request: Mcp-Session-Id header is required (send initialize first)",
         ));
@@ -86,7 +111,12 @@ fn require_session(
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
 fn legacy_version(headers: &HeaderMap) -> Result<&str, Rejection> {
-    match headers.get(&VERSION_NAME) {
+    legacy_version_of(headers.get(&VERSION_NAME))
+}
+
+/// [`legacy_version`] of the request's first `MCP-Protocol-Version` value.
+fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
+    match version {
         None => Ok(ASSUMED_VERSION),
         Some(v) => match v.to_str() {
             Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
@@ -106,7 +136,8 @@ pub async fn post(
 ) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
+    let heads = super::Heads::of(&headers);
+    let reg = super::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
     if !accepts(&headers, true, true) {
         return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
@@ -114,7 +145,7 @@ pub async fn post(
             "not acceptable: Accept must list application/json and text/event-stream",
         ));
     }
-    if !is_json(&headers) {
+    if !super::is_json(heads.content_type) {
         return Err(Rejection::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,
@@ -124,10 +155,16 @@ pub async fn post(
     let bytes = read_body(body, gw.config()).await?;
     // The common case: one valid request or notification, read without a `Value` envelope.
     if let Some(msg) = jsonrpc::parse_request(&bytes) {
-        return if super::stateless::is_stateless(msg.method(), msg.params(), &headers) {
+        let stateless = super::stateless::is_stateless_with(
+            msg.method(),
+            msg.params(),
+            heads.session,
+            heads.version,
+        );
+        return if stateless {
             super::stateless::handle(gw, reg, headers, Ok(msg)).await
         } else {
-            legacy_single(gw, reg, &headers, Ok(msg)).await
+            legacy_single(gw, reg, &heads, Ok(msg)).await
         };
     }
     // Everything else (responses, batches, malformed messages) is rare and boxed, like
@@ -150,7 +187,7 @@ async fn post_general(
             if super::stateless::is_stateless(method, v.get("params"), &headers) {
                 super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
             } else {
-                legacy_single(gw, reg, &headers, jsonrpc::classify(v)).await
+                legacy_single(gw, reg, &super::Heads::of(&headers), jsonrpc::classify(v)).await
             }
         }
         RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
@@ -161,17 +198,18 @@ async fn post_general(
 async fn legacy_single(
     gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
-    headers: &HeaderMap,
+    heads: &super::Heads<'_>,
     msg: Result<Message, jsonrpc::RpcError>,
 ) -> Result<Response, Rejection> {
-    let version = legacy_version(headers)?.to_string();
+    // Only whether priming events are sent depends on the version: no copy of it is kept.
+    let priming = legacy_version_of(heads.version)? >= PRIMING_SINCE;
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
             return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
         }
     }
-    let session = require_session(&gw, &reg, headers)?;
+    let session = require_session_of(&gw, &reg, heads.session)?;
     let ctx = session_ctx(&gw, &reg, &session);
     match msg {
         Message::Request { id, method, params } => {
@@ -179,9 +217,10 @@ async fn legacy_single(
                 .begin_call(&id)
                 .map_err(|why| Rejection::call_refused(why, id.clone()))?;
             let opts = ReplyOpts {
-                priming: version.as_str() >= PRIMING_SINCE,
+                priming,
                 cancel_on_drop: false,
-                method: method.clone(),
+                // Read by `finish` only (none here): no copy of the method.
+                method: String::new(),
                 finish: None,
                 mrtr: None,
             };

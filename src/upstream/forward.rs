@@ -24,7 +24,7 @@ pub struct ForwardCall<'a> {
     pub session: Option<Arc<Session>>,
     pub upstream: &'a str,
     pub tool: &'a str,
-    /// The downstream params (`name` and `arguments` are replaced).
+    /// The downstream params (`name` and `arguments` are replaced, in their places).
     pub params: Map<String, Value>,
     pub arguments: Value,
     /// Borrowed: each clone of a token, and each drop, takes the token's mutex.
@@ -128,8 +128,8 @@ impl Pool {
         }
 
         let mut params = call.params;
-        params.insert("name".into(), Value::String(call.tool.to_string()));
-        params.insert("arguments".into(), call.arguments);
+        set_member(&mut params, "name", Value::String(call.tool.to_string()));
+        set_member(&mut params, "arguments", call.arguments);
         upstream_meta(
             &mut params,
             call.registration,
@@ -315,6 +315,17 @@ impl Pool {
             _share: share,
             _busy: busy,
         })
+    }
+}
+
+/// Sets `params[key]` in its place, found by comparing keys (a lookup would hash the key),
+/// or appended.
+fn set_member(params: &mut Map<String, Value>, key: &str, value: Value) {
+    match params.iter_mut().find(|(k, _)| k.as_str() == key) {
+        Some((_, slot)) => *slot = value,
+        None => {
+            params.insert(key.to_owned(), value);
+        }
     }
 }
 

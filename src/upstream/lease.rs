@@ -89,6 +89,12 @@ pub(super) fn upstream_meta(
     registration: &RegistrationState,
     lease: Option<String>,
 ) {
+    // Found by comparing keys (a lookup hashes the key): most requests have no `_meta`, and
+    // then, without a lease, there is nothing to do.
+    let present = params.iter().any(|(k, _)| k == "_meta");
+    if !present && lease.is_none() {
+        return;
+    }
     let mut meta = match params.remove("_meta") {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
