@@ -606,7 +606,8 @@ mod tests {
         assert!(held.is_closed(), "its receiver went");
         // A note queued: not kept.
         let (keep, rx) = table.notes_channel(1234);
-        keep.try_send(serde_json::json!({})).unwrap(); // bounded (1234), empty
+        // bounded: a channel of 1,234 that is empty here, so this send cannot fail.
+        keep.try_send(serde_json::json!({})).unwrap();
         table.recycle_notes(keep, rx);
         assert_eq!(table.spare_notes(), 0);
         // At most SPARE_NOTES_MAX.
