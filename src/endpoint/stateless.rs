@@ -50,12 +50,8 @@ const METHODS: &[&str] = &[
 
 /// A message's `_meta`, from its params.
 fn meta(params: Option<&Value>) -> Option<&Map<String, Value>> {
-    // Found by comparing keys: a lookup hashes the key (SipHash), and this runs on every POST.
-    params?
-        .as_object()?
-        .iter()
-        .find_map(|(k, v)| (k == "_meta").then_some(v))?
-        .as_object()
+    // Runs on every POST: `jsonrpc::member` (no hashing of the key).
+    jsonrpc::member(params?.as_object()?, "_meta")?.as_object()
 }
 
 /// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has

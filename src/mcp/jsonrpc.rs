@@ -21,6 +21,27 @@ pub const MISSING_CAPABILITY: i64 = -32021;
 /// 2026-07-28: the requested protocol version is not supported.
 pub const UNSUPPORTED_VERSION: i64 = -32022;
 
+/// The member `key` of an object, found by comparing keys: a `Map` lookup SipHashes the key,
+/// which costs more than comparing the few keys a message's params hold (hot request path).
+pub fn member<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    map.iter().find_map(|(k, v)| (k == key).then_some(v))
+}
+
+/// [`member`], mutable.
+pub fn member_mut<'a>(map: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut Value> {
+    map.iter_mut().find_map(|(k, v)| (k == key).then_some(v))
+}
+
+/// Sets member `key` in its place ([`member_mut`]), or appends it.
+pub fn set_member(map: &mut Map<String, Value>, key: &str, value: Value) {
+    match member_mut(map, key) {
+        Some(slot) => *slot = value,
+        None => {
+            map.insert(key.to_owned(), value);
+        }
+    }
+}
+
 /// A JSON-RPC error object, with the id it answers (None: the id could not be read).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcError {

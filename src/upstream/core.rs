@@ -31,11 +31,8 @@ pub(super) fn rewrite_progress_token(
     sink: Option<mpsc::Sender<Value>>,
     as_messages: bool,
 ) -> Option<ProgressRoute> {
-    // `_meta` found by comparing keys: a lookup would hash the key, and most calls have none.
-    let slot = params
-        .as_object_mut()?
-        .iter_mut()
-        .find_map(|(k, v)| (k == "_meta").then_some(v))
+    // Most calls have no `_meta`: found without hashing the key (`jsonrpc::member_mut`).
+    let slot = crate::mcp::jsonrpc::member_mut(params.as_object_mut()?, "_meta")
         .and_then(|meta| meta.get_mut("progressToken"))?;
     let token = progress_token(epoch, id);
     let original = std::mem::replace(slot, Value::String(token.clone()));

@@ -15,6 +15,7 @@ use super::pool::Pool;
 use super::routing::CallOwner;
 use super::slot::{Busy, Share, Slot};
 use super::{Connection, ForwardError, RequestOptions, UpstreamError};
+use crate::mcp::jsonrpc;
 use crate::registry::RegistrationState;
 use crate::session::Session;
 
@@ -128,8 +129,9 @@ impl Pool {
         }
 
         let mut params = call.params;
-        set_member(&mut params, "name", Value::String(call.tool.to_string()));
-        set_member(&mut params, "arguments", call.arguments);
+        // In their places, found without hashing the keys.
+        jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
+        jsonrpc::set_member(&mut params, "arguments", call.arguments);
         upstream_meta(
             &mut params,
             call.registration,
@@ -315,17 +317,6 @@ impl Pool {
             _share: share,
             _busy: busy,
         })
-    }
-}
-
-/// Sets `params[key]` in its place, found by comparing keys (a lookup would hash the key),
-/// or appended.
-fn set_member(params: &mut Map<String, Value>, key: &str, value: Value) {
-    match params.iter_mut().find(|(k, _)| k.as_str() == key) {
-        Some((_, slot)) => *slot = value,
-        None => {
-            params.insert(key.to_owned(), value);
-        }
     }
 }
 

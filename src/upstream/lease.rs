@@ -89,9 +89,9 @@ pub(super) fn upstream_meta(
     registration: &RegistrationState,
     lease: Option<String>,
 ) {
-    // Found by comparing keys (a lookup hashes the key): most requests have no `_meta`, and
-    // then, without a lease, there is nothing to do.
-    let present = params.iter().any(|(k, _)| k == "_meta");
+    // Most requests have no `_meta` (looked for without hashing the key), and then, without a
+    // lease, there is nothing to do.
+    let present = crate::mcp::jsonrpc::member(params, "_meta").is_some();
     if !present && lease.is_none() {
         return;
     }
