@@ -159,10 +159,16 @@ fn bad_request(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
 
+/// The HTTP pre-check every admin request passes first (`server::strict_http`): its refusal.
+fn refused_by_strict_http(req: &Request) -> Option<Response> {
+    let refused = crate::server::strict_http(req.version(), req.headers()).err()?;
+    let mut r = error(refused.status, refused.message);
+    refused.close(&mut r);
+    Some(r)
+}
+
 async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Response {
-    if let Err(refused) = crate::server::strict_http(req.version(), req.headers()) {
-        let mut r = error(refused.status, refused.message);
-        refused.close(&mut r);
+    if let Some(r) = refused_by_strict_http(&req) {
         return r;
     }
     let presented = bearer(req.headers()).unwrap_or_default();
@@ -180,12 +186,10 @@ async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Respons
 
 /// The pre-check of the console's public files (the rest of the API runs it in `auth`).
 async fn strict(req: Request, next: Next) -> Response {
-    if let Err(refused) = crate::server::strict_http(req.version(), req.headers()) {
-        let mut r = error(refused.status, refused.message);
-        refused.close(&mut r);
-        return r;
+    match refused_by_strict_http(&req) {
+        Some(r) => r,
+        None => next.run(req).await,
     }
-    next.run(req).await
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {

@@ -100,28 +100,21 @@ pub async fn audit(gw: &Gateway, raw_query: Option<&str>) -> Response {
     })
     .await;
     match read {
-        Ok(Ok((t, q))) => Json(json!({
-            "records": t.records,
-            "verify": t.check,
-            "limit": q.limit,
-            "max_bytes": q.max_bytes,
-        }))
-        .into_response(),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "audit tail not read");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(json!({"error": "the audit log could not be read"})),
-            )
-                .into_response()
+        Ok(Ok((t, q))) => {
+            return Json(json!({
+                "records": t.records,
+                "verify": t.check,
+                "limit": q.limit,
+                "max_bytes": q.max_bytes,
+            }))
+            .into_response()
         }
-        Err(e) => {
-            tracing::error!(error = %e, "audit tail task failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(json!({"error": "the audit log could not be read"})),
-            )
-                .into_response()
-        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "audit tail not read"),
+        Err(e) => tracing::error!(error = %e, "audit tail task failed"),
     }
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(json!({"error": "the audit log could not be read"})),
+    )
+        .into_response()
 }

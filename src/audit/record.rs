@@ -64,6 +64,15 @@ pub const MAX_TOOL_NAME_BYTES: usize = 256;
 /// The longest free text (reason, label, agent id, signal) may be in an audit record (bytes).
 pub const MAX_TEXT_BYTES: usize = 1024;
 
+/// `s` cut to at most `max` bytes, at a character boundary.
+pub fn prefix(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// `s` if it fits in `max` bytes, else its first bytes (cut at a character boundary) then
 /// `…[cut: N bytes, sha256:<hex of the whole>]`: a record stays small whatever a client
 /// sent, and the digest still tells two long values apart.
@@ -72,10 +81,7 @@ pub fn bound_text(s: &mut String, max: usize) {
         return;
     }
     let digest = hex::encode(Sha256::digest(s.as_bytes()));
-    let mut end = max.min(s.len()) / 2;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = prefix(s, max / 2).len();
     let total = s.len();
     s.truncate(end);
     s.push_str(&format!("…[cut: {total} bytes, sha256:{digest}]"));
@@ -269,6 +275,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order of the enum.
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Ok,
+        Outcome::ToolError,
+        Outcome::ProtocolError,
+        Outcome::Denied,
+        Outcome::Cancelled,
+        Outcome::Timeout,
+        Outcome::UpstreamFailed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",

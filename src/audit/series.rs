@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::record::Record;
+use super::record::{prefix as cut, Record};
 use crate::sync::HashMap;
 
 /// The window the rings cover, in seconds (15 minutes).
@@ -62,18 +62,6 @@ fn bucket_of(ms: f64) -> usize {
     } else {
         i.max(0.0) as usize
     }
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Calls and errors per second over the window. Slot `s % WINDOW_S` holds second `s` for
@@ -216,7 +204,10 @@ impl<T> Keyed<T> {
     /// allocation for a key already held.
     fn entry(&mut self, key: &str, make: impl FnOnce() -> T) -> Option<&mut T> {
         let key = cut(key, MAX_KEY_BYTES);
-        let key = if self.map.contains_key(key) || self.map.len() < self.cap {
+        if self.map.contains_key(key) {
+            return self.map.get_mut(key);
+        }
+        let key = if self.map.len() < self.cap {
             key
         } else {
             OTHER

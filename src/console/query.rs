@@ -1,7 +1,7 @@
 //! The query of `GET /v1/audit`: filters, `limit`, `max_bytes`; each bad value answered
 //! with a message naming the parameter and what it takes.
 
-use crate::audit::Filter;
+use crate::audit::{Filter, Outcome};
 
 /// The most records one answer holds.
 pub const MAX_LIMIT: usize = 1000;
@@ -12,16 +12,6 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 20;
 /// The longest filter value accepted (an audit field is cut well below this).
 const MAX_VALUE_BYTES: usize = 2048;
-
-const OUTCOMES: [&str; 7] = [
-    "ok",
-    "tool_error",
-    "protocol_error",
-    "denied",
-    "cancelled",
-    "timeout",
-    "upstream_failed",
-];
 
 /// A parsed `GET /v1/audit` query.
 #[derive(Debug, Clone)]
@@ -59,10 +49,11 @@ impl AuditQuery {
                 "event" => q.filter.event = text,
                 "outcome" => {
                     if let Some(o) = &text {
-                        if !OUTCOMES.contains(&o.as_str()) {
+                        if !Outcome::ALL.iter().any(|k| k.as_str() == o) {
+                            let all: Vec<&str> = Outcome::ALL.iter().map(|k| k.as_str()).collect();
                             return Err(format!(
                                 "outcome: must be one of {} (got {:?})",
-                                OUTCOMES.join(", "),
+                                all.join(", "),
                                 cut(o)
                             ));
                         }
@@ -105,11 +96,7 @@ impl AuditQuery {
 
 /// A value quoted back in an error, at most 64 bytes of it.
 fn cut(s: &str) -> &str {
-    let mut end = s.len().min(64);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    crate::audit::prefix(s, 64)
 }
 
 // Unit tests only (never built into the daemon): an unwrap that fails is the test failing.
