@@ -69,12 +69,7 @@ fn poller(
 
 pub(super) fn console(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cfg = gateway_config(dir.path());
-    let up: UpstreamConfig = serde_json::from_value(json!({
-        "id": "echo", "command": GATEHOUSE_BIN, "args": ["echo-upstream"]
-    }))?;
-    cfg.upstreams.push(up);
-    let gw = srv.block_on(async { Gateway::new(cfg) })?;
+    let gw = echo_gateway(srv, dir.path())?;
     // The admin router as `gatehouse serve` builds it (which turns the console's series on),
     // served on the gateway's runtime.
     let token = "bench-admin-token".to_string();

@@ -1454,14 +1454,19 @@ fn transports(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<
     Ok(())
 }
 
-fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let mut cfg = gateway_config(dir.path());
+/// The bench's gateway (`gateway_config`) with one upstream, `echo`: `gatehouse echo-upstream`.
+fn echo_gateway(srv: &Runtime, dir: &std::path::Path) -> Result<Gateway> {
+    let mut cfg = gateway_config(dir);
     let up: UpstreamConfig = serde_json::from_value(json!({
         "id": "echo", "command": GATEHOUSE_BIN, "args": ["echo-upstream"]
     }))?;
     cfg.upstreams.push(up);
-    let gw = srv.block_on(async { Gateway::new(cfg) })?;
+    Ok(srv.block_on(async { Gateway::new(cfg) })?)
+}
+
+fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = echo_gateway(srv, dir.path())?;
     let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant("echo.echo")))?;
     let addr = gw.local_addr().context("no listener")?;
     let id = reg.id().to_string();
