@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SessionConfig;
-use crate::mcp::jsonrpc::{self, Reply};
+use crate::mcp::jsonrpc::{self, IdKey, Reply};
 use crate::mcp::{log_level_index, ClientCapability};
 use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
@@ -161,11 +161,11 @@ pub struct Session {
     outbound: Mutex<Option<Outbound>>,
     /// Downstream request id key -> the call's cancellation token. An id stays here until
     /// its call ends (a cancelled call included), so it cannot be reused meanwhile.
-    in_flight: Mutex<HashMap<String, CancellationToken>>,
+    in_flight: Mutex<HashMap<IdKey, CancellationToken>>,
     /// Most requests in flight at once (`sessions.max_in_flight`).
     max_in_flight: usize,
     /// Ids of `notifications/cancelled` that named no request in flight (bounded).
-    early_cancels: Mutex<std::collections::VecDeque<String>>,
+    early_cancels: Mutex<std::collections::VecDeque<IdKey>>,
     /// Open server-to-client streams (an SSE session's stream, a Streamable HTTP GET).
     streams: AtomicUsize,
     last_active: Mutex<Instant>,
@@ -280,7 +280,7 @@ impl Session {
     /// maximum of requests in flight. A call named by an earlier cancellation starts
     /// cancelled.
     pub fn begin_call(&self, id: &Value) -> Result<CancellationToken, CallRefused> {
-        let key = jsonrpc::id_key(id);
+        let key = IdKey::of(id);
         let token = self.cancel.child_token();
         let mut in_flight = lock(&self.in_flight);
         if in_flight.contains_key(&key) {
@@ -305,7 +305,7 @@ impl Session {
 
     /// Ends a call; its end counts as activity (the idle clock restarts).
     pub fn end_call(&self, id: &Value) {
-        lock(&self.in_flight).remove(&jsonrpc::id_key(id));
+        lock(&self.in_flight).remove(&IdKey::of(id));
         self.touch();
     }
 
@@ -332,7 +332,7 @@ impl Session {
     /// cancellation (sent on another connection) starts cancelled. The call keeps its id
     /// until it ends.
     pub fn cancel_call(&self, id: &Value) -> bool {
-        let key = jsonrpc::id_key(id);
+        let key = IdKey::of(id);
         let token = lock(&self.in_flight).get(&key).cloned();
         match token {
             Some(t) => {

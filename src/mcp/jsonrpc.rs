@@ -394,30 +394,33 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
     Value::Object(m)
 }
 
-/// A stable map key for a request id (so `1` and `"1"` stay distinct): `s:<string>`, or
-/// `n:<the value as JSON>`. Built without `fmt` for strings and integers (two per call:
-/// begin and end).
-pub fn id_key(id: &Value) -> String {
-    match id {
-        Value::String(s) => {
-            let mut k = String::with_capacity(2 + s.len());
-            k.push_str("s:");
-            k.push_str(s);
-            k
+/// A stable map key for a request id, so `1` and `"1"` stay distinct and two ids are the
+/// same key exactly when their JSON texts are (`s:<string>` / `n:<the value as JSON>` as
+/// strings). An integer id, what nearly every client sends, is kept as a number: no
+/// formatting and no allocation (two per call: begin and end).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IdKey {
+    /// A non-negative integer.
+    Unsigned(u64),
+    /// A negative integer.
+    Negative(i64),
+    /// A string id.
+    Text(String),
+    /// Any other value, as JSON (`1.5`, `null`, `[1]`).
+    Other(String),
+}
+
+impl IdKey {
+    pub fn of(id: &Value) -> IdKey {
+        match id {
+            Value::String(s) => IdKey::Text(s.clone()),
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => IdKey::Unsigned(u),
+                (None, Some(i)) => IdKey::Negative(i),
+                (None, None) => IdKey::Other(n.to_string()),
+            },
+            other => IdKey::Other(other.to_string()),
         }
-        Value::Number(n) if n.is_u64() || n.is_i64() => {
-            let mut digits = itoa::Buffer::new();
-            let digits = match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => digits.format(u),
-                (None, Some(i)) => digits.format(i),
-                (None, None) => "0",
-            };
-            let mut k = String::with_capacity(2 + digits.len());
-            k.push_str("n:");
-            k.push_str(digits);
-            k
-        }
-        other => format!("n:{other}"),
     }
 }
 
@@ -547,28 +550,44 @@ mod tests {
         }
     }
 
+    /// Two ids are one key exactly when their formatted keys (`s:…` / `n:<JSON>`, what the
+    /// table was keyed by before) are equal.
     #[test]
-    fn id_keys_are_the_formatted_values() {
+    fn id_keys_are_equal_when_the_formatted_values_are() {
         let was = |id: &Value| match id {
             Value::String(s) => format!("s:{s}"),
             other => format!("n:{other}"),
         };
-        for id in [
+        let ids = [
             json!(0),
             json!(7),
+            json!("7"),
             json!(-1),
+            json!("-1"),
             json!(u64::MAX),
             json!(i64::MIN),
             json!(i64::MAX),
             json!(1.5),
+            json!("1.5"),
+            json!(1.0),
             json!(""),
             json!("é\"x"),
             Value::Null,
+            json!("null"),
             json!([1]),
-        ] {
-            assert_eq!(id_key(&id), was(&id), "{id}");
+            serde_json::from_str::<Value>("7").unwrap(),
+            serde_json::from_str::<Value>("-0").unwrap(),
+        ];
+        for a in &ids {
+            for b in &ids {
+                assert_eq!(
+                    IdKey::of(a) == IdKey::of(b),
+                    was(a) == was(b),
+                    "{a} vs {b}"
+                );
+            }
         }
-        assert_ne!(id_key(&json!(1)), id_key(&json!("1")));
+        assert_eq!(IdKey::of(&json!(7)), IdKey::Unsigned(7));
     }
 
     #[test]
