@@ -1,5 +1,5 @@
 //! Small helpers shared by every module: the poison-tolerant std locks, the hasher of the
-//! in-memory maps, and [`unless_cancelled`].
+//! in-memory maps, [`unless_cancelled`], and coarse deadlines ([`coarse`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +8,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
 use tokio_util::sync::CancellationToken;
+
+pub(crate) mod coarse;
 
 /// Locks a std mutex, ignoring poisoning: a panic elsewhere mid-update leaves plain data that
 /// every path keeps consistent, so the value is still usable. Never held across `.await`.

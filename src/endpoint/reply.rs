@@ -318,7 +318,9 @@ async fn answer(
     opts: ReplyOpts,
 ) -> Result<Response, Rejection> {
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
-    let sleep = tokio::time::sleep(period);
+    // A coarse wait (within 100 ms of the period): a timer-wheel entry per call cost more
+    // than the rest of this engine's work (`sync::coarse`).
+    let sleep = crate::sync::coarse::sleep(period);
     tokio::pin!(sleep);
     let first = loop {
         let first = tokio::select! {
