@@ -567,8 +567,10 @@ pub(crate) fn to_session_stream(
         session.end_call(&id);
     };
     // Spawned, not polled here first: the POST is answered 202 at once, whatever the tool does
-    // (even one that blocks its thread), and the reply follows on the stream.
-    calls.spawn(work);
+    // (even one that blocks its thread), and the reply follows on the stream. Boxed: the task
+    // would otherwise hold the ~900-byte state inline, copied whole by the spawn, into the
+    // task's cell and again when the task ends (one copy into the box instead).
+    calls.spawn(Box::pin(work));
 }
 
 #[cfg(test)]
