@@ -254,8 +254,13 @@ pub async fn run(
     };
     // An upstream call handles its own cancellation (it must send `notifications/cancelled`
     // upstream before the call ends), so only in-process calls are cut off here.
+    // Without a registration timeout an upstream call is just awaited: a disabled `select!`
+    // branch still builds its future (the token's waiter), and this is every proxied call.
     let is_upstream = matches!(tool.backend, Backend::Upstream { .. });
-    let ended = tokio::select! {
+    let ended = if is_upstream && timeout.is_none() {
+        exec.await
+    } else {
+        tokio::select! {
         biased;
         _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
         e = exec => e,
@@ -266,6 +271,7 @@ pub async fn run(
                 ToolResult::error(format!("tool call timed out after {secs} s (limit call_timeout_s)")).0,
                 Outcome::Timeout,
             )
+        }
         }
     };
     rec.upstream_request_id = call_ids.request_id();

@@ -580,11 +580,7 @@ mod tests {
         ];
         for a in &ids {
             for b in &ids {
-                assert_eq!(
-                    IdKey::of(a) == IdKey::of(b),
-                    was(a) == was(b),
-                    "{a} vs {b}"
-                );
+                assert_eq!(IdKey::of(a) == IdKey::of(b), was(a) == was(b), "{a} vs {b}");
             }
         }
         assert_eq!(IdKey::of(&json!(7)), IdKey::Unsigned(7));

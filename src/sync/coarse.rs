@@ -249,7 +249,8 @@ mod tests {
         // Dropped before their time: their slots are free again (other tests' waits may be
         // live meanwhile, so the table is only bounded, not empty).
         for _ in 0..1000 {
-            let cut = tokio::time::timeout(Duration::from_millis(1), sleep(Duration::from_secs(60)));
+            let cut =
+                tokio::time::timeout(Duration::from_millis(1), sleep(Duration::from_secs(60)));
             assert!(cut.await.is_err());
         }
         assert!(lock(&TABLE).slots.len() < 500);
