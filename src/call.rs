@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{digest_value, Outcome, Record};
+use crate::audit::{args_digest, Outcome, Record};
 use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
@@ -135,7 +135,8 @@ pub async fn run(
     // brute-forced offline.
     let redact_keys = &gw.config().audit.redact_keys;
     let redacted = (!redact_keys.is_empty()).then(|| redact(&args, redact_keys));
-    rec.args_digest = Some(digest_value(redacted.as_ref().unwrap_or(&args)).into());
+    let digest = args_digest(redacted.as_ref().unwrap_or(&args));
+    rec.args_digest = Some(Cow::Borrowed(digest.as_str()));
     if gw.config().audit.record_arguments {
         rec.arguments = Some(redacted.unwrap_or_else(|| args.clone()));
     }
