@@ -64,7 +64,7 @@ fn audit(c: &mut Criterion) {
         session_id: Some("s3ss10n".into()),
         transport: Some("streamable_http".into()),
         tool: Some("echo".into()),
-        args_digest: Some(digest_value(&args)),
+        args_digest: Some(digest_value(&args).into()),
         outcome: Some("ok".into()),
         duration_ms: Some(0.042),
         prev: "0".repeat(64),

@@ -25,7 +25,7 @@ mod thread;
 pub mod verify;
 mod writer;
 
-pub use chain::{digest_value, head_path, line_hash, read_head};
+pub use chain::{args_digest, digest_value, head_path, line_hash, read_head};
 pub use files::{chain_files, read_chain, read_records, segments, Filter};
 pub use record::{prefix, Outcome, Record, MAX_TOOL_NAME_BYTES};
 use thread::run;
@@ -123,19 +123,21 @@ impl Audit {
     /// Writes a record and waits until it is written (per the fsync policy).
     ///
     /// Under `interval` and `never` the record is written when this is called (the future
-    /// only reports how that went); under `always` it is queued then, and the future waits
-    /// for the writer's acknowledgement. Not an `async fn`: its future would hold the
-    /// `Record` (hundreds of bytes) inside every caller's future.
+    /// only reports how that went), from the caller's own record: what it borrows is not
+    /// copied. Under `always` it is queued then (as an owned copy, `Record::into_owned`), and
+    /// the future waits for the writer's acknowledgement. Not an `async fn`: its future would
+    /// hold the `Record` (hundreds of bytes) inside every caller's future, and borrow what
+    /// the record borrows.
     pub fn record(
         &self,
-        record: Record,
+        mut record: Record<'_>,
     ) -> impl std::future::Future<Output = Result<(), AuditError>> + Send + 'static {
-        let record = record.bounded();
+        record.bounded();
         self.observe(&record);
         let pending = if self.inline {
-            Pending::Done(self.write_inline(record))
+            Pending::Done(self.write_inline(&record))
         } else {
-            self.enqueue(record)
+            self.enqueue(record.into_owned())
         };
         async move {
             match pending {
@@ -146,7 +148,7 @@ impl Audit {
     }
 
     /// Feeds the console's series, when enabled (one atomic load when not).
-    fn observe(&self, record: &Record) {
+    fn observe(&self, record: &Record<'_>) {
         if let Some(s) = self.series.get() {
             s.observe(record);
         }
@@ -163,7 +165,7 @@ impl Audit {
     }
 
     /// Queues a record for the writer thread.
-    fn enqueue(&self, record: Record) -> Pending {
+    fn enqueue(&self, record: Record<'static>) -> Pending {
         let (ack, done) = oneshot::channel();
         self.depth.fetch_add(1, Ordering::Relaxed);
         match self.tx.send(Job {
@@ -177,29 +179,25 @@ impl Audit {
 
     /// Writes a record without waiting for a sync (for `Drop` paths). It is still written, in
     /// order.
-    pub fn record_detached(&self, record: Record) {
-        let record = record.bounded();
+    pub fn record_detached(&self, mut record: Record<'_>) {
+        record.bounded();
         self.observe(&record);
         if self.inline {
-            let _ = self.write_inline(record);
+            let _ = self.write_inline(&record);
             return;
         }
         self.depth.fetch_add(1, Ordering::Relaxed);
         let _ = self.tx.send(Job {
-            record: Some(record),
+            record: Some(record.into_owned()),
             ack: None,
         });
     }
 
     /// Writes one record in the caller's thread (see the type's documentation).
-    fn write_inline(&self, record: Record) -> Result<(), AuditError> {
-        let batch = [Job {
-            record: Some(record),
-            ack: None,
-        }];
+    fn write_inline(&self, record: &Record<'_>) -> Result<(), AuditError> {
         let result = {
             let mut w = lock(&self.writer);
-            let result = w.write_batch(&batch, false);
+            let result = w.write_batch(std::iter::once(record), false);
             w.note(&result, &self.healthy, 1);
             result
         };

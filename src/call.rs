@@ -1,6 +1,7 @@
 //! A governed tool call: grant check, limits, execution with timeout and cancellation,
 //! and the audit record that must be written before the reply is sent.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{digest_value, Outcome, Record};
+use crate::audit::{args_digest, Outcome, Record};
 use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::tools::{Backend, ToolContext, ToolResult};
@@ -28,11 +29,13 @@ enum Ended {
     Cancelled,
 }
 
-fn base_record(ctx: &RequestCtx, tool: Option<&str>) -> Record {
+/// The call's record, borrowing its text from the request (registration, session, tool name):
+/// building it allocates nothing.
+fn base_record<'a>(ctx: &'a RequestCtx, tool: Option<&'a str>) -> Record<'a> {
     let mut r = ctx.registration.audit_record("governed_mcp_call");
-    r.session_id = ctx.session_id().map(str::to_string);
-    r.transport = Some(ctx.transport.as_str().to_string());
-    r.tool = tool.map(str::to_string);
+    r.session_id = ctx.session_id().map(Cow::Borrowed);
+    r.transport = Some(Cow::Borrowed(ctx.transport.as_str()));
+    r.tool = tool.map(Cow::Borrowed);
     r
 }
 
@@ -107,11 +110,14 @@ pub async fn run(
         // Not echoed: the reply names the rule, the record a cut, digested copy.
         let mut rec = base_record(ctx, Some(&name));
         rec.set_outcome(Outcome::Denied);
-        rec.reason = Some(format!(
-            "tool name too long ({} bytes; at most {})",
-            name.len(),
-            crate::audit::MAX_TOOL_NAME_BYTES
-        ));
+        rec.reason = Some(
+            format!(
+                "tool name too long ({} bytes; at most {})",
+                name.len(),
+                crate::audit::MAX_TOOL_NAME_BYTES
+            )
+            .into(),
+        );
         rec.error_code = Some(jsonrpc::INVALID_PARAMS);
         let e = Ended::Error(
             jsonrpc::INVALID_PARAMS,
@@ -129,7 +135,8 @@ pub async fn run(
     // brute-forced offline.
     let redact_keys = &gw.config().audit.redact_keys;
     let redacted = (!redact_keys.is_empty()).then(|| redact(&args, redact_keys));
-    rec.args_digest = Some(digest_value(redacted.as_ref().unwrap_or(&args)));
+    let digest = args_digest(redacted.as_ref().unwrap_or(&args));
+    rec.args_digest = Some(Cow::Borrowed(digest.as_str()));
     if gw.config().audit.record_arguments {
         rec.arguments = Some(redacted.unwrap_or_else(|| args.clone()));
     }
@@ -145,7 +152,7 @@ pub async fn run(
         );
         return finish(ctx, rec, started, id, e).await;
     };
-    rec.upstream = tool.upstream().map(str::to_string);
+    rec.upstream = tool.upstream().map(Cow::Borrowed);
 
     if !gw.audit().is_healthy() {
         rec.set_outcome(Outcome::Denied);
@@ -266,7 +273,7 @@ pub async fn run(
         e = exec => e,
         _ = sleep_opt(timeout) => {
             let secs = timeout.map(|d| d.as_secs_f64()).unwrap_or_default();
-            rec.reason = Some(format!("call_timeout_s ({secs}) elapsed"));
+            rec.reason = Some(format!("call_timeout_s ({secs}) elapsed").into());
             Ended::Result(
                 ToolResult::error(format!("tool call timed out after {secs} s (limit call_timeout_s)")).0,
                 Outcome::Timeout,
@@ -418,12 +425,12 @@ fn invalid(msg: &str) -> Ended {
 
 async fn deny(
     ctx: &RequestCtx,
-    mut rec: Record,
+    mut rec: Record<'_>,
     started: Instant,
     id: Value,
     why: String,
 ) -> Option<Reply> {
-    rec.reason = Some(why.clone());
+    rec.reason = Some(why.clone().into());
     finish(
         ctx,
         rec,
@@ -437,7 +444,7 @@ async fn deny(
 /// Writes the audit record, then builds the reply. `executed` is `Ok` when the call ran.
 async fn finish(
     ctx: &RequestCtx,
-    mut rec: Record,
+    mut rec: Record<'_>,
     started: Instant,
     id: Value,
     ended: Ended,
@@ -468,7 +475,7 @@ async fn finish(
         }
         Ended::Error(code, message, outcome) => {
             if outcome == Outcome::Denied && rec.reason.is_none() {
-                rec.reason = Some(message.clone());
+                rec.reason = Some(message.clone().into());
             }
             rec.set_outcome(outcome);
             rec.error_code = Some(code);

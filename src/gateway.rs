@@ -525,7 +525,7 @@ async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: Ca
     }
 }
 
-fn lifecycle_record(event: &str, state: &RegistrationState) -> Record {
+fn lifecycle_record<'a>(event: &'a str, state: &'a RegistrationState) -> Record<'a> {
     state.audit_record(event)
 }
 

@@ -302,8 +302,8 @@ impl RegistrationState {
         }
     }
 
-    /// An audit record about this registration (id, `agent_id`, label).
-    pub fn audit_record(&self, event: &str) -> Record {
+    /// An audit record about this registration (id, `agent_id`, label), borrowing them.
+    pub fn audit_record<'a>(&'a self, event: &'a str) -> Record<'a> {
         Record::about(event, &self.id, &self.agent_id, self.label.as_deref())
     }
 

@@ -32,7 +32,7 @@ async fn write_records(cfg: &AuditConfig, n: usize) {
     let audit = Audit::start(cfg).unwrap();
     for i in 1..=n {
         let mut r = Record::event("test");
-        r.label = Some(format!("r{i}"));
+        r.label = Some(format!("r{i}").into());
         audit.record(r).await.unwrap();
     }
 }
@@ -303,7 +303,7 @@ async fn a_file_moved_aside_keeps_its_records_and_the_next_ones_go_to_a_new_file
     let audit = Audit::start(&audit_config(&path)).unwrap();
     let rec = |l: String| {
         let mut r = Record::event("test");
-        r.label = Some(l);
+        r.label = Some(l.into());
         r
     };
     for i in 0..3 {
@@ -321,7 +321,7 @@ async fn a_file_moved_aside_keeps_its_records_and_the_next_ones_go_to_a_new_file
             .unwrap()
             .into_iter()
             .filter(|r| r.event == "test")
-            .filter_map(|r| r.label)
+            .filter_map(|r| r.label.map(String::from))
             .collect()
     };
     assert_eq!(labels(&aside), ["a0", "a1", "a2"]);
@@ -499,7 +499,7 @@ async fn max_concurrent_is_enforced_across_sessions() {
     let outcomes: Vec<(String, Option<String>)> = tg
         .calls()
         .into_iter()
-        .map(|r| (r.outcome.unwrap(), r.reason))
+        .map(|r| (r.outcome.unwrap().into(), r.reason.map(String::from)))
         .collect();
     assert_eq!(outcomes.len(), 3);
     assert_eq!(outcomes[0].0, "denied");
@@ -586,7 +586,12 @@ async fn max_calls_survives_reconnects_and_ungranted_tools_are_hidden_and_denied
     let calls = tg.calls();
     let summary: Vec<(String, String)> = calls
         .iter()
-        .map(|r| (r.tool.clone().unwrap(), r.outcome.clone().unwrap()))
+        .map(|r| {
+            (
+                r.tool.clone().unwrap().into(),
+                r.outcome.clone().unwrap().into(),
+            )
+        })
         .collect();
     assert_eq!(
         summary,
@@ -654,7 +659,7 @@ async fn arguments_are_recorded_only_when_configured_with_keys_redacted() {
     // The digest leaves redacted values out too (a digest of a short secret can be guessed).
     assert_eq!(
         rec.args_digest,
-        Some(digest_value(rec.arguments.as_ref().unwrap()))
+        Some(digest_value(rec.arguments.as_ref().unwrap()).into())
     );
     let text = std::fs::read_to_string(tg.audit_path()).unwrap();
     assert!(!text.contains("s3cret") && !text.contains("pw-two-secret"));
@@ -797,7 +802,7 @@ async fn two_agents_interleaving_on_shared_and_own_tools_are_attributed_right() 
             let digests: Vec<String> = mine
                 .iter()
                 .filter(|r| r.tool.as_deref() == Some(tool))
-                .map(|r| r.args_digest.clone().unwrap())
+                .map(|r| r.args_digest.clone().unwrap().into())
                 .collect();
             let want: Vec<String> = (0..10)
                 .map(|i| digest_value(&json!({"text": format!("{}-{i}", reg.agent_id())})))
@@ -836,7 +841,7 @@ async fn cli_filters_summary_and_follow() {
             let mut r = Record::event("governed_mcp_call");
             r.ts = format!("2026-01-0{day}T00:00:00Z");
             r.agent_id = Some(agent.into());
-            r.registration_id = Some(format!("reg-{agent}"));
+            r.registration_id = Some(format!("reg-{agent}").into());
             r.tool = Some(tool.into());
             r.outcome = Some(outcome.into());
             r.duration_ms = Some(ms);
@@ -971,7 +976,7 @@ async fn cli_filters_summary_and_follow() {
         .recv_timeout(Duration::from_secs(5))
         .expect("follow printed nothing");
     let r: Record = serde_json::from_str(&line).unwrap();
-    assert_eq!((r.event.as_str(), r.seq), ("later", 6));
+    assert_eq!((&*r.event, r.seq), ("later", 6));
     drop(_guard);
     reader.join().unwrap();
 }
@@ -1091,7 +1096,7 @@ fn kill_9_under_load_loses_no_acknowledged_call() {
     let ok: std::collections::HashSet<String> = recs
         .iter()
         .filter(|r| r.event == "governed_mcp_call" && r.outcome.as_deref() == Some("ok"))
-        .filter_map(|r| r.args_digest.clone())
+        .filter_map(|r| r.args_digest.clone().map(String::from))
         .collect();
     let missing: Vec<&String> = acks
         .iter()
@@ -1151,7 +1156,7 @@ async fn head_catches_up_with_the_last_record_while_running() {
         let audit = Audit::start(&cfg).unwrap();
         for i in 1..=50 {
             let mut r = Record::event("test");
-            r.label = Some(format!("r{i}"));
+            r.label = Some(format!("r{i}").into());
             audit.record(r).await.unwrap();
         }
         let mut head = None;

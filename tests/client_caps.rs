@@ -801,7 +801,7 @@ async fn server_everything_sampling_elicitation_and_roots_through_sdk1_fastmcp_a
         tg.calls()
             .iter()
             .filter(|r| r.registration_id.as_deref() == Some(regs[i].id()))
-            .map(|r| r.transport.clone().unwrap())
+            .map(|r| r.transport.clone().unwrap().into())
             .collect()
     };
     for (i, want) in [

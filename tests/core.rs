@@ -363,7 +363,11 @@ async fn client_cancel_stops_the_call_and_no_reply_follows() {
             "cancelled call answered: {data}"
         );
     }
-    let outcomes: Vec<_> = tg.calls().into_iter().map(|r| r.outcome.unwrap()).collect();
+    let outcomes: Vec<String> = tg
+        .calls()
+        .into_iter()
+        .map(|r| r.outcome.unwrap().into())
+        .collect();
     assert!(outcomes.contains(&"cancelled".to_string()), "{outcomes:?}");
 }
 

@@ -112,7 +112,7 @@ impl Daemon {
         self.output.lock().unwrap().join("\n")
     }
 
-    fn audit(&self) -> Vec<Record> {
+    fn audit(&self) -> Vec<Record<'static>> {
         read_records(&self.dir.path().join("audit.jsonl")).unwrap()
     }
 

@@ -127,7 +127,7 @@ async fn python_sdk_sse_streamable_and_probing_client() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|c| c.transport.clone().unwrap())
+        .map(|c| c.transport.clone().unwrap().into())
         .collect();
     assert!(
         transports.contains(&"stateless".to_string()),

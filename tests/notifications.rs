@@ -183,7 +183,7 @@ async fn bursts_arrive_whole_and_in_order_on_every_transport() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|r| r.transport.clone().unwrap())
+        .map(|r| r.transport.clone().unwrap().into())
         .collect();
     assert_eq!(
         transports,
@@ -425,7 +425,7 @@ async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|r| r.transport.clone().unwrap())
+        .map(|r| r.transport.clone().unwrap().into())
         .collect();
     assert_eq!(transports, vec!["sse", "streamable_http", "stateless"]);
     tg.gateway.shutdown().await;

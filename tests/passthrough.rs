@@ -142,8 +142,8 @@ async fn a_tool_result_passes_through_as_the_upstream_wrote_it() {
         .iter()
         .map(|r| {
             (
-                r.tool.clone().unwrap_or_default(),
-                r.outcome.clone().unwrap_or_default(),
+                r.tool.clone().unwrap_or_default().into(),
+                r.outcome.clone().unwrap_or_default().into(),
             )
         })
         .collect();

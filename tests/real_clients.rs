@@ -128,7 +128,7 @@ async fn python_sdk_1x_over_sse_and_streamable_http() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|r| r.transport.clone().unwrap())
+        .map(|r| r.transport.clone().unwrap().into())
         .collect();
     assert_eq!(transports, vec!["sse", "streamable_http"]);
     tg.gateway.shutdown().await;
@@ -149,7 +149,7 @@ async fn fastmcp_client_stateless_and_over_sse() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|r| r.transport.clone().unwrap())
+        .map(|r| r.transport.clone().unwrap().into())
         .collect();
     // fastmcp settles on 2026-07-28 on /mcp (the gateway answers server/discover).
     assert_eq!(transports, vec!["stateless", "sse"]);

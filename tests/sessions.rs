@@ -537,7 +537,10 @@ async fn reused_ids_in_flight_are_refused_and_cancellation_reaches_the_named_cal
     assert_eq!(pong["result"], json!({}));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let calls = tg.calls();
-    let outcomes: Vec<String> = calls.iter().map(|r| r.outcome.clone().unwrap()).collect();
+    let outcomes: Vec<String> = calls
+        .iter()
+        .map(|r| r.outcome.clone().unwrap().into())
+        .collect();
     let cancelled = calls
         .iter()
         .filter(|r| r.outcome.as_deref() == Some("cancelled"))

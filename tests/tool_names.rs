@@ -469,7 +469,7 @@ async fn sdk1_and_mcp_remote_list_and_call_model_safe_and_digest_names() {
     let transports: Vec<String> = tg
         .calls()
         .iter()
-        .map(|r| r.transport.clone().unwrap())
+        .map(|r| r.transport.clone().unwrap().into())
         .collect();
     assert_eq!(
         transports,

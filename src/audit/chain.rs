@@ -14,14 +14,26 @@ use super::record::Record;
 
 /// SHA-256 (hex) of a JSON value's compact serialization: the argument digest.
 pub fn digest_value(v: &Value) -> String {
+    args_digest(v).as_str().to_owned()
+}
+
+/// [`digest_value`] without allocating: the hex held in place (a call's record borrows it).
+pub fn args_digest(v: &Value) -> HexDigest {
     // The same compact bytes as `to_string`, fed to the hash as they are written (no
     // intermediate buffer). Serializing a `Value` cannot fail (map keys are strings).
     let mut h = HashWriter(Sha256::new());
     let _ = serde_json::to_writer(&mut h, v);
-    // `hex_digest` writes ASCII only (`hex::encode` builds its `String` char by char).
-    std::str::from_utf8(&hex_digest(&h.0.finalize()))
-        .unwrap_or_default()
-        .to_owned()
+    HexDigest(hex_digest(&h.0.finalize()))
+}
+
+/// The lowercase hex of a SHA-256 digest (64 ASCII bytes).
+pub struct HexDigest([u8; 64]);
+
+impl HexDigest {
+    pub fn as_str(&self) -> &str {
+        // `hex_digest` writes ASCII only (`hex::encode` builds its `String` char by char).
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// An `io::Write` that feeds a SHA-256.

@@ -1,6 +1,7 @@
 //! The audit files: the mode they are created with, the rotated segments of a chain, and
 //! the reader behind `gatehouse audit` (records of a file or a whole chain, filters).
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -69,7 +70,7 @@ pub(super) fn ends_with_newline(path: &Path, len: u64) -> bool {
 }
 
 /// Reads every record of an audit file (lines that do not parse are skipped).
-pub fn read_records(path: &Path) -> std::io::Result<Vec<Record>> {
+pub fn read_records(path: &Path) -> std::io::Result<Vec<Record<'static>>> {
     let f = File::open(path)?;
     let mut out = Vec::new();
     for line in BufReader::new(f).lines() {
@@ -82,7 +83,7 @@ pub fn read_records(path: &Path) -> std::io::Result<Vec<Record>> {
 }
 
 /// Reads every record of a chain: the rotated segments of `path`, then `path`.
-pub fn read_chain(path: &Path) -> std::io::Result<Vec<Record>> {
+pub fn read_chain(path: &Path) -> std::io::Result<Vec<Record<'static>>> {
     let mut out = Vec::new();
     for f in chain_files(path)? {
         out.extend(read_records(&f)?);
@@ -107,8 +108,8 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, r: &Record) -> bool {
-        fn eq(want: &Option<String>, have: &Option<String>) -> bool {
-            want.as_ref().is_none_or(|w| have.as_deref() == Some(w))
+        fn eq(want: &Option<String>, have: &Option<Cow<'_, str>>) -> bool {
+            want.as_deref().is_none_or(|w| have.as_deref() == Some(w))
         }
         let ts = || {
             chrono::DateTime::parse_from_rfc3339(&r.ts)
@@ -120,7 +121,7 @@ impl Filter {
             && eq(&self.tool, &r.tool)
             && eq(&self.outcome, &r.outcome)
             && eq(&self.label, &r.label)
-            && self.event.as_ref().is_none_or(|e| &r.event == e)
+            && self.event.as_ref().is_none_or(|e| r.event == **e)
             && self.since.is_none_or(|s| ts().is_some_and(|t| t >= s))
             && self.until.is_none_or(|u| ts().is_some_and(|t| t < u))
     }

@@ -1,13 +1,20 @@
 //! An audit record: its fields, the bounds on what a client can fill, the outcome of a
 //! governed call, and the line it is written as (field by field, byte-identical to serde's).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// One audit record. `ts`, `seq`, `node_id` and `prev` are set by the writer.
+///
+/// Its text borrows what it is about where it can (`'a`): a governed call's record borrows the
+/// registration's id, agent id and label, the session id and the tool name, and names its
+/// event, transport and outcome with static strings, so that building it allocates nothing
+/// for them. A record read back (`Deserialize`) owns its text: `Record<'static>`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Record {
+pub struct Record<'a> {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ts: String,
     #[serde(default)]
@@ -15,42 +22,42 @@ pub struct Record {
     /// The node that wrote the record (`node_id` of the config; absent without one), so a
     /// collector gathering several nodes' lines can tell their chains apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_id: Option<String>,
-    pub event: String,
+    pub node_id: Option<Cow<'a, str>>,
+    pub event: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registration_id: Option<String>,
+    pub registration_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_id: Option<String>,
+    pub agent_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
+    pub label: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
+    pub session_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transport: Option<String>,
+    pub transport: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
+    pub tool: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<String>,
+    pub upstream: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_request_id: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub args_digest: Option<String>,
+    pub args_digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
+    pub outcome: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signal: Option<String>,
+    pub signal: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -75,22 +82,29 @@ pub fn prefix(s: &str, max: usize) -> &str {
 
 /// `s` if it fits in `max` bytes, else its first bytes (cut at a character boundary) then
 /// `…[cut: N bytes, sha256:<hex of the whole>]`: a record stays small whatever a client
-/// sent, and the digest still tells two long values apart.
-pub fn bound_text(s: &mut String, max: usize) {
+/// sent, and the digest still tells two long values apart. Text that fits is left as it is
+/// (borrowed text stays borrowed); only a cut makes a copy.
+pub fn bound_text(s: &mut Cow<'_, str>, max: usize) {
     if s.len() <= max {
         return;
     }
     let digest = hex::encode(Sha256::digest(s.as_bytes()));
-    let end = prefix(s, max / 2).len();
     let total = s.len();
-    s.truncate(end);
-    s.push_str(&format!("…[cut: {total} bytes, sha256:{digest}]"));
+    *s = Cow::Owned(format!(
+        "{}…[cut: {total} bytes, sha256:{digest}]",
+        prefix(s, max / 2)
+    ));
 }
 
-impl Record {
+/// `s` as owned text (a copy only when it is borrowed).
+fn owned(s: Cow<'_, str>) -> Cow<'static, str> {
+    Cow::Owned(s.into_owned())
+}
+
+impl<'a> Record<'a> {
     /// Cuts over-long fields (tool names, free text) so that no request can make a record
     /// large: what a client controls is at most a few hundred bytes per field here.
-    pub fn bounded(mut self) -> Self {
+    pub fn bounded(&mut self) {
         for (field, max) in [
             (&mut self.tool, MAX_TOOL_NAME_BYTES),
             (&mut self.reason, MAX_TEXT_BYTES),
@@ -104,35 +118,72 @@ impl Record {
             }
         }
         if let Some(tools) = &mut self.tools {
-            for t in tools {
-                bound_text(t, MAX_TOOL_NAME_BYTES);
+            for t in tools.iter_mut().filter(|t| t.len() > MAX_TOOL_NAME_BYTES) {
+                let mut cut = Cow::Borrowed(t.as_str());
+                bound_text(&mut cut, MAX_TOOL_NAME_BYTES);
+                *t = cut.into_owned();
             }
         }
-        self
     }
 
-    pub fn event(event: &str) -> Self {
+    pub fn event(event: impl Into<Cow<'a, str>>) -> Self {
         Record {
-            event: event.to_string(),
+            event: event.into(),
             ..Default::default()
         }
     }
 
     /// A record about one registration: its id, `agent_id` and label, as the registration
     /// holds them (`RegistrationState::audit_record` is the one caller, so `agent_id` never
-    /// comes from a request).
-    pub fn about(event: &str, registration_id: &str, agent_id: &str, label: Option<&str>) -> Self {
+    /// comes from a request). Borrowed, not copied.
+    pub fn about(
+        event: &'a str,
+        registration_id: &'a str,
+        agent_id: &'a str,
+        label: Option<&'a str>,
+    ) -> Self {
         Record {
-            event: event.to_string(),
-            registration_id: Some(registration_id.to_string()),
-            agent_id: Some(agent_id.to_string()),
-            label: label.map(str::to_string),
+            event: Cow::Borrowed(event),
+            registration_id: Some(Cow::Borrowed(registration_id)),
+            agent_id: Some(Cow::Borrowed(agent_id)),
+            label: label.map(Cow::Borrowed),
             ..Default::default()
         }
     }
 
     pub fn set_outcome(&mut self, outcome: Outcome) {
-        self.outcome = Some(outcome.as_str().to_string());
+        self.outcome = Some(Cow::Borrowed(outcome.as_str()));
+    }
+
+    /// This record with all its text owned (for a record that outlives what it borrows: one
+    /// queued for the writer thread). Owned text is moved, not copied.
+    pub fn into_owned(self) -> Record<'static> {
+        let text = |s: Option<Cow<'_, str>>| s.map(owned);
+        Record {
+            ts: self.ts,
+            seq: self.seq,
+            node_id: text(self.node_id),
+            event: owned(self.event),
+            registration_id: text(self.registration_id),
+            agent_id: text(self.agent_id),
+            label: text(self.label),
+            session_id: text(self.session_id),
+            transport: text(self.transport),
+            tool: text(self.tool),
+            upstream: text(self.upstream),
+            upstream_request_id: self.upstream_request_id,
+            epoch: self.epoch,
+            args_digest: text(self.args_digest),
+            arguments: self.arguments,
+            outcome: text(self.outcome),
+            error_code: self.error_code,
+            reason: text(self.reason),
+            duration_ms: self.duration_ms,
+            pid: self.pid,
+            signal: text(self.signal),
+            tools: self.tools,
+            prev: self.prev,
+        }
     }
 
     /// Appends this record's line (without the newline) to `out`: the bytes
@@ -229,7 +280,7 @@ impl<'a> Line<'a> {
         json_str(self.out, v);
     }
 
-    fn opt_str(&mut self, key: &str, v: &Option<String>) {
+    fn opt_str(&mut self, key: &str, v: &Option<Cow<'_, str>>) {
         if let Some(v) = v {
             self.str(key, v);
         }
@@ -344,7 +395,7 @@ mod tests {
             r.ts = ts.to_string();
         }
         if r.node_id.is_none() {
-            r.node_id = node.map(str::to_string);
+            r.node_id = node.map(|n| Cow::Owned(n.to_string()));
         }
         r.seq = seq;
         r.prev = prev.to_string();
@@ -372,14 +423,14 @@ mod tests {
             event: "governed_mcp_call".into(),
             registration_id: Some("q0b6zN3Lq6m1o0m9v5d0Yw".into()),
             agent_id: Some("agent \"7\"\\\n\u{1}\u{7f}é🙂".into()),
-            label: Some(String::new()),
+            label: Some(String::new().into()),
             session_id: Some("s".into()),
             transport: Some("streamable_http".into()),
             tool: Some("echo".into()),
             upstream: Some("up".into()),
             upstream_request_id: Some(u64::MAX),
             epoch: Some(0),
-            args_digest: Some(digest_value(&serde_json::json!({"b": 1, "a": [1.5, null]}))),
+            args_digest: Some(digest_value(&serde_json::json!({"b": 1, "a": [1.5, null]})).into()),
             arguments: Some(serde_json::json!({"z": "\u{0}", "a": {"x": -1e300}})),
             outcome: Some("ok".into()),
             error_code: Some(i64::MIN),
@@ -451,9 +502,9 @@ mod tests {
             node in proptest::option::of("[a-z0-9]{1,16}"),
         ) {
             let r = Record {
-                agent_id: agent,
-                reason,
-                tool,
+                agent_id: agent.map(Into::into),
+                reason: reason.map(Into::into),
+                tool: tool.map(Into::into),
                 error_code: code,
                 duration_ms: ms,
                 ..Record::event(&event)

@@ -291,14 +291,14 @@ impl Series {
     }
 
     /// Counts what `r` says: a call, or an upstream's exit or kill.
-    pub fn observe(&self, r: &Record) {
+    pub fn observe(&self, r: &Record<'_>) {
         self.observe_at(unix_now(), r);
     }
 
     /// [`Series::observe`] at unix second `now` (tests drive the clock).
-    pub fn observe_at(&self, now: u64, r: &Record) {
+    pub fn observe_at(&self, now: u64, r: &Record<'_>) {
         let call = r.event == "governed_mcp_call";
-        let upstream_event = matches!(r.event.as_str(), "upstream_exited" | "upstream_killed");
+        let upstream_event = matches!(&*r.event, "upstream_exited" | "upstream_killed");
         if !call && !upstream_event {
             return;
         }
@@ -340,7 +340,7 @@ impl Series {
         if let Some(u) = failed_upstream {
             let what = match outcome {
                 Some(o) if call => format!("{}: {o}", r.event),
-                _ => r.event.clone(),
+                _ => r.event.to_string(),
             };
             let last = LastError {
                 at: if r.ts.is_empty() {
@@ -457,10 +457,16 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn call(agent: &str, upstream: Option<&str>, tool: &str, outcome: &str, ms: f64) -> Record {
+    fn call<'a>(
+        agent: &'a str,
+        upstream: Option<&'a str>,
+        tool: &'a str,
+        outcome: &'a str,
+        ms: f64,
+    ) -> Record<'a> {
         Record {
             agent_id: Some(agent.into()),
-            upstream: upstream.map(str::to_string),
+            upstream: upstream.map(Into::into),
             tool: Some(tool.into()),
             outcome: Some(outcome.into()),
             duration_ms: Some(ms),
@@ -533,8 +539,8 @@ mod tests {
             let tool = format!("tool-{i}");
             s.observe_at(t0 + i % 5, &call(&agent, Some(&up), &tool, "timeout", 1.5));
             let mut exit = Record::event("upstream_exited");
-            exit.upstream = Some(format!("exit-{i}"));
-            exit.reason = Some(long.clone());
+            exit.upstream = Some(format!("exit-{i}").into());
+            exit.reason = Some(long.as_str().into());
             s.observe_at(t0, &exit);
         }
         let (agents, upstreams, tools, errors) = s.keys();
@@ -557,7 +563,8 @@ mod tests {
         // Made-up tool names (refused with -32602) take no key of their own.
         let s2 = Series::new();
         for i in 0..100 {
-            let mut r = call("a", None, &format!("made-up-{i}"), "denied", 0.1);
+            let tool = format!("made-up-{i}");
+            let mut r = call("a", None, &tool, "denied", 0.1);
             r.error_code = Some(-32602);
             s2.observe_at(t0, &r);
         }

@@ -60,16 +60,16 @@ fn rows(map: BTreeMap<String, Acc>) -> Vec<Row> {
 }
 
 /// Summarises the call records among `records`.
-pub fn summarize<'a>(records: impl IntoIterator<Item = &'a Record>) -> Summary {
+pub fn summarize<'a, 'b: 'a>(records: impl IntoIterator<Item = &'a Record<'b>>) -> Summary {
     let mut agents: BTreeMap<String, Acc> = BTreeMap::new();
     let mut tools: BTreeMap<String, Acc> = BTreeMap::new();
     for r in records {
         if r.event != "governed_mcp_call" {
             continue;
         }
-        let agent = r.agent_id.clone().unwrap_or_else(|| "-".into());
-        let tool = r.tool.clone().unwrap_or_else(|| "-".into());
-        let outcome = r.outcome.clone().unwrap_or_else(|| "-".into());
+        let agent = r.agent_id.as_deref().unwrap_or("-").to_string();
+        let tool = r.tool.as_deref().unwrap_or("-").to_string();
+        let outcome = r.outcome.as_deref().unwrap_or("-").to_string();
         for acc in [
             agents.entry(agent).or_default(),
             tools.entry(tool).or_default(),

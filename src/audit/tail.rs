@@ -39,14 +39,14 @@ pub struct WindowCheck {
 #[derive(Debug, Clone)]
 pub struct Tail {
     /// Newest first, at most the limit asked for; `arguments` removed.
-    pub records: Vec<Record>,
+    pub records: Vec<Record<'static>>,
     pub check: WindowCheck,
 }
 
 /// One complete line of the window, in chain order.
 struct Line {
     hash: String,
-    record: Option<Record>,
+    record: Option<Record<'static>>,
 }
 
 /// Reads the last `budget` bytes of `path` (whole lines only). Returns the lines, oldest
@@ -251,13 +251,9 @@ mod tests {
             .build()
             .unwrap();
         for i in 0..n {
-            let mut r = Record::about(
-                "governed_mcp_call",
-                "reg",
-                &format!("agent-{}", i % 3),
-                None,
-            );
-            r.tool = Some(format!("t{}", i % 2));
+            let agent = format!("agent-{}", i % 3);
+            let mut r = Record::about("governed_mcp_call", "reg", &agent, None);
+            r.tool = Some(format!("t{}", i % 2).into());
             r.outcome = Some(if i % 5 == 0 { "tool_error" } else { "ok" }.into());
             r.arguments = Some(serde_json::json!({"secret": format!("value-{i}")}));
             rt.block_on(audit.record(r)).unwrap();

@@ -81,7 +81,8 @@ pub(super) fn run(
         let n = batch.len();
         let result = {
             let mut w = lock(writer);
-            let result = w.write_batch(&batch, !inline);
+            let records = batch.iter().filter_map(|j| j.record.as_ref());
+            let result = w.write_batch(records, !inline);
             w.note(&result, &healthy, n);
             result
         };

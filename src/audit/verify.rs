@@ -114,7 +114,7 @@ struct Line {
     file: usize,
     lineno: usize,
     hash: String,
-    record: Option<Record>,
+    record: Option<Record<'static>>,
 }
 
 /// The file a segment belongs to: `audit.jsonl.000003` → `audit.jsonl`.

@@ -29,7 +29,8 @@ pub enum AuditError {
 
 pub(super) struct Job {
     /// `None`: only wakes the writer thread (an inline write failed: start probing).
-    pub(super) record: Option<Record>,
+    /// Owned: it waits in the channel after its caller moved on.
+    pub(super) record: Option<Record<'static>>,
     pub(super) ack: Option<oneshot::Sender<Result<(), AuditError>>>,
 }
 
@@ -228,23 +229,24 @@ impl Writer {
     pub(super) fn probe(&mut self, healthy: &AtomicBool) {
         let mut rec = Record::event("audit_resumed");
         if let Some((err, since)) = &self.last_error {
-            rec.reason = Some(format!("audit was unavailable: {err}"));
+            rec.reason = Some(format!("audit was unavailable: {err}").into());
             rec.duration_ms = Some(since.elapsed().as_secs_f64() * 1000.0);
         }
-        let batch = [Job {
-            record: Some(rec),
-            ack: None,
-        }];
-        let result = self.write_batch(&batch, true);
+        let result = self.write_batch(std::iter::once(&rec), true);
         if result.is_ok() {
             tracing::info!("audit writable again; tool calls resume");
         }
         self.note(&result, healthy, 1);
     }
 
-    /// Writes a batch. `may_sync`: an `fsync` that is due may be done here (false when the
-    /// caller is a runtime worker: the thread syncs instead).
-    pub(super) fn write_batch(&mut self, batch: &[Job], may_sync: bool) -> Result<(), AuditError> {
+    /// Writes a batch of records, in order (read, not taken: an inline write's record is its
+    /// caller's, borrowed). `may_sync`: an `fsync` that is due may be done here (false when
+    /// the caller is a runtime worker: the thread syncs instead).
+    pub(super) fn write_batch<'r, 'a: 'r>(
+        &mut self,
+        records: impl IntoIterator<Item = &'r Record<'a>>,
+        may_sync: bool,
+    ) -> Result<(), AuditError> {
         // One clock read for the batch's checks (identity, fsync due, head due).
         let mono = Instant::now();
         // Open (or reopen) first: reopening may move the chain past lines already on file.
@@ -255,10 +257,7 @@ impl Writer {
         // The hash of the last line encoded, once there is one (`self.prev` until then).
         let mut last: Option<[u8; 64]> = None;
         let now = self.clock.now();
-        for job in batch.iter() {
-            let Some(r) = job.record.as_ref() else {
-                continue;
-            };
+        for r in records {
             seq += 1;
             let prev = match &last {
                 Some(h) => std::str::from_utf8(h).unwrap_or_default(),

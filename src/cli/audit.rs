@@ -357,19 +357,18 @@ fn header() -> String {
 }
 
 fn row(r: &Record) -> String {
-    let dash = || "-".to_string();
     format!(
         "{:<27} {:>6} {:<22} {:<16} {:<24} {:<24} {:<15} {:>10}\n",
         r.ts,
         r.seq,
         r.event,
-        r.agent_id.clone().unwrap_or_else(dash),
-        r.registration_id.clone().unwrap_or_else(dash),
-        r.tool.clone().unwrap_or_else(dash),
-        r.outcome.clone().unwrap_or_else(dash),
+        r.agent_id.as_deref().unwrap_or("-"),
+        r.registration_id.as_deref().unwrap_or("-"),
+        r.tool.as_deref().unwrap_or("-"),
+        r.outcome.as_deref().unwrap_or("-"),
         r.duration_ms
             .map(|d| format!("{d:.2}"))
-            .unwrap_or_else(dash),
+            .unwrap_or_else(|| "-".to_string()),
     )
 }
 

@@ -144,10 +144,10 @@ impl Slot {
 
     fn record(&self, event: &str, epoch: u64, pid: Option<u32>, reason: Option<String>) {
         let mut r = Record::event(event);
-        r.upstream = Some(self.spec.id.clone());
+        r.upstream = Some(self.spec.id.as_str().into());
         r.epoch = Some(epoch);
         r.pid = pid;
-        r.reason = reason;
+        r.reason = reason.map(Into::into);
         self.audit.record_detached(r);
     }
 

@@ -40,11 +40,11 @@ impl TestGateway {
             .to_path_buf()
     }
 
-    pub fn audit(&self) -> Vec<Record> {
+    pub fn audit(&self) -> Vec<Record<'static>> {
         read_records(&self.audit_path()).unwrap()
     }
 
-    pub fn calls(&self) -> Vec<Record> {
+    pub fn calls(&self) -> Vec<Record<'static>> {
         self.audit()
             .into_iter()
             .filter(|r| r.event == "governed_mcp_call")
