@@ -194,8 +194,43 @@ pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Byt
 
 /// A query parameter's value (no percent-decoding is needed for our ids).
 pub fn query_param<'a>(query: Option<&'a str>, names: &[&str]) -> Option<&'a str> {
-    query?.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        names.contains(&k).then_some(v)
-    })
+    // Split by byte scans (a `str` split builds a searcher per call, and this runs on every
+    // legacy SSE message). `&` and `=` are one byte each, so every cut is a char boundary.
+    let mut rest = query?;
+    loop {
+        let (kv, next) = match rest.bytes().position(|b| b == b'&') {
+            Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+            None => (rest, None),
+        };
+        let (k, v) = match kv.bytes().position(|b| b == b'=') {
+            Some(at) => (&kv[..at], &kv[at + 1..]),
+            None => (kv, ""),
+        };
+        if names.contains(&k) {
+            return Some(v);
+        }
+        rest = next?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_param;
+
+    #[test]
+    fn query_params_are_found_by_name() {
+        let names = &["session_id", "sessionId"];
+        for (q, found) in [
+            (Some("session_id=abc"), Some("abc")),
+            (Some("x=1&sessionId=é9&session_id=z"), Some("é9")),
+            (Some("a&session_id"), Some("")),
+            (Some("session_id=a=b&"), Some("a=b")),
+            (Some("&&x=&"), None),
+            (Some(""), None),
+            (Some("session=1&id=2"), None),
+            (None, None),
+        ] {
+            assert_eq!(query_param(q, names), found, "{q:?}");
+        }
+    }
 }
