@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::event_stream::{self, sse_event};
 use super::reply;
@@ -120,7 +120,13 @@ pub async fn message(
             }
         }
     }
-    Ok((StatusCode::ACCEPTED, "Accepted").into_response())
+    // As the TypeScript SDK's SSE transport answers: 202 and "Accepted", no other header
+    // (a `(StatusCode, &str)` response would add a `Content-Type`, a header insert per call).
+    let mut accepted = Response::new(axum::body::Body::from(bytes::Bytes::from_static(
+        b"Accepted",
+    )));
+    *accepted.status_mut() = StatusCode::ACCEPTED;
+    Ok(accepted)
 }
 
 /// A body the direct parse left alone: parsed into a `Value`, then classified.
