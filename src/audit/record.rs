@@ -195,7 +195,8 @@ impl<'a> Record<'a> {
 
     /// Appends this record's line (without the newline) to `out`: the bytes
     /// `serde_json::to_string` writes for it, with `ts` (when the record has none), `seq` and
-    /// `prev` given by the writer. Written field by field, with no intermediate `String`s: the
+    /// `prev` given by the writer (its clock's timestamp and a line hash in hex: written
+    /// without the escape scan). Written field by field, with no intermediate `String`s: the
     /// chain hashes these exact bytes, and a test holds them equal to serde's.
     pub fn encode_line(&self, ts: &str, seq: u64, prev: &str, out: &mut Vec<u8>) {
         self.encode_line_on(None, ts, seq, prev, out)
@@ -213,7 +214,12 @@ impl<'a> Record<'a> {
         let mut line = Line::open(out);
         let ts = if self.ts.is_empty() { ts } else { &self.ts };
         if !ts.is_empty() {
-            line.str(k!("ts"), ts);
+            if self.ts.is_empty() {
+                // The writer's own timestamp (digits, `-`, `:`, `.`, `T`, `Z`).
+                line.plain(k!("ts"), ts);
+            } else {
+                line.str(k!("ts"), ts);
+            }
         }
         line.u64(k!("seq"), seq);
         if let Some(node) = self.node_id.as_deref().or(node) {
@@ -253,7 +259,8 @@ impl<'a> Record<'a> {
             line.serde(k!("tools"), v);
         }
         if !prev.is_empty() {
-            line.str(k!("prev"), prev);
+            // A line hash: lowercase hex, nothing to escape.
+            line.plain(k!("prev"), prev);
         }
         line.out.push(b'}');
     }
@@ -286,6 +293,17 @@ impl<'a> Line<'a> {
     fn str(&mut self, key: &str, v: &str) {
         self.key(key);
         json_str(self.out, v);
+    }
+
+    /// A string the writer made itself, with nothing JSON escapes (a hex hash, its own
+    /// timestamp): copied without the escape scan. Checked in debug builds.
+    fn plain(&mut self, key: &str, v: &str) {
+        debug_assert!(!needs_escape(v.as_bytes()), "{v:?}");
+        self.key(key);
+        self.out.reserve(v.len() + 2);
+        self.out.push(b'"');
+        self.out.extend_from_slice(v.as_bytes());
+        self.out.push(b'"');
     }
 
     fn opt_str(&mut self, key: &str, v: &Option<Cow<'_, str>>) {
