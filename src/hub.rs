@@ -42,6 +42,8 @@ impl Hub {
     /// The hub, wired to its pool: what the pool cannot handle itself (tools changed, a
     /// server → client request to deliver) comes back here.
     pub fn new(config: Config, audit: Audit, pool: Pool) -> Arc<Hub> {
+        // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
+        crate::sync::coarse::start();
         let hub = Arc::new(Hub {
             sessions: SessionTable::new(config.sessions.clone()),
             config: Arc::new(config),

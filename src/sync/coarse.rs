@@ -9,8 +9,9 @@
 //! short lock each), and checked on later polls with one atomic load. A single thread (the
 //! ticker) advances the tick count once per tick and wakes the waits that are due; it runs
 //! only while a wait is live (with none it is parked: an idle process has no wake-ups). It
-//! is started on the first wait and lives as long as the process, like tokio's own timer
-//! thread; it owns nothing but the count and the wakes.
+//! is started when the first gateway is built ([`start`], or by the first wait) and lives as
+//! long as the process, like tokio's own timer thread; it owns nothing but the count and the
+//! wakes.
 //!
 //! The ticks are real time (`std::time::Instant`), not tokio's clock: a test that pauses
 //! tokio's clock does not move these deadlines.
@@ -48,6 +49,12 @@ static TICKER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
 fn now_ticks() -> u64 {
     let n = EPOCH.get_or_init(Instant::now).elapsed().as_nanos() / TICK.as_nanos();
     u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Starts the ticker thread if it is not running yet (the gateway does so when it is built,
+/// so that the thread is there from a process's idle start: tests/soak.rs counts threads).
+pub fn start() {
+    let _ = ticker();
 }
 
 /// The ticker thread, started once; `None` if it could not be (waits then use tokio's timer).
