@@ -436,15 +436,22 @@ async fn deny(
     .await
 }
 
-/// Writes the audit record, then builds the reply. `executed` is `Ok` when the call ran.
-async fn finish(
-    ctx: &RequestCtx,
+/// Writes the audit record, then builds the reply (`None`: the call was cancelled, or its
+/// registration released meanwhile: nothing is sent).
+///
+/// Not an `async fn`: everything but the wait for the audit write is done when it is called,
+/// so its future holds the reply, not the record (a 1.5 KB state inside every call's future
+/// otherwise, copied with it).
+fn finish<'c>(
+    ctx: &'c RequestCtx,
     mut rec: Record<'_>,
     started: Instant,
     id: Value,
     ended: Ended,
-) -> Option<Reply> {
-    rec.duration_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
+    // One clock read for the record and the metric.
+    let elapsed = started.elapsed();
+    rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let reply = match ended {
         Ended::Cancelled => {
             rec.set_outcome(Outcome::Cancelled);
@@ -485,25 +492,28 @@ async fn finish(
     ctx.hub.metrics().observe_call(
         tool_label,
         rec.outcome.as_deref().unwrap_or("unknown"),
-        started.elapsed(),
+        elapsed,
     );
-    if let Err(e) = ctx.hub.audit().record(rec).await {
-        tracing::error!(error = %e, "audit record not written; reply withheld");
-        return reply.map(|_| {
-            jsonrpc::error_response(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                "audit log unavailable: the call's result is withheld",
-                None,
-            )
-            .into()
-        });
+    let written = ctx.hub.audit().record(rec);
+    async move {
+        if let Err(e) = written.await {
+            tracing::error!(error = %e, "audit record not written; reply withheld");
+            return reply.map(|_| {
+                jsonrpc::error_response(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    "audit log unavailable: the call's result is withheld",
+                    None,
+                )
+                .into()
+            });
+        }
+        // A call cancelled while its record was being written is not answered.
+        if ctx.registration.is_released() {
+            return None;
+        }
+        reply
     }
-    // A call cancelled while its record was being written is not answered.
-    if ctx.registration.is_released() {
-        return None;
-    }
-    reply
 }
 
 struct InFlight(std::sync::Arc<crate::registry::RegistrationState>);
