@@ -45,7 +45,7 @@ pub fn new_registration_id_on(node: Option<&str>) -> String {
 /// Is `id` shaped like a registration id: base64url characters, optionally after a node
 /// prefix `<[a-z0-9]+>.`? (A shape check for fast paths; the registry decides what exists.)
 pub fn id_shaped(id: &str) -> bool {
-    // One table lookup per byte (the id is ~43 bytes and read on every request).
+    // One table lookup per byte (the id, 22 bytes or more, is read on every request).
     const B64URL: [bool; 256] = {
         let mut t = [false; 256];
         let mut c = 0;
