@@ -876,6 +876,16 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
             }
         };
         let status = resp.status().as_u16();
+        // A body refused unread is not drained: the 413 must say the connection closes, or
+        // a pooled client's next request fails unanswered.
+        if status == 413
+            && resp
+                .headers()
+                .get("connection")
+                .is_none_or(|v| v != "close")
+        {
+            failures.push(format!("{}: 413 without Connection: close", c.name));
+        }
         let body = resp.bytes().await.unwrap_or_default();
         let got: Option<Value> = serde_json::from_slice(&body).ok();
         let code = got
