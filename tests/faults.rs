@@ -18,14 +18,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 fn faulty(timeout_s: u64) -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/fixtures/faulty_server.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    toml::from_str(&format!(
-        "id = \"faulty\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = {timeout_s}\n"
-    ))
-    .unwrap()
+    faulty_as("faulty", timeout_s, "")
 }
 
 /// The tests of this binary run one at a time: three of them bound the process's RSS
@@ -50,12 +43,18 @@ struct Fx {
 
 async fn setup() -> Fx {
     let tg = TestGateway::with(|c| {
-        c.upstreams = vec![faulty(2)];
+        // The flood gets its own upstream: delivering 20,000 messages to a debug-built client
+        // takes 1.6-2.2 s on this VM, which the hang step's 2 s timeout would race.
+        c.upstreams = vec![faulty(2), faulty_as("flooder", 30, "")];
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
     });
     let a = tg
         .gateway
-        .register(RegistrationSpec::new("agent-faulty").grant("faulty.*"))
+        .register(
+            RegistrationSpec::new("agent-faulty")
+                .grant("faulty.*")
+                .grant("flooder.flood"),
+        )
         .await
         .unwrap();
     let b = tg
@@ -135,10 +134,25 @@ async fn upstream_faults_fail_the_call_and_are_audited_and_the_upstream_recovers
     assert_eq!(text_of(&r), "reassembled", "{r}");
     figures.push("partial lines");
 
-    // A notification flood (20 000 messages) neither blocks the call nor grows memory without bound.
+    // A notification flood (20 000 messages) neither blocks the call nor grows memory without
+    // bound. Every message reaches the client (nothing is dropped while it reads), so the call
+    // lasts as long as the client takes to read them: well inside `flooder`'s 30 s.
     let rss0 = rss_kb();
-    let r = fx.fa.call("faulty.flood", json!({"n": 20000})).await;
+    let t = Instant::now();
+    let (r, notes) = fx
+        .fa
+        .request_with_notes(
+            "tools/call",
+            json!({"name": "flooder.flood", "arguments": {"n": 20000}}),
+        )
+        .await;
     assert_eq!(text_of(&r), "flooded", "{r}");
+    let logs = notes
+        .iter()
+        .filter(|n| n["method"] == "notifications/message")
+        .count();
+    assert_eq!(logs, 20000, "every message delivered");
+    eprintln!("notification flood: 20000 messages in {:?}", t.elapsed());
     let grown = rss_kb().saturating_sub(rss0);
     assert!(grown < 64 * 1024, "RSS grew {grown} kB during the flood");
     other_serves(&mut fx).await;
