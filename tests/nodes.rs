@@ -576,7 +576,12 @@ async fn two_nodes_behind_nginx() {
         "creations per node (round robin)".into(),
         format!("n1 {}, n2 {}", on1.len(), on2.len()),
     ));
-    assert_eq!((on1.len(), on2.len()), (3, 3), "round robin: {regs:?}");
+    assert_eq!(
+        (on1.len(), on2.len()),
+        (3, 3),
+        "round robin: {regs:?}\nnginx:\n{}",
+        nginx.logs()
+    );
     // Each node holds exactly the registrations its prefix says (asked directly).
     for (node, want) in [(&n1, &on1), (&n2, &on2)] {
         let (s, v) = admin(
