@@ -94,11 +94,11 @@ impl Audit {
 
     /// [`Audit::start`] on a node: every record gets `node_id` (DESIGN.md §8).
     pub fn start_on(config: &AuditConfig, node_id: Option<&str>) -> Result<Audit, AuditError> {
-        // why: unbounded in count, bounded in practice: under `fsync = "always"` every queued
+        // Unbounded in count, bounded in practice: under `fsync = "always"` every queued
         // record's caller waits for its acknowledgement (one record per call in flight, which
         // `max_in_flight` and the connection limits bound), `record_detached` is for a few
         // lifecycle records, and the inline policies queue only wake-ups after a failed write.
-        // `queue_depth` reports it.
+        // why: each queued item has a waiting caller or is rare; `queue_depth` reports it.
         let (tx, rx) = std::sync::mpsc::channel();
         let healthy = Arc::new(AtomicBool::new(true));
         let depth = Arc::new(AtomicUsize::new(0));
