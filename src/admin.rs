@@ -120,21 +120,7 @@ pub fn router(gw: Gateway, admin_token: &str) -> Router {
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .merge(crate::console::routes().layer(axum::middleware::from_fn(strict)))
-        .layer(axum::middleware::map_response(close_after_413))
         .with_state(state)
-}
-
-/// An oversize body is refused unread (413) and hyper then closes the connection:
-/// `Connection: close` says so, as nginx does, or a client's pool may reuse it and see its
-/// next request fail unanswered.
-async fn close_after_413(mut resp: Response) -> Response {
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        resp.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
-    resp
 }
 
 /// Binds the admin listener (before anything is served, so a bad address fails early).

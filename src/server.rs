@@ -137,6 +137,22 @@ impl Refused {
     }
 }
 
+/// A 413 (body over the limit) or 408 (body not whole in time) leaves the request body
+/// unread, and hyper closes the connection after it: `Connection: close` says so, as nginx
+/// does, or a client's pool may reuse the connection and see its next request fail
+/// unanswered. Both listeners' responses pass here, whatever produced them.
+fn close_if_body_unread(resp: &mut Response) {
+    if matches!(
+        resp.status(),
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+    ) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+}
+
 /// The most header bytes a request may carry (names, values and their separators), as
 /// Envoy's default (60 KiB) and nginx's (4 × 8 KiB) bound them: answered 431.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -323,7 +339,8 @@ pub async fn serve_http1<S>(
                 let busy = activity.begin();
                 let reply = service.call(req);
                 async move {
-                    let resp = reply.await?;
+                    let mut resp = reply.await?;
+                    close_if_body_unread(&mut resp);
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, busy)))
                 }
             });

@@ -152,24 +152,17 @@ pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
     media.trim_ascii().eq_ignore_ascii_case(b"application/json")
 }
 
-/// Reads a body up to `max_body_bytes` (413 above it, and the connection is closed) within `connections.body_timeout_s` of
-/// the request's start (408 after it, and the connection is closed: a body trickled a byte
-/// at a time holds nothing for long). A body that came with its head (nearly all of them)
-/// is read on the first poll and arms no timer.
+/// Reads a body up to `max_body_bytes` (413 above it) within `connections.body_timeout_s` of
+/// the request's start (408 after it: a body trickled a byte at a time holds nothing for
+/// long). Either refusal closes the connection (`server::close_if_body_unread`). A body that
+/// came with its head (nearly all of them) is read on the first poll and arms no timer.
 pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Bytes, Rejection> {
     let limit = config.max_body_bytes;
-    // The rest of an oversize body is never read, so hyper closes the connection after the
-    // 413: `Connection: close` says so (as nginx does), or a client's pool may reuse it and
-    // see its next request fail unanswered.
     let too_large = |_| {
         Rejection::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             jsonrpc::INVALID_REQUEST,
             format!("request body exceeds the limit of {limit} bytes"),
-        )
-        .with_header(
-            header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
         )
     };
     let mut read = std::pin::pin!(axum::body::to_bytes(body, limit));
@@ -191,10 +184,6 @@ pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Byt
                 "request body not received within {} s (connections.body_timeout_s)",
                 within.as_secs()
             ),
-        )
-        .with_header(
-            header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
         )),
     }
 }
