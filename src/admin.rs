@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::gateway::{Gateway, GatewayError, ReleaseReason};
+use crate::hub::Hub;
 use crate::metrics::Snapshot;
+use crate::refusals::{AuthFailure, Listener, Reason, Refused};
 use crate::registry::{Limits, RegistrationSpec};
 
 /// Where the admin token came from (printed at start; the token itself never is).
@@ -100,13 +102,14 @@ struct AdminState {
 /// The admin router. Every route needs `Authorization: Bearer <admin token>`, except the
 /// operator console's page and its static files (`/ui`, a login shell holding no data). Building
 /// it turns on the console's live series (`Audit::enable_series`): only the daemon pays for them.
-pub fn router(gw: Gateway, admin_token: &str) -> Router {
+pub fn router(gw: Gateway, admin_token: &str) -> AdminApp {
     gw.audit().enable_series();
+    let hub = gw.hub().clone();
     let state = AdminState {
         gw,
         token_digest: Arc::new(Sha256::digest(admin_token.as_bytes()).into()),
     };
-    Router::new()
+    let router = Router::new()
         .route("/v1/registrations", post(create).get(list))
         .route(
             "/v1/registrations/{id}",
@@ -120,7 +123,14 @@ pub fn router(gw: Gateway, admin_token: &str) -> Router {
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .merge(crate::console::routes().layer(axum::middleware::from_fn(strict)))
-        .with_state(state)
+        .with_state(state);
+    AdminApp { router, hub }
+}
+
+/// The admin API's router and the gateway whose refusal counters and audit see its refusals.
+pub struct AdminApp {
+    router: Router,
+    hub: Arc<Hub>,
 }
 
 /// Binds the admin listener (before anything is served, so a bad address fails early).
@@ -134,7 +144,7 @@ pub async fn bind(addr: &str) -> Result<TcpListener, AdminError> {
 }
 
 /// Serves the admin API until `stop` fires, with the default connection bounds.
-pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
+pub async fn serve(listener: TcpListener, router: AdminApp, stop: CancellationToken) {
     let limits = crate::connections::Limits::admin(&Default::default());
     serve_with(listener, router, stop, limits).await;
 }
@@ -143,12 +153,13 @@ pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToke
 /// `connections::Limits::admin` of its config).
 pub async fn serve_with(
     listener: TcpListener,
-    router: Router,
+    app: AdminApp,
     stop: CancellationToken,
     limits: crate::connections::Limits,
 ) {
+    let AdminApp { router, hub } = app;
     let service = hyper_util::service::TowerToHyperService::new(router);
-    crate::server::serve_http1(listener, service, stop, "admin", limits).await;
+    crate::server::serve_http1(listener, service, stop, (hub, Listener::Admin), limits).await;
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -179,6 +190,14 @@ async fn auth(State(st): State<AdminState>, req: Request, next: Next) -> Respons
             header::WWW_AUTHENTICATE,
             header::HeaderValue::from_static("Bearer realm=\"gatehouse-admin\""),
         );
+        // Audited `auth_failed` (folded per interval, with the client's address).
+        let mut mark = Refused::new(Reason::AdminAuth);
+        mark.auth = Some(AuthFailure {
+            registration: None,
+            transport: "admin",
+            missing: presented.is_empty(),
+        });
+        r.extensions_mut().insert(mark);
         return r;
     }
     next.run(req).await

@@ -220,6 +220,10 @@ pub struct AuditConfig {
     /// Rotate the file when it reaches this many bytes (0 = never, the default); the chain
     /// continues into the next file.
     pub rotate_bytes: u64,
+    /// A wrong or missing token shown to a live registration (or the admin API) writes an
+    /// `auth_failed` record at once; the failures that follow within this many seconds are
+    /// folded into one record with their count.
+    pub auth_failed_interval_s: u64,
 }
 
 impl Default for AuditConfig {
@@ -232,6 +236,7 @@ impl Default for AuditConfig {
             record_arguments: false,
             redact_keys: Vec::new(),
             rotate_bytes: 0,
+            auth_failed_interval_s: 10,
         }
     }
 }

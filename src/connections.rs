@@ -159,9 +159,17 @@ pub struct Activity {
     /// flight); a wake from a running task reschedules it as a yield, which wakes an idle
     /// worker of the runtime to steal it — a futex wake and a worker's round trip per call.
     covered: AtomicBool,
+    /// Set when the connection was closed because a request head did not arrive in time
+    /// (counted as a refusal, `header_timeout`, by the accept loop).
+    head_expired: AtomicBool,
 }
 
 impl Activity {
+    /// Was the connection closed because a request head did not arrive in time?
+    pub fn head_timed_out(&self) -> bool {
+        self.head_expired.load(Ordering::Relaxed)
+    }
+
     pub fn new() -> Arc<Activity> {
         Arc::new(Activity {
             phase: Mutex::new(Phase::Head {
@@ -170,6 +178,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             waker: AtomicWaker::new(),
             covered: AtomicBool::new(false),
+            head_expired: AtomicBool::new(false),
         })
     }
 
@@ -286,7 +295,7 @@ impl Guarded {
                 }
                 None => {
                     if Instant::now() >= deadline {
-                        return Poll::Ready(expired);
+                        return Poll::Ready(self.expire(expired));
                     }
                     let (sleep, armed) = self
                         .timer
@@ -297,7 +306,7 @@ impl Guarded {
             match sleep.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 // Fired at (or after) this phase's deadline.
-                Poll::Ready(()) if *armed >= deadline => return Poll::Ready(expired),
+                Poll::Ready(()) if *armed >= deadline => return Poll::Ready(self.expire(expired)),
                 // Fired at an earlier deadline that has since moved on: wait for this one.
                 Poll::Ready(()) => {
                     sleep.as_mut().reset(deadline);
@@ -305,6 +314,14 @@ impl Guarded {
                 }
             }
         }
+    }
+
+    /// The verdict of a phase whose deadline passed: a head not received in time is marked.
+    fn expire(&self, verdict: io::Result<()>) -> io::Result<()> {
+        if verdict.is_err() {
+            self.activity.head_expired.store(true, Ordering::Relaxed);
+        }
+        verdict
     }
 
     /// Busy: no timeout, but the timer stays registered at a deadline no later than this busy

@@ -75,6 +75,7 @@ pub fn stats(gw: &Gateway, upstreams: Value) -> Value {
         "registrations_total": total,
         "registrations": registrations,
         "series": series,
+        "refusals": gw.hub().refusals().series(),
         "upstreams": upstreams,
         "audit": {
             "healthy": gw.audit().is_healthy(),

@@ -353,6 +353,12 @@ impl Gateway {
         self.inner.tasks.spawn(async move {
             hub.sessions().run_reaper(reaper_stop).await;
         });
+        // So does the writer of folded `auth_failed` counts (it writes what is left on stop).
+        let hub = self.inner.hub.clone();
+        let folder_stop = stop.clone();
+        self.inner.tasks.spawn(async move {
+            hub.refusals().run_folder(folder_stop).await;
+        });
         lc.starts += 1;
         self.inner.hub.set_local_addr(addr);
         tracing::info!(%addr, "data server started");
@@ -477,6 +483,8 @@ impl Gateway {
             self.inner.hub.pool().release_registration(&state.id),
         )
         .await;
+        // Its folded failed authentications first: a record about it never follows its end.
+        self.inner.hub.refusals().flush_registration(&state.id);
         let mut rec = lifecycle_record(reason.event(), state);
         if reason == ReleaseReason::Shutdown {
             rec.reason = Some("shutdown".into());

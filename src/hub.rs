@@ -30,6 +30,8 @@ pub struct Hub {
     pool: Pool,
     audit: Audit,
     metrics: Metrics,
+    /// Refused requests: series, log lines, `auth_failed` records.
+    refusals: crate::refusals::Refusals,
     /// Stateless calls waiting for the client's MRTR retry.
     held: HeldCalls,
     /// Open `subscriptions/listen` streams (2026-07-28).
@@ -44,7 +46,9 @@ impl Hub {
     pub fn new(config: Config, audit: Audit, pool: Pool) -> Arc<Hub> {
         // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
         crate::sync::coarse::start();
+        let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
         let hub = Arc::new(Hub {
+            refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
             sessions: SessionTable::new(config.sessions.clone()),
             config: Arc::new(config),
             registry: Registry::default(),
@@ -82,6 +86,34 @@ impl Hub {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    pub fn refusals(&self) -> &crate::refusals::Refusals {
+        &self.refusals
+    }
+
+    /// Observes a refused request (a response of status ≥ 400 on either listener): the
+    /// metric, and `refusals::Refusals::observe` with its reason (the response's mark, else
+    /// what its status stands for).
+    pub fn refused(
+        &self,
+        listener: crate::refusals::Listener,
+        status: axum::http::StatusCode,
+        mark: Option<&crate::refusals::Refused>,
+        peer: Option<std::net::SocketAddr>,
+    ) {
+        let fallback;
+        let refused = match mark {
+            Some(m) => m,
+            None => {
+                fallback =
+                    crate::refusals::Refused::new(crate::refusals::Reason::of_status(status));
+                &fallback
+            }
+        };
+        self.metrics
+            .refused(listener.as_str(), status.as_u16(), refused.reason.as_str());
+        self.refusals.observe(listener, status, refused, peer);
     }
 
     pub fn listeners(&self) -> &Listeners {

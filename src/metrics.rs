@@ -36,6 +36,14 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// A refused request's labels: a closed set each (`refusals::Reason`), never an id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: &'static str,
+    pub status: u16,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
     pub upstream: String,
@@ -88,6 +96,7 @@ pub struct Metrics {
     upstream_in_flight: Family<UpstreamLabel, Gauge>,
     upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
+    refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -171,7 +180,14 @@ impl Metrics {
             "Call notifications (progress, logs) from an upstream that were not delivered: the call ended first, or its caller took none for the grace",
             notifications_refused.clone(),
         );
+        let refused = Family::<RefusedLabels, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "refused_requests",
+            "Requests refused, by listener (data, admin), HTTP status and reason (a closed set: see docs/daemon.md)",
+            refused.clone(),
+        );
         Metrics {
+            refused,
             registry,
             calls,
             latency,
@@ -227,6 +243,17 @@ impl Metrics {
         };
         counter.inc();
         h.latency.observe(secs);
+    }
+
+    /// Counts a refused request.
+    pub fn refused(&self, listener: &'static str, status: u16, reason: &'static str) {
+        self.refused
+            .get_or_create(&RefusedLabels {
+                listener,
+                status,
+                reason,
+            })
+            .inc();
     }
 
     pub fn registration_created(&self) {
@@ -288,6 +315,8 @@ mod tests {
         m.observe_call("demo.echo", "ok", Duration::from_millis(3));
         m.registration_created();
         m.registration_closed("expired");
+        m.refused("data", 401, "bad_token");
+        m.refused("data", 401, "bad_token");
         let text = m.render(&Snapshot {
             registrations: 2,
             audit_queue_depth: 5,
@@ -304,6 +333,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("gatehouse_registrations 2"), "{text}");
+        assert!(
+            text.contains(r#"gatehouse_refused_requests_total{listener="data",status="401",reason="bad_token"} 2"#),
+            "{text}"
+        );
         assert!(text.contains("gatehouse_audit_queue_depth 5"), "{text}");
         assert!(
             text.contains(r#"gatehouse_registrations_closed_total{reason="expired"} 1"#),

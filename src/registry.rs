@@ -321,6 +321,44 @@ impl RegistrationState {
 #[derive(Default)]
 pub struct Registry {
     map: Mutex<HashMap<String, Arc<RegistrationState>>>,
+    /// The ids released lately, so that a refusal can say `released` rather than
+    /// `unknown_registration` (for the operators only: both are the same 404).
+    released: Mutex<RecentIds>,
+}
+
+/// The most released ids remembered (a 64-bit digest each: ~24 bytes with the ring and set).
+pub const RELEASED_REMEMBERED: usize = 65_536;
+
+/// A bounded memory of ids: the newest [`RELEASED_REMEMBERED`], by a 64-bit digest (a
+/// collision only names a refusal's reason wrong).
+#[derive(Default)]
+struct RecentIds {
+    order: std::collections::VecDeque<u64>,
+    set: crate::sync::HashSet<u64>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl RecentIds {
+    fn digest(&self, id: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, id)
+    }
+
+    fn remember(&mut self, id: &str) {
+        let d = self.digest(id);
+        if !self.set.insert(d) {
+            return;
+        }
+        self.order.push_back(d);
+        if self.order.len() > RELEASED_REMEMBERED {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(&self.digest(id))
+    }
 }
 
 impl Registry {
@@ -344,7 +382,16 @@ impl Registry {
         if map.is_empty() {
             map.shrink_to(0);
         }
+        drop(map);
+        if removed.is_some() {
+            crate::sync::lock(&self.released).remember(id);
+        }
         removed
+    }
+
+    /// Was `id` released lately (one of the last [`RELEASED_REMEMBERED`])?
+    pub fn was_released(&self, id: &str) -> bool {
+        crate::sync::lock(&self.released).contains(id)
     }
 
     pub fn len(&self) -> usize {
@@ -407,6 +454,31 @@ mod tests {
         ] {
             assert!(!id_shaped(id), "{id}");
         }
+    }
+
+    #[test]
+    fn released_ids_are_remembered_within_the_bound() {
+        let reg = Registry::default();
+        let spec = RegistrationSpec::new("a");
+        let st = Arc::new(RegistrationState::new(
+            "r1".into(),
+            "t",
+            &spec,
+            ToolSet::default(),
+        ));
+        reg.insert(st);
+        assert!(!reg.was_released("r1"));
+        assert!(reg.remove("r1").is_some());
+        assert!(reg.was_released("r1") && !reg.was_released("r2"));
+        let mut recent = RecentIds::default();
+        for i in 0..RELEASED_REMEMBERED + 10 {
+            recent.remember(&format!("id{i}"));
+        }
+        assert_eq!(recent.order.len(), RELEASED_REMEMBERED);
+        assert_eq!(recent.set.len(), RELEASED_REMEMBERED);
+        assert!(
+            !recent.contains("id0") && recent.contains(&format!("id{}", RELEASED_REMEMBERED + 9))
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::connections::{Activity, Guarded, GuardedBody, Limits};
 use crate::endpoint;
 use crate::hub::Hub;
+use crate::refusals::{self, Listener, Reason};
 use crate::sync::unless_cancelled;
 
 /// The router of the data listener.
@@ -78,8 +79,9 @@ pub fn router(hub: Arc<Hub>) -> Router {
 pub async fn serve(listener: TcpListener, hub: Arc<Hub>, stop: CancellationToken) {
     let limits = Limits::data(&hub.config().connections);
     let router = TowerToHyperService::new(router(hub.clone()));
+    let observer = hub.clone();
     let service = service_fn(move |req| dispatch(&hub, &router, req));
-    serve_http1(listener, service, stop, "data", limits).await;
+    serve_http1(listener, service, stop, (observer, Listener::Data), limits).await;
 }
 
 /// A request's future, boxed: hyper keeps it inside the connection's state, and an idle
@@ -270,16 +272,22 @@ fn hot_route(path: &str) -> Option<(&str, Hot)> {
 /// an incomplete head, so its read buffer grows from 8 to 16 KiB on every connection (and
 /// stays so while the connection lives: an idle SSE session's largest cost). We serve
 /// HTTP/1.1 only, so there is nothing to detect.
+///
+/// `observer`: the gateway whose refusal counters, logs and audit folds see every refusal of
+/// this listener (`Hub::refused`): a response of status ≥ 400, a connection refused at the
+/// cap, a request head not received in time.
 pub async fn serve_http1<S>(
     listener: TcpListener,
     service: S,
     stop: CancellationToken,
-    name: &str,
+    observer: (Arc<Hub>, Listener),
     limits: Limits,
 ) where
     S: Service<Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
+    let (hub, which) = observer;
+    let name = which.as_str();
     let conns = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(limits.max));
     // Refusals since the cap was last reached (logged once per episode, not per connection).
@@ -290,8 +298,8 @@ pub async fn serve_http1<S>(
             _ = stop.cancelled() => break,
             r = listener.accept() => r,
         };
-        let tcp = match accepted {
-            Ok((tcp, _peer)) => tcp,
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 // Out of fds or the like: say so, and do not spin.
@@ -314,6 +322,7 @@ pub async fn serve_http1<S>(
                 }
                 refused += 1;
                 limits.refuse(tcp);
+                hub.refused(which, StatusCode::SERVICE_UNAVAILABLE, None, Some(peer));
                 continue;
             }
         };
@@ -332,15 +341,23 @@ pub async fn serve_http1<S>(
         let stop = stop.clone();
         let activity = Activity::new();
         let io = TokioIo::new(Guarded::new(tcp, activity.clone(), &limits));
+        let hub = hub.clone();
         conns.spawn(async move {
             let _permit = permit;
+            let timed_out = activity.clone();
+            let observer = hub.clone();
             // Busy from the call to the end of the response body (`connections` docs).
             let service = service_fn(move |req| {
                 let busy = activity.begin();
                 let reply = service.call(req);
+                let hub = hub.clone();
                 async move {
                     let mut resp = reply.await?;
                     close_if_body_unread(&mut resp);
+                    if resp.status().as_u16() >= 400 {
+                        let mark = resp.extensions_mut().remove::<refusals::Refused>();
+                        hub.refused(which, resp.status(), mark.as_ref(), Some(peer));
+                    }
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, busy)))
                 }
             });
@@ -359,6 +376,14 @@ pub async fn serve_http1<S>(
             };
             if let Err(e) = result {
                 tracing::trace!(error = %e, "connection ended with an error");
+            }
+            if timed_out.head_timed_out() {
+                observer.refused(
+                    which,
+                    StatusCode::REQUEST_TIMEOUT,
+                    Some(&refusals::Refused::new(Reason::HeaderTimeout)),
+                    Some(peer),
+                );
             }
         });
     }

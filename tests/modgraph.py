@@ -30,6 +30,8 @@ RULES = [
     ("server", ["gateway", "admin", "cli"], []),
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
+    # Refusals are observed, never served: no transport, no dispatch, no gateway.
+    ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
 ]
 # The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
@@ -42,7 +44,7 @@ LAYERS = [
     (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "call"]),
     (5, ["hub"]),
     (4, ["upstream"]),
-    (3, ["session", "listen", "mrtr", "metrics", "expiry"]),
+    (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals"]),
     (2, ["registry", "connections"]),
     (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`

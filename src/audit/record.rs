@@ -67,6 +67,12 @@ pub struct Record<'a> {
     pub signal: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// How many events one record stands for (`auth_failed`, folded per interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// The client's address (`auth_failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_addr: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -189,6 +195,8 @@ impl<'a> Record<'a> {
             pid: self.pid,
             signal: text(self.signal),
             tools: self.tools,
+            count: self.count,
+            client_addr: text(self.client_addr),
             prev: self.prev,
         }
     }
@@ -258,6 +266,10 @@ impl<'a> Record<'a> {
         if let Some(v) = &self.tools {
             line.serde(k!("tools"), v);
         }
+        if let Some(v) = self.count {
+            line.u64(k!("count"), v);
+        }
+        line.opt_str(k!("client_addr"), &self.client_addr);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -468,6 +480,8 @@ mod tests {
             pid: Some(u32::MAX),
             signal: Some("SIGTERM".into()),
             tools: Some(vec!["a".into(), "b\"".into()]),
+            count: Some(9_999),
+            client_addr: Some("[::1]:54321".into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

@@ -112,25 +112,18 @@ pub(crate) fn authorize_with(
 ) -> Result<Arc<RegistrationState>, Rejection> {
     origin::check_host_origin_values(gw.config(), heads.host, heads.origin)?;
     let Some(reg) = gw.registry().get(id) else {
-        return Err(Rejection::not_found("registration not found"));
+        return Err(Rejection::unknown_registration(gw.registry(), id));
     };
-    match bearer_of(heads.authorization) {
-        None => Err(oauth::unauthorized(
-            gw,
-            headers,
-            id,
-            surface,
-            oauth::Refusal::Missing,
-        )),
-        Some(t) if reg.token_matches(t) => Ok(reg),
-        Some(_) => Err(oauth::unauthorized(
-            gw,
-            headers,
-            id,
-            surface,
-            oauth::Refusal::Invalid,
-        )),
-    }
+    let why = match bearer_of(heads.authorization) {
+        Some(t) if reg.token_matches(t) => return Ok(reg),
+        None => oauth::Refusal::Missing,
+        Some(_) => oauth::Refusal::Invalid,
+    };
+    let transport = match surface {
+        Surface::Mcp => "streamable_http",
+        Surface::Sse => "sse",
+    };
+    Err(oauth::unauthorized(gw, headers, id, surface, why).auth_failed(reg, transport))
 }
 
 /// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?

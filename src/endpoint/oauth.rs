@@ -98,7 +98,12 @@ pub fn unauthorized(
         StatusCode::UNAUTHORIZED,
         crate::mcp::jsonrpc::INVALID_REQUEST,
         message,
-    );
+    )
+    .because(match why {
+        Refusal::Missing => crate::refusals::Reason::MissingToken,
+        Refusal::Invalid => crate::refusals::Reason::BadToken,
+    })
+    .about(id);
     let metadata = format!(
         "{}{PRM_PREFIX}/gw/{id}/{}",
         base_url(gw, headers),
@@ -145,8 +150,11 @@ pub async fn protected_resource(
     headers: HeaderMap,
 ) -> Result<Response, Rejection> {
     check_host_origin(gw.config(), &headers)?;
-    if !matches!(tail.as_str(), "mcp" | "sse") || gw.registry().get(&id).is_none() {
+    if !matches!(tail.as_str(), "mcp" | "sse") {
         return Err(Rejection::not_found("registration not found"));
+    }
+    if gw.registry().get(&id).is_none() {
+        return Err(Rejection::unknown_registration(gw.registry(), &id));
     }
     let resource = format!("{}/gw/{id}/{tail}", base_url(&gw, &headers));
     let mut r = json_response(StatusCode::OK, &metadata_document(&resource));

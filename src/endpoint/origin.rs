@@ -24,7 +24,8 @@ pub fn check_host_origin_values(
     if let Some(host) = host {
         let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
         if !ok {
-            return Err(Rejection::forbidden("forbidden: Host not allowed"));
+            return Err(Rejection::forbidden("forbidden: Host not allowed")
+                .because(crate::refusals::Reason::Host));
         }
     }
     if let Some(origin) = origin {

@@ -1,6 +1,7 @@
 //! Why an endpoint refuses a request, as one type: the HTTP status, the JSON-RPC error (code,
 //! message, the request id where it could be read, data) and the header the status calls for
-//! (`WWW-Authenticate` on 401, `Allow` on 405). Its one `IntoResponse` writes them all.
+//! (`WWW-Authenticate` on 401, `Allow` on 405). Its one `IntoResponse` writes them all, and
+//! marks the response with why it was refused (`refusals::Refused`, read by the accept loop).
 
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -8,21 +9,20 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::mcp::jsonrpc::{self, RpcError};
+use crate::refusals::{AuthFailure, Reason, Refused};
 
 #[derive(Debug)]
 pub struct Rejection {
     status: StatusCode,
     error: RpcError,
     header: Option<(HeaderName, HeaderValue)>,
+    /// Why, for the operators (`refusals`): by default what the status stands for.
+    refused: Box<Refused>,
 }
 
 impl Rejection {
     pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Rejection {
-            status,
-            error: RpcError::new(None, code, message),
-            header: None,
-        }
+        Self::rpc(status, RpcError::new(None, code, message))
     }
 
     /// A JSON-RPC error as the body, under `status`.
@@ -31,7 +31,35 @@ impl Rejection {
             status,
             error,
             header: None,
+            refused: Box::new(Refused::new(Reason::of_status(status))),
         }
+    }
+
+    /// Says why more precisely than the status does.
+    pub fn because(mut self, reason: Reason) -> Self {
+        self.refused.reason = reason;
+        self
+    }
+
+    /// Names the registration the request was for (shortened in logs).
+    pub fn about(mut self, id: &str) -> Self {
+        self.refused.registration = Some(crate::refusals::shorten(id).into());
+        self
+    }
+
+    /// A live registration shown a wrong or missing token: audited `auth_failed`.
+    pub fn auth_failed(
+        mut self,
+        registration: std::sync::Arc<crate::registry::RegistrationState>,
+        transport: &'static str,
+    ) -> Self {
+        let missing = self.refused.reason == Reason::MissingToken;
+        self.refused.auth = Some(AuthFailure {
+            registration: Some(registration),
+            transport,
+            missing,
+        });
+        self
     }
 
     /// A malformed message (400), with the id where it could be read.
@@ -47,6 +75,19 @@ impl Rejection {
     /// 404 with -32600.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, jsonrpc::INVALID_REQUEST, message)
+    }
+
+    /// The 404 of a registration id that is not live, saying (to the operators, not the
+    /// client) whether it was released lately or never known.
+    pub fn unknown_registration(registry: &crate::registry::Registry, id: &str) -> Self {
+        let reason = if registry.was_released(id) {
+            Reason::Released
+        } else {
+            Reason::UnknownRegistration
+        };
+        Self::not_found("registration not found")
+            .because(reason)
+            .about(id)
     }
 
     /// 403 with -32600.
@@ -110,6 +151,7 @@ impl IntoResponse for Rejection {
         if let Some((name, value)) = self.header {
             r.headers_mut().insert(name, value);
         }
+        r.extensions_mut().insert(*self.refused);
         r
     }
 }

@@ -415,7 +415,8 @@ async fn answer(
             let mut guard = guard;
             guard.0 = None;
             if registration.is_released() {
-                return Err(Rejection::not_found("registration released"));
+                return Err(Rejection::not_found("registration released")
+                    .because(crate::refusals::Reason::Released));
             }
             // Cancelled by the client: no reply follows, the stream just ends.
             Ok(event_stream::response(Body::empty()))

@@ -79,7 +79,8 @@ pub async fn message(
         return Err(Rejection::bad_request("session_id is required"));
     };
     let Some(session) = gw.sessions().get(&reg.id, sid, Transport::Sse) else {
-        return Err(Rejection::not_found("session not found"));
+        return Err(Rejection::not_found("session not found")
+            .because(crate::refusals::Reason::SessionUnknown));
     };
     session.touch();
     if !super::is_json(heads.content_type) {

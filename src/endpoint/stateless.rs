@@ -287,7 +287,8 @@ fn plan(
             jsonrpc::METHOD_NOT_FOUND,
             &format!("method not found: {method}"),
             None,
-        ));
+        )
+        .because(crate::refusals::Reason::BadRequest));
     }
     let ctx = RequestCtx {
         hub: gw.clone(),

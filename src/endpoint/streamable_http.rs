@@ -103,7 +103,8 @@ fn require_session_of(
     let Some(session) = gw.sessions().get(&reg.id, sid, Transport::StreamableHttp) else {
         return Err(Rejection::not_found(
             "session not found: initialize again without Mcp-Session-Id",
-        ));
+        )
+        .because(crate::refusals::Reason::SessionUnknown));
     };
     session.touch();
     Ok(session)

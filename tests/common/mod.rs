@@ -2,6 +2,7 @@
 //! legacy-SSE client that shows every byte the gateway sends.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod daemon;
 pub mod mcp_remote;
 pub mod peers;
 

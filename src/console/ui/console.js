@@ -160,6 +160,16 @@
     plot($("plot-upstreams-errors"), series.upstreams, "errors");
     legend($("legend-agents"), series.agents);
     legend($("legend-upstreams"), series.upstreams);
+    // Refusals (wrong or missing tokens, released ids, bad requests…) beside the call rates.
+    const refusals = stats.refusals || [];
+    plot($("plot-refusals"), refusals, "calls");
+    $("legend-refusals").replaceChildren(
+      ...refusals.slice(0, COLORS.length).map((k, i) => {
+        const li = el("li", k.key + " — " + k.total + " refused", "c" + i);
+        li.dataset.key = k.key;
+        return li;
+      }),
+    );
     renderTools(series.tools || []);
     renderUpstreams(stats.upstreams || []);
     renderAudit(audit);

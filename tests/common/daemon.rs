@@ -1,0 +1,161 @@
+//! A real `gatehouse serve` on 127.0.0.1:0 (both listeners), its stderr kept line by line,
+//! its config, admin token file and audit log in a temporary directory; killed on `Drop`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gatehouse::testing::audit::{read_records, Record};
+use serde_json::Value;
+
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub data: String,
+    pub admin: String,
+    /// The admin token.
+    pub token: String,
+    output: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Starts `gatehouse serve --test-tools` with `extra` written at the top of its config
+    /// (before its `[audit]` table; `audit_extra` goes into that table), `RUST_LOG` set to
+    /// `log`, and `env` added. Waits for `gatehouse: ready` (30 s at most).
+    pub fn start(extra: &str, audit_extra: &str, log: &str, env: &[(&str, &str)]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("gatehouse.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n{audit_extra}\n",
+                dir.path().join("admin.token").display().to_string(),
+                dir.path().join("audit.jsonl").display().to_string(),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
+        cmd.args(["serve", "--test-tools", "--config"])
+            .arg(&config)
+            .current_dir(dir.path())
+            .env_remove("GATEHOUSE_ADMIN_TOKEN")
+            .env_remove("GATEHOUSE_LISTEN")
+            .env_remove("GATEHOUSE_ADMIN_LISTEN")
+            .env_remove("GATEHOUSE_AUDIT_PATH")
+            .env_remove("GATEHOUSE_LOG_FORMAT")
+            .env("RUST_LOG", log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let out = output.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                out.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let (data, admin) = super::wait_daemon_ready(&rx);
+        let token = std::fs::read_to_string(dir.path().join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            dir,
+            data,
+            admin,
+            token,
+            output,
+        }
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.jsonl")
+    }
+
+    /// Every audit record written so far.
+    pub fn audit(&self) -> Vec<Record<'static>> {
+        read_records(&self.audit_path()).unwrap_or_default()
+    }
+
+    /// The stderr lines so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// An admin API call with the admin token: (status, JSON body or Null).
+    pub async fn admin_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut b = super::http()
+            .request(method, format!("{}{path}", self.admin))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            b = b.json(&body);
+        }
+        let r = b.send().await.unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `POST /v1/registrations` (201 asserted): the admin API's answer.
+    pub async fn register(&self, body: Value) -> Value {
+        let (s, v) = self
+            .admin_call(reqwest::Method::POST, "/v1/registrations", Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+
+    /// `GET /metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        super::http()
+            .get(format!("{}/metrics", self.admin))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Waits (`secs` at most) until `f` holds of the audit records.
+    pub async fn wait_audit(&self, secs: u64, f: impl Fn(&[Record<'static>]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if f(&self.audit()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "audit condition not met in {secs} s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
