@@ -166,6 +166,19 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
+/// 404 for an id that is not a live registration, marked (for the refusal counters) as
+/// released lately or unknown.
+fn no_such_registration(gw: &Gateway, id: &str) -> Response {
+    let mut r = error(StatusCode::NOT_FOUND, "no such registration");
+    let reason = if gw.registry().was_released(id) {
+        Reason::Released
+    } else {
+        Reason::UnknownRegistration
+    };
+    r.extensions_mut().insert(Refused::new(reason).about(id));
+    r
+}
+
 fn bad_request(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
@@ -343,7 +356,7 @@ async fn renew(
     };
     match st.gw.renew(&id, ttl).await {
         Some(expires_at) => Json(json!({"id": id, "expires_at": expires_at})).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no such registration"),
+        None => no_such_registration(&st.gw, &id),
     }
 }
 
@@ -351,7 +364,7 @@ async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> R
     if st.gw.release_id(&id, ReleaseReason::Released).await {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        error(StatusCode::NOT_FOUND, "no such registration")
+        no_such_registration(&st.gw, &id)
     }
 }
 
@@ -386,7 +399,7 @@ async fn list(State(st): State<AdminState>) -> Response {
 async fn show(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> Response {
     match st.gw.registry().get(&id) {
         Some(r) => Json(describe(&st.gw, &r)).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no such registration"),
+        None => no_such_registration(&st.gw, &id),
     }
 }
 

@@ -182,6 +182,12 @@ impl Refused {
             auth: None,
         }
     }
+
+    /// Names the registration the request was for (shortened for logs).
+    pub fn about(mut self, id: &str) -> Self {
+        self.registration = Some(shorten(id).into());
+        self
+    }
 }
 
 /// An id as a log line may show it: its first [`ID_SHOWN`] characters and `…`.
@@ -365,7 +371,7 @@ impl Refusals {
                 .collect();
             out.push(serde_json::json!({
                 "key": reason.as_str(),
-                "total": total,
+                "calls_total": total,
                 "calls": calls,
             }));
         }

@@ -376,6 +376,16 @@ pub async fn serve_http1<S>(
             };
             if let Err(e) = result {
                 tracing::trace!(error = %e, "connection ended with an error");
+                // A head hyper could not parse (or too large for its buffer): it answered
+                // 400 or 431 itself, without the service.
+                if e.is_parse() || e.is_parse_too_large() {
+                    let status = if e.is_parse_too_large() {
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+                    } else {
+                        StatusCode::BAD_REQUEST
+                    };
+                    observer.refused(which, status, None, Some(peer));
+                }
             }
             if timed_out.head_timed_out() {
                 observer.refused(

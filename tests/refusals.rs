@@ -353,7 +353,7 @@ async fn the_console_stats_carry_the_refusal_series() {
     assert_eq!(s, 200);
     let rows = stats["refusals"].as_array().unwrap();
     let bad = rows.iter().find(|r| r["key"] == "bad_token").unwrap();
-    assert_eq!(bad["total"], 3);
+    assert_eq!(bad["calls_total"], 3);
     assert_eq!(bad["calls"].as_array().unwrap().len(), 900);
     assert_eq!(
         bad["calls"]

@@ -325,6 +325,9 @@ def test_the_page_lists_registrations_plots_calls_and_releases(daemon: Daemon) -
             for url in (gone.mcp_url, gone.sse_url):
                 assert http_status("GET", url, gone.token) == 404, url
             assert http_status("POST", gone.mcp_url, gone.token, {"jsonrpc": "2.0", "id": 1, "method": "ping"}) == 404
+            # Those refusals are plotted beside the call rates (issue 41), by reason.
+            wait_until(lambda: "released" in b.page.inner_text("#legend-refusals"), "the refusals' legend to name released")
+            wait_until(lambda: total("#plot-refusals") >= 3, "the refusals' plot to count the three 404s")
             # The page keeps serving the others.
             time.sleep(2.5)
             assert b.page.query_selector(f'#registrations tr[data-id="{regs[0].id}"]') is not None

@@ -165,7 +165,7 @@
     plot($("plot-refusals"), refusals, "calls");
     $("legend-refusals").replaceChildren(
       ...refusals.slice(0, COLORS.length).map((k, i) => {
-        const li = el("li", k.key + " — " + k.total + " refused", "c" + i);
+        const li = el("li", k.key + " — " + k.calls_total + " refused", "c" + i);
         li.dataset.key = k.key;
         return li;
       }),
