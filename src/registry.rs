@@ -326,38 +326,43 @@ pub struct Registry {
     released: Mutex<RecentIds>,
 }
 
-/// The most released ids remembered (a 64-bit digest each: ~24 bytes with the ring and set).
-pub const RELEASED_REMEMBERED: usize = 65_536;
+/// The slots of the released-id memory (a 64-bit digest each: 64 KiB, allocated with the
+/// registry, so that releasing grows nothing).
+pub const RELEASED_SLOTS: usize = 8192;
 
-/// A bounded memory of ids: the newest [`RELEASED_REMEMBERED`], by a 64-bit digest (a
-/// collision only names a refusal's reason wrong).
-#[derive(Default)]
+/// A fixed memory of released ids, direct-mapped by a 64-bit digest: an id stays until a
+/// later one lands in its slot (after N later releases it is still there with probability
+/// ≈ e^(−N/8192): the last few thousand releases). A digest collision only names a refusal's
+/// reason wrong; nothing is decided by it.
 struct RecentIds {
-    order: std::collections::VecDeque<u64>,
-    set: crate::sync::HashSet<u64>,
+    slots: Box<[u64]>,
     hasher: foldhash::fast::RandomState,
 }
 
+impl Default for RecentIds {
+    fn default() -> Self {
+        RecentIds {
+            slots: vec![0; RELEASED_SLOTS].into_boxed_slice(),
+            hasher: Default::default(),
+        }
+    }
+}
+
 impl RecentIds {
-    fn digest(&self, id: &str) -> u64 {
-        std::hash::BuildHasher::hash_one(&self.hasher, id)
+    /// The id's digest (never 0, the empty slot) and its slot.
+    fn digest(&self, id: &str) -> (u64, usize) {
+        let d = std::hash::BuildHasher::hash_one(&self.hasher, id) | 1;
+        (d, (d >> 1) as usize % self.slots.len())
     }
 
     fn remember(&mut self, id: &str) {
-        let d = self.digest(id);
-        if !self.set.insert(d) {
-            return;
-        }
-        self.order.push_back(d);
-        if self.order.len() > RELEASED_REMEMBERED {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
+        let (d, slot) = self.digest(id);
+        self.slots[slot] = d;
     }
 
     fn contains(&self, id: &str) -> bool {
-        self.set.contains(&self.digest(id))
+        let (d, slot) = self.digest(id);
+        self.slots[slot] == d
     }
 }
 
@@ -389,7 +394,7 @@ impl Registry {
         removed
     }
 
-    /// Was `id` released lately (one of the last [`RELEASED_REMEMBERED`])?
+    /// Was `id` released lately (see [`RELEASED_SLOTS`])?
     pub fn was_released(&self, id: &str) -> bool {
         crate::sync::lock(&self.released).contains(id)
     }
@@ -470,15 +475,23 @@ mod tests {
         assert!(!reg.was_released("r1"));
         assert!(reg.remove("r1").is_some());
         assert!(reg.was_released("r1") && !reg.was_released("r2"));
+        // A fixed table: the newest ids are there, most of a table's worth back still are,
+        // the oldest mostly gone, and the memory never grows.
         let mut recent = RecentIds::default();
-        for i in 0..RELEASED_REMEMBERED + 10 {
+        let n = 4 * RELEASED_SLOTS;
+        for i in 0..n {
             recent.remember(&format!("id{i}"));
         }
-        assert_eq!(recent.order.len(), RELEASED_REMEMBERED);
-        assert_eq!(recent.set.len(), RELEASED_REMEMBERED);
-        assert!(
-            !recent.contains("id0") && recent.contains(&format!("id{}", RELEASED_REMEMBERED + 9))
-        );
+        assert_eq!(recent.slots.len(), RELEASED_SLOTS);
+        assert!(recent.contains(&format!("id{}", n - 1)));
+        let last = (n - 1000..n)
+            .filter(|i| recent.contains(&format!("id{i}")))
+            .count();
+        assert!(last > 850, "{last} of the last 1,000");
+        let old = (0..1000)
+            .filter(|i| recent.contains(&format!("id{i}")))
+            .count();
+        assert!(old < 100, "{old} of the oldest 1,000");
     }
 
     #[test]
