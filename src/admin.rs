@@ -375,6 +375,8 @@ fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
         "agent_id": &*r.agent_id,
         "label": r.label,
         "tools": r.tools.names(),
+        // The digest of the tool definitions pinned at creation (`pins`).
+        "pins_digest": r.pins.summary(),
         "created_at": r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "ttl_s": r.ttl_s,
         "roots": r.roots,

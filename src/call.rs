@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::{args_digest, Outcome, Record};
 use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
+use crate::pins::Drift;
 use crate::tools::{Backend, ToolContext, ToolResult};
 use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
 
@@ -153,6 +154,31 @@ pub async fn run(
         return finish(ctx, rec, started, id, e).await;
     };
     rec.upstream = tool.upstream().map(Cow::Borrowed);
+    // The surface pinned at creation (`pins`): a tool its upstream removed is unknown now; one
+    // it changed is refused under `on_tool_change = "refuse"` (one read of a flag otherwise).
+    match reg.pins.drift_of(&name) {
+        None | Some(Drift::Followed { .. }) => {}
+        Some(Drift::Removed) => {
+            rec.set_outcome(Outcome::Denied);
+            rec.reason =
+                Some("tool removed by its upstream since the registration was made".into());
+            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
+            let e = Ended::Error(
+                jsonrpc::INVALID_PARAMS,
+                format!("Unknown tool: {name} (its upstream no longer offers it)"),
+                Outcome::Denied,
+            );
+            return finish(ctx, rec, started, id, e).await;
+        }
+        Some(Drift::Refused { .. }) => {
+            let why = format!(
+                "the definition of tool {name} changed upstream since this registration was made; calls to it are refused (on_tool_change = \"refuse\")"
+            );
+            rec.reason = Some("tool definition changed since the registration was made".into());
+            let e = Ended::Result(ToolResult::error(why).0, Outcome::Denied);
+            return finish(ctx, rec, started, id, e).await;
+        }
+    }
 
     if !gw.audit().is_healthy() {
         rec.set_outcome(Outcome::Denied);

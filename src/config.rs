@@ -316,6 +316,31 @@ pub struct UpstreamConfig {
     /// registration can be named to answer (setting any there is an error).
     #[serde(default)]
     pub client_capabilities: Option<Vec<String>>,
+    /// What a registration does when this upstream changes the definition of a tool it was
+    /// granted (its surface is pinned at creation): `refuse` (the default) or `follow`.
+    #[serde(default)]
+    pub on_tool_change: OnToolChange,
+}
+
+/// What a registration does when an upstream changes a granted tool's definition.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnToolChange {
+    /// Calls to the changed tool answer a tool error saying so, audited `tool_changed`; the
+    /// registration keeps listing the definition it was made with.
+    #[default]
+    Refuse,
+    /// The registration takes the new definition (listed and served).
+    Follow,
+}
+
+impl OnToolChange {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnToolChange::Refuse => "refuse",
+            OnToolChange::Follow => "follow",
+        }
+    }
 }
 
 /// The client capabilities the gateway can declare upstream: the server → client requests

@@ -14,6 +14,7 @@ use crate::listen::Listeners;
 use crate::mcp::jsonrpc;
 use crate::metrics::Metrics;
 use crate::mrtr::{Held, HeldCalls};
+use crate::pins::Drift;
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
@@ -165,8 +166,54 @@ impl Hub {
 impl Downstream for Hub {
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            for reg in self.registry.all() {
-                if reg.tools.iter().any(|t| t.upstream() == Some(upstream_id)) {
+            let regs: Vec<_> = self
+                .registry
+                .all()
+                .into_iter()
+                .filter(|r| r.tools.iter().any(|t| t.upstream() == Some(upstream_id)))
+                .collect();
+            if regs.is_empty() {
+                return;
+            }
+            // The upstream's tools now (its catalog was just refreshed), against each
+            // registration's pins (`pins`): only a registration whose list changed is told.
+            let grant = [format!("{upstream_id}.*")];
+            let current = match self.pool.tools_for_grants(&grant).await {
+                Ok(tools) => tools
+                    .into_iter()
+                    .map(|t| (t.name, t.descriptor))
+                    .collect::<crate::sync::HashMap<_, _>>(),
+                Err(e) => {
+                    tracing::warn!(upstream = %upstream_id, error = %e, "tools changed, but the new list could not be read; registrations keep their surface");
+                    return;
+                }
+            };
+            let policy = self
+                .config
+                .upstreams
+                .iter()
+                .find(|u| u.id == upstream_id)
+                .map(|u| u.on_tool_change)
+                .unwrap_or_default();
+            for reg in regs {
+                let compared = reg.pins.compare(&reg.tools, upstream_id, &current, policy);
+                for c in &compared.changes {
+                    let mut rec = reg.audit_record("tool_changed");
+                    rec.tool = Some(c.tool.as_str().into());
+                    rec.upstream = Some(c.upstream.as_str().into());
+                    rec.pin_digest = Some(c.pinned.as_str().into());
+                    let (new, reason) = match &c.now {
+                        None => (Some(c.pinned.as_str()), "restored: the upstream's definition is the pinned one again"),
+                        Some(Drift::Removed) => (None, "removed by the upstream: the tool left the registration's list"),
+                        Some(Drift::Refused { digest }) => (Some(digest.as_str()), "changed: calls are refused (on_tool_change = refuse)"),
+                        Some(Drift::Followed { digest, .. }) => (Some(digest.as_str()), "changed: the registration follows the new definition (on_tool_change = follow)"),
+                    };
+                    rec.new_digest = new.map(Into::into);
+                    rec.reason = Some(reason.into());
+                    tracing::warn!(registration = %crate::refusals::shorten(&reg.id), tool = %c.tool, reason, "a granted tool's definition changed upstream");
+                    let _ = self.audit.record(rec).await;
+                }
+                if compared.list_changed {
                     self.notify_tools_list_changed(&reg.id).await;
                 }
             }

@@ -29,6 +29,7 @@ mod listen;
 mod mcp;
 mod metrics;
 mod mrtr;
+mod pins;
 mod refusals;
 mod registry;
 mod server;

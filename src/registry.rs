@@ -230,6 +230,8 @@ pub struct RegistrationState {
     pub calls: TaskTracker,
     pub calls_started: AtomicU64,
     pub calls_in_flight: AtomicUsize,
+    /// The tools' definitions as granted, by digest, and their drift since (`pins`).
+    pub pins: crate::pins::Pins,
 }
 
 impl std::fmt::Debug for RegistrationState {
@@ -254,6 +256,7 @@ impl RegistrationState {
             token_digest: token_digest(token),
             agent_id: Arc::from(spec.agent_id.as_str()),
             label: spec.label.clone(),
+            pins: crate::pins::Pins::of(&tools),
             tools,
             grants: spec.tools.clone(),
             limits: spec.limits.clone(),

@@ -379,6 +379,16 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         .await;
     assert!(short["expires_at"].is_string());
     let sid = short["id"].as_str().unwrap().to_string();
+    // Its pinned surface's digest (issue 39): 64 hex digits.
+    let (s, shown) = d
+        .admin(M::GET, &format!("/v1/registrations/{sid}"), None)
+        .await;
+    assert_eq!(s, 200, "{shown}");
+    let pins = shown["pins_digest"].as_str().unwrap_or_default();
+    assert!(
+        pins.len() == 64 && pins.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{shown}"
+    );
     let t0 = Instant::now();
     loop {
         let (s, _) = d

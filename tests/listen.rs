@@ -25,7 +25,7 @@ fn announcer() -> UpstreamConfig {
         env!("CARGO_MANIFEST_DIR")
     );
     toml::from_str(&format!(
-        "id = \"fl\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n"
+        "id = \"fl\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 30\non_tool_change = \"follow\"\n"
     ))
     .unwrap()
 }

@@ -46,7 +46,7 @@ LAYERS = [
     (4, ["upstream"]),
     (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals"]),
     (2, ["registry", "connections"]),
-    (1, ["tools", "demo_upstream"]),
+    (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.
     (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync"]),

@@ -755,7 +755,11 @@ async fn server_requests_reach_the_one_session_they_belong_to_else_are_refused()
 
 #[tokio::test]
 async fn tools_list_changed_refreshes_the_catalog_and_reaches_granting_sessions_only() {
-    let gw = gateway(vec![mock("mock")]);
+    // `follow`: the registration takes the changed definition of `mock.change`, so its list
+    // changed and it is told (a registration whose list did not change is not: tests/pins.rs).
+    let mut up = mock("mock");
+    up.on_tool_change = gatehouse::config::OnToolChange::Follow;
+    let gw = gateway(vec![up]);
     let a = gw
         .gateway
         .register(RegistrationSpec::new("a").grant("mock.*"))
@@ -783,6 +787,17 @@ async fn tools_list_changed_refreshes_the_catalog_and_reaches_granting_sessions_
         }
     }
     assert!(seen, "list_changed not forwarded to the granting session");
+    // Its list: the new definition, and no `extra` (its surface was fixed at creation, even
+    // though `mock.*` now matches it).
+    let listed = ca.request("tools/list", json!({})).await;
+    let tools = listed["result"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["mock.change", "mock.hang", "mock.sample"],
+        "{listed}"
+    );
+    assert_eq!(tools[0]["description"], "changed", "{listed}");
     assert!(
         cb.next_message(1).await.is_none(),
         "b does not grant mock tools"

@@ -73,6 +73,11 @@ pub struct Record<'a> {
     /// The client's address (`auth_failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_addr: Option<Cow<'a, str>>,
+    /// A tool's definition digest as pinned at registration, and its new one (`tool_changed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_digest: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -197,6 +202,8 @@ impl<'a> Record<'a> {
             tools: self.tools,
             count: self.count,
             client_addr: text(self.client_addr),
+            pin_digest: text(self.pin_digest),
+            new_digest: text(self.new_digest),
             prev: self.prev,
         }
     }
@@ -270,6 +277,8 @@ impl<'a> Record<'a> {
             line.u64(k!("count"), v);
         }
         line.opt_str(k!("client_addr"), &self.client_addr);
+        line.opt_str(k!("pin_digest"), &self.pin_digest);
+        line.opt_str(k!("new_digest"), &self.new_digest);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -482,6 +491,8 @@ mod tests {
             tools: Some(vec!["a".into(), "b\"".into()]),
             count: Some(9_999),
             client_addr: Some("[::1]:54321".into()),
+            pin_digest: Some("ab".repeat(32).into()),
+            new_digest: Some("cd".repeat(32).into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

@@ -136,7 +136,7 @@ fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     let mut result = Map::new();
     result.insert(
         "tools".into(),
-        Value::Array(ctx.registration.tools.descriptors()),
+        Value::Array(ctx.registration.pins.descriptors(&ctx.registration.tools)),
     );
     jsonrpc::success(id, Value::Object(result))
 }

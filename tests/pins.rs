@@ -1,0 +1,199 @@
+//! A registration's tool surface is pinned at creation (issue 39, the second half): a stdio
+//! upstream (tests/fixtures/mutable_server.py) changes a granted tool's description on
+//! SIGUSR1 and removes it on SIGUSR2, and says `tools/list_changed`. Under `refuse` (the
+//! default) the registration keeps listing the definition it was made with, gets no
+//! `list_changed`, and a call answers a tool error saying the definition changed, audited
+//! `tool_changed` (old and new digests) and the call `denied`; under `follow` it is told,
+//! lists the new definition and is served; a removed tool leaves the list and its calls; a
+//! registration of an unchanged upstream hears nothing; tools that newly match a glob are not
+//! added; `GET /v1/registrations/<id>` shows the pins' digest.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use gatehouse::config::UpstreamConfig;
+use gatehouse::RegistrationSpec;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+fn mutable(id: &str, policy: &str, pid_file: &Path) -> UpstreamConfig {
+    let script = format!(
+        "{}/tests/fixtures/mutable_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\non_tool_change = \"{policy}\"\n[env]\nMUTABLE_PID_FILE = {:?}\n",
+        pid_file.display().to_string()
+    ))
+    .unwrap()
+}
+
+async fn signal(pid_file: &Path, sig: Signal) {
+    let mut pid = String::new();
+    for _ in 0..100 {
+        pid = std::fs::read_to_string(pid_file).unwrap_or_default();
+        if !pid.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    kill(Pid::from_raw(pid.trim().parse().unwrap()), sig).unwrap();
+}
+
+/// Every `tools/list_changed` that arrives within `secs`.
+async fn list_changes(c: &mut SseClient, secs: u64) -> usize {
+    let mut n = 0;
+    while let Some(m) = c.next_message(secs).await {
+        if m["method"] == "notifications/tools/list_changed" {
+            n += 1;
+        }
+    }
+    n
+}
+
+fn greet_description(listed: &Value) -> Option<String> {
+    listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"].as_str().unwrap().ends_with(".greet"))
+        .map(|t| t["description"].as_str().unwrap().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tool_is_refused_or_followed_and_only_changed_lists_are_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_refuse, pid_follow, pid_still) = (
+        dir.path().join("refuse.pid"),
+        dir.path().join("follow.pid"),
+        dir.path().join("still.pid"),
+    );
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![
+            mutable("mref", "refuse", &pid_refuse),
+            mutable("mfol", "follow", &pid_follow),
+            mutable("mstill", "refuse", &pid_still),
+        ];
+    });
+    let reg = |agent: &str, grant: &str| {
+        tg.gateway
+            .register(RegistrationSpec::new(agent).grant(grant))
+    };
+    let r = reg("refuser", "mref.*").await.unwrap();
+    let f = reg("follower", "mfol.*").await.unwrap();
+    let s = reg("bystander", "mstill.*").await.unwrap();
+    let (mut cr, mut cf, mut cs) = (
+        SseClient::connect(&r.sse_url(), r.token()).await,
+        SseClient::connect(&f.sse_url(), f.token()).await,
+        SseClient::connect(&s.sse_url(), s.token()).await,
+    );
+    for c in [&mut cr, &mut cf, &mut cs] {
+        c.initialize().await;
+    }
+    let original = greet_description(&cr.request("tools/list", json!({})).await).unwrap();
+    assert_eq!(original, "Greets someone by name.");
+
+    // The rug pull, on two upstreams.
+    signal(&pid_refuse, Signal::SIGUSR1).await;
+    signal(&pid_follow, Signal::SIGUSR1).await;
+
+    // follow: told once, lists and serves the new definition.
+    assert_eq!(list_changes(&mut cf, 3).await, 1);
+    let listed = cf.request("tools/list", json!({})).await;
+    assert!(
+        greet_description(&listed).unwrap().contains("address book"),
+        "{listed}"
+    );
+    let served = cf
+        .request(
+            "tools/call",
+            json!({"name": "mfol.greet", "arguments": {"name": "ada"}}),
+        )
+        .await;
+    assert_eq!(text_of(&served), "hello ada", "{served}");
+
+    // refuse: not told (its list is the pinned one), lists the pinned definition, and a call
+    // answers a tool error that says why.
+    assert_eq!(list_changes(&mut cr, 1).await, 0);
+    let listed = cr.request("tools/list", json!({})).await;
+    assert_eq!(greet_description(&listed).unwrap(), original, "{listed}");
+    let refused = cr
+        .request(
+            "tools/call",
+            json!({"name": "mref.greet", "arguments": {"name": "ada"}}),
+        )
+        .await;
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    let why = text_of(&refused);
+    assert!(
+        why.contains("definition of tool mref.greet changed") && why.contains("refuse"),
+        "{why}"
+    );
+    // The unchanged tool of the same upstream is still served.
+    let stable = cr
+        .request(
+            "tools/call",
+            json!({"name": "mref.stable", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(text_of(&stable), "stable", "{stable}");
+
+    // The bystander of an unchanged upstream heard nothing.
+    assert_eq!(list_changes(&mut cs, 1).await, 0);
+
+    // Audited: one `tool_changed` per registration and tool, with both digests; the refused
+    // call `denied` with the reason.
+    let audit = tg.audit();
+    let changed: Vec<_> = audit.iter().filter(|r| r.event == "tool_changed").collect();
+    assert_eq!(changed.len(), 2, "{changed:?}");
+    for c in &changed {
+        let (pin, new) = (
+            c.pin_digest.as_deref().unwrap(),
+            c.new_digest.as_deref().unwrap(),
+        );
+        assert!(pin.len() == 64 && new.len() == 64 && pin != new, "{c:?}");
+    }
+    let on_r = changed
+        .iter()
+        .find(|c| c.agent_id.as_deref() == Some("refuser"))
+        .unwrap();
+    assert_eq!(on_r.tool.as_deref(), Some("mref.greet"));
+    assert!(on_r.reason.as_deref().unwrap().contains("refused"));
+    let call = audit
+        .iter()
+        .find(|c| c.event == "governed_mcp_call" && c.tool.as_deref() == Some("mref.greet"))
+        .unwrap();
+    assert_eq!(call.outcome.as_deref(), Some("denied"), "{call:?}");
+    assert!(call
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("definition changed"));
+
+    // Removed: it leaves the list (a list change: told) and its calls.
+    signal(&pid_refuse, Signal::SIGUSR2).await;
+    assert_eq!(list_changes(&mut cr, 3).await, 1);
+    let listed = cr.request("tools/list", json!({})).await;
+    assert_eq!(greet_description(&listed), None, "{listed}");
+    let gone = cr
+        .request("tools/call", json!({"name": "mref.greet", "arguments": {}}))
+        .await;
+    assert_eq!(gone["error"]["code"], -32602, "{gone}");
+
+    // The pins' digest is shown with the registration, and differs between surfaces.
+    let pins = |id: &str| {
+        gatehouse::testing::registry(&tg.gateway)
+            .get(id)
+            .unwrap()
+            .pins
+            .summary()
+            .to_string()
+    };
+    assert_eq!(pins(r.id()).len(), 64);
+    assert_ne!(pins(r.id()), pins(f.id()));
+}
