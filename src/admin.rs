@@ -278,9 +278,14 @@ pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
             })?,
         ),
     };
+    let parent = match m.remove("parent") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() => Some(s),
+        Some(_) => return Err("parent: must be a registration id (a string)".into()),
+    };
     if let Some(k) = m.keys().next() {
         return Err(format!(
-            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots)"
+            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots, parent)"
         ));
     }
     Ok(RegistrationSpec {
@@ -291,6 +296,7 @@ pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
         limits,
         local_tools: Vec::new(),
         roots,
+        parent,
     })
 }
 
@@ -384,6 +390,10 @@ fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
         "sessions": gw.sessions().count_for(&r.id),
         "calls_started": r.calls_started.load(Ordering::Relaxed),
         "calls_in_flight": r.calls_in_flight.load(Ordering::Relaxed),
+        // Its family (issue 39): null and [] for a root registration without children.
+        "parent": r.family.parent.as_ref().map(|p| p.id.as_str()),
+        "children": r.family.children(),
+        "agent_path": r.family.agent_path,
     })
 }
 

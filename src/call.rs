@@ -222,6 +222,14 @@ pub async fn run(
         return Box::pin(deny(ctx, rec, started, id, why)).await;
     }
     let _in_flight = InFlight(reg.clone());
+    // A child's call also counts against every ancestor's budget (the family shares it).
+    let _family = match reg.family.parent.is_some() {
+        false => None,
+        true => match admit_family(reg) {
+            Ok(g) => Some(g),
+            Err(why) => return Box::pin(deny(ctx, rec, started, id, why)).await,
+        },
+    };
 
     let timeout = reg
         .limits
@@ -543,6 +551,55 @@ fn finish<'c>(
 }
 
 struct InFlight(std::sync::Arc<crate::registry::RegistrationState>);
+
+/// A child's call counted in flight on each of its ancestors, until dropped.
+struct FamilyInFlight(Vec<std::sync::Arc<crate::registry::RegistrationState>>);
+
+impl Drop for FamilyInFlight {
+    fn drop(&mut self) {
+        for a in &self.0 {
+            a.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Takes a call of `reg` from every ancestor's budget (`max_calls`, `max_concurrent`),
+/// nearest first; on a refusal gives back what it took and says whose limit it was.
+fn admit_family(reg: &crate::registry::RegistrationState) -> Result<FamilyInFlight, String> {
+    let mut taken = FamilyInFlight(Vec::new());
+    for a in reg.family.ancestors() {
+        if let Some(max) = a.limits.max_calls {
+            let ok = a
+                .calls_started
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok();
+            if !ok {
+                return Err(format!(
+                    "limit max_calls ({max}) of ancestor registration {} reached (its family shares it)",
+                    a.id
+                ));
+            }
+        } else {
+            a.calls_started.fetch_add(1, Ordering::AcqRel);
+        }
+        let max_conc = a.limits.max_concurrent.unwrap_or(usize::MAX);
+        if a.calls_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_conc).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(format!(
+                "limit max_concurrent ({max_conc}) of ancestor registration {} reached (its family shares it)",
+                a.id
+            ));
+        }
+        taken.0.push(a.clone());
+    }
+    Ok(taken)
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {

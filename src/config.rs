@@ -73,7 +73,28 @@ pub struct Config {
     pub connections: ConnectionConfig,
     pub sessions: SessionConfig,
     pub audit: AuditConfig,
+    /// Child registrations (sub-agents): how deep and how many.
+    pub children: ChildrenConfig,
     pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// Caps on child registrations (`RegistrationSpec::parent`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChildrenConfig {
+    /// Levels of children below a root registration (a child is level 1).
+    pub max_depth: usize,
+    /// Live children per registration.
+    pub max_per_registration: usize,
+}
+
+impl Default for ChildrenConfig {
+    fn default() -> Self {
+        ChildrenConfig {
+            max_depth: 4,
+            max_per_registration: 64,
+        }
+    }
 }
 
 impl Default for Config {
@@ -97,6 +118,7 @@ impl Default for Config {
             connections: ConnectionConfig::default(),
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
+            children: ChildrenConfig::default(),
             upstreams: Vec::new(),
         }
     }

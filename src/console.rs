@@ -56,6 +56,7 @@ pub fn stats(gw: &Gateway, upstreams: Value) -> Value {
                 "sessions": gw.sessions().count_for(&r.id),
                 "calls_started": r.calls_started.load(Ordering::Relaxed),
                 "calls_in_flight": r.calls_in_flight.load(Ordering::Relaxed),
+                "parent": r.family.parent.as_ref().map(|p| p.id.as_str()),
             })
         })
         .collect();

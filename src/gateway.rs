@@ -210,17 +210,37 @@ impl Gateway {
         if let Some(roots) = &spec.roots {
             crate::registry::validate_roots(roots).map_err(GatewayError::InvalidSpec)?;
         }
-        let upstream_tools = self
-            .inner
-            .hub
-            .pool()
-            .tools_for_grants(&spec.tools)
-            .await
-            .map_err(GatewayError::InvalidSpec)?;
-        let tools = self.resolve_grants(&spec, &upstream_tools)?;
+        // A child (a sub-agent) resolves among its parent's tools, within its parent's bounds.
+        let (tools, family, spec) = match spec.parent.clone() {
+            None => {
+                let upstream_tools = self
+                    .inner
+                    .hub
+                    .pool()
+                    .tools_for_grants(&spec.tools)
+                    .await
+                    .map_err(GatewayError::InvalidSpec)?;
+                let tools = self.resolve_grants(&spec, &upstream_tools)?;
+                (tools, crate::registry::Family::default(), spec)
+            }
+            Some(pid) => {
+                let parent = self.inner.hub.registry().get(&pid).ok_or_else(|| {
+                    GatewayError::InvalidSpec(format!(
+                        "parent {pid:?} is not a live registration (released, expired, or never made)"
+                    ))
+                })?;
+                let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+                let caps = &self.inner.hub.config().children;
+                let c = crate::family::child_of(&parent, spec, caps, now)
+                    .map_err(GatewayError::InvalidSpec)?;
+                (c.tools, c.family, c.spec)
+            }
+        };
         let id = new_registration_id_on(self.inner.hub.config().node_id.as_deref());
         let token = new_token();
-        let state = Arc::new(RegistrationState::new(id, &token, &spec, tools));
+        let mut state = RegistrationState::new(id, &token, &spec, tools);
+        state.family = family;
+        let state = Arc::new(state);
         let base_url = {
             let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc)?;
@@ -231,6 +251,19 @@ impl Gateway {
                 .map(|s| s.base_url.clone())
                 .ok_or(GatewayError::ShuttingDown)?
         };
+        if let Some(parent) = &state.family.parent {
+            lock(&parent.family.children).push(state.id.clone());
+            // A parent released meanwhile took no note of this child: end it now.
+            if parent.is_released() {
+                if let Some(s) = self.close_registration(&state.id, ReleaseReason::Released) {
+                    self.finish_release(&s, ReleaseReason::Released).await;
+                }
+                return Err(GatewayError::InvalidSpec(format!(
+                    "parent {:?} was released while this child was made",
+                    parent.id
+                )));
+            }
+        }
         let mut rec = lifecycle_record("registration_created", &state);
         rec.tools = Some(state.tools.names());
         if let Err(e) = self.inner.hub.audit().record(rec).await {
@@ -377,6 +410,21 @@ impl Gateway {
         id: &str,
         reason: ReleaseReason,
     ) -> Option<Arc<RegistrationState>> {
+        // Its descendants first, deepest first, each closed like this one; its release
+        // (`finish_release`) finishes theirs before its own.
+        let children = self
+            .inner
+            .hub
+            .registry()
+            .get(id)
+            .map(|s| s.family.children())
+            .unwrap_or_default();
+        let mut closed_children = Vec::new();
+        for child in children {
+            if let Some(c) = self.close_registration(&child, reason) {
+                closed_children.push(c);
+            }
+        }
         let removed = {
             let mut lc = lock(&self.inner.lifecycle);
             let removed = self.inner.hub.registry().remove(id);
@@ -386,6 +434,10 @@ impl Gateway {
             removed
         };
         let state = removed?;
+        lock(&state.family.closed_children).extend(closed_children);
+        if let Some(parent) = &state.family.parent {
+            lock(&parent.family.children).retain(|c| c != id);
+        }
         self.inner.deadlines.remove(id);
         self.inner
             .hub
@@ -445,9 +497,17 @@ impl Gateway {
     /// has no TTL.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
         let state = self.inner.hub.registry().get(id)?;
-        let Some(ttl) = ttl_s.or(state.ttl_s) else {
+        let Some(mut ttl) = ttl_s.or(state.ttl_s) else {
             return Some(None);
         };
+        // A child's lease ends no later than its parent's.
+        if let Some(parent) = &state.family.parent {
+            let end = parent.expires_at_ms.load(Ordering::Relaxed);
+            if end != 0 {
+                let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+                ttl = ttl.min(end.saturating_sub(now).div_ceil(1000).max(1));
+            }
+        }
         self.set_deadline(&state, ttl);
         // A release that raced with the renewal wins: do not leave a deadline behind.
         if self.inner.hub.registry().get(id).is_none() {
@@ -475,6 +535,11 @@ impl Gateway {
     }
 
     async fn finish_release(&self, state: &Arc<RegistrationState>, reason: ReleaseReason) {
+        // The children closed with it end first (their calls, leases and records).
+        let children = std::mem::take(&mut *lock(&state.family.closed_children));
+        for child in children {
+            Box::pin(self.finish_release(&child, reason)).await;
+        }
         // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
         // `notifications/cancelled` before its task ends), then release leases and connections.
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
@@ -488,6 +553,11 @@ impl Gateway {
         let mut rec = lifecycle_record(reason.event(), state);
         if reason == ReleaseReason::Shutdown {
             rec.reason = Some("shutdown".into());
+        }
+        let cascade;
+        if let Some(parent) = state.family.parent.as_ref().filter(|p| p.is_released()) {
+            cascade = format!("with its parent {}", parent.id);
+            rec.reason = Some(cascade.as_str().into());
         }
         let _ = self.inner.hub.audit().record(rec).await;
     }

@@ -23,6 +23,7 @@ mod console;
 mod demo_upstream;
 mod endpoint;
 mod expiry;
+mod family;
 mod gateway;
 mod hub;
 mod listen;

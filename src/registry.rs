@@ -160,9 +160,19 @@ pub struct RegistrationSpec {
     /// (`per_registration`, or its lease) get them for `roots/list`, and the agent's client
     /// is not asked. None: `roots/list` goes to a session whose client declared `roots`.
     pub roots: Option<Vec<Root>>,
+    /// The id of a live registration this one is a child of (a sub-agent): its grants must
+    /// be a subset of the parent's tools, its TTL and limits at most the parent's, its calls
+    /// count against the parent's budget too, and it is released with the parent.
+    pub parent: Option<String>,
 }
 
 impl RegistrationSpec {
+    /// Makes this a child of the live registration `id`.
+    pub fn parent(mut self, id: impl Into<String>) -> Self {
+        self.parent = Some(id.into());
+        self
+    }
+
     pub fn new(agent_id: impl Into<String>) -> Self {
         RegistrationSpec {
             agent_id: agent_id.into(),
@@ -232,6 +242,50 @@ pub struct RegistrationState {
     pub calls_in_flight: AtomicUsize,
     /// The tools' definitions as granted, by digest, and their drift since (`pins`).
     pub pins: crate::pins::Pins,
+    /// The family: the parent (a child's calls count against every ancestor's limits), the
+    /// agent ids from the root down (in a child's audit records), the live children's ids,
+    /// and the children closed with this one, which its release finishes first.
+    pub family: Family,
+}
+
+/// A registration's place in its family of sub-agents.
+#[derive(Debug, Default)]
+pub struct Family {
+    pub parent: Option<Arc<RegistrationState>>,
+    /// The agent ids from the root registration down to this one (None for a root).
+    pub agent_path: Option<Vec<String>>,
+    /// 0 for a root registration.
+    pub depth: usize,
+    pub(crate) children: Mutex<Vec<String>>,
+    pub(crate) closed_children: Mutex<Vec<Arc<RegistrationState>>>,
+}
+
+impl Family {
+    /// The family of a child of `parent`.
+    pub fn child_of(parent: &Arc<RegistrationState>, agent_id: &str) -> Family {
+        let mut path = parent
+            .family
+            .agent_path
+            .clone()
+            .unwrap_or_else(|| vec![parent.agent_id.to_string()]);
+        path.push(agent_id.to_string());
+        Family {
+            parent: Some(parent.clone()),
+            agent_path: Some(path),
+            depth: parent.family.depth + 1,
+            ..Family::default()
+        }
+    }
+
+    /// The ids of the live children.
+    pub fn children(&self) -> Vec<String> {
+        crate::sync::lock(&self.children).clone()
+    }
+
+    /// The ancestors, nearest first.
+    pub fn ancestors(&self) -> impl Iterator<Item = &Arc<RegistrationState>> {
+        std::iter::successors(self.parent.as_ref(), |p| p.family.parent.as_ref())
+    }
 }
 
 impl std::fmt::Debug for RegistrationState {
@@ -257,6 +311,7 @@ impl RegistrationState {
             agent_id: Arc::from(spec.agent_id.as_str()),
             label: spec.label.clone(),
             pins: crate::pins::Pins::of(&tools),
+            family: Family::default(),
             tools,
             grants: spec.tools.clone(),
             limits: spec.limits.clone(),
@@ -307,7 +362,12 @@ impl RegistrationState {
 
     /// An audit record about this registration (id, `agent_id`, label), borrowing them.
     pub fn audit_record<'a>(&'a self, event: &'a str) -> Record<'a> {
-        Record::about(event, &self.id, &self.agent_id, self.label.as_deref())
+        let mut r = Record::about(event, &self.id, &self.agent_id, self.label.as_deref());
+        if let Some(p) = &self.family.parent {
+            r.parent_registration_id = Some(p.id.as_str().into());
+            r.agent_path = self.family.agent_path.as_deref().map(Into::into);
+        }
+        r
     }
 
     /// The expiry as RFC 3339, if the registration has a TTL.

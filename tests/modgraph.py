@@ -45,7 +45,7 @@ LAYERS = [
     (5, ["hub"]),
     (4, ["upstream"]),
     (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals"]),
-    (2, ["registry", "connections"]),
+    (2, ["registry", "family", "connections"]),
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.

@@ -95,6 +95,9 @@ pub fn read_chain(path: &Path) -> std::io::Result<Vec<Record<'static>>> {
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
     pub agent_id: Option<String>,
+    /// With `agent_id`: also the records of its descendants (child registrations whose
+    /// `agent_path` holds it).
+    pub descendants: bool,
     pub registration_id: Option<String>,
     pub tool: Option<String>,
     pub outcome: Option<String>,
@@ -116,7 +119,16 @@ impl Filter {
                 .ok()
                 .map(|t| t.with_timezone(&chrono::Utc))
         };
-        eq(&self.agent_id, &r.agent_id)
+        let agent = match (&self.agent_id, self.descendants) {
+            (Some(a), true) => {
+                r.agent_id.as_deref() == Some(a.as_str())
+                    || r.agent_path
+                        .as_ref()
+                        .is_some_and(|p| p.iter().any(|x| x == a))
+            }
+            _ => eq(&self.agent_id, &r.agent_id),
+        };
+        agent
             && eq(&self.registration_id, &r.registration_id)
             && eq(&self.tool, &r.tool)
             && eq(&self.outcome, &r.outcome)

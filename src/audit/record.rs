@@ -78,6 +78,11 @@ pub struct Record<'a> {
     pub pin_digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_digest: Option<Cow<'a, str>>,
+    /// A child registration's parent, and the agent ids from the root registration down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_registration_id: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_path: Option<Cow<'a, [String]>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -204,6 +209,8 @@ impl<'a> Record<'a> {
             client_addr: text(self.client_addr),
             pin_digest: text(self.pin_digest),
             new_digest: text(self.new_digest),
+            parent_registration_id: text(self.parent_registration_id),
+            agent_path: self.agent_path.map(|p| Cow::Owned(p.into_owned())),
             prev: self.prev,
         }
     }
@@ -279,6 +286,10 @@ impl<'a> Record<'a> {
         line.opt_str(k!("client_addr"), &self.client_addr);
         line.opt_str(k!("pin_digest"), &self.pin_digest);
         line.opt_str(k!("new_digest"), &self.new_digest);
+        line.opt_str(k!("parent_registration_id"), &self.parent_registration_id);
+        if let Some(v) = &self.agent_path {
+            line.serde(k!("agent_path"), v);
+        }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -493,6 +504,8 @@ mod tests {
             client_addr: Some("[::1]:54321".into()),
             pin_digest: Some("ab".repeat(32).into()),
             new_digest: Some("cd".repeat(32).into()),
+            parent_registration_id: Some("p".into()),
+            agent_path: Some(vec!["planner".to_string(), "re\"searcher".to_string()].into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

@@ -40,6 +40,10 @@ pub struct QueryArgs {
     pub file: Option<PathBuf>,
     #[arg(long, visible_alias = "agent")]
     pub agent_id: Option<String>,
+    /// With --agent-id: also the records of its sub-agents (child registrations, at any
+    /// depth, whose agent_path holds it).
+    #[arg(long, requires = "agent_id")]
+    pub descendants: bool,
     #[arg(long, allow_hyphen_values = true)]
     pub registration: Option<String>,
     #[arg(long)]
@@ -110,6 +114,7 @@ impl QueryArgs {
     fn filter(&self) -> Filter {
         Filter {
             agent_id: self.agent_id.clone(),
+            descendants: self.descendants,
             registration_id: self.registration.clone(),
             tool: self.tool.clone(),
             outcome: self.outcome.clone(),

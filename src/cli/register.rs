@@ -23,6 +23,10 @@ pub struct RegisterArgs {
     /// Free text copied into audit records (e.g. the harness run id).
     #[arg(long)]
     pub label: Option<String>,
+    /// Make a child registration (a sub-agent) of this live registration: its tools are a
+    /// subset of the parent's, it is released with the parent.
+    #[arg(long)]
+    pub parent: Option<String>,
     /// Print the admin API's JSON reply.
     #[arg(long, conflicts_with = "export")]
     pub json: bool,
@@ -47,6 +51,9 @@ pub fn run(a: RegisterArgs) -> ExitCode {
         }
         if let Some(l) = &a.label {
             body["label"] = json!(l);
+        }
+        if let Some(p) = &a.parent {
+            body["parent"] = json!(p);
         }
         let r = client
             .call(Method::POST, "/v1/registrations", Some(&body))

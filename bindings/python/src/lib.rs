@@ -321,7 +321,7 @@ impl NativeGateway {
     }
 
     /// Registers an execution (the GIL is released while the gateway works).
-    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None, roots_json=None))]
+    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None, roots_json=None, parent=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, one per spec field
     fn register(
         &self,
@@ -333,9 +333,13 @@ impl NativeGateway {
         ttl_s: Option<u64>,
         limits_json: Option<String>,
         roots_json: Option<String>,
+        parent: Option<String>,
     ) -> PyResult<NativeRegistration> {
         let gw = self.shared.check(py)?;
         let mut spec = RegistrationSpec::new(agent_id);
+        if let Some(p) = parent {
+            spec = spec.parent(p);
+        }
         for g in grants {
             spec = spec.grant(g);
         }

@@ -175,13 +175,36 @@
     renderAudit(audit);
   }
 
+  // Registrations as a tree: each child right under its parent, indented by its depth (a
+  // child whose parent is not among the rows shown stands at the top level).
+  function asTree(regs) {
+    const byParent = new Map();
+    const ids = new Set(regs.map((r) => r.id));
+    for (const r of regs) {
+      const p = r.parent && ids.has(r.parent) ? r.parent : null;
+      if (!byParent.has(p)) byParent.set(p, []);
+      byParent.get(p).push(r);
+    }
+    const out = [];
+    const walk = (p, depth) => {
+      for (const r of byParent.get(p) || []) {
+        out.push([r, depth]);
+        if (depth < 16) walk(r.id, depth + 1);
+      }
+    };
+    walk(null, 0);
+    return out;
+  }
+
   function renderRegistrations(stats) {
     const body = $("registrations").tBodies[0];
     const rows = [];
-    for (const r of stats.registrations) {
+    for (const [r, depth] of asTree(stats.registrations)) {
       const tr = el("tr");
       tr.dataset.id = r.id;
-      cell(tr, r.id, "mono reg-id");
+      if (r.parent) tr.dataset.parent = r.parent;
+      tr.dataset.depth = String(depth);
+      cell(tr, (depth ? "\u00a0\u00a0".repeat(depth) + "\u21b3 " : "") + r.id, "mono reg-id");
       cell(tr, r.agent_id, "agent");
       cell(tr, r.label === null ? "" : r.label, "label");
       cell(tr, fmtTtl(r.ttl_left_s), "num");

@@ -104,6 +104,23 @@ class AdminRegistration:
         self.expires_at = r.get("expires_at", self.expires_at)
         return r
 
+    def child(
+        self,
+        agent_id: str,
+        tools: Iterable[str],
+        *,
+        label: str | None = None,
+        ttl_s: int | None = None,
+        limits: Mapping[str, Any] | None = None,
+        renew: bool = True,
+    ) -> "AdminRegistration":
+        """A child registration for a sub-agent: ``tools`` must name tools of this
+        registration (globs match among them), its TTL and limits are at most this one's, its
+        calls count against this one's budget too, and releasing this one releases it first."""
+        return self._client.register(
+            agent_id, tools, label=label, ttl_s=ttl_s, limits=limits, renew=renew, parent=self.id
+        )
+
     def release(self) -> bool:
         """Stops renewing and releases (False if it was already gone)."""
         self._stop.set()
@@ -209,11 +226,15 @@ class AdminClient:
         limits: Mapping[str, Any] | None = None,
         renew: bool = True,
         roots: Iterable[Any] | None = None,
+        parent: str | None = None,
     ) -> AdminRegistration:
         """``POST /v1/registrations``. Use as a context manager: renews while held (if it has
         a ``ttl_s``), releases on exit. ``roots`` as for :meth:`gatehouse.Gateway.register`
-        (sent as the body's ``"roots"``)."""
+        (sent as the body's ``"roots"``). ``parent``: the id of a live registration this one
+        is a child of (a sub-agent; see :meth:`AdminRegistration.child`)."""
         body: dict[str, Any] = {"agent_id": agent_id, "tools": list(tools)}
+        if parent is not None:
+            body["parent"] = parent
         if label is not None:
             body["label"] = label
         if ttl_s is not None:

@@ -106,6 +106,29 @@ class Registration:
         """Extends the lease by ``ttl_s`` (default: its own); returns the new expiry."""
         return self._gateway._native.renew(self.id, ttl_s)
 
+    def child(
+        self,
+        agent_id: str,
+        tools: Iterable[str],
+        *,
+        label: str | None = None,
+        ttl_s: int | None = None,
+        limits: Mapping[str, Any] | None = None,
+    ) -> "Registration":
+        """A child registration for a sub-agent: ``tools`` must name tools of this registration
+        (globs match among them); its TTL and limits are at most this one's, its calls count
+        against this one's budget too, and releasing this one releases it first."""
+        spec = self._gateway._spec(
+            agent_id=agent_id,
+            tools=list(tools),
+            label=label,
+            ttl_s=ttl_s,
+            limits=limits,
+            get_loop=self._gateway._own_loop,
+        )
+        spec["parent"] = self.id
+        return self._gateway._register(spec)
+
     def __enter__(self) -> "Registration":
         return self
 
