@@ -272,6 +272,14 @@ def test_the_page_lists_registrations_plots_calls_and_releases(daemon: Daemon) -
                 assert r.agent_id in cells and f"run-{r.agent_id[6:]}" in cells
             assert token not in b.page.content()
             assert all(r.token not in b.page.content() for r in regs)
+            # A child registration (issue 39) is shown right under its parent, indented.
+            kid = regs[0].child("agent-alpha-sub", ["helpdesk.list_notes"])
+            row = b.page.wait_for_selector(f'#registrations tr[data-parent="{regs[0].id}"]')
+            assert row.get_attribute("data-id") == kid.id and row.get_attribute("data-depth") == "1"
+            ids = [tr.get_attribute("data-id") for tr in b.page.query_selector_all("#registrations tbody tr")]
+            assert ids.index(kid.id) == ids.index(regs[0].id) + 1, ids
+            assert kid.release()
+            b.page.wait_for_selector(f'#registrations tr[data-id="{kid.id}"]', state="detached")
             assert b.page.evaluate("sessionStorage.getItem('gatehouse.admin_token')") == token
             total = lambda sel: int(b.page.get_attribute(sel, "data-total") or "0")  # noqa: E731
             blank = b.page.evaluate("document.getElementById('plot-agents-calls').toDataURL()")

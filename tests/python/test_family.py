@@ -36,6 +36,26 @@ def test_a_child_of_a_daemon_registration_sees_and_calls_its_one_tool(daemon: Da
     assert sorted(parent.tools) == ["helpdesk.add_note", "helpdesk.list_notes", "helpdesk.open_case"]
     with pytest.raises(gatehouse.RegistrationError, match="not among the parent's tools: helpdesk.delete_everything"):
         parent.child("researcher", ["helpdesk.open_case", "helpdesk.delete_everything"])
+    # The CLI verb makes one too (`gatehouse register --parent`), released here at once.
+    import os
+    import subprocess
+
+    from conftest import gatehouse_bin
+
+    env = dict(os.environ, GATEHOUSE_ADMIN_URL=daemon.admin_url, GATEHOUSE_ADMIN_TOKEN=daemon.token_file.read_text().strip())
+    out = subprocess.run(
+        [gatehouse_bin(), "register", "--parent", parent.id, "--agent-id", "cli-kid", "--tool", "helpdesk.list_notes", "--json"],
+        capture_output=True, text=True, env=env, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    assert made["tools"] == ["helpdesk.list_notes"]
+    bad = subprocess.run(
+        [gatehouse_bin(), "register", "--parent", parent.id, "--agent-id", "cli-kid", "--tool", "helpdesk.add_note_slow"],
+        capture_output=True, text=True, env=env, timeout=30,
+    )
+    assert bad.returncode != 0 and "helpdesk.add_note_slow" in bad.stderr, bad.stderr
+    assert admin.release(made["id"])
     child = parent.child("researcher", ["helpdesk.open_case"], ttl_s=3600)
     assert child.tools == ["helpdesk.open_case"]
     # Its lease ends no later than the parent's (it asked for an hour).
