@@ -63,6 +63,10 @@ impl Drop for WriterThread {
     }
 }
 
+/// The writer held by a test ([`Audit::stall`]) until this is dropped.
+#[doc(hidden)]
+pub struct Stall<'a>(#[allow(dead_code)] std::sync::MutexGuard<'a, Writer>);
+
 /// A cheap handle to the audit writer.
 ///
 /// Under `fsync = "interval"` or `"never"` a record is written by its caller, under a short
@@ -240,5 +244,13 @@ impl Audit {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Tests: holds the writer until the guard is dropped, so a record handed to the writer
+    /// thread (`fsync = "always"`) waits — a slow disk, as the caller sees it. Not for inline
+    /// policies: their callers would block on the lock.
+    #[doc(hidden)]
+    pub fn stall(&self) -> Stall<'_> {
+        Stall(lock(&self.writer))
     }
 }

@@ -183,7 +183,7 @@ type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Repl
 /// before the work ends (the client disconnected), the rest of the work is spawned, so the
 /// call still ends properly — it runs on, or (stateless) sees its cancellation, tells the
 /// upstream and is audited.
-struct CallWork(Option<WorkFuture>);
+pub(crate) struct CallWork(Option<WorkFuture>);
 
 impl std::future::Future for CallWork {
     type Output = Option<Reply>;
@@ -261,7 +261,8 @@ fn drain_quietly(notes: &mut mpsc::Receiver<Value>) -> Vec<Value> {
 
 /// The request's work, boxed. A plain function: built inside `reply`, the unboxed future
 /// would stay in `reply`'s own state (its binding lives to the end), doubling its size.
-fn call_work(
+/// A batch's items run through it too (`streamable_http::legacy_batch`).
+pub(crate) fn call_work(
     ctx: RequestCtx,
     id: Value,
     method: String,

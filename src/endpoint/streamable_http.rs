@@ -21,7 +21,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::event_stream;
-use super::reply::{reply, ReplyOpts};
+use super::reply::{call_work, reply, ReplyOpts};
 use super::{
     authorize, header_str, json_response, read_body, Rejection, SESSION_HEADER, SESSION_NAME,
     VERSION_HEADER, VERSION_NAME,
@@ -325,14 +325,10 @@ async fn legacy_batch(
                         continue;
                     }
                 };
-                let ctx = ctx.clone();
-                let session = session.clone();
-                calls.push(async move {
-                    let r =
-                        dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
-                    session.end_call(&id);
-                    r.map(jsonrpc::Reply::into_value)
-                });
+                // Through the reply engine's `CallWork`, like every other call: if the client
+                // goes away, the rest of each call is spawned, so it ends, is audited and
+                // leaves the session's in-flight ids.
+                calls.push(call_work(ctx.clone(), id, method, params, cancel));
             }
             Ok(Message::Notification { method, params }) => {
                 dispatch::handle_notification(&ctx, &method, params.as_ref())
@@ -344,7 +340,13 @@ async fn legacy_batch(
             }
         }
     }
-    replies.extend(futures::future::join_all(calls).await.into_iter().flatten());
+    replies.extend(
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .map(jsonrpc::Reply::into_value),
+    );
     if replies.is_empty() {
         return accepted();
     }
