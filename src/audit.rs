@@ -25,7 +25,7 @@ mod thread;
 pub mod verify;
 mod writer;
 
-pub use chain::{args_digest, digest_value, head_path, line_hash, read_head};
+pub use chain::{args_digest, digest_value, head_path, line_hash, read_head, HexDigest};
 pub use files::{chain_files, read_chain, read_records, segments, Filter};
 pub use record::{prefix, Outcome, Record, MAX_TOOL_NAME_BYTES};
 use thread::run;
