@@ -309,10 +309,9 @@ fn plan(
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
         mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
-            capabilities: meta(params.as_ref())
-                .and_then(|m| m.get(META_CAPABILITIES))
-                .cloned()
-                .unwrap_or(Value::Null),
+            declared: crate::mcp::ClientCapability::bits_of(
+                meta(params.as_ref()).and_then(|m| m.get(META_CAPABILITIES)),
+            ),
         }),
     };
     let retry = opts

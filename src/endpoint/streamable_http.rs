@@ -30,16 +30,12 @@ use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::mcp::request::RequestCtx;
-use crate::mcp::LEGACY_VERSIONS;
+use crate::mcp::{ALL_VERSIONS, BATCH_VERSION, LEGACY_VERSIONS, PRIMING_SINCE};
 use crate::registry::RegistrationState;
 use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
-const ASSUMED_VERSION: &str = "2025-03-26";
-/// Batches are accepted from this revision only.
-const BATCH_VERSION: &str = "2025-03-26";
-/// Priming events (empty data with an id) go to clients at this revision or later.
-const PRIMING_SINCE: &str = "2025-11-25";
+const ASSUMED_VERSION: &str = BATCH_VERSION;
 
 /// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
 const COMMON_ACCEPTS: [&[u8]; 4] = [
@@ -121,9 +117,10 @@ fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
         None => Ok(ASSUMED_VERSION),
         Some(v) => match v.to_str() {
             Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
-            _ => Err(Rejection::bad_request(
-                "bad request: unsupported MCP-Protocol-Version (supported: 2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28)",
-            )),
+            _ => Err(Rejection::bad_request(format!(
+                "bad request: unsupported MCP-Protocol-Version (supported: {})",
+                ALL_VERSIONS.join(", ")
+            ))),
         },
     }
 }
@@ -300,7 +297,7 @@ async fn legacy_batch(
     let session = require_session(&gw, &reg, headers)?;
     if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
         return Err(Rejection::bad_request(
-            "invalid request: JSON-RPC batches are accepted for protocol version 2025-03-26 only",
+            format!("invalid request: JSON-RPC batches are accepted for protocol version {BATCH_VERSION} only"),
         ));
     }
     let ctx = session_ctx(&gw, &reg, &session);

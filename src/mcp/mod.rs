@@ -8,13 +8,8 @@ pub mod request;
 
 use serde_json::{json, Value};
 
-/// Handshake-era revisions, oldest first.
-pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
-/// The newest handshake-era revision (what `initialize` answers for an unknown version).
-pub const LATEST_LEGACY: &str = "2025-11-25";
-/// The stateless revision.
-pub const MODERN_VERSION: &str = "2026-07-28";
-/// Every revision served.
+/// Every revision served, oldest first: the one list of protocol versions. The handshake-era
+/// ones, then the stateless one.
 pub const ALL_VERSIONS: &[&str] = &[
     "2024-11-05",
     "2025-03-26",
@@ -22,6 +17,17 @@ pub const ALL_VERSIONS: &[&str] = &[
     "2025-11-25",
     "2026-07-28",
 ];
+/// Handshake-era revisions, oldest first.
+pub const LEGACY_VERSIONS: &[&str] = ALL_VERSIONS.split_at(ALL_VERSIONS.len() - 1).0;
+/// The newest handshake-era revision (what `initialize` answers for an unknown version).
+pub const LATEST_LEGACY: &str = LEGACY_VERSIONS[LEGACY_VERSIONS.len() - 1];
+/// The stateless revision.
+pub const MODERN_VERSION: &str = ALL_VERSIONS[ALL_VERSIONS.len() - 1];
+/// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak, and the
+/// one revision whose clients may send JSON-RPC batches.
+pub const BATCH_VERSION: &str = ALL_VERSIONS[1];
+/// Priming events (empty data with an id) go to clients at this revision or later.
+pub const PRIMING_SINCE: &str = ALL_VERSIONS[3];
 
 /// Picks the version `initialize` answers: the client's if supported, else the latest.
 pub fn negotiate(requested: Option<&str>) -> &'static str {
@@ -129,6 +135,17 @@ impl ClientCapability {
 mod tests {
     use super::ClientCapability as C;
     use serde_json::json;
+
+    /// The one list, and what is read from it.
+    #[test]
+    fn protocol_versions_come_from_one_list() {
+        use super::*;
+        assert_eq!(LEGACY_VERSIONS, &ALL_VERSIONS[..4]);
+        assert_eq!(
+            (LATEST_LEGACY, MODERN_VERSION, BATCH_VERSION, PRIMING_SINCE),
+            ("2025-11-25", "2026-07-28", "2025-03-26", "2025-11-25")
+        );
+    }
 
     #[test]
     fn declared_client_capabilities_and_the_methods_that_need_them() {
