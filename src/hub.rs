@@ -222,7 +222,7 @@ impl Downstream for Hub {
                 let granted = reg
                     .grants
                     .iter()
-                    .any(|g| g.split_once('.').map(|(up, _)| up) == Some(upstream_id));
+                    .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
                 if granted {
                     n += self.notify_registration(&reg.id, msg.clone()).await;
                 }

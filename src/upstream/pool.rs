@@ -190,16 +190,8 @@ impl Pool {
 
     /// Every tool of the upstreams named by `grants` (`<upstream>.…`), as agents see them.
     pub async fn tools_for_grants(&self, grants: &[String]) -> Result<Vec<GrantedTool>, String> {
-        let mut named: Vec<&str> = Vec::new();
-        for g in grants {
-            if let Some((prefix, _)) = g.split_once('.') {
-                if self.has_upstream(prefix) && !named.contains(&prefix) {
-                    named.push(prefix);
-                }
-            }
-        }
         let mut out = Vec::new();
-        for id in named {
+        for id in crate::tools::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
             let catalog = self
                 .catalog(id)
                 .await
