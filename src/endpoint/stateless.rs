@@ -290,13 +290,7 @@ fn plan(
         )
         .because(crate::refusals::Reason::BadRequest));
     }
-    let ctx = RequestCtx {
-        hub: gw.clone(),
-        registration: reg.clone(),
-        session: None,
-        transport: Transport::Stateless,
-        notify: None,
-    };
+    let ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
     if method == "subscriptions/listen" {
         return Ok(Plan::Listen(ctx, id, params));
     }
