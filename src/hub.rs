@@ -179,9 +179,8 @@ impl Downstream for Hub {
         msg: Value,
     ) -> BoxFuture<'a, usize> {
         Box::pin(async move {
-            let level = (msg.get("method").and_then(Value::as_str)
-                == Some("notifications/message"))
-            .then(|| {
+            let notice = crate::mcp::Notice::of_message(&msg);
+            let level = (notice == crate::mcp::Notice::Log).then(|| {
                 msg.get("params")
                     .and_then(|p| p.get("level"))
                     .and_then(Value::as_str)
@@ -189,9 +188,7 @@ impl Downstream for Hub {
                     .to_string()
             });
             // A resource update goes to the sessions that subscribed to its URI only.
-            let updated = (msg.get("method").and_then(Value::as_str)
-                == Some("notifications/resources/updated"))
-            .then(|| {
+            let updated = (notice == crate::mcp::Notice::ResourcesUpdated).then(|| {
                 msg.get("params")
                     .and_then(|p| p.get("uri"))
                     .and_then(Value::as_str)

@@ -131,10 +131,101 @@ impl ClientCapability {
     }
 }
 
+/// A notification from an upstream, as the gateway routes it: read once from its method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    ToolsListChanged,
+    PromptsListChanged,
+    ResourcesListChanged,
+    /// `notifications/resources/updated`: to the subscribers of its `params.uri` only.
+    ResourcesUpdated,
+    /// `notifications/message`: to the sessions whose log level it reaches.
+    Log,
+    /// Any other method: not delivered outside a call.
+    Other,
+}
+
+impl Notice {
+    pub fn of(method: &str) -> Notice {
+        match method {
+            "notifications/tools/list_changed" => Notice::ToolsListChanged,
+            "notifications/prompts/list_changed" => Notice::PromptsListChanged,
+            "notifications/resources/list_changed" => Notice::ResourcesListChanged,
+            "notifications/resources/updated" => Notice::ResourcesUpdated,
+            "notifications/message" => Notice::Log,
+            _ => Notice::Other,
+        }
+    }
+
+    /// The kind of a whole message (its `method`).
+    pub fn of_message(msg: &Value) -> Notice {
+        msg.get("method")
+            .and_then(Value::as_str)
+            .map_or(Notice::Other, Notice::of)
+    }
+
+    /// Delivered to the sessions of the one registration an upstream's message names, outside
+    /// any call (a tools change is handled by the pool: the catalog is refreshed first).
+    pub fn to_a_registration(self) -> bool {
+        matches!(
+            self,
+            Notice::Log
+                | Notice::ResourcesUpdated
+                | Notice::ResourcesListChanged
+                | Notice::PromptsListChanged
+        )
+    }
+
+    /// Delivered to every registration granted the upstream when no one can be named (a log
+    /// is not: it may say what only its registration may read).
+    pub fn to_every_grantee(self) -> bool {
+        matches!(
+            self,
+            Notice::ResourcesUpdated | Notice::ResourcesListChanged | Notice::PromptsListChanged
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ClientCapability as C;
     use serde_json::json;
+
+    #[test]
+    fn notices_are_read_once_from_their_method_and_routed_by_kind() {
+        use super::Notice as N;
+        assert_eq!(
+            N::of("notifications/tools/list_changed"),
+            N::ToolsListChanged
+        );
+        assert_eq!(
+            N::of_message(&json!({"method": "notifications/message", "params": {}})),
+            N::Log
+        );
+        assert_eq!(N::of_message(&json!({"id": 1})), N::Other);
+        let routed: Vec<_> = [
+            N::ToolsListChanged,
+            N::PromptsListChanged,
+            N::ResourcesListChanged,
+            N::ResourcesUpdated,
+            N::Log,
+            N::Other,
+        ]
+        .into_iter()
+        .map(|n| (n.to_a_registration(), n.to_every_grantee()))
+        .collect();
+        assert_eq!(
+            routed,
+            [
+                (false, false),
+                (true, true),
+                (true, true),
+                (true, true),
+                (true, false),
+                (false, false)
+            ]
+        );
+    }
 
     /// The one list, and what is read from it.
     #[test]
