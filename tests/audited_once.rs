@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gatehouse::config::{FsyncPolicy, UpstreamConfig};
+use gatehouse::config::FsyncPolicy;
 use gatehouse::{Limits, RegistrationSpec};
 use serde_json::{json, Value};
 
@@ -41,17 +41,6 @@ enum Interruption {
     Timeout,
     UpstreamDies,
     SlowAudit,
-}
-
-fn faulty() -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/fixtures/faulty_server.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    toml::from_str(&format!(
-        "id = \"faulty\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n"
-    ))
-    .unwrap()
 }
 
 fn stateless_meta(caps: Value) -> Value {
@@ -133,7 +122,7 @@ async fn stateless_call(url: &str, token: &str, id: u64, name: &str, params: Val
 /// the property. Returns the outcomes recorded.
 async fn case(t: Transport, i: Interruption) -> Vec<String> {
     let tg = TestGateway::with(|c| {
-        c.upstreams = vec![faulty()];
+        c.upstreams = vec![faulty("faulty", 30, "")];
         c.keepalive_s = 30;
         c.audit.fsync = if i == Interruption::SlowAudit {
             FsyncPolicy::Always

@@ -16,14 +16,7 @@ use gatehouse::{Registration, RegistrationSpec};
 use serde_json::{json, Value};
 
 fn asker() -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/fixtures/faulty_server.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    toml::from_str(&format!(
-        "id = \"fl\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n"
-    ))
-    .unwrap()
+    common::faulty("fl", 30, "")
 }
 
 const ACCEPT_BOTH: &str = "application/json, text/event-stream";
