@@ -245,6 +245,18 @@ async fn case(t: Transport, i: Interruption) -> Vec<String> {
             reg.release().await;
             client.abort();
         }
+        Interruption::UpstreamDies if t == Transport::Mrtr => {
+            // Held: the upstream dies while the client is away.
+            for pid in gatehouse::testing::pool(&tg.gateway).pids() {
+                let killed = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status()
+                    .unwrap();
+                assert!(killed.success());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.abort();
+        }
         Interruption::Timeout | Interruption::UpstreamDies => {
             if t == Transport::Mrtr {
                 // Held: the timeout runs while the client is away.
@@ -302,8 +314,8 @@ async fn case(t: Transport, i: Interruption) -> Vec<String> {
     let expected = match (t, i) {
         (_, Interruption::Timeout) => Some("timeout"),
         (_, Interruption::Release) => Some("cancelled"),
-        (Transport::Mrtr, _) => Some("ok"),
         (_, Interruption::UpstreamDies) => Some("upstream_failed"),
+        (Transport::Mrtr, _) => Some("ok"),
         // Handshake-era Streamable HTTP: a dropped response is no cancellation.
         (Transport::Json | Transport::Stream | Transport::Batch, _) => Some("ok"),
         // Legacy SSE: the session ends with its stream; stateless: disconnect = cancel.
@@ -313,8 +325,9 @@ async fn case(t: Transport, i: Interruption) -> Vec<String> {
     if let Some(e) = expected {
         assert!(outcomes.iter().all(|o| o == e), "{what}: expected {e}");
     }
-    // A held call that timed out keeps its result for the client's retry (until the TTL).
-    if (t, i) != (Transport::Mrtr, Interruption::Timeout) {
+    // A held call that ended (timed out, its upstream died) keeps its result for the client's
+    // retry (until the TTL).
+    if !(t == Transport::Mrtr && matches!(i, Interruption::Timeout | Interruption::UpstreamDies)) {
         assert_eq!(gatehouse::testing::held_calls(&tg.gateway), 0, "{what}");
     }
     outcomes
@@ -341,11 +354,6 @@ async fn every_admitted_call_is_audited_once_whatever_the_client_does() {
             I::UpstreamDies,
             I::SlowAudit,
         ] {
-            // MRTR's call is the upstream's `ask`: the upstream is not killed while held
-            // (the same upstream death is the other transports' `faulty.crash`).
-            if (t, i) == (T::Mrtr, I::UpstreamDies) {
-                continue;
-            }
             let outcomes = case(t, i).await;
             table.push(format!("{t:?} × {i:?}: {outcomes:?}"));
         }
