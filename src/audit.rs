@@ -25,7 +25,7 @@ mod thread;
 pub mod verify;
 mod writer;
 
-pub use chain::{args_digest, digest_value, head_path, line_hash, read_head};
+pub use chain::{args_digest, digest_value, head_path, line_hash, read_head, HexDigest};
 pub use files::{chain_files, read_chain, read_records, segments, Filter};
 pub use record::{prefix, Outcome, Record, MAX_TOOL_NAME_BYTES};
 use thread::run;
@@ -62,6 +62,10 @@ impl Drop for WriterThread {
         }
     }
 }
+
+/// The writer held by a test ([`Audit::stall`]) until this is dropped.
+#[doc(hidden)]
+pub struct Stall<'a>(#[allow(dead_code)] std::sync::MutexGuard<'a, Writer>);
 
 /// A cheap handle to the audit writer.
 ///
@@ -240,5 +244,13 @@ impl Audit {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Tests: holds the writer until the guard is dropped, so a record handed to the writer
+    /// thread (`fsync = "always"`) waits — a slow disk, as the caller sees it. Not for inline
+    /// policies: their callers would block on the lock.
+    #[doc(hidden)]
+    pub fn stall(&self) -> Stall<'_> {
+        Stall(lock(&self.writer))
     }
 }

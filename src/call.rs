@@ -1,5 +1,9 @@
-//! A governed tool call: grant check, limits, execution with timeout and cancellation,
-//! and the audit record that must be written before the reply is sent.
+//! A governed tool call, in four steps, each testable on its own: [`parse`] the params,
+//! [`admit`] the call (grant, audit health, limits: the [`Admission`] it returns gives back
+//! the concurrency slot it took when dropped), [`execute`] it (timeout, cancellation,
+//! upstream or in-process), and [`finish`], the one place every outcome goes through — a
+//! refusal at any step included: it builds the audit record once, from a [`Summary`], and
+//! writes it and the call's metric before the reply is sent.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -11,62 +15,76 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{args_digest, Outcome, Record};
-use crate::mcp::jsonrpc::{self, Reply, RpcError};
+use crate::audit::{args_digest, HexDigest, Outcome, MAX_TOOL_NAME_BYTES};
+use crate::mcp::jsonrpc::{self, Reply};
 use crate::mcp::request::RequestCtx;
 use crate::pins::Drift;
-use crate::tools::{Backend, ToolContext, ToolResult};
+use crate::registry::RegistrationState;
+use crate::tools::{Backend, GrantedTool, ToolContext, ToolResult};
 use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
 
-/// How a call ended, before it is turned into a reply.
-enum Ended {
+/// How a call ended (or was refused), before [`finish`] turns it into a record and a reply.
+#[derive(Debug)]
+pub(crate) enum Ended {
     /// A `CallToolResult` for the client.
     Result(Value, Outcome),
     /// An upstream's `CallToolResult`, as it wrote it.
     Raw(RawResult, Outcome),
     /// A JSON-RPC error for the client.
     Error(i64, String, Outcome),
+    /// Refused by a limit: a tool error result saying why (the record's reason too).
+    Limited(String),
+    /// The registration's `call_timeout_s` (seconds) elapsed.
+    TimedOut(f64),
+    /// Refused while the audit log cannot be written.
+    AuditDown,
     /// Cancelled: nothing is sent.
     Cancelled,
 }
 
-/// The call's record, borrowing its text from the request (registration, session, tool name):
-/// building it allocates nothing.
-fn base_record<'a>(ctx: &'a RequestCtx, tool: Option<&'a str>) -> Record<'a> {
-    let mut r = ctx.registration.audit_record("governed_mcp_call");
-    r.session_id = ctx.session_id().map(Cow::Borrowed);
-    r.transport = Some(Cow::Borrowed(ctx.transport.as_str()));
-    r.tool = tool.map(Cow::Borrowed);
-    r
+/// A `tools/call`'s params, read in one pass: a map lookup hashes its key (SipHash), and a
+/// `tools/call` reads three of them.
+#[derive(Debug)]
+pub(crate) struct ToolCall {
+    pub name: String,
+    pub arguments: Value,
+    /// The params as sent, `arguments` taken out (`Null` in its place; the upstream's params
+    /// get it back there, `upstream::forward`).
+    pub params: Map<String, Value>,
+    pub progress_token: Option<Value>,
 }
 
-/// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled. The rare,
-/// large paths are boxed (ARCHITECTURE.md, Decisions: request futures).
-pub async fn run(
-    ctx: &RequestCtx,
-    id: Value,
-    params: Option<Value>,
-    cancel: CancellationToken,
-) -> Option<Reply> {
-    let started = Instant::now();
-    let gw = &ctx.hub;
+/// A call refused before it runs: the tool name if it was read, the record's reason, and how
+/// it ended.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub tool: Option<String>,
+    pub reason: Cow<'static, str>,
+    pub ended: Ended,
+}
+
+/// Step 1: the params of a `tools/call`, or why they are refused (malformed: a
+/// `protocol_error`, -32602; a name longer than the audit keeps: `denied`, -32602).
+pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
+    let malformed = |tool, reason: &'static str, message: &str| Refused {
+        tool,
+        reason: reason.into(),
+        ended: Ended::Error(
+            jsonrpc::INVALID_PARAMS,
+            message.to_string(),
+            Outcome::ProtocolError,
+        ),
+    };
     let mut params = match params {
         Some(Value::Object(m)) => m,
         _ => {
-            return Box::pin(malformed(
-                ctx,
+            return Err(malformed(
                 None,
-                started,
-                id,
                 "params must be an object with a name",
                 "tools/call needs params {\"name\": string, \"arguments\"?: object}",
             ))
-            .await;
         }
     };
-    // One pass over the params' members: a map lookup hashes its key (SipHash), and a
-    // `tools/call` reads three of them. `arguments` is taken out (the upstream's params get
-    // it back in its place, `upstream::forward`); `Null` is left there meanwhile.
     let mut name = None;
     let mut arguments = None;
     let mut progress_token = None;
@@ -81,121 +99,186 @@ pub async fn run(
     let name = match name {
         Some(Value::String(s)) => s.clone(),
         _ => {
-            return Box::pin(malformed(
-                ctx,
+            return Err(malformed(
                 None,
-                started,
-                id,
                 "missing tool name",
                 "tools/call: \"name\" must be a string",
             ))
-            .await;
         }
     };
-    let args = match arguments {
+    let arguments = match arguments {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v,
         Some(_) => {
-            return Box::pin(malformed(
-                ctx,
-                Some(&name),
-                started,
-                id,
+            return Err(malformed(
+                Some(name),
                 "arguments must be an object",
                 "tools/call: \"arguments\" must be an object",
             ))
-            .await;
         }
     };
-    if name.len() > crate::audit::MAX_TOOL_NAME_BYTES {
+    if name.len() > MAX_TOOL_NAME_BYTES {
         // Not echoed: the reply names the rule, the record a cut, digested copy.
-        let mut rec = base_record(ctx, Some(&name));
-        rec.set_outcome(Outcome::Denied);
-        rec.reason = Some(
-            format!(
-                "tool name too long ({} bytes; at most {})",
-                name.len(),
-                crate::audit::MAX_TOOL_NAME_BYTES
-            )
-            .into(),
-        );
-        rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-        let e = Ended::Error(
-            jsonrpc::INVALID_PARAMS,
-            format!(
-                "Unknown tool: the name is too long ({} bytes; tool names are at most {} bytes)",
-                name.len(),
-                crate::audit::MAX_TOOL_NAME_BYTES
+        let n = name.len();
+        return Err(Refused {
+            tool: Some(name),
+            reason: format!("tool name too long ({n} bytes; at most {MAX_TOOL_NAME_BYTES})")
+                .into(),
+            ended: Ended::Error(
+                jsonrpc::INVALID_PARAMS,
+                format!(
+                    "Unknown tool: the name is too long ({n} bytes; tool names are at most {MAX_TOOL_NAME_BYTES} bytes)"
+                ),
+                Outcome::Denied,
             ),
-            Outcome::Denied,
-        );
-        return Box::pin(finish(ctx, rec, started, id, e)).await;
+        });
     }
-    let mut rec = base_record(ctx, Some(&name));
-    // Redacted keys are left out of the digest too: a digest of a low-entropy secret could be
-    // brute-forced offline.
-    let redact_keys = &gw.config().audit.redact_keys;
-    let redacted = (!redact_keys.is_empty()).then(|| redact(&args, redact_keys));
-    let digest = args_digest(redacted.as_ref().unwrap_or(&args));
-    rec.args_digest = Some(Cow::Borrowed(digest.as_str()));
-    if gw.config().audit.record_arguments {
-        rec.arguments = Some(redacted.unwrap_or_else(|| args.clone()));
+    Ok(ToolCall {
+        name,
+        arguments,
+        params,
+        progress_token,
+    })
+}
+
+/// What the record says of the arguments: their digest (redacted keys left out: a digest of a
+/// low-entropy secret could be brute-forced offline) and, if configured, the redacted copy.
+fn asked(ctx: &RequestCtx, args: &Value) -> (HexDigest, Option<Value>) {
+    let audit = &ctx.hub.config().audit;
+    let redacted = (!audit.redact_keys.is_empty()).then(|| redact(args, &audit.redact_keys));
+    let digest = args_digest(redacted.as_ref().unwrap_or(args));
+    let arguments = audit
+        .record_arguments
+        .then(|| redacted.unwrap_or_else(|| args.clone()));
+    (digest, arguments)
+}
+
+/// An admitted call's hold on its registration: one of its `max_concurrent` slots (and, for
+/// a child, one of each ancestor's), given back when dropped, however the call ends.
+#[derive(Debug)]
+pub(crate) struct Admission<'r>(&'r RegistrationState, Option<FamilyInFlight>);
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.0.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
-    let reg = &ctx.registration;
-    let Some(tool) = reg.tools.get(&name) else {
-        rec.set_outcome(Outcome::Denied);
-        rec.reason = Some("unknown tool (not granted to this registration)".into());
-        rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-        let e = Ended::Error(
-            jsonrpc::INVALID_PARAMS,
-            format!("Unknown tool: {name}"),
-            Outcome::Denied,
-        );
-        return finish(ctx, rec, started, id, e).await;
+}
+
+/// A child's call counted in flight on each of its ancestors, until dropped.
+#[derive(Debug)]
+pub(crate) struct FamilyInFlight(Vec<std::sync::Arc<RegistrationState>>);
+
+impl Drop for FamilyInFlight {
+    fn drop(&mut self) {
+        for a in &self.0 {
+            a.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Takes a call of `reg` from every ancestor's budget (`max_calls`, `max_concurrent`),
+/// nearest first (the family shares it); on a refusal gives back what it took and says whose
+/// limit it was.
+fn admit_family(reg: &RegistrationState) -> Result<FamilyInFlight, String> {
+    let mut taken = FamilyInFlight(Vec::new());
+    for a in reg.family.ancestors() {
+        if let Some(max) = a.limits.max_calls {
+            let ok = a
+                .calls_started
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok();
+            if !ok {
+                return Err(format!(
+                    "limit max_calls ({max}) of ancestor registration {} reached (its family shares it)",
+                    a.id
+                ));
+            }
+        } else {
+            a.calls_started.fetch_add(1, Ordering::AcqRel);
+        }
+        let max_conc = a.limits.max_concurrent.unwrap_or(usize::MAX);
+        if a.calls_in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_conc).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(format!(
+                "limit max_concurrent ({max_conc}) of ancestor registration {} reached (its family shares it)",
+                a.id
+            ));
+        }
+        taken.0.push(a.clone());
+    }
+    Ok(taken)
+}
+
+/// Step 2: the granted tool and the [`Admission`], or why the call is refused (`denied`):
+/// the tool is not granted, the audit log cannot be written, or a limit is reached. A call
+/// refused by `max_concurrent` has counted against `max_calls` (it was started).
+pub(crate) fn admit<'r>(
+    reg: &'r RegistrationState,
+    name: &str,
+    audit_healthy: bool,
+) -> Result<(&'r GrantedTool, Admission<'r>), (Option<&'r GrantedTool>, Refused)> {
+    let refused = |reason: Cow<'static, str>, ended| Refused {
+        tool: None,
+        reason,
+        ended,
     };
-    rec.upstream = tool.upstream().map(Cow::Borrowed);
-    // The surface pinned at creation (`pins`): a tool its upstream removed is unknown now; one
-    // it changed is refused under `on_tool_change = "refuse"` (one read of a flag otherwise).
-    match reg.pins.drift_of(&name) {
+    let Some(tool) = reg.tools.get(name) else {
+        return Err((
+            None,
+            refused(
+                "unknown tool (not granted to this registration)".into(),
+                Ended::Error(
+                    jsonrpc::INVALID_PARAMS,
+                    format!("Unknown tool: {name}"),
+                    Outcome::Denied,
+                ),
+            ),
+        ));
+    };
+    // The surface pinned at creation (`pins`): a tool its upstream removed is unknown now;
+    // one it changed is refused under `on_tool_change = "refuse"` (one atomic load when
+    // nothing drifted).
+    match reg.pins.drift_of(name) {
         None | Some(Drift::Followed { .. }) => {}
         Some(Drift::Removed) => {
-            rec.set_outcome(Outcome::Denied);
-            rec.reason =
-                Some("tool removed by its upstream since the registration was made".into());
-            rec.error_code = Some(jsonrpc::INVALID_PARAMS);
-            let e = Ended::Error(
-                jsonrpc::INVALID_PARAMS,
-                format!("Unknown tool: {name} (its upstream no longer offers it)"),
-                Outcome::Denied,
-            );
-            return finish(ctx, rec, started, id, e).await;
+            return Err((
+                None,
+                refused(
+                    "tool removed by its upstream since the registration was made".into(),
+                    Ended::Error(
+                        jsonrpc::INVALID_PARAMS,
+                        format!("Unknown tool: {name} (its upstream no longer offers it)"),
+                        Outcome::Denied,
+                    ),
+                ),
+            ))
         }
         Some(Drift::Refused { .. }) => {
             let why = format!(
                 "the definition of tool {name} changed upstream since this registration was made; calls to it are refused (on_tool_change = \"refuse\")"
             );
-            rec.reason = Some("tool definition changed since the registration was made".into());
-            let e = Ended::Result(ToolResult::error(why).0, Outcome::Denied);
-            return finish(ctx, rec, started, id, e).await;
+            return Err((
+                Some(tool),
+                refused(
+                    "tool definition changed since the registration was made".into(),
+                    Ended::Result(ToolResult::error(why).0, Outcome::Denied),
+                ),
+            ));
         }
     }
-
-    if !gw.audit().is_healthy() {
-        rec.set_outcome(Outcome::Denied);
-        rec.reason = Some("audit log unavailable".into());
-        let _ = gw.audit().record(rec).await;
-        return Some(
-            RpcError::new(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                "audit log unavailable: tool calls are refused until it can be written",
-            )
-            .to_value()
-            .into(),
-        );
+    if !audit_healthy {
+        return Err((
+            Some(tool),
+            refused("audit log unavailable".into(), Ended::AuditDown),
+        ));
     }
-
-    // Limits, bound to the registration.
+    let limited = |why: String| (Some(tool), refused(why.clone().into(), Ended::Limited(why)));
     if let Some(max) = reg.limits.max_calls {
         let ok = reg
             .calls_started
@@ -204,8 +287,9 @@ pub async fn run(
             })
             .is_ok();
         if !ok {
-            let why = format!("limit max_calls ({max}) reached for this registration");
-            return Box::pin(deny(ctx, rec, started, id, why)).await;
+            return Err(limited(format!(
+                "limit max_calls ({max}) reached for this registration"
+            )));
         }
     } else {
         reg.calls_started.fetch_add(1, Ordering::AcqRel);
@@ -218,112 +302,223 @@ pub async fn run(
         })
         .is_err()
     {
-        let why = format!("limit max_concurrent ({max_conc}) reached for this registration");
-        return Box::pin(deny(ctx, rec, started, id, why)).await;
+        return Err(limited(format!(
+            "limit max_concurrent ({max_conc}) reached for this registration"
+        )));
     }
-    let _in_flight = InFlight(reg.clone());
-    // A child's call also counts against every ancestor's budget (the family shares it).
-    let _family = match reg.family.parent.is_some() {
-        false => None,
-        true => match admit_family(reg) {
-            Ok(g) => Some(g),
-            Err(why) => return Box::pin(deny(ctx, rec, started, id, why)).await,
-        },
-    };
+    let mut admission = Admission(reg, None);
+    // A child's call also counts against every ancestor's budget (dropping `admission` gives
+    // back its own slot if one refuses).
+    if reg.family.parent.is_some() {
+        match admit_family(reg) {
+            Ok(f) => admission.1 = Some(f),
+            Err(why) => return Err(limited(why)),
+        }
+    }
+    Ok((tool, admission))
+}
 
+/// What [`finish`] builds the record from: the text it borrows, how the call ended.
+pub(crate) struct Summary<'a> {
+    pub tool: Option<&'a str>,
+    pub upstream: Option<&'a str>,
+    pub digest: Option<&'a str>,
+    pub arguments: Option<Value>,
+    /// The record's reason, if the step that ended the call gave one.
+    pub reason: Option<Cow<'static, str>>,
+    pub ids: Option<&'a CallIds>,
+    pub ended: Ended,
+}
+
+/// Runs `tools/call`: the four steps. Returns the reply, or `None` when the call was
+/// cancelled. The rare, large paths are boxed (ARCHITECTURE.md, Decisions: request futures).
+pub async fn run(
+    ctx: &RequestCtx,
+    id: Value,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Reply> {
+    let started = Instant::now();
+    let call = match parse(params) {
+        Ok(c) => c,
+        Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None)).await,
+    };
+    let ToolCall {
+        name,
+        arguments,
+        params,
+        progress_token,
+    } = call;
+    let (digest, recorded) = asked(ctx, &arguments);
+    let reg = &ctx.registration;
+    let (tool, admission) = match admit(reg, &name, ctx.hub.audit().is_healthy()) {
+        Ok(a) => a,
+        Err((tool, mut r)) => {
+            r.tool = Some(name);
+            let upstream = tool.and_then(GrantedTool::upstream);
+            let asked = Some((digest.as_str(), recorded));
+            return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
+        }
+    };
     let timeout = reg
         .limits
         .call_timeout_s
         .filter(|t| *t > 0.0 && t.is_finite())
         .map(Duration::from_secs_f64);
-
-    // The upstream request id and epoch, kept even if the timeout below drops `exec`.
-    let call_ids = CallIds::default();
-    let exec = async {
-        match &tool.backend {
-            Backend::InProcess(t) => {
-                let tctx = ToolContext {
-                    registration_id: reg.id.as_str().into(),
-                    agent_id: reg.agent_id.clone(),
-                    label: reg.label.as_deref().map(Arc::from),
-                    session_id: ctx.session_id().map(Arc::from),
-                    cancel: cancel.clone(),
-                    progress_token,
-                    notify: ctx.notify.clone(),
-                };
-                match std::panic::AssertUnwindSafe(t.call(args, tctx))
-                    .catch_unwind()
-                    .await
-                {
-                    Ok(Ok(r)) => {
-                        let o = if r.is_error() {
-                            Outcome::ToolError
-                        } else {
-                            Outcome::Ok
-                        };
-                        Ended::Result(r.0, o)
-                    }
-                    Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
-                    Err(_) => Ended::Error(
-                        jsonrpc::INTERNAL_ERROR,
-                        format!("tool {name} failed internally"),
-                        Outcome::ProtocolError,
-                    ),
-                }
-            }
-            Backend::Upstream {
-                upstream,
-                tool: upstream_tool,
-                ..
-            } => {
-                let fwd = Box::pin(gw.pool().forward(ForwardCall {
-                    registration: reg,
-                    session: ctx.session.clone(),
-                    upstream,
-                    tool: upstream_tool,
-                    // Moved, not copied: nothing reads them after the call is under way.
-                    params,
-                    arguments: args,
-                    cancel: &cancel,
-                    notify: ctx.notify.clone(),
-                    ids: Some(&call_ids),
-                }))
-                .await;
-                upstream_ended(&name, fwd.outcome)
-            }
-        }
+    // The upstream request id and epoch, kept even if the timeout drops the execution.
+    let ids = CallIds::default();
+    let exec = Execution {
+        tool,
+        name: &name,
+        params,
+        arguments,
+        progress_token,
+        ids: &ids,
     };
+    let ended = execute(ctx, exec, &cancel, timeout).await;
+    let summary = Summary {
+        tool: Some(&name),
+        upstream: tool.upstream(),
+        digest: Some(digest.as_str()),
+        arguments: recorded,
+        reason: None,
+        ids: Some(&ids),
+        ended,
+    };
+    let reply = finish(ctx, started, id, summary).await;
+    // The slot is given back once the record is written, as `max_concurrent` counts it.
+    drop(admission);
+    reply
+}
+
+/// A call refused by [`parse`] or [`admit`], through [`finish`].
+fn refuse<'c>(
+    ctx: &'c RequestCtx,
+    started: Instant,
+    id: Value,
+    r: Refused,
+    upstream: Option<&str>,
+    asked: Option<(&str, Option<Value>)>,
+) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
+    let (digest, arguments) = match asked {
+        Some((d, a)) => (Some(d), a),
+        None => (None, None),
+    };
+    finish(
+        ctx,
+        started,
+        id,
+        Summary {
+            tool: r.tool.as_deref(),
+            upstream,
+            digest,
+            arguments,
+            reason: Some(r.reason),
+            ids: None,
+            ended: r.ended,
+        },
+    )
+}
+
+/// What [`execute`] runs: the granted tool and the call's parts, moved in.
+pub(crate) struct Execution<'a> {
+    pub tool: &'a GrantedTool,
+    pub name: &'a str,
+    pub params: Map<String, Value>,
+    pub arguments: Value,
+    pub progress_token: Option<Value>,
+    /// Where an upstream call reports its request id and epoch (kept on timeout).
+    pub ids: &'a CallIds,
+}
+
+/// Step 3: runs an admitted call, in-process or upstream, under the registration's timeout
+/// and the call's cancellation. A call whose cancellation raced with its end counts as
+/// cancelled.
+pub(crate) async fn execute(
+    ctx: &RequestCtx,
+    exec: Execution<'_>,
+    cancel: &CancellationToken,
+    timeout: Option<Duration>,
+) -> Ended {
     // An upstream call handles its own cancellation (it must send `notifications/cancelled`
     // upstream before the call ends), so only in-process calls are cut off here.
     // Without a registration timeout an upstream call is just awaited: a disabled `select!`
     // branch still builds its future (the token's waiter), and this is every proxied call.
-    let is_upstream = matches!(tool.backend, Backend::Upstream { .. });
+    let is_upstream = matches!(exec.tool.backend, Backend::Upstream { .. });
+    let run = run_backend(ctx, exec, cancel);
     let ended = if is_upstream && timeout.is_none() {
-        exec.await
+        run.await
     } else {
         tokio::select! {
-        biased;
-        _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
-        e = exec => e,
-        _ = sleep_opt(timeout) => {
-            let secs = timeout.map(|d| d.as_secs_f64()).unwrap_or_default();
-            rec.reason = Some(format!("call_timeout_s ({secs}) elapsed").into());
-            Ended::Result(
-                ToolResult::error(format!("tool call timed out after {secs} s (limit call_timeout_s)")).0,
-                Outcome::Timeout,
-            )
-        }
+            biased;
+            _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
+            e = run => e,
+            _ = sleep_opt(timeout) => Ended::TimedOut(timeout.map(|d| d.as_secs_f64()).unwrap_or_default()),
         }
     };
-    rec.upstream_request_id = call_ids.request_id();
-    rec.epoch = call_ids.epoch();
-    // A call whose cancellation raced with its completion counts as cancelled: no reply.
-    let ended = if cancel.is_cancelled() {
+    if cancel.is_cancelled() {
         Ended::Cancelled
     } else {
         ended
-    };
-    finish(ctx, rec, started, id, ended).await
+    }
+}
+
+/// The tool itself: an in-process tool (a panic is caught: `protocol_error`) or the upstream.
+async fn run_backend(ctx: &RequestCtx, exec: Execution<'_>, cancel: &CancellationToken) -> Ended {
+    let reg = &ctx.registration;
+    let name = exec.name;
+    match &exec.tool.backend {
+        Backend::InProcess(t) => {
+            let tctx = ToolContext {
+                registration_id: reg.id.as_str().into(),
+                agent_id: reg.agent_id.clone(),
+                label: reg.label.as_deref().map(Arc::from),
+                session_id: ctx.session_id().map(Arc::from),
+                cancel: cancel.clone(),
+                progress_token: exec.progress_token,
+                notify: ctx.notify.clone(),
+            };
+            match std::panic::AssertUnwindSafe(t.call(exec.arguments, tctx))
+                .catch_unwind()
+                .await
+            {
+                Ok(Ok(r)) => {
+                    let o = if r.is_error() {
+                        Outcome::ToolError
+                    } else {
+                        Outcome::Ok
+                    };
+                    Ended::Result(r.0, o)
+                }
+                Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
+                Err(_) => Ended::Error(
+                    jsonrpc::INTERNAL_ERROR,
+                    format!("tool {name} failed internally"),
+                    Outcome::ProtocolError,
+                ),
+            }
+        }
+        Backend::Upstream {
+            upstream,
+            tool: upstream_tool,
+            ..
+        } => {
+            let fwd = Box::pin(ctx.hub.pool().forward(ForwardCall {
+                registration: reg,
+                session: ctx.session.clone(),
+                upstream,
+                tool: upstream_tool,
+                // Moved, not copied: nothing reads them after the call is under way.
+                params: exec.params,
+                arguments: exec.arguments,
+                cancel,
+                notify: ctx.notify.clone(),
+                ids: Some(exec.ids),
+            }))
+            .await;
+            upstream_ended(name, fwd.outcome)
+        }
+    }
 }
 
 fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
@@ -429,181 +624,161 @@ async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
-/// A `tools/call` whose params are malformed: audited as `protocol_error` (-32602) with the
-/// reason, answered with a -32602 error carrying `message`.
-async fn malformed(
-    ctx: &RequestCtx,
-    tool: Option<&str>,
-    started: Instant,
-    id: Value,
-    reason: &str,
-    message: &str,
-) -> Option<Reply> {
-    let mut rec = base_record(ctx, tool);
-    rec.reason = Some(reason.into());
-    finish(ctx, rec, started, id, invalid(message)).await
+/// What a call's end makes of its record and its reply (before the audit write).
+#[derive(Debug)]
+pub(crate) struct Conclusion {
+    pub outcome: Outcome,
+    pub reason: Option<Cow<'static, str>>,
+    pub error_code: Option<i64>,
+    /// `None`: nothing is sent (cancelled).
+    pub reply: Option<Reply>,
+    /// Sent even if the record cannot be written (the refusal says the audit is down).
+    pub unconditional: bool,
 }
 
-fn invalid(msg: &str) -> Ended {
-    Ended::Error(
-        jsonrpc::INVALID_PARAMS,
-        msg.to_string(),
-        Outcome::ProtocolError,
-    )
+/// How a call ended, as recorded and answered: pure, the half of [`finish`] that decides.
+/// `reason` is the step's own; `released`: whether the registration was released (a
+/// cancelled call's reason).
+pub(crate) fn conclude(
+    id: &Value,
+    ended: Ended,
+    reason: Option<Cow<'static, str>>,
+    released: bool,
+) -> Conclusion {
+    let plain = |outcome, reply| Conclusion {
+        outcome,
+        reason: None,
+        error_code: None,
+        reply: Some(reply),
+        unconditional: false,
+    };
+    let mut c = match ended {
+        Ended::Cancelled => Conclusion {
+            outcome: Outcome::Cancelled,
+            reason: Some(if released {
+                "registration released".into()
+            } else {
+                "cancelled by client or session end".into()
+            }),
+            error_code: None,
+            reply: None,
+            unconditional: false,
+        },
+        Ended::Result(result, outcome) => {
+            plain(outcome, jsonrpc::success(id.clone(), result).into())
+        }
+        Ended::Raw(result, outcome) => plain(
+            outcome,
+            Reply::Raw {
+                id: id.clone(),
+                result,
+            },
+        ),
+        Ended::Limited(why) => {
+            let reply = jsonrpc::success(id.clone(), ToolResult::error(why.clone()).0).into();
+            let mut c = plain(Outcome::Denied, reply);
+            c.reason = Some(why.into());
+            c
+        }
+        Ended::TimedOut(secs) => {
+            let text = format!("tool call timed out after {secs} s (limit call_timeout_s)");
+            let reply = jsonrpc::success(id.clone(), ToolResult::error(text).0).into();
+            let mut c = plain(Outcome::Timeout, reply);
+            c.reason = Some(format!("call_timeout_s ({secs}) elapsed").into());
+            c
+        }
+        Ended::AuditDown => {
+            let reply = jsonrpc::error_response(
+                Some(id.clone()),
+                jsonrpc::INTERNAL_ERROR,
+                "audit log unavailable: tool calls are refused until it can be written",
+                None,
+            )
+            .into();
+            let mut c = plain(Outcome::Denied, reply);
+            c.unconditional = true;
+            c
+        }
+        Ended::Error(code, message, outcome) => {
+            let reply = jsonrpc::error_response(Some(id.clone()), code, &message, None).into();
+            let mut c = plain(outcome, reply);
+            c.error_code = Some(code);
+            if outcome == Outcome::Denied {
+                c.reason = Some(message.into());
+            }
+            c
+        }
+    };
+    // The step's own reason comes first.
+    if reason.is_some() {
+        c.reason = reason;
+    }
+    c
 }
 
-async fn deny(
-    ctx: &RequestCtx,
-    mut rec: Record<'_>,
-    started: Instant,
-    id: Value,
-    why: String,
-) -> Option<Reply> {
-    rec.reason = Some(why.clone().into());
-    finish(
-        ctx,
-        rec,
-        started,
-        id,
-        Ended::Result(ToolResult::error(why).0, Outcome::Denied),
-    )
-    .await
-}
-
-/// Writes the audit record, then builds the reply (`None`: the call was cancelled, or its
-/// registration released meanwhile: nothing is sent).
+/// Step 4, for every outcome: builds the call's record once from `summary`, observes the
+/// call's metric and writes the record; then the reply (`None`: the call was cancelled, or
+/// its registration released meanwhile: nothing is sent). A reply whose record could not be
+/// written is withheld (an error says so).
 ///
 /// Not an `async fn`: everything but the wait for the audit write is done when it is called,
 /// so its future holds the reply, not the record (a 1.5 KB state inside every call's future
 /// otherwise, copied with it).
-fn finish<'c>(
+pub(crate) fn finish<'c>(
     ctx: &'c RequestCtx,
-    mut rec: Record<'_>,
     started: Instant,
     id: Value,
-    ended: Ended,
+    summary: Summary<'_>,
 ) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
     // One clock read for the record and the metric.
     let elapsed = started.elapsed();
+    let reg = &ctx.registration;
+    let c = conclude(&id, summary.ended, summary.reason, reg.is_released());
+    let mut rec = reg.audit_record("governed_mcp_call");
+    rec.session_id = ctx.session_id().map(Cow::Borrowed);
+    rec.transport = Some(Cow::Borrowed(ctx.transport.as_str()));
+    rec.tool = summary.tool.map(Cow::Borrowed);
+    rec.upstream = summary.upstream.map(Cow::Borrowed);
+    rec.args_digest = summary.digest.map(Cow::Borrowed);
+    rec.arguments = summary.arguments;
+    if let Some(ids) = summary.ids {
+        rec.upstream_request_id = ids.request_id();
+        rec.epoch = ids.epoch();
+    }
+    rec.set_outcome(c.outcome);
+    rec.error_code = c.error_code;
+    rec.reason = c.reason;
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
-    let reply = match ended {
-        Ended::Cancelled => {
-            rec.set_outcome(Outcome::Cancelled);
-            if rec.reason.is_none() {
-                rec.reason = Some(if ctx.registration.is_released() {
-                    "registration released".into()
-                } else {
-                    "cancelled by client or session end".into()
-                });
-            }
-            None
-        }
-        Ended::Result(result, outcome) => {
-            rec.set_outcome(outcome);
-            Some(jsonrpc::success(id.clone(), result).into())
-        }
-        Ended::Raw(result, outcome) => {
-            rec.set_outcome(outcome);
-            Some(Reply::Raw {
-                id: id.clone(),
-                result,
-            })
-        }
-        Ended::Error(code, message, outcome) => {
-            if outcome == Outcome::Denied && rec.reason.is_none() {
-                rec.reason = Some(message.clone().into());
-            }
-            rec.set_outcome(outcome);
-            rec.error_code = Some(code);
-            Some(jsonrpc::error_response(Some(id.clone()), code, &message, None).into())
-        }
-    };
-    let tool_label = match rec.tool.as_deref() {
-        Some(t) if ctx.registration.tools.get(t).is_some() => t,
+    let tool_label = match summary.tool {
+        Some(t) if reg.tools.get(t).is_some() => t,
         Some(_) => "_unknown",
         None => "_none",
     };
-    ctx.hub.metrics().observe_call(
-        tool_label,
-        rec.outcome.as_deref().unwrap_or("unknown"),
-        elapsed,
-    );
+    ctx.hub
+        .metrics()
+        .observe_call(tool_label, c.outcome.as_str(), elapsed);
     let written = ctx.hub.audit().record(rec);
+    let (reply, unconditional) = (c.reply, c.unconditional);
     async move {
         if let Err(e) = written.await {
-            tracing::error!(error = %e, "audit record not written; reply withheld");
-            return reply.map(|_| {
-                jsonrpc::error_response(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    "audit log unavailable: the call's result is withheld",
-                    None,
-                )
-                .into()
-            });
+            if !unconditional {
+                tracing::error!(error = %e, "audit record not written; reply withheld");
+                return reply.map(|_| {
+                    jsonrpc::error_response(
+                        Some(id),
+                        jsonrpc::INTERNAL_ERROR,
+                        "audit log unavailable: the call's result is withheld",
+                        None,
+                    )
+                    .into()
+                });
+            }
         }
         // A call cancelled while its record was being written is not answered.
         if ctx.registration.is_released() {
             return None;
         }
         reply
-    }
-}
-
-struct InFlight(std::sync::Arc<crate::registry::RegistrationState>);
-
-/// A child's call counted in flight on each of its ancestors, until dropped.
-struct FamilyInFlight(Vec<std::sync::Arc<crate::registry::RegistrationState>>);
-
-impl Drop for FamilyInFlight {
-    fn drop(&mut self) {
-        for a in &self.0 {
-            a.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// Takes a call of `reg` from every ancestor's budget (`max_calls`, `max_concurrent`),
-/// nearest first; on a refusal gives back what it took and says whose limit it was.
-fn admit_family(reg: &crate::registry::RegistrationState) -> Result<FamilyInFlight, String> {
-    let mut taken = FamilyInFlight(Vec::new());
-    for a in reg.family.ancestors() {
-        if let Some(max) = a.limits.max_calls {
-            let ok = a
-                .calls_started
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .is_ok();
-            if !ok {
-                return Err(format!(
-                    "limit max_calls ({max}) of ancestor registration {} reached (its family shares it)",
-                    a.id
-                ));
-            }
-        } else {
-            a.calls_started.fetch_add(1, Ordering::AcqRel);
-        }
-        let max_conc = a.limits.max_concurrent.unwrap_or(usize::MAX);
-        if a.calls_in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max_conc).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return Err(format!(
-                "limit max_concurrent ({max_conc}) of ancestor registration {} reached (its family shares it)",
-                a.id
-            ));
-        }
-        taken.0.push(a.clone());
-    }
-    Ok(taken)
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -628,7 +803,190 @@ pub fn redact(args: &Value, keys: &[String]) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::is_error;
+    use super::*;
+
+    fn registration(limits: crate::registry::Limits) -> RegistrationState {
+        let tool = crate::tools::InProcessTool::new("echo", "echo", json!({}), |_, _| async {
+            Ok(ToolResult::text("hi"))
+        });
+        let tools = crate::tools::ToolSet::new(vec![GrantedTool {
+            name: "echo".into(),
+            descriptor: Arc::new(json!({"name": "echo"})),
+            backend: Backend::InProcess(tool),
+        }]);
+        let spec = crate::registry::RegistrationSpec::new("a").limits(limits);
+        RegistrationState::new("r".into(), "t", &spec, tools)
+    }
+
+    fn code_and_outcome(r: &Refused) -> (i64, Outcome) {
+        match &r.ended {
+            Ended::Error(code, _, o) => (*code, *o),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parse_reads_the_params_once_and_refuses_what_is_malformed() {
+        let c = parse(Some(json!({"name": "echo", "arguments": {"a": 1},
+            "_meta": {"progressToken": 7}, "x": true})))
+        .unwrap();
+        assert_eq!(c.name, "echo");
+        assert_eq!(c.arguments, json!({"a": 1}));
+        assert_eq!(c.progress_token, Some(json!(7)));
+        assert_eq!(
+            c.params["arguments"],
+            Value::Null,
+            "taken out, its place kept"
+        );
+        assert_eq!(c.params["x"], true);
+        let c = parse(Some(json!({"name": "echo", "arguments": null}))).unwrap();
+        assert_eq!(c.arguments, json!({}));
+        let long = "x".repeat(MAX_TOOL_NAME_BYTES + 1);
+        for (params, tool, reason, outcome) in [
+            (
+                None,
+                None,
+                "params must be an object with a name",
+                Outcome::ProtocolError,
+            ),
+            (
+                Some(json!([1])),
+                None,
+                "params must be an object with a name",
+                Outcome::ProtocolError,
+            ),
+            (
+                Some(json!({"name": 3})),
+                None,
+                "missing tool name",
+                Outcome::ProtocolError,
+            ),
+            (
+                Some(json!({"name": "echo", "arguments": [1]})),
+                Some("echo"),
+                "arguments must be an object",
+                Outcome::ProtocolError,
+            ),
+            (
+                Some(json!({"name": long})),
+                Some(long.as_str()),
+                "tool name too long",
+                Outcome::Denied,
+            ),
+        ] {
+            let r = parse(params).unwrap_err();
+            assert_eq!(r.tool.as_deref(), tool);
+            assert!(r.reason.starts_with(reason), "{}", r.reason);
+            assert_eq!(code_and_outcome(&r), (jsonrpc::INVALID_PARAMS, outcome));
+        }
+    }
+
+    #[test]
+    fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
+        let reg = registration(crate::registry::Limits {
+            max_calls: Some(2),
+            max_concurrent: Some(1),
+            call_timeout_s: None,
+        });
+        let (_, r) = admit(&reg, "nope", true).unwrap_err();
+        assert_eq!(
+            code_and_outcome(&r),
+            (jsonrpc::INVALID_PARAMS, Outcome::Denied)
+        );
+        let (tool, r) = admit(&reg, "echo", false).unwrap_err();
+        assert!(tool.is_some() && matches!(r.ended, Ended::AuditDown));
+        assert_eq!(
+            reg.calls_started.load(Ordering::Acquire),
+            0,
+            "refused before the limits"
+        );
+        let (_, held) = admit(&reg, "echo", true).unwrap();
+        assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 1);
+        let (_, r) = admit(&reg, "echo", true).unwrap_err();
+        assert!(
+            matches!(&r.ended, Ended::Limited(w) if w.contains("max_concurrent")),
+            "{r:?}"
+        );
+        drop(held);
+        assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 0, "given back");
+        let (_, r) = admit(&reg, "echo", true).unwrap_err();
+        assert!(
+            matches!(&r.ended, Ended::Limited(w) if w.contains("max_calls (2)")),
+            "{r:?}"
+        );
+        assert_eq!(reg.calls_started.load(Ordering::Acquire), 2);
+        assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn every_ending_concludes_into_one_outcome_reason_and_reply() {
+        let id = json!(1);
+        let c = conclude(
+            &id,
+            Ended::AuditDown,
+            Some("audit log unavailable".into()),
+            false,
+        );
+        assert_eq!(
+            (c.outcome, c.error_code, c.unconditional),
+            (Outcome::Denied, None, true)
+        );
+        assert_eq!(c.reason.as_deref(), Some("audit log unavailable"));
+        let reply = c.reply.unwrap().into_value();
+        assert_eq!(reply["error"]["code"], jsonrpc::INTERNAL_ERROR);
+        for (released, why) in [
+            (false, "cancelled by client or session end"),
+            (true, "registration released"),
+        ] {
+            let c = conclude(&id, Ended::Cancelled, None, released);
+            assert_eq!(
+                (c.outcome, c.reason.as_deref(), c.reply.is_none()),
+                (Outcome::Cancelled, Some(why), true)
+            );
+        }
+        let c = conclude(&id, Ended::Limited("limit x".into()), None, false);
+        assert_eq!(
+            (c.outcome, c.reason.as_deref()),
+            (Outcome::Denied, Some("limit x"))
+        );
+        assert_eq!(c.reply.unwrap().into_value()["result"]["isError"], true);
+        let c = conclude(&id, Ended::TimedOut(0.5), None, false);
+        assert_eq!(
+            (c.outcome, c.reason.as_deref()),
+            (Outcome::Timeout, Some("call_timeout_s (0.5) elapsed"))
+        );
+        let c = conclude(
+            &id,
+            Ended::Error(-32030, "busy".into(), Outcome::Denied),
+            None,
+            false,
+        );
+        assert_eq!(
+            (c.error_code, c.reason.as_deref()),
+            (Some(-32030), Some("busy"))
+        );
+        let c = conclude(
+            &id,
+            Ended::Error(-32602, "Unknown tool: x".into(), Outcome::Denied),
+            Some("unknown tool".into()),
+            false,
+        );
+        assert_eq!(
+            c.reason.as_deref(),
+            Some("unknown tool"),
+            "the step's reason first"
+        );
+        let c = conclude(
+            &id,
+            Ended::Result(json!({"content": []}), Outcome::Ok),
+            None,
+            false,
+        );
+        assert_eq!(
+            (c.outcome, c.reason, c.error_code, c.unconditional),
+            (Outcome::Ok, None, None, false)
+        );
+    }
 
     #[test]
     fn is_error_is_read_from_the_text() {

@@ -217,8 +217,12 @@ pub fn resolve_transports(
         .collect()
 }
 
-/// Resolves `${NAME}` references in a header value from the environment.
-fn resolve_env(upstream: &str, value: &str) -> Result<String, String> {
+/// Resolves `${NAME}` references in a header value from the environment `env`.
+fn resolve_env(
+    upstream: &str,
+    value: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = value;
     while let Some(start) = rest.find("${") {
@@ -230,7 +234,7 @@ fn resolve_env(upstream: &str, value: &str) -> Result<String, String> {
             ));
         };
         let name = &after[..end];
-        let v = std::env::var(name).map_err(|_| {
+        let v = env(name).ok_or_else(|| {
             format!("upstream {upstream:?}: header refers to environment variable {name}, which is not set")
         })?;
         out.push_str(&v);
@@ -240,13 +244,22 @@ fn resolve_env(upstream: &str, value: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// The transport of one configured upstream (`@self` and `${NAME}` resolved). Run by
-/// `Gateway::new`, so that a missing variable fails before anything binds.
+/// The transport of one configured upstream (`@self` and `${NAME}` resolved from the
+/// process environment). Run by `Gateway::new`, so that a missing variable fails before
+/// anything binds.
 pub fn resolve_transport(config: &UpstreamConfig) -> Result<UpstreamTransport, String> {
+    resolve_transport_with(config, &|k| std::env::var(k).ok())
+}
+
+/// [`resolve_transport`] with the environment given as a function.
+pub fn resolve_transport_with(
+    config: &UpstreamConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamTransport, String> {
     if let Some(url) = &config.url {
         let mut headers = BTreeMap::new();
         for (k, v) in &config.headers {
-            headers.insert(k.clone(), resolve_env(&config.id, v)?);
+            headers.insert(k.clone(), resolve_env(&config.id, v, env)?);
         }
         return Ok(UpstreamTransport::Http {
             url: url.clone(),
@@ -258,7 +271,7 @@ pub fn resolve_transport(config: &UpstreamConfig) -> Result<UpstreamTransport, S
         .clone()
         .ok_or_else(|| format!("upstream {:?} has neither command nor url", config.id))?;
     let command = if command == SELF_COMMAND {
-        match std::env::var_os(SELF_EXE_ENV) {
+        match env(SELF_EXE_ENV) {
             Some(p) => PathBuf::from(p),
             None => std::env::current_exe()
                 .map_err(|e| format!("upstream {:?}: cannot resolve @self: {e}", config.id))?,
@@ -280,15 +293,42 @@ pub fn resolve_transport(config: &UpstreamConfig) -> Result<UpstreamTransport, S
 mod transport_tests {
     use super::*;
 
+    /// The environment is an argument: no test sets the process's.
+    fn env(k: &str) -> Option<String> {
+        match k {
+            "GATEHOUSE_TEST_HEADER_TOKEN" => Some("s3cret".into()),
+            SELF_EXE_ENV => Some("/opt/gatehouse".into()),
+            _ => None,
+        }
+    }
+
     #[test]
     fn header_values_come_from_the_environment() {
-        std::env::set_var("GATEHOUSE_TEST_HEADER_TOKEN", "s3cret");
         assert_eq!(
-            resolve_env("u", "Bearer ${GATEHOUSE_TEST_HEADER_TOKEN}").ok(),
+            resolve_env("u", "Bearer ${GATEHOUSE_TEST_HEADER_TOKEN}", &env).ok(),
             Some("Bearer s3cret".to_string())
         );
-        assert!(resolve_env("u", "${GATEHOUSE_TEST_SURELY_UNSET_VAR}").is_err());
-        assert!(resolve_env("u", "${UNTERMINATED").is_err());
-        assert_eq!(resolve_env("u", "plain").ok(), Some("plain".to_string()));
+        assert!(resolve_env("u", "${GATEHOUSE_TEST_SURELY_UNSET_VAR}", &env).is_err());
+        assert!(resolve_env("u", "${UNTERMINATED", &env).is_err());
+        assert_eq!(
+            resolve_env("u", "plain", &env).ok(),
+            Some("plain".to_string())
+        );
+    }
+
+    #[test]
+    fn self_is_the_executable_the_environment_names() {
+        let config: UpstreamConfig =
+            toml::from_str("id = \"hd\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\n")
+                .unwrap(); // a test's literal config
+        match resolve_transport_with(&config, &env) {
+            Ok(UpstreamTransport::Stdio { command, args, .. }) => {
+                assert_eq!(
+                    (command.as_str(), args),
+                    ("/opt/gatehouse", vec!["demo-upstream".to_string()])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -325,7 +325,7 @@ impl Gateway {
                     .cloned(),
             );
             if granted.len() == before {
-                let prefix = pattern.split_once('.').map(|(p, _)| p);
+                let prefix = crate::tools::Grant::new(pattern).upstream();
                 return Err(GatewayError::InvalidSpec(match prefix {
                     Some(p) if self.inner.hub.pool().has_upstream(p) => format!(
                         "grant {pattern:?} matches no tool: upstream {p:?} has no tool by that name"

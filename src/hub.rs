@@ -226,9 +226,8 @@ impl Downstream for Hub {
         msg: Value,
     ) -> BoxFuture<'a, usize> {
         Box::pin(async move {
-            let level = (msg.get("method").and_then(Value::as_str)
-                == Some("notifications/message"))
-            .then(|| {
+            let notice = crate::mcp::Notice::of_message(&msg);
+            let level = (notice == crate::mcp::Notice::Log).then(|| {
                 msg.get("params")
                     .and_then(|p| p.get("level"))
                     .and_then(Value::as_str)
@@ -236,9 +235,7 @@ impl Downstream for Hub {
                     .to_string()
             });
             // A resource update goes to the sessions that subscribed to its URI only.
-            let updated = (msg.get("method").and_then(Value::as_str)
-                == Some("notifications/resources/updated"))
-            .then(|| {
+            let updated = (notice == crate::mcp::Notice::ResourcesUpdated).then(|| {
                 msg.get("params")
                     .and_then(|p| p.get("uri"))
                     .and_then(Value::as_str)
@@ -269,7 +266,7 @@ impl Downstream for Hub {
                 let granted = reg
                     .grants
                     .iter()
-                    .any(|g| g.split_once('.').map(|(up, _)| up) == Some(upstream_id));
+                    .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
                 if granted {
                     n += self.notify_registration(&reg.id, msg.clone()).await;
                 }

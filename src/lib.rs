@@ -110,6 +110,14 @@ pub mod testing {
         gateway.hub().audit()
     }
 
+    /// The gateway's metrics, as the admin API's `/metrics` serves them.
+    pub fn metrics_text(gateway: &Gateway) -> String {
+        gateway
+            .hub()
+            .metrics()
+            .render(&crate::admin::snapshot(gateway))
+    }
+
     pub fn deadlines(gateway: &Gateway) -> &crate::expiry::Deadlines {
         gateway.deadlines()
     }

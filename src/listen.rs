@@ -34,15 +34,16 @@ pub struct Filter {
 
 impl Filter {
     fn wants(&self, msg: &Value) -> bool {
-        match msg.get("method").and_then(Value::as_str) {
-            Some("notifications/tools/list_changed") => self.tools,
-            Some("notifications/prompts/list_changed") => self.prompts,
-            Some("notifications/resources/list_changed") => self.resources,
-            Some("notifications/resources/updated") => msg
+        use crate::mcp::Notice;
+        match Notice::of_message(msg) {
+            Notice::ToolsListChanged => self.tools,
+            Notice::PromptsListChanged => self.prompts,
+            Notice::ResourcesListChanged => self.resources,
+            Notice::ResourcesUpdated => msg
                 .pointer("/params/uri")
                 .and_then(Value::as_str)
                 .is_some_and(|u| self.uris.contains(u)),
-            _ => false,
+            Notice::Log | Notice::Other => false,
         }
     }
 }

@@ -258,6 +258,34 @@ impl ToolSet {
     }
 }
 
+/// A grant as registered: `<upstream>.<tool>`, `<upstream>.*`, or an in-process tool's name
+/// or glob. What a grant names is read through this type, not by splitting its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant<'a>(&'a str);
+
+impl<'a> Grant<'a> {
+    pub fn new(pattern: &'a str) -> Self {
+        Grant(pattern)
+    }
+
+    /// The upstream the grant would name: its text before the first `.` (an in-process
+    /// tool's name has none; whether such an upstream is configured is the pool's to say).
+    pub fn upstream(self) -> Option<&'a str> {
+        self.0.split_once('.').map(|(up, _)| up)
+    }
+
+    /// The distinct upstreams `grants` name that `configured` knows, in grant order.
+    pub fn upstreams_of(grants: &'a [String], configured: impl Fn(&str) -> bool) -> Vec<&'a str> {
+        let mut out: Vec<&str> = Vec::new();
+        for up in grants.iter().filter_map(|g| Grant::new(g).upstream()) {
+            if configured(up) && !out.contains(&up) {
+                out.push(up);
+            }
+        }
+        out
+    }
+}
+
 /// Does `name` match the grant `pattern` (exact, or a `prefix*` glob)?
 pub fn grant_matches(pattern: &str, name: &str) -> bool {
     match pattern.strip_suffix('*') {
@@ -275,4 +303,24 @@ pub fn valid_grant(pattern: &str) -> bool {
         && body
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Grant;
+
+    #[test]
+    fn a_grant_names_its_upstream_and_upstreams_are_listed_once_in_order() {
+        assert_eq!(Grant::new("helpdesk.*").upstream(), Some("helpdesk"));
+        assert_eq!(
+            Grant::new("helpdesk.open_case").upstream(),
+            Some("helpdesk")
+        );
+        assert_eq!(Grant::new("echo").upstream(), None);
+        let grants: Vec<String> = ["b.x", "echo", "a.*", "b.*", "gone.y"]
+            .iter()
+            .map(|g| g.to_string())
+            .collect();
+        assert_eq!(Grant::upstreams_of(&grants, |u| u != "gone"), ["b", "a"]);
+    }
 }

@@ -366,6 +366,12 @@ async fn audit_unwritable_refuses_calls_then_resumes_by_itself() {
         .as_str()
         .unwrap()
         .contains("tool calls are refused"));
+    // The refusal went through the call's one `finish`: its metric is counted (issue 40).
+    let metrics = gatehouse::testing::metrics_text(&tg.gateway);
+    assert!(
+        metrics.contains(r#"gatehouse_tool_calls_total{tool="echo",outcome="denied"} "#),
+        "{metrics}"
+    );
     // Still refused while it cannot write (the writer keeps trying by itself).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!gatehouse::testing::audit(&tg.gateway).is_healthy());

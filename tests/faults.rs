@@ -503,14 +503,7 @@ async fn every_session_holding_large_unread_replies_stays_bounded_in_bytes() {
 }
 
 fn faulty_as(id: &str, timeout_s: u64, more: &str) -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/fixtures/faulty_server.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    toml::from_str(&format!(
-        "id = \"{id}\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = {timeout_s}\n{more}\n"
-    ))
-    .unwrap()
+    common::faulty(id, timeout_s, more)
 }
 
 /// Issue 17 item 3: on a shared upstream with 4 permits, one registration gets at most its

@@ -144,12 +144,11 @@ const INSPECTOR_NA: &str =
 const CANCEL_AFTER_S: f64 = 0.5;
 
 fn upstreams(py_url: &str) -> Vec<UpstreamConfig> {
-    std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
     let everything = root()
         .join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     assert!(everything.exists(), "run tests/peers/setup.sh first");
     [
-        "id = \"helpdesk\"\ncommand = \"@self\"\nargs = [\"demo-upstream\", \"--slow-ms\", \"1500\"]\ncall_timeout_s = 60\n".to_string(),
+        format!("id = \"helpdesk\"\ncommand = {:?}\nargs = [\"demo-upstream\", \"--slow-ms\", \"1500\"]\ncall_timeout_s = 60\n", env!("CARGO_BIN_EXE_gatehouse")),
         format!("id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 60\n", everything.display().to_string()),
         format!("id = \"py\"\nurl = {py_url:?}\nsharing = \"shared\"\ncall_timeout_s = 60\n"),
     ]

@@ -16,14 +16,7 @@ use gatehouse::{Registration, RegistrationSpec};
 use serde_json::{json, Value};
 
 fn asker() -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/fixtures/faulty_server.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    toml::from_str(&format!(
-        "id = \"fl\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n"
-    ))
-    .unwrap()
+    common::faulty("fl", 30, "")
 }
 
 const ACCEPT_BOTH: &str = "application/json, text/event-stream";
@@ -232,21 +225,25 @@ async fn a_server_request_in_a_stateless_call_becomes_input_required_and_the_ret
     }
 
     // A client that did not declare sampling is never asked: the upstream is refused at once.
-    let (s, v) = call(
-        &a,
-        8,
-        "fl.ask",
-        json!({"arguments": {}, "_meta": meta(json!({}))}),
-    )
-    .await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["result"]["resultType"], "complete", "{v}");
-    assert!(
-        text_of(&v).starts_with(
-            "refused: gatehouse: sampling/createMessage refused: the client did not declare"
-        ),
-        "{v}"
-    );
+    // `"sampling": null` declares nothing, as at a session's `initialize` (issue 40: one
+    // reading of client capabilities; MRTR took a null for a declaration).
+    for (id, caps) in [(8, json!({})), (18, json!({"sampling": null}))] {
+        let (s, v) = call(
+            &a,
+            id,
+            "fl.ask",
+            json!({"arguments": {}, "_meta": meta(caps)}),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["result"]["resultType"], "complete", "{v}");
+        assert!(
+            text_of(&v).starts_with(
+                "refused: gatehouse: sampling/createMessage refused: the client did not declare"
+            ),
+            "{v}"
+        );
+    }
 
     // Release while a call is held: the call ends (audited cancelled), the upstream is told.
     let (_, v) = call(
@@ -280,7 +277,7 @@ async fn a_server_request_in_a_stateless_call_becomes_input_required_and_the_ret
         .into_iter()
         .filter(|r| r.registration_id.as_deref() == Some(a.id()))
         .collect();
-    assert_eq!(a_calls.len(), 3, "{a_calls:?}");
+    assert_eq!(a_calls.len(), 4, "{a_calls:?}");
     assert!(a_calls
         .iter()
         .all(|r| r.agent_id.as_deref() == Some("agent-a") && r.outcome.as_deref() == Some("ok")));

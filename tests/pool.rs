@@ -19,19 +19,14 @@ use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-const SELF_EXE_ENV: &str = "GATEHOUSE_SELF_EXE";
-
-/// The helpdesk demo upstream, launched as `@self demo-upstream <extra>`.
+/// The helpdesk demo upstream (`demo-upstream <extra>` of the built binary).
 fn helpdesk(id: &str, sharing: &str, extra: &[&str], more_toml: &str) -> UpstreamConfig {
-    // `@self` is the running executable; under test that is the test binary, so point it at
-    // the real gatehouse binary.
-    std::env::set_var(SELF_EXE_ENV, env!("CARGO_BIN_EXE_gatehouse"));
-    let mut args = vec!["demo-upstream"];
-    args.extend_from_slice(extra);
-    toml::from_str(&format!(
-        "id = \"{id}\"\ncommand = \"@self\"\nargs = {args:?}\nsharing = \"{sharing}\"\ncall_timeout_s = 10\n{more_toml}\n"
-    ))
-    .unwrap()
+    common::helpdesk(
+        id,
+        sharing,
+        extra,
+        &format!("call_timeout_s = 10\n{more_toml}"),
+    )
 }
 
 fn gateway(upstreams: Vec<UpstreamConfig>) -> TestGateway {

@@ -27,14 +27,9 @@ fn upstream(toml_text: &str) -> UpstreamConfig {
     toml::from_str(toml_text).unwrap()
 }
 
-/// The helpdesk demo upstream (`@self demo-upstream`).
+/// The helpdesk demo upstream (`demo-upstream` of the built binary).
 fn helpdesk(id: &str, sharing: &str, extra: &[&str]) -> UpstreamConfig {
-    std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
-    let mut args = vec!["demo-upstream"];
-    args.extend_from_slice(extra);
-    upstream(&format!(
-        "id = \"{id}\"\ncommand = \"@self\"\nargs = {args:?}\nsharing = \"{sharing}\"\n"
-    ))
+    common::helpdesk(id, sharing, extra, "")
 }
 
 fn fixture(name: &str) -> String {

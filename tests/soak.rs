@@ -180,8 +180,7 @@ fn upstream(id: &str, toml_extra: &str) -> UpstreamConfig {
 }
 
 fn helpdesk() -> UpstreamConfig {
-    std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
-    toml::from_str("id = \"hd\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\nsharing = \"leased\"\ncall_timeout_s = 10\n").unwrap()
+    common::helpdesk("hd", "leased", &[], "call_timeout_s = 10")
 }
 
 /// A figure of /proc/self/status (kB, or a plain count).

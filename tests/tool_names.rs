@@ -13,11 +13,12 @@ use gatehouse::{Config, RegistrationSpec};
 use serde_json::json;
 
 fn helpdesk(id: &str, more_toml: &str) -> UpstreamConfig {
-    std::env::set_var("GATEHOUSE_SELF_EXE", env!("CARGO_BIN_EXE_gatehouse"));
-    toml::from_str(&format!(
-        "id = \"{id}\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\nsharing = \"shared\"\ncall_timeout_s = 10\n{more_toml}\n"
-    ))
-    .unwrap()
+    common::helpdesk(
+        id,
+        "shared",
+        &[],
+        &format!("call_timeout_s = 10\n{more_toml}"),
+    )
 }
 
 fn gateway(f: impl FnOnce(&mut Config)) -> TestGateway {

@@ -22,6 +22,7 @@ use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::Reply;
 use crate::mcp::request::RequestCtx;
+use crate::mcp::ClientCapability;
 use crate::session::Session;
 
 /// How a request's reply is framed.
@@ -42,18 +43,10 @@ pub(crate) struct ReplyOpts {
 /// What MRTR needs to know about the stateless request.
 #[derive(Clone)]
 pub(crate) struct Mrtr {
-    /// The client's `_meta["io.modelcontextprotocol/clientCapabilities"]`.
-    pub capabilities: Value,
-}
-
-/// The client capability a server → client request needs.
-fn capability_of(method: &str) -> Option<&'static str> {
-    match method {
-        "sampling/createMessage" => Some("sampling"),
-        "elicitation/create" => Some("elicitation"),
-        "roots/list" => Some("roots"),
-        _ => None,
-    }
+    /// The client capabilities its `_meta["io.modelcontextprotocol/clientCapabilities"]`
+    /// declares, read as a session's `initialize` is (`ClientCapability::bits_of`: a key
+    /// set to `null` declares nothing).
+    pub declared: u8,
 }
 
 /// A server → client request the routing layer put on the call's sink (it has an id).
@@ -75,7 +68,7 @@ impl Hold<'_> {
     fn admit(&self, request: &Value) -> bool {
         let method = request.get("method").and_then(Value::as_str).unwrap_or("");
         let declared =
-            capability_of(method).is_some_and(|cap| self.mrtr.capabilities.get(cap).is_some());
+            ClientCapability::for_method(method).is_some_and(|cap| cap.in_bits(self.mrtr.declared));
         let why = if !declared {
             format!("{method} refused: the client did not declare the capability it needs")
         } else if self.hub.held().len() >= crate::mrtr::MAX_HELD {
@@ -183,7 +176,7 @@ type WorkFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Repl
 /// before the work ends (the client disconnected), the rest of the work is spawned, so the
 /// call still ends properly — it runs on, or (stateless) sees its cancellation, tells the
 /// upstream and is audited.
-struct CallWork(Option<WorkFuture>);
+pub(crate) struct CallWork(Option<WorkFuture>);
 
 impl std::future::Future for CallWork {
     type Output = Option<Reply>;
@@ -261,7 +254,8 @@ fn drain_quietly(notes: &mut mpsc::Receiver<Value>) -> Vec<Value> {
 
 /// The request's work, boxed. A plain function: built inside `reply`, the unboxed future
 /// would stay in `reply`'s own state (its binding lives to the end), doubling its size.
-fn call_work(
+/// A batch's items run through it too (`streamable_http::legacy_batch`).
+pub(crate) fn call_work(
     ctx: RequestCtx,
     id: Value,
     method: String,

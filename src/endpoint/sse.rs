@@ -10,9 +10,10 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
+use super::door::{self, authorize, Heads};
 use super::event_stream::{self, sse_event};
 use super::reply;
-use super::{authorize, query_param, read_body, Rejection};
+use super::{query_param, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
@@ -71,40 +72,24 @@ pub async fn message(
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
     let (uri, headers) = (&parts.uri, &parts.headers);
-    let heads = super::Heads::of(headers);
-    let reg = super::authorize_with(&gw, &id, super::Surface::Sse, headers, &heads)?;
-    let Some(sid) =
-        query_param(uri.query(), &["session_id", "sessionId"]).filter(|s| !s.is_empty())
-    else {
-        return Err(Rejection::bad_request("session_id is required"));
-    };
-    let Some(session) = gw.sessions().get(&reg.id, sid, Transport::Sse) else {
-        return Err(Rejection::not_found("session not found")
-            .because(crate::refusals::Reason::SessionUnknown));
-    };
-    session.touch();
-    if !super::is_json(heads.content_type) {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            jsonrpc::INVALID_REQUEST,
-            "Content-Type must be application/json",
-        ));
-    }
-    let bytes = read_body(body, gw.config()).await?;
+    let heads = Heads::of(headers);
+    let reg = door::authorize_with(&gw, &id, super::Surface::Sse, headers, &heads)?;
+    let sid = query_param(uri.query(), &["session_id", "sessionId"]);
+    let session = door::session(&gw, &reg, sid, Transport::Sse)?;
+    let bytes = door::json_body(&heads, body, gw.config())?.await?;
     // One valid request or notification is read directly; anything else takes the general
     // path, which words the errors.
     let msg = match jsonrpc::parse_request(&bytes) {
         Some(m) => m,
         None => general_message(&bytes)?,
     };
-    let ctx = RequestCtx {
-        hub: gw.clone(),
-        registration: reg.clone(),
-        session: Some(session.clone()),
-        transport: Transport::Sse,
-        // A request gets its own channel (`reply::to_session_stream`).
-        notify: None,
-    };
+    // A request gets its own notes channel (`reply::to_session_stream`).
+    let ctx = RequestCtx::new(
+        gw.clone(),
+        reg.clone(),
+        Some(session.clone()),
+        Transport::Sse,
+    );
     match msg {
         Message::Request { id, method, params } => {
             let cancel = session
@@ -132,11 +117,10 @@ pub async fn message(
 
 /// A body the direct parse left alone: parsed into a `Value`, then classified.
 fn general_message(bytes: &[u8]) -> Result<Message, Rejection> {
-    match jsonrpc::parse_body(bytes) {
-        Ok(RpcBody::Single(v)) => jsonrpc::classify(v).map_err(Rejection::malformed),
-        Ok(RpcBody::Batch(_)) => Err(Rejection::bad_request(
+    match door::parse_body(bytes)? {
+        RpcBody::Single(v) => jsonrpc::classify(v).map_err(Rejection::malformed),
+        RpcBody::Batch(_) => Err(Rejection::bad_request(
             "invalid request: JSON-RPC batches are not accepted on the SSE transport",
         )),
-        Err(e) => Err(Rejection::malformed(e)),
     }
 }

@@ -290,13 +290,7 @@ fn plan(
         )
         .because(crate::refusals::Reason::BadRequest));
     }
-    let ctx = RequestCtx {
-        hub: gw.clone(),
-        registration: reg.clone(),
-        session: None,
-        transport: Transport::Stateless,
-        notify: None,
-    };
+    let ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
     if method == "subscriptions/listen" {
         return Ok(Plan::Listen(ctx, id, params));
     }
@@ -309,10 +303,9 @@ fn plan(
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
         mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
-            capabilities: meta(params.as_ref())
-                .and_then(|m| m.get(META_CAPABILITIES))
-                .cloned()
-                .unwrap_or(Value::Null),
+            declared: crate::mcp::ClientCapability::bits_of(
+                meta(params.as_ref()).and_then(|m| m.get(META_CAPABILITIES)),
+            ),
         }),
     };
     let retry = opts

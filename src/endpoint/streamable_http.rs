@@ -20,26 +20,23 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
+use super::door::{self, authorize, Heads};
 use super::event_stream;
-use super::reply::{reply, ReplyOpts};
+use super::reply::{call_work, reply, ReplyOpts};
 use super::{
-    authorize, header_str, json_response, read_body, Rejection, SESSION_HEADER, SESSION_NAME,
-    VERSION_HEADER, VERSION_NAME,
+    header_str, json_response, Rejection, SESSION_HEADER, SESSION_NAME, VERSION_HEADER,
+    VERSION_NAME,
 };
 use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
 use crate::mcp::request::RequestCtx;
-use crate::mcp::LEGACY_VERSIONS;
+use crate::mcp::{ALL_VERSIONS, BATCH_VERSION, LEGACY_VERSIONS, PRIMING_SINCE};
 use crate::registry::RegistrationState;
 use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
-const ASSUMED_VERSION: &str = "2025-03-26";
-/// Batches are accepted from this revision only.
-const BATCH_VERSION: &str = "2025-03-26";
-/// Priming events (empty data with an id) go to clients at this revision or later.
-const PRIMING_SINCE: &str = "2025-11-25";
+const ASSUMED_VERSION: &str = BATCH_VERSION;
 
 /// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
 const COMMON_ACCEPTS: [&[u8]; 4] = [
@@ -78,36 +75,15 @@ fn accepted() -> Result<Response, Rejection> {
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-/// The session a handshake-era request names, scoped to its registration (400 / 404).
-/// It is looked up only after `authorize`, and touched only then.
+/// The session a handshake-era request names ([`door::session`] on its first
+/// `Mcp-Session-Id` value).
 fn require_session(
-    gw: &Hub,
-    reg: &RegistrationState,
-    headers: &HeaderMap,
-) -> Result<Arc<Session>, Rejection> {
-    require_session_of(gw, reg, headers.get(&SESSION_NAME))
-}
-
-/// [`require_session`] on the request's first `Mcp-Session-Id` value.
-fn require_session_of(
     gw: &Hub,
     reg: &RegistrationState,
     session: Option<&HeaderValue>,
 ) -> Result<Arc<Session>, Rejection> {
     let sid = session.and_then(|v| v.to_str().ok());
-    let Some(sid) = sid.filter(|s| !s.is_empty()) else {
-        return Err(Rejection::bad_request(
-            "bad request: Mcp-Session-Id header is required (send initialize first)",
-        ));
-    };
-    let Some(session) = gw.sessions().get(&reg.id, sid, Transport::StreamableHttp) else {
-        return Err(Rejection::not_found(
-            "session not found: initialize again without Mcp-Session-Id",
-        )
-        .because(crate::refusals::Reason::SessionUnknown));
-    };
-    session.touch();
-    Ok(session)
+    door::session(gw, reg, sid, Transport::StreamableHttp)
 }
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
@@ -121,9 +97,10 @@ fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
         None => Ok(ASSUMED_VERSION),
         Some(v) => match v.to_str() {
             Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
-            _ => Err(Rejection::bad_request(
-                "bad request: unsupported MCP-Protocol-Version (supported: 2024-11-05, 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28)",
-            )),
+            _ => Err(Rejection::bad_request(format!(
+                "bad request: unsupported MCP-Protocol-Version (supported: {})",
+                ALL_VERSIONS.join(", ")
+            ))),
         },
     }
 }
@@ -137,8 +114,8 @@ pub async fn post(
 ) -> Result<Response, Rejection> {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let heads = super::Heads::of(&headers);
-    let reg = super::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
+    let heads = Heads::of(&headers);
+    let reg = door::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
     if !accepts(&headers, true, true) {
         return Err(Rejection::new(
             StatusCode::NOT_ACCEPTABLE,
@@ -146,14 +123,7 @@ pub async fn post(
             "not acceptable: Accept must list application/json and text/event-stream",
         ));
     }
-    if !super::is_json(heads.content_type) {
-        return Err(Rejection::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            jsonrpc::INVALID_REQUEST,
-            "unsupported media type: Content-Type must be application/json",
-        ));
-    }
-    let bytes = read_body(body, gw.config()).await?;
+    let bytes = door::json_body(&heads, body, gw.config())?.await?;
     // The common case: one valid request or notification, read without a `Value` envelope.
     if let Some(msg) = jsonrpc::parse_request(&bytes) {
         let stateless = super::stateless::is_stateless_with(
@@ -181,14 +151,14 @@ async fn post_general(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Result<Response, Rejection> {
-    let parsed = jsonrpc::parse_body(&bytes).map_err(Rejection::malformed)?;
+    let parsed = door::parse_body(&bytes)?;
     match parsed {
         RpcBody::Single(v) => {
             let method = v.get("method").and_then(Value::as_str);
             if super::stateless::is_stateless(method, v.get("params"), &headers) {
                 super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
             } else {
-                legacy_single(gw, reg, &super::Heads::of(&headers), jsonrpc::classify(v)).await
+                legacy_single(gw, reg, &Heads::of(&headers), jsonrpc::classify(v)).await
             }
         }
         RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
@@ -199,7 +169,7 @@ async fn post_general(
 async fn legacy_single(
     gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
-    heads: &super::Heads<'_>,
+    heads: &Heads<'_>,
     msg: Result<Message, jsonrpc::RpcError>,
 ) -> Result<Response, Rejection> {
     // Only whether priming events are sent depends on the version: no copy of it is kept.
@@ -210,7 +180,7 @@ async fn legacy_single(
             return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
         }
     }
-    let session = require_session_of(&gw, &reg, heads.session)?;
+    let session = require_session(&gw, &reg, heads.session)?;
     let ctx = session_ctx(&gw, &reg, &session);
     match msg {
         Message::Request { id, method, params } => {
@@ -241,13 +211,12 @@ async fn legacy_single(
 }
 
 fn session_ctx(gw: &Arc<Hub>, reg: &Arc<RegistrationState>, session: &Arc<Session>) -> RequestCtx {
-    RequestCtx {
-        hub: gw.clone(),
-        registration: reg.clone(),
-        session: Some(session.clone()),
-        transport: Transport::StreamableHttp,
-        notify: None,
-    }
+    RequestCtx::new(
+        gw.clone(),
+        reg.clone(),
+        Some(session.clone()),
+        Transport::StreamableHttp,
+    )
 }
 
 /// `initialize`: mints a session bound to the registration. The session enters the table
@@ -297,10 +266,10 @@ async fn legacy_batch(
     if items.is_empty() {
         return Err(Rejection::bad_request("invalid request: empty batch"));
     }
-    let session = require_session(&gw, &reg, headers)?;
+    let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
         return Err(Rejection::bad_request(
-            "invalid request: JSON-RPC batches are accepted for protocol version 2025-03-26 only",
+            format!("invalid request: JSON-RPC batches are accepted for protocol version {BATCH_VERSION} only"),
         ));
     }
     let ctx = session_ctx(&gw, &reg, &session);
@@ -325,14 +294,10 @@ async fn legacy_batch(
                         continue;
                     }
                 };
-                let ctx = ctx.clone();
-                let session = session.clone();
-                calls.push(async move {
-                    let r =
-                        dispatch::handle_request(&ctx, id.clone(), &method, params, cancel).await;
-                    session.end_call(&id);
-                    r.map(jsonrpc::Reply::into_value)
-                });
+                // Through the reply engine's `CallWork`, like every other call: if the client
+                // goes away, the rest of each call is spawned, so it ends, is audited and
+                // leaves the session's in-flight ids.
+                calls.push(call_work(ctx.clone(), id, method, params, cancel));
             }
             Ok(Message::Notification { method, params }) => {
                 dispatch::handle_notification(&ctx, &method, params.as_ref())
@@ -344,7 +309,13 @@ async fn legacy_batch(
             }
         }
     }
-    replies.extend(futures::future::join_all(calls).await.into_iter().flatten());
+    replies.extend(
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .map(jsonrpc::Reply::into_value),
+    );
     if replies.is_empty() {
         return accepted();
     }
@@ -396,7 +367,7 @@ pub async fn get(
         .with_header(header::ALLOW, HeaderValue::from_static("POST")));
     }
     let version = legacy_version(&headers)?.to_string();
-    let session = require_session(&gw, &reg, &headers)?;
+    let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     if session.has_outbound() {
         return Err(Rejection::new(
             StatusCode::CONFLICT,
@@ -430,7 +401,7 @@ pub async fn delete(
     headers: HeaderMap,
 ) -> Result<Response, Rejection> {
     let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
-    let session = require_session(&gw, &reg, &headers)?;
+    let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     gw.sessions().close(&session.id);
     tracing::debug!(registration = %reg.id, session = %session.id, "streamable session deleted");
     Ok(StatusCode::OK.into_response())

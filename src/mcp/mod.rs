@@ -8,13 +8,8 @@ pub mod request;
 
 use serde_json::{json, Value};
 
-/// Handshake-era revisions, oldest first.
-pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
-/// The newest handshake-era revision (what `initialize` answers for an unknown version).
-pub const LATEST_LEGACY: &str = "2025-11-25";
-/// The stateless revision.
-pub const MODERN_VERSION: &str = "2026-07-28";
-/// Every revision served.
+/// Every revision served, oldest first: the one list of protocol versions. The handshake-era
+/// ones, then the stateless one.
 pub const ALL_VERSIONS: &[&str] = &[
     "2024-11-05",
     "2025-03-26",
@@ -22,6 +17,17 @@ pub const ALL_VERSIONS: &[&str] = &[
     "2025-11-25",
     "2026-07-28",
 ];
+/// Handshake-era revisions, oldest first.
+pub const LEGACY_VERSIONS: &[&str] = ALL_VERSIONS.split_at(ALL_VERSIONS.len() - 1).0;
+/// The newest handshake-era revision (what `initialize` answers for an unknown version).
+pub const LATEST_LEGACY: &str = LEGACY_VERSIONS[LEGACY_VERSIONS.len() - 1];
+/// The stateless revision.
+pub const MODERN_VERSION: &str = ALL_VERSIONS[ALL_VERSIONS.len() - 1];
+/// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak, and the
+/// one revision whose clients may send JSON-RPC batches.
+pub const BATCH_VERSION: &str = ALL_VERSIONS[1];
+/// Priming events (empty data with an id) go to clients at this revision or later.
+pub const PRIMING_SINCE: &str = ALL_VERSIONS[3];
 
 /// Picks the version `initialize` answers: the client's if supported, else the latest.
 pub fn negotiate(requested: Option<&str>) -> &'static str {
@@ -125,10 +131,112 @@ impl ClientCapability {
     }
 }
 
+/// A notification from an upstream, as the gateway routes it: read once from its method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    ToolsListChanged,
+    PromptsListChanged,
+    ResourcesListChanged,
+    /// `notifications/resources/updated`: to the subscribers of its `params.uri` only.
+    ResourcesUpdated,
+    /// `notifications/message`: to the sessions whose log level it reaches.
+    Log,
+    /// Any other method: not delivered outside a call.
+    Other,
+}
+
+impl Notice {
+    pub fn of(method: &str) -> Notice {
+        match method {
+            "notifications/tools/list_changed" => Notice::ToolsListChanged,
+            "notifications/prompts/list_changed" => Notice::PromptsListChanged,
+            "notifications/resources/list_changed" => Notice::ResourcesListChanged,
+            "notifications/resources/updated" => Notice::ResourcesUpdated,
+            "notifications/message" => Notice::Log,
+            _ => Notice::Other,
+        }
+    }
+
+    /// The kind of a whole message (its `method`).
+    pub fn of_message(msg: &Value) -> Notice {
+        msg.get("method")
+            .and_then(Value::as_str)
+            .map_or(Notice::Other, Notice::of)
+    }
+
+    /// Delivered to the sessions of the one registration an upstream's message names, outside
+    /// any call (a tools change is handled by the pool: the catalog is refreshed first).
+    pub fn to_a_registration(self) -> bool {
+        matches!(
+            self,
+            Notice::Log
+                | Notice::ResourcesUpdated
+                | Notice::ResourcesListChanged
+                | Notice::PromptsListChanged
+        )
+    }
+
+    /// Delivered to every registration granted the upstream when no one can be named (a log
+    /// is not: it may say what only its registration may read).
+    pub fn to_every_grantee(self) -> bool {
+        matches!(
+            self,
+            Notice::ResourcesUpdated | Notice::ResourcesListChanged | Notice::PromptsListChanged
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ClientCapability as C;
     use serde_json::json;
+
+    #[test]
+    fn notices_are_read_once_from_their_method_and_routed_by_kind() {
+        use super::Notice as N;
+        assert_eq!(
+            N::of("notifications/tools/list_changed"),
+            N::ToolsListChanged
+        );
+        assert_eq!(
+            N::of_message(&json!({"method": "notifications/message", "params": {}})),
+            N::Log
+        );
+        assert_eq!(N::of_message(&json!({"id": 1})), N::Other);
+        let routed: Vec<_> = [
+            N::ToolsListChanged,
+            N::PromptsListChanged,
+            N::ResourcesListChanged,
+            N::ResourcesUpdated,
+            N::Log,
+            N::Other,
+        ]
+        .into_iter()
+        .map(|n| (n.to_a_registration(), n.to_every_grantee()))
+        .collect();
+        assert_eq!(
+            routed,
+            [
+                (false, false),
+                (true, true),
+                (true, true),
+                (true, true),
+                (true, false),
+                (false, false)
+            ]
+        );
+    }
+
+    /// The one list, and what is read from it.
+    #[test]
+    fn protocol_versions_come_from_one_list() {
+        use super::*;
+        assert_eq!(LEGACY_VERSIONS, &ALL_VERSIONS[..4]);
+        assert_eq!(
+            (LATEST_LEGACY, MODERN_VERSION, BATCH_VERSION, PRIMING_SINCE),
+            ("2025-11-25", "2026-07-28", "2025-03-26", "2025-11-25")
+        );
+    }
 
     #[test]
     fn declared_client_capabilities_and_the_methods_that_need_them() {

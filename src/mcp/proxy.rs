@@ -40,15 +40,10 @@ pub const METHODS: &[&str] = &[
 /// The upstreams this registration holds a grant on, in grant order.
 pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
     let pool = ctx.hub.pool();
-    let mut out: Vec<String> = Vec::new();
-    for g in &ctx.registration.grants {
-        if let Some((prefix, _)) = g.split_once('.') {
-            if pool.has_upstream(prefix) && !out.iter().any(|u| u == prefix) {
-                out.push(prefix.to_string());
-            }
-        }
-    }
-    out
+    crate::tools::Grant::upstreams_of(&ctx.registration.grants, |up| pool.has_upstream(up))
+        .into_iter()
+        .map(str::to_string)
+        .collect()
 }
 
 /// Granted upstreams whose server advertised capability `cap`, with that capability.

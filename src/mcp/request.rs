@@ -22,6 +22,23 @@ pub struct RequestCtx {
 }
 
 impl RequestCtx {
+    /// The one constructor: a request's context as the front door hands it on (its
+    /// notifications' channel is set by the reply engine, per call).
+    pub fn new(
+        hub: Arc<Hub>,
+        registration: Arc<RegistrationState>,
+        session: Option<Arc<Session>>,
+        transport: Transport,
+    ) -> Self {
+        RequestCtx {
+            hub,
+            registration,
+            session,
+            transport,
+            notify: None,
+        }
+    }
+
     pub fn session_id(&self) -> Option<&str> {
         self.session.as_ref().map(|s| s.id.as_str())
     }

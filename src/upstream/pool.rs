@@ -190,16 +190,8 @@ impl Pool {
 
     /// Every tool of the upstreams named by `grants` (`<upstream>.…`), as agents see them.
     pub async fn tools_for_grants(&self, grants: &[String]) -> Result<Vec<GrantedTool>, String> {
-        let mut named: Vec<&str> = Vec::new();
-        for g in grants {
-            if let Some((prefix, _)) = g.split_once('.') {
-                if self.has_upstream(prefix) && !named.contains(&prefix) {
-                    named.push(prefix);
-                }
-            }
-        }
         let mut out = Vec::new();
-        for id in named {
+        for id in crate::tools::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
             let catalog = self
                 .catalog(id)
                 .await
@@ -505,22 +497,6 @@ impl Pool {
     }
 }
 
-/// The connection-wide notifications delivered to a registration's sessions.
-const ROUTED: [&str; 4] = [
-    "notifications/message",
-    "notifications/resources/updated",
-    "notifications/resources/list_changed",
-    "notifications/prompts/list_changed",
-];
-
-/// Connection-wide notifications that go to every registration granted the upstream when no
-/// one registration can be named.
-const BROADCAST: [&str; 3] = [
-    "notifications/resources/updated",
-    "notifications/resources/list_changed",
-    "notifications/prompts/list_changed",
-];
-
 /// A notification outside any call (a log, a list change, a resource update): to the
 /// sessions of the registration that owns the connection (`per_registration`) or holds the
 /// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). Where no registration can be
@@ -539,18 +515,15 @@ async fn connection_wide(
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
     // A list change or a resource update concerns everyone granted the upstream: with no
     // registration to name, it goes to all of them (an update only to its subscribers).
-    if let (None, Some(ds), true) = (
-        &registration,
-        &downstream,
-        BROADCAST.contains(&method.as_str()),
-    ) {
+    let notice = crate::mcp::Notice::of(&method);
+    if let (None, Some(ds), true) = (&registration, &downstream, notice.to_every_grantee()) {
         let msg = crate::mcp::jsonrpc::notification(&method, params);
         let n = ds.notify_granted(&slot.spec.id, msg).await;
         tracing::debug!(upstream = %slot.spec.id, method, sessions = n, "connection-wide notification delivered to the registrations granted the upstream");
         return;
     }
     let (Some(registration), Some(downstream), true) =
-        (registration, downstream, ROUTED.contains(&method.as_str()))
+        (registration, downstream, notice.to_a_registration())
     else {
         slot.spec.refused.inc();
         tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
@@ -619,7 +592,7 @@ async fn run_events(
                 epoch,
                 params,
             } => {
-                if method == "notifications/tools/list_changed" {
+                if crate::mcp::Notice::of(&method) == crate::mcp::Notice::ToolsListChanged {
                     if let Some(pool) = pool.upgrade() {
                         refresh_coalesced(&pool, &slot, epoch);
                     }

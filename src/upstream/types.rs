@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";
 
 /// Protocol versions this layer accepts in an `InitializeResult` (all legacy-handshake revisions).
-pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] =
-    &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = crate::mcp::LEGACY_VERSIONS;
 
 /// The `capabilities.experimental` key a server uses to advertise the gatehouse lease extension.
 pub const LEASE_CAPABILITY: &str = "io.gatehouse/lease";

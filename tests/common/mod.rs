@@ -92,6 +92,37 @@ pub fn slow_tool(name: &str) -> InProcessTool {
     )
 }
 
+/// The helpdesk demo upstream: the built gatehouse binary's `demo-upstream <extra>`, named by
+/// its path (no environment variable is set to reach `@self`: `config_load` takes the
+/// environment as an argument, and its unit tests resolve `@self` that way). `more_toml`:
+/// further lines (`call_timeout_s = 10`, naming).
+pub fn helpdesk(
+    id: &str,
+    sharing: &str,
+    extra: &[&str],
+    more_toml: &str,
+) -> gatehouse::config::UpstreamConfig {
+    let mut args = vec!["demo-upstream"];
+    args.extend_from_slice(extra);
+    let exe = env!("CARGO_BIN_EXE_gatehouse");
+    toml::from_str(&format!(
+        "id = {id:?}\ncommand = {exe:?}\nargs = {args:?}\nsharing = {sharing:?}\n{more_toml}\n"
+    ))
+    .unwrap()
+}
+
+/// tests/fixtures/faulty_server.py as a shared upstream (`call_timeout_s = timeout_s`).
+pub fn faulty(id: &str, timeout_s: u64, more_toml: &str) -> gatehouse::config::UpstreamConfig {
+    let script = format!(
+        "{}/tests/fixtures/faulty_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\ncall_timeout_s = {timeout_s}\n{more_toml}\n"
+    ))
+    .unwrap()
+}
+
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))

@@ -1,0 +1,217 @@
+//! The front door: the checks every agent request passes, written once, each refusing with
+//! the one `Rejection` (and its reason): Host and Origin, registration and token
+//! ([`authorize`]), content type and body limits ([`json_body`]), the parse of what the direct
+//! read left alone ([`parse_body`]), the session lookup ([`session`]); a request is then served
+//! with `RequestCtx::new`. The transports (`sse`, `streamable_http`, `stateless`) keep only
+//! what differs: their routes, `Accept`, versions, and what a message leads to.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use bytes::Bytes;
+
+use super::oauth::{self, Surface};
+use super::{origin, Rejection, SESSION_NAME, VERSION_NAME};
+use crate::hub::Hub;
+use crate::mcp::jsonrpc;
+use crate::registry::RegistrationState;
+use crate::session::{Session, Transport};
+
+/// The headers an agent request's checks read, found in one pass over the map (a lookup by
+/// name hashes the name; comparing a standard name is comparing its tag): each the first
+/// value of its name, as `HeaderMap::get` gives it.
+#[derive(Default)]
+pub(crate) struct Heads<'a> {
+    pub host: Option<&'a HeaderValue>,
+    pub origin: Option<&'a HeaderValue>,
+    pub authorization: Option<&'a HeaderValue>,
+    pub content_type: Option<&'a HeaderValue>,
+    /// `Mcp-Session-Id`.
+    pub session: Option<&'a HeaderValue>,
+    /// `MCP-Protocol-Version`.
+    pub version: Option<&'a HeaderValue>,
+}
+
+impl<'a> Heads<'a> {
+    pub(crate) fn of(headers: &'a HeaderMap) -> Self {
+        let mut h = Heads::default();
+        for (name, value) in headers {
+            let slot = if name == header::HOST {
+                &mut h.host
+            } else if name == header::ORIGIN {
+                &mut h.origin
+            } else if name == header::AUTHORIZATION {
+                &mut h.authorization
+            } else if name == header::CONTENT_TYPE {
+                &mut h.content_type
+            } else if name == SESSION_NAME {
+                &mut h.session
+            } else if name == VERSION_NAME {
+                &mut h.version
+            } else {
+                continue;
+            };
+            if slot.is_none() {
+                *slot = Some(value);
+            }
+        }
+        h
+    }
+}
+
+/// The bearer token in a request's `Authorization` value, if it has one.
+fn bearer_of(authorization: Option<&HeaderValue>) -> Option<&str> {
+    let v = authorization?.to_str().ok()?;
+    // A byte scan (a `str` search costs more than this short value); a space is one byte.
+    let at = v.bytes().position(|c| c == b' ')?;
+    let (scheme, token) = (&v[..at], &v[at + 1..]);
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The checks every agent request passes, in order: Host and Origin (403), registration
+/// (404), token (401, with the OAuth-aware challenge of `oauth::unauthorized`). The token is
+/// compared with this registration's token only.
+pub fn authorize(
+    gw: &Hub,
+    id: &str,
+    surface: Surface,
+    headers: &HeaderMap,
+) -> Result<Arc<RegistrationState>, Rejection> {
+    authorize_with(gw, id, surface, headers, &Heads::of(headers))
+}
+
+/// [`authorize`] with the request's headers already found ([`Heads`]).
+pub(crate) fn authorize_with(
+    gw: &Hub,
+    id: &str,
+    surface: Surface,
+    headers: &HeaderMap,
+    heads: &Heads<'_>,
+) -> Result<Arc<RegistrationState>, Rejection> {
+    origin::check_host_origin_values(gw.config(), heads.host, heads.origin)?;
+    let Some(reg) = gw.registry().get(id) else {
+        return Err(Rejection::unknown_registration(gw.registry(), id));
+    };
+    let why = match bearer_of(heads.authorization) {
+        Some(t) if reg.token_matches(t) => return Ok(reg),
+        None => oauth::Refusal::Missing,
+        Some(_) => oauth::Refusal::Invalid,
+    };
+    let transport = match surface {
+        Surface::Mcp => "streamable_http",
+        Surface::Sse => "sse",
+    };
+    Err(oauth::unauthorized(gw, headers, id, surface, why).auth_failed(reg, transport))
+}
+
+/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
+pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(v) = content_type else {
+        return false;
+    };
+    // The media type, before any parameters, read from the bytes (a `str` split costs more
+    // than the whole check): visible ASCII only, as `to_str` requires.
+    let v = v.as_bytes();
+    // What clients send nearly always, compared whole before the general reading.
+    if v == b"application/json" {
+        return true;
+    }
+    if !v.iter().all(|&c| c == b'\t' || (b' '..=b'~').contains(&c)) {
+        return false;
+    }
+    let media = v.iter().position(|&c| c == b';').map_or(v, |at| &v[..at]);
+    media.trim_ascii().eq_ignore_ascii_case(b"application/json")
+}
+
+/// Reads a body up to `max_body_bytes` (413 above it) within `connections.body_timeout_s` of
+/// the request's start (408 after it: a body trickled a byte at a time holds nothing for
+/// long). Either refusal closes the connection (`server::close_if_body_unread`). A body that
+/// came with its head (nearly all of them) is read on the first poll and arms no timer.
+pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Bytes, Rejection> {
+    let limit = config.max_body_bytes;
+    let too_large = |_| {
+        Rejection::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            jsonrpc::INVALID_REQUEST,
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    };
+    let mut read = std::pin::pin!(axum::body::to_bytes(body, limit));
+    let first = std::future::poll_fn(|cx| match std::future::Future::poll(read.as_mut(), cx) {
+        std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    if let Some(r) = first {
+        return r.map_err(too_large);
+    }
+    let within = std::time::Duration::from_secs(config.connections.body_timeout_s.max(1));
+    match tokio::time::timeout(within, read).await {
+        Ok(r) => r.map_err(too_large),
+        Err(_) => Err(Rejection::new(
+            StatusCode::REQUEST_TIMEOUT,
+            jsonrpc::INVALID_REQUEST,
+            format!(
+                "request body not received within {} s (connections.body_timeout_s)",
+                within.as_secs()
+            ),
+        )),
+    }
+}
+
+/// Content type (415 unless JSON), then the body within its limits ([`read_body`]: 413, 408):
+/// a POST's JSON body. Not an `async fn`: the check is done when it is called, and the future
+/// is `read_body`'s own.
+pub(crate) fn json_body<'c>(
+    heads: &Heads<'_>,
+    body: Body,
+    config: &'c crate::config::Config,
+) -> Result<impl std::future::Future<Output = Result<Bytes, Rejection>> + 'c, Rejection> {
+    if !is_json(heads.content_type) {
+        return Err(Rejection::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            jsonrpc::INVALID_REQUEST,
+            "unsupported media type: Content-Type must be application/json",
+        ));
+    }
+    Ok(read_body(body, config))
+}
+
+/// A body the direct read (`jsonrpc::parse_request`) left alone: parsed into a `Value` (one
+/// message or a batch; malformed: 400 with the JSON-RPC error).
+pub(crate) fn parse_body(bytes: &[u8]) -> Result<jsonrpc::Body, Rejection> {
+    jsonrpc::parse_body(bytes).map_err(Rejection::malformed)
+}
+
+/// The session a request names (`sid`: legacy SSE's `session_id` query parameter, Streamable
+/// HTTP's `Mcp-Session-Id`), scoped by its registration and transport (400 when none is
+/// named, 404 when unknown); looked up only after [`authorize`], and touched.
+pub(crate) fn session(
+    gw: &Hub,
+    reg: &RegistrationState,
+    sid: Option<&str>,
+    transport: Transport,
+) -> Result<Arc<Session>, Rejection> {
+    let sse = transport == Transport::Sse;
+    let Some(sid) = sid.filter(|s| !s.is_empty()) else {
+        return Err(Rejection::bad_request(if sse {
+            "session_id is required"
+        } else {
+            "bad request: Mcp-Session-Id header is required (send initialize first)"
+        }));
+    };
+    let Some(session) = gw.sessions().get(&reg.id, sid, transport) else {
+        return Err(Rejection::not_found(if sse {
+            "session not found"
+        } else {
+            "session not found: initialize again without Mcp-Session-Id"
+        })
+        .because(crate::refusals::Reason::SessionUnknown));
+    };
+    session.touch();
+    Ok(session)
+}
