@@ -39,6 +39,50 @@ fn base_record<'a>(ctx: &'a RequestCtx, tool: Option<&'a str>) -> Record<'a> {
     r
 }
 
+/// Takes one call of a `max_calls` budget: from the block this node holds, else from a new
+/// block reserved from the store (one reservation at a time per registration). The budget
+/// is never exceeded, across restarts too: a block is reserved (committed) before it is spent.
+async fn take_call(
+    hub: &crate::hub::Hub,
+    reg: &crate::registry::RegistrationState,
+    max: u64,
+) -> Result<(), String> {
+    let spent = || format!("limit max_calls ({max}) reached for this registration");
+    loop {
+        let granted = reg.calls_granted.load(Ordering::Acquire);
+        let took = reg
+            .calls_started
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max && n < granted).then_some(n + 1)
+            });
+        match took {
+            Ok(_) => return Ok(()),
+            Err(n) if n >= max => return Err(spent()),
+            Err(_) => {}
+        }
+        // The block in hand is spent: reserve the next one (boxed: a rare path).
+        let more = Box::pin(async {
+            let _one = reg.budget.lock().await;
+            if reg.calls_granted.load(Ordering::Acquire) != granted {
+                return Ok(true); // another call reserved meanwhile
+            }
+            let block = crate::store::block_of(&reg.limits, hub.config().store.budget_block, true);
+            match hub.store().reserve(&reg.id, block).await {
+                Ok(0) => Ok(false),
+                Ok(got) => {
+                    reg.calls_granted.fetch_add(got, Ordering::AcqRel);
+                    Ok(true)
+                }
+                Err(e) => Err(format!("the call budget cannot be reserved: {e}")),
+            }
+        })
+        .await?;
+        if !more {
+            return Err(spent());
+        }
+    }
+}
+
 /// Runs `tools/call`. Returns the reply, or `None` when the call was cancelled. The rare,
 /// large paths are boxed (ARCHITECTURE.md, Decisions: request futures).
 pub async fn run(
@@ -171,14 +215,7 @@ pub async fn run(
 
     // Limits, bound to the registration.
     if let Some(max) = reg.limits.max_calls {
-        let ok = reg
-            .calls_started
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok();
-        if !ok {
-            let why = format!("limit max_calls ({max}) reached for this registration");
+        if let Err(why) = take_call(gw, reg, max).await {
             return Box::pin(deny(ctx, rec, started, id, why)).await;
         }
     } else {

@@ -32,6 +32,7 @@ mod mrtr;
 mod registry;
 mod server;
 mod session;
+mod store;
 mod sync;
 mod tool_name;
 mod tools;

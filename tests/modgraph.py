@@ -30,6 +30,8 @@ RULES = [
     ("server", ["gateway", "admin", "cli"], []),
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
+    ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
+     ["axum", "hyper"]),
 ]
 # The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
@@ -43,7 +45,7 @@ LAYERS = [
     (5, ["hub"]),
     (4, ["upstream"]),
     (3, ["session", "listen", "mrtr", "metrics", "expiry"]),
-    (2, ["registry", "connections"]),
+    (2, ["registry", "connections", "store"]),
     (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.

@@ -67,6 +67,15 @@ pub struct Record<'a> {
     pub signal: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// When a registration's TTL passed (RFC 3339), on one found expired at start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<Cow<'a, str>>,
+    /// How many registrations (`node_stopped`: kept in the store for the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registrations: Option<u64>,
+    /// A digest (`config_reloaded`: SHA-256 of the config file read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -189,6 +198,9 @@ impl<'a> Record<'a> {
             pid: self.pid,
             signal: text(self.signal),
             tools: self.tools,
+            expired_at: text(self.expired_at),
+            registrations: self.registrations,
+            digest: text(self.digest),
             prev: self.prev,
         }
     }
@@ -258,6 +270,11 @@ impl<'a> Record<'a> {
         if let Some(v) = &self.tools {
             line.serde(k!("tools"), v);
         }
+        line.opt_str(k!("expired_at"), &self.expired_at);
+        if let Some(v) = self.registrations {
+            line.u64(k!("registrations"), v);
+        }
+        line.opt_str(k!("digest"), &self.digest);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -468,6 +485,9 @@ mod tests {
             pid: Some(u32::MAX),
             signal: Some("SIGTERM".into()),
             tools: Some(vec!["a".into(), "b\"".into()]),
+            expired_at: Some("2026-11-29T11:00:00.000Z".into()),
+            registrations: Some(u64::MAX),
+            digest: Some("ab\"".into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";
