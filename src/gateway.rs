@@ -278,15 +278,26 @@ impl Gateway {
             state.calls_granted.store(block, Ordering::Release);
         }
         store.create(stored_of(&state, block)).await?;
-        let base_url = {
+        let served = {
             let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc)?;
-            lc.generation += 1;
-            self.inner.hub.registry().insert(state.clone());
-            lc.server
-                .as_ref()
-                .map(|s| s.base_url.clone())
-                .ok_or(GatewayError::ShuttingDown)?
+            self.ensure_server(&mut lc).and_then(|()| {
+                let url = lc
+                    .server
+                    .as_ref()
+                    .map(|s| s.base_url.clone())
+                    .ok_or(GatewayError::ShuttingDown)?;
+                lc.generation += 1;
+                self.inner.hub.registry().insert(state.clone());
+                Ok(url)
+            })
+        };
+        let base_url = match served {
+            Ok(url) => url,
+            Err(e) => {
+                // Never served: it must not come back at the next start either.
+                let _ = store.release(&state.id).await;
+                return Err(e);
+            }
         };
         let mut rec = lifecycle_record("registration_created", &state);
         rec.tools = Some(state.tools.names());

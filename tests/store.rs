@@ -302,6 +302,61 @@ async fn call_on_session(reg: &Reg, sid: &str) -> u16 {
         .as_u16()
 }
 
+fn python() -> PathBuf {
+    let py = repo_root().join("tests/peers/.venv/bin/python");
+    assert!(
+        py.exists(),
+        "the Python peer environment is missing ({}): run tests/peers/setup.sh",
+        py.display()
+    );
+    py
+}
+
+/// tests/peers/py_client.py (the official Python SDK) in one process: over Streamable HTTP and
+/// over legacy SSE, a new connection that initializes, lists the tools and calls `demo.echo`.
+/// Returns each echoed text.
+async fn python_sdk_echo(reg: &Reg) -> Vec<String> {
+    let batch: Vec<Value> = ["streamable", "sse"]
+        .iter()
+        .map(|transport| {
+            json!({
+                "transport": transport,
+                "url": if *transport == "sse" { &reg.sse_url } else { &reg.mcp_url },
+                "token": reg.token,
+                "timeout": 20,
+                "steps": [{"name": "call", "tool": "demo.echo", "args": {"text": transport}, "timeout": 15}],
+            })
+        })
+        .collect();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(python())
+            .arg(repo_root().join("tests/peers/py_client.py"))
+            .arg("--batch")
+            .arg(Value::Array(batch).to_string())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("py_client finished in time")
+    .expect("py_client ran");
+    assert!(
+        out.status.success(),
+        "py_client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    results
+        .iter()
+        .map(|v| {
+            v["ok"]["steps"]["call"]["ok"]["call"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{v}"))
+                .to_string()
+        })
+        .collect()
+}
+
 fn mode_of(p: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
@@ -341,10 +396,11 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
     let released = d
         .register(json!({"agent_id": "agent-r", "tools": ["demo.*"]}))
         .await;
-    let expiring = d
-        .register(json!({"agent_id": "agent-e", "tools": ["demo.*"], "ttl_s": 1}))
-        .await;
     assert_eq!(rmcp_echo(&kept, "before").await.unwrap(), "agent-k:before");
+    assert_eq!(
+        python_sdk_echo(&kept).await,
+        ["agent-k:streamable", "agent-k:sse"]
+    );
     let (s, old_session) = initialize(&kept).await;
     assert_eq!(s, 200);
     let old_session = old_session.unwrap();
@@ -357,6 +413,10 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
         .await;
     assert_eq!(s, 204);
 
+    // Registered last: its 2 s TTL passes while the daemon is down.
+    let expiring = d
+        .register(json!({"agent_id": "agent-e", "tools": ["demo.*"], "ttl_s": 2}))
+        .await;
     // The store holds no token, and is the owner's only.
     assert_eq!(mode_of(&site.store_path()), 0o600);
     for r in [&kept, &released, &expiring] {
@@ -367,7 +427,7 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
 
     // kill -9; the expiring one's TTL passes while the daemon is down.
     d.kill9();
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(2500));
     let d = site.start();
     assert!(
         d.stderr()
@@ -384,6 +444,11 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
     let r = sse.call("demo.echo", json!({"text": "sse"})).await;
     assert_eq!(text_of(&r), "agent-k:sse");
     drop(sse);
+    // The official Python SDK, both transports, new connections on the same URLs and token.
+    assert_eq!(
+        python_sdk_echo(&kept).await,
+        ["agent-k:streamable", "agent-k:sse"]
+    );
     // Released before the kill, expired during it: 404.
     assert_eq!(initialize(&released).await.0, 404);
     assert_eq!(initialize(&expiring).await.0, 404);

@@ -128,17 +128,17 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         Err(e) => return fail(e),
     };
     let (kind, store_path) = gw.store_location();
-    match gw.restore().await {
-        Ok(r) => say(format_args!(
+    let restored = match gw.restore().await {
+        Ok(r) => format!(
             "registration store {kind}{}: {} registration(s) restored, {} expired while stopped",
             store_path
                 .map(|p| format!(" {}", p.display()))
                 .unwrap_or_default(),
             r.live,
             r.expired
-        )),
+        ),
         Err(e) => return fail(e),
-    }
+    };
     let listener = match admin::bind(&admin_listen).await {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -166,6 +166,7 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         TokenSource::File(p) => say(format_args!("admin token file {}", p.display())),
     }
     say(format_args!("audit log {}", gw.audit().path().display()));
+    say(format_args!("{restored}"));
     say(format_args!("ready"));
 
     let which = loop {
