@@ -444,6 +444,16 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
     let r = sse.call("demo.echo", json!({"text": "sse"})).await;
     assert_eq!(text_of(&r), "agent-k:sse");
     drop(sse);
+    // A stateless (2026-07-28) client notices nothing: its next request is simply served.
+    let r = stateless(
+        &kept.mcp_url,
+        &kept.token,
+        7,
+        "tools/call",
+        json!({"name": "demo.echo", "arguments": {"text": "stateless"}}),
+    )
+    .await;
+    assert_eq!(text_of(&r), "agent-k:stateless", "{r}");
     // The official Python SDK, both transports, new connections on the same URLs and token.
     assert_eq!(
         python_sdk_echo(&kept).await,
