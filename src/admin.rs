@@ -163,6 +163,7 @@ async fn reload(State(st): State<AdminState>) -> Response {
         Ok(r) => Json(json!({
             "reloaded": true,
             "digest": r.digest,
+            "applied": r.applied,
             "needs_restart": r.needs_restart,
         }))
         .into_response(),

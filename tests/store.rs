@@ -610,30 +610,105 @@ fn a_store_it_cannot_read_stops_the_start_and_is_left_as_it_is() {
     }
 }
 
+/// A second demo upstream, `other`, one connection per registration.
+const OTHER: &str =
+    "[[upstreams]]\nid = \"other\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\n";
+
 #[tokio::test]
-async fn sighup_reloads_refuses_a_bad_file_and_never_kills() {
+async fn sighup_applies_upstream_changes_refuses_a_bad_file_and_never_kills() {
     let site = Site::new(HELPDESK);
     let mut d = site.start();
     let reg = d
         .register(json!({"agent_id": "agent-h", "tools": ["demo.*", "helpdesk.*"]}))
         .await;
+    let mut c = SseClient::connect(&reg.sse_url, &reg.token).await;
+    c.initialize().await;
+    let r = c.call("helpdesk.open_case", json!({"title": "t"})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    // A new registration cannot grant an upstream that is not configured yet.
+    let (s, _) = d
+        .admin(
+            reqwest::Method::POST,
+            "/v1/registrations",
+            Some(json!({"agent_id": "a", "tools": ["other.*"]})),
+        )
+        .await;
+    assert_eq!(s, 400);
+
     // Unchanged.
     d.signal(Signal::SIGHUP);
     d.wait_line("SIGHUP: config reloaded");
     assert!(d.alive());
-    // Added, changed and removed upstreams: reported, the running config kept.
-    site.write_config(&format!(
-        "{}[[upstreams]]\nid = \"other\"\ncommand = \"@self\"\nargs = [\"demo-upstream\"]\n",
-        HELPDESK.replace("leased", "shared")
-    ));
+
+    // A call in flight on helpdesk (add_note_slow: 2 s) while helpdesk is changed and other
+    // added: the call finishes on its old connection; the session hears tools/list_changed.
+    let resp = c
+        .post(json!({"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"helpdesk.add_note_slow","arguments":{"text":"slow"}}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    site.write_config(&format!("{}{OTHER}", HELPDESK.replace("leased", "shared")));
     d.signal(Signal::SIGHUP);
     let line = d.wait_line("upstreams.other (added)");
+    assert!(line.contains("applied:"), "{line}");
     assert!(line.contains("upstreams.helpdesk (changed)"), "{line}");
     assert!(d.alive());
+    let (mut slow, mut list_changed) = (None, false);
+    while slow.is_none() {
+        let m = c
+            .next_message(10)
+            .await
+            .expect("the call in flight answers");
+        if m["method"] == "notifications/tools/list_changed" {
+            list_changed = true;
+        }
+        if m["id"] == 77 {
+            slow = Some(m);
+        }
+    }
+    let slow = slow.unwrap();
+    assert!(
+        slow.get("result").is_some() && slow["result"]["isError"] != json!(true),
+        "{slow}"
+    );
+    assert!(
+        list_changed,
+        "tools/list_changed before the slow call's reply"
+    );
+    // The next call uses the new definition (a new connection).
+    let r = c.call("helpdesk.open_case", json!({"title": "t2"})).await;
+    assert!(
+        r.get("result").is_some() && r["result"]["isError"] != json!(true),
+        "{r}"
+    );
+    // The added upstream serves new registrations.
+    let added = d
+        .register(json!({"agent_id": "agent-o", "tools": ["other.*"]}))
+        .await;
+    let mut o = SseClient::connect(&added.sse_url, &added.token).await;
+    o.initialize().await;
+    let r = o.call("other.open_case", json!({"title": "o"})).await;
+    assert!(
+        r.get("result").is_some() && r["result"]["isError"] != json!(true),
+        "{r}"
+    );
+
+    // Removed: the next call fails naming the upstream; new grants of it are refused.
     site.write_config("");
     d.signal(Signal::SIGHUP);
-    d.wait_line("upstreams.helpdesk (removed)");
+    let line = d.wait_line("upstreams.helpdesk (removed)");
+    assert!(line.contains("upstreams.other (removed)"), "{line}");
     assert!(d.alive());
+    let r = c.call("helpdesk.open_case", json!({"title": "t3"})).await;
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown upstream \"helpdesk\"")),
+        "{r}"
+    );
+    let r = c.call("demo.echo", json!({"text": "still"})).await;
+    assert_eq!(text_of(&r), "agent-h:still");
+
     // A bad file: refused with the reason; the daemon lives on and serves.
     std::fs::write(site.config(), "listen = 5\n").unwrap();
     d.signal(Signal::SIGHUP);
@@ -644,11 +719,13 @@ async fn sighup_reloads_refuses_a_bad_file_and_never_kills() {
     assert_eq!(s, 400, "{v}");
     assert!(v["error"].as_str().unwrap().contains("listen"), "{v}");
     assert_eq!(rmcp_echo(&reg, "hup").await.unwrap(), "agent-h:hup");
-    // The API and the CLI verb on a good file.
-    site.write_config(HELPDESK);
+    // The API and the CLI verb on a good file: the helpdesk comes back; a key that cannot
+    // change live is reported and kept.
+    site.write_config(&format!("linger_ms = 7\n{HELPDESK}"));
     let (s, v) = d.admin(reqwest::Method::POST, "/v1/reload", None).await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v["needs_restart"], json!([]));
+    assert_eq!(v["applied"], json!(["upstreams.helpdesk (added)"]), "{v}");
+    assert_eq!(v["needs_restart"], json!(["linger_ms"]), "{v}");
     let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
         .args(["reload", "--config"])
         .arg(site.config())
@@ -661,6 +738,11 @@ async fn sighup_reloads_refuses_a_bad_file_and_never_kills() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let r = c.call("helpdesk.open_case", json!({"title": "t4"})).await;
+    assert!(
+        r.get("result").is_some() && r["result"]["isError"] != json!(true),
+        "{r}"
+    );
     assert!(d.alive());
     let reloads: Vec<_> = site
         .audit()
@@ -671,6 +753,11 @@ async fn sighup_reloads_refuses_a_bad_file_and_never_kills() {
     assert!(reloads
         .iter()
         .all(|r| r.digest.as_ref().is_some_and(|d| d.len() == 64)));
+    assert!(reloads[1]
+        .reason
+        .as_deref()
+        .is_some_and(|w| w.contains("applied: upstreams.other (added)")));
+    drop((c, o));
     let out = d.stop();
     assert!(!out.contains("forced"), "{out}");
 }

@@ -1,8 +1,10 @@
 //! Reloading the daemon's config (SIGHUP, `gatehouse reload`, `POST /v1/reload`): the file
 //! is read and validated again; a bad one is refused with the reason and the running config
-//! stays. What a valid one changes is reported: no key is applied live yet, so every change
-//! is listed as needing a restart (and the running config is kept). `config_reloaded` is
-//! audited with the file's SHA-256.
+//! stays. Of a valid one, the upstreams are applied live (`Pool::reconfigure`: added ones serve
+//! new registrations; changed and removed ones are drained, and the sessions of the
+//! registrations using them get `tools/list_changed`); every other key that changed is
+//! reported as needing a restart and kept as it runs. `config_reloaded` is audited with the
+//! file's SHA-256.
 
 use std::path::Path;
 
@@ -16,6 +18,8 @@ use crate::config::Config;
 pub struct ReloadReport {
     /// SHA-256 (hex) of the file read.
     pub digest: String,
+    /// Changes applied live: `upstreams.<id> (added|changed|removed)`.
+    pub applied: Vec<String>,
     /// Keys that differ from the running config and need a restart (kept as they run).
     pub needs_restart: Vec<String>,
 }
@@ -23,15 +27,20 @@ pub struct ReloadReport {
 impl ReloadReport {
     /// One line for the log.
     pub fn summary(&self) -> String {
-        if self.needs_restart.is_empty() {
-            format!("config reloaded (sha256 {}): no change", self.digest)
-        } else {
-            format!(
-                "config reloaded (sha256 {}): needs a restart, kept as running: {}",
-                self.digest,
-                self.needs_restart.join(", ")
-            )
+        let mut out = format!("config reloaded (sha256 {})", self.digest);
+        if self.applied.is_empty() && self.needs_restart.is_empty() {
+            out.push_str(": no change");
         }
+        if !self.applied.is_empty() {
+            out.push_str(&format!("; applied: {}", self.applied.join(", ")));
+        }
+        if !self.needs_restart.is_empty() {
+            out.push_str(&format!(
+                "; needs a restart, kept as running: {}",
+                self.needs_restart.join(", ")
+            ));
+        }
+        out
     }
 }
 
@@ -106,17 +115,56 @@ impl super::Gateway {
         })?;
         // What the command line set on top of the file still holds.
         new.store.release_on_exit |= self.config().store.release_on_exit;
+        let transports = crate::config_load::resolve_transports(&new).map_err(|e| e.to_string())?;
+        // Upstreams are compared with what the pool runs (earlier reloads included).
+        let needs_restart = changed_keys(self.config(), &new)
+            .into_iter()
+            .filter(|k| !k.starts_with("upstreams."))
+            .collect();
+        let done = self.pool().reconfigure(transports);
+        let mut applied = Vec::new();
+        for (ids, what) in [
+            (&done.added, "added"),
+            (&done.changed, "changed"),
+            (&done.removed, "removed"),
+        ] {
+            applied.extend(ids.iter().map(|id| format!("upstreams.{id} ({what})")));
+        }
         let report = ReloadReport {
             digest: hex::encode(Sha256::digest(&bytes)),
-            needs_restart: changed_keys(self.config(), &new),
+            applied,
+            needs_restart,
         };
         let mut rec = Record::event("config_reloaded");
         rec.digest = Some(report.digest.clone().into());
+        let mut why = Vec::new();
+        if !report.applied.is_empty() {
+            why.push(format!("applied: {}", report.applied.join(", ")));
+        }
         if !report.needs_restart.is_empty() {
-            rec.reason =
-                Some(format!("needs a restart: {}", report.needs_restart.join(", ")).into());
+            why.push(format!(
+                "needs a restart: {}",
+                report.needs_restart.join(", ")
+            ));
+        }
+        if !why.is_empty() {
+            rec.reason = Some(why.join("; ").into());
         }
         let _ = self.audit().record(rec).await;
+        // The registrations granted tools of a changed or removed upstream: their sessions
+        // hear that the tools changed (a call now uses the new definition, or fails naming
+        // the removed upstream).
+        let touched: Vec<&String> = done.changed.iter().chain(&done.removed).collect();
+        if !touched.is_empty() {
+            for reg in self.registry().all() {
+                if reg.tools.iter().any(|t| {
+                    t.upstream()
+                        .is_some_and(|u| touched.iter().any(|x| *x == u))
+                }) {
+                    self.hub().notify_tools_list_changed(&reg.id).await;
+                }
+            }
+        }
         Ok(report)
     }
 }
