@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -43,7 +43,8 @@ pub struct Pool {
 
 pub(super) struct PoolInner {
     /// The configured upstreams; a config reload swaps the whole map (`Pool::reconfigure`).
-    upstreams: Mutex<Arc<BTreeMap<String, Arc<Upstream>>>>,
+    /// Read on every forwarded call (a shared lock: readers never wait for one another).
+    upstreams: RwLock<Arc<BTreeMap<String, Arc<Upstream>>>>,
     audit: Audit,
     pub tasks: TaskTracker,
     stop: CancellationToken,
@@ -76,11 +77,19 @@ fn upstream_of(config: UpstreamConfig, transport: Transport) -> Arc<Upstream> {
 impl PoolInner {
     /// The upstreams as configured now (a reload swaps the map; what a caller holds stays).
     fn ups(&self) -> Arc<BTreeMap<String, Arc<Upstream>>> {
-        lock(&self.upstreams).clone()
+        // A poisoned lock only means a writer panicked between two whole-map swaps.
+        self.upstreams
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn up(&self, id: &str) -> Option<Arc<Upstream>> {
-        lock(&self.upstreams).get(id).cloned()
+        self.upstreams
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
     }
 }
 
@@ -130,7 +139,7 @@ impl Pool {
             .collect();
         Pool {
             inner: Arc::new(PoolInner {
-                upstreams: Mutex::new(Arc::new(upstreams)),
+                upstreams: RwLock::new(Arc::new(upstreams)),
                 audit,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
@@ -150,7 +159,11 @@ impl Pool {
         let mut done = Reconfigured::default();
         let mut map = BTreeMap::new();
         let retired: Vec<Arc<Upstream>> = {
-            let mut current = lock(&self.inner.upstreams);
+            let mut current = self
+                .inner
+                .upstreams
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             for (config, transport) in upstreams {
                 let id = config.id.clone();
                 let up = match current.get(&id) {
