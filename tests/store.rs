@@ -761,3 +761,53 @@ async fn sighup_applies_upstream_changes_refuses_a_bad_file_and_never_kills() {
     let out = d.stop();
     assert!(!out.contains("forced"), "{out}");
 }
+
+/// `gatehouse audit verify` on the site's audit log: (success, stdout + stderr).
+fn verify(site: &Site) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["audit", "verify"])
+        .arg(site.audit_path())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[tokio::test]
+async fn a_line_torn_by_kill9_is_named_torn_and_the_chain_goes_on_after_the_restart() {
+    let site = Site::new("");
+    let d = site.start();
+    let reg = d
+        .register(json!({"agent_id": "agent-t", "tools": ["demo.*"]}))
+        .await;
+    assert_eq!(rmcp_echo(&reg, "a").await.unwrap(), "agent-t:a");
+    d.kill9();
+    // What a kill in the middle of a write leaves: the start of a line, no newline.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(site.audit_path())
+            .unwrap();
+        f.write_all(b"{\"ts\":\"2026-12-04T00:00:00.000000Z\",\"seq\":99,\"ev")
+            .unwrap();
+    }
+    let (ok, text) = verify(&site);
+    assert!(ok, "{text}");
+    assert!(text.contains("torn last line"), "{text}");
+    assert!(
+        !text.contains("edited") && !text.contains("inserted"),
+        "{text}"
+    );
+    // The next start terminates the torn line and the chain continues over it.
+    let d = site.start();
+    assert_eq!(rmcp_echo(&reg, "b").await.unwrap(), "agent-t:b");
+    let out = d.stop();
+    assert!(out.contains("1 registration(s) kept"), "{out}");
+    let (ok, text) = verify(&site);
+    assert!(ok, "{text}");
+    assert!(text.contains("chain intact"), "{text}");
+    assert!(text.contains("torn line"), "{text}");
+}
