@@ -811,3 +811,69 @@ async fn a_line_torn_by_kill9_is_named_torn_and_the_chain_goes_on_after_the_rest
     assert!(text.contains("chain intact"), "{text}");
     assert!(text.contains("torn line"), "{text}");
 }
+
+#[tokio::test]
+async fn concurrent_calls_around_a_kill9_never_exceed_max_calls() {
+    let site = Site::new("[store]\nbudget_block = 4");
+    let d = site.start();
+    let reg = d
+        .register(json!({"agent_id": "agent-c", "tools": ["demo.*"], "limits": {"max_calls": 40}}))
+        .await;
+    // 8 stateless callers, each as fast as it can, while the daemon is killed under them.
+    let burst = |n: usize| {
+        let reg = reg.clone();
+        async move {
+            let mut tasks = Vec::new();
+            for w in 0..8u64 {
+                let reg = reg.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut ok = 0;
+                    for i in 0..n as u64 {
+                        let r = http()
+                            .post(&reg.mcp_url)
+                            .bearer_auth(&reg.token)
+                            .header("accept", "application/json, text/event-stream")
+                            .header("mcp-protocol-version", "2026-07-28")
+                            .header("mcp-method", "tools/call")
+                            .header("mcp-name", "demo.echo")
+                            .json(&json!({"jsonrpc":"2.0","id":w * 1000 + i,"method":"tools/call","params":{
+                                "name":"demo.echo","arguments":{"text":"x"},
+                                "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}))
+                            .send()
+                            .await;
+                        let Ok(r) = r else { continue };
+                        let Ok(v) = r.json::<Value>().await else { continue };
+                        if v["result"]["content"][0]["text"] == "agent-c:x" {
+                            ok += 1;
+                        }
+                    }
+                    ok
+                }));
+            }
+            let mut ok = 0;
+            for t in tasks {
+                ok += t.await.unwrap();
+            }
+            ok
+        }
+    };
+    let first = tokio::spawn(burst(10));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    d.kill9();
+    let before_kill = first.await.unwrap();
+    let d = site.start();
+    let after = burst(10).await;
+    let total = before_kill + after;
+    eprintln!("served {before_kill} before the kill, {after} after; max_calls 40");
+    assert!(total <= 40, "{total} calls served, max_calls 40");
+    // The audit agrees: never more than 40 calls ran.
+    let ran = site
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "governed_mcp_call" && r.outcome.as_deref() == Some("ok"))
+        .count();
+    assert!(ran <= 40, "{ran} calls audited ok");
+    // What a kill costs: the block in hand (4) and the calls it cut off in flight (8 callers).
+    assert!(total >= 40 - 4 - 8, "{total}");
+    drop(d);
+}
