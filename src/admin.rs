@@ -117,6 +117,7 @@ pub fn router(gw: Gateway, admin_token: &str) -> AdminApp {
         )
         .route("/v1/registrations/{id}/renew", post(renew))
         .route("/v1/upstreams", get(upstreams))
+        .route("/v1/reload", post(reload))
         .route("/metrics", get(metrics))
         .route("/v1/console/stats", get(console_stats))
         .route("/v1/audit", get(audit_tail))
@@ -177,6 +178,30 @@ fn no_such_registration(gw: &Gateway, id: &str) -> Response {
     };
     r.extensions_mut().insert(Refused::new(reason).about(id));
     r
+}
+
+/// `POST /v1/reload`: the config file read and validated again (400 with the reason if it
+/// is refused; the running config stays either way for what cannot change live).
+async fn reload(State(st): State<AdminState>) -> Response {
+    match st.gw.reload_config().await {
+        Ok(r) => Json(json!({
+            "reloaded": true,
+            "digest": r.digest,
+            "applied": r.applied,
+            "needs_restart": r.needs_restart,
+        }))
+        .into_response(),
+        Err(why) => bad_request(format!("config not reloaded: {why}")),
+    }
+}
+
+/// A store write that failed: nothing was committed, so nothing is answered as done.
+fn store_failed(e: GatewayError) -> Response {
+    tracing::error!(error = %e, "registration store write failed");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("not stored, nothing changed: {e}"),
+    )
 }
 
 fn bad_request(message: impl Into<String>) -> Response {
@@ -326,6 +351,7 @@ async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "the gateway is shutting down",
         ),
+        Err(e @ GatewayError::Store(_)) => store_failed(e),
         Err(e) => {
             tracing::error!(error = %e, "registration failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, "registration failed")
@@ -360,17 +386,23 @@ async fn renew(
         }
         ttl
     };
-    match st.gw.renew(&id, ttl).await {
-        Some(expires_at) => Json(json!({"id": id, "expires_at": expires_at})).into_response(),
-        None => no_such_registration(&st.gw, &id),
+    match st.gw.renew_committed(&id, ttl).await {
+        Ok(Some(expires_at)) => Json(json!({"id": id, "expires_at": expires_at})).into_response(),
+        Ok(None) => no_such_registration(&st.gw, &id),
+        Err(e) => store_failed(e),
     }
 }
 
 async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> Response {
-    if st.gw.release_id(&id, ReleaseReason::Released).await {
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        no_such_registration(&st.gw, &id)
+    // 204 only once the store has committed the release.
+    match st
+        .gw
+        .release_id_committed(&id, ReleaseReason::Released)
+        .await
+    {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => no_such_registration(&st.gw, &id),
+        Err(e) => store_failed(e),
     }
 }
 

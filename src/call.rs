@@ -176,24 +176,82 @@ impl Drop for FamilyInFlight {
     }
 }
 
+/// Where a `max_calls` budget comes from: the store, a block at a time (issue 35).
+#[derive(Clone, Copy)]
+pub(crate) struct Budget<'a> {
+    pub store: &'a dyn crate::store::Store,
+    /// Calls reserved per block (`[store] budget_block`).
+    pub block: u64,
+}
+
+/// Takes one call of `reg`'s `max_calls` budget: from the block this node holds, else from
+/// a new block reserved from the store (one reservation at a time per registration). The
+/// budget is never exceeded, across restarts too: a block is reserved (committed) before it
+/// is spent. `Err(true)`: spent; `Err(false)`: the store could not be asked (logged).
+async fn take_call(budget: Budget<'_>, reg: &RegistrationState, max: u64) -> Result<(), bool> {
+    loop {
+        let granted = reg.calls_granted.load(Ordering::Acquire);
+        let took = reg
+            .calls_started
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max && n < granted).then_some(n + 1)
+            });
+        match took {
+            Ok(_) => return Ok(()),
+            Err(n) if n >= max => return Err(true),
+            Err(_) => {}
+        }
+        // The block in hand is spent: reserve the next one (boxed: a rare path).
+        let more = Box::pin(async {
+            let _one = reg.budget.lock().await;
+            if reg.calls_granted.load(Ordering::Acquire) != granted {
+                return Ok(true); // another call reserved meanwhile
+            }
+            let block = crate::store::block_of(&reg.limits, budget.block, true);
+            match budget.store.reserve(&reg.id, block).await {
+                Ok(0) => Ok(false),
+                Ok(got) => {
+                    reg.calls_granted.fetch_add(got, Ordering::AcqRel);
+                    Ok(true)
+                }
+                Err(e) => {
+                    tracing::error!(registration = %reg.id, error = %e, "the call budget cannot be reserved");
+                    Err(false)
+                }
+            }
+        })
+        .await?;
+        if !more {
+            return Err(true);
+        }
+    }
+}
+
+/// The refusal of a `max_calls` budget `take_call` did not give.
+fn spent(max: u64, whose: Option<&str>, spent: bool) -> String {
+    match (spent, whose) {
+        (true, None) => format!("limit max_calls ({max}) reached for this registration"),
+        (true, Some(a)) => format!(
+            "limit max_calls ({max}) of ancestor registration {a} reached (its family shares it)"
+        ),
+        (false, _) => {
+            "the call budget cannot be reserved: the registration store is failing".into()
+        }
+    }
+}
+
 /// Takes a call of `reg` from every ancestor's budget (`max_calls`, `max_concurrent`),
 /// nearest first (the family shares it); on a refusal gives back what it took and says whose
 /// limit it was.
-fn admit_family(reg: &RegistrationState) -> Result<FamilyInFlight, String> {
+async fn admit_family(
+    budget: Budget<'_>,
+    reg: &RegistrationState,
+) -> Result<FamilyInFlight, String> {
     let mut taken = FamilyInFlight(Vec::new());
     for a in reg.family.ancestors() {
         if let Some(max) = a.limits.max_calls {
-            let ok = a
-                .calls_started
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .is_ok();
-            if !ok {
-                return Err(format!(
-                    "limit max_calls ({max}) of ancestor registration {} reached (its family shares it)",
-                    a.id
-                ));
+            if let Err(s) = take_call(budget, a, max).await {
+                return Err(spent(max, Some(&a.id), s));
             }
         } else {
             a.calls_started.fetch_add(1, Ordering::AcqRel);
@@ -218,7 +276,8 @@ fn admit_family(reg: &RegistrationState) -> Result<FamilyInFlight, String> {
 /// Step 2: the granted tool and the [`Admission`], or why the call is refused (`denied`):
 /// the tool is not granted, the audit log cannot be written, or a limit is reached. A call
 /// refused by `max_concurrent` has counted against `max_calls` (it was started).
-pub(crate) fn admit<'r>(
+pub(crate) async fn admit<'r>(
+    budget: Budget<'_>,
     reg: &'r RegistrationState,
     name: &str,
     audit_healthy: bool,
@@ -280,16 +339,8 @@ pub(crate) fn admit<'r>(
     }
     let limited = |why: String| (Some(tool), refused(why.clone().into(), Ended::Limited(why)));
     if let Some(max) = reg.limits.max_calls {
-        let ok = reg
-            .calls_started
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok();
-        if !ok {
-            return Err(limited(format!(
-                "limit max_calls ({max}) reached for this registration"
-            )));
+        if let Err(s) = take_call(budget, reg, max).await {
+            return Err(limited(spent(max, None, s)));
         }
     } else {
         reg.calls_started.fetch_add(1, Ordering::AcqRel);
@@ -310,7 +361,7 @@ pub(crate) fn admit<'r>(
     // A child's call also counts against every ancestor's budget (dropping `admission` gives
     // back its own slot if one refuses).
     if reg.family.parent.is_some() {
-        match admit_family(reg) {
+        match Box::pin(admit_family(budget, reg)).await {
             Ok(f) => admission.1 = Some(f),
             Err(why) => return Err(limited(why)),
         }
@@ -351,7 +402,11 @@ pub async fn run(
     } = call;
     let (digest, recorded) = asked(ctx, &arguments);
     let reg = &ctx.registration;
-    let (tool, admission) = match admit(reg, &name, ctx.hub.audit().is_healthy()) {
+    let budget = Budget {
+        store: &**ctx.hub.store(),
+        block: ctx.hub.config().store.budget_block,
+    };
+    let (tool, admission) = match admit(budget, reg, &name, ctx.hub.audit().is_healthy()).await {
         Ok(a) => a,
         Err((tool, mut r)) => {
             r.tool = Some(name);
@@ -881,35 +936,41 @@ mod tests {
         }
     }
 
-    #[test]
-    fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
+    #[tokio::test]
+    async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
+        let store = crate::store::memory::MemoryStore::default();
+        let budget = Budget {
+            store: &store,
+            block: 64,
+        };
+        let admit = |reg, name, healthy| admit(budget, reg, name, healthy);
         let reg = registration(crate::registry::Limits {
             max_calls: Some(2),
             max_concurrent: Some(1),
             call_timeout_s: None,
         });
-        let (_, r) = admit(&reg, "nope", true).unwrap_err();
+        let (_, r) = admit(&reg, "nope", true).await.unwrap_err();
         assert_eq!(
             code_and_outcome(&r),
             (jsonrpc::INVALID_PARAMS, Outcome::Denied)
         );
-        let (tool, r) = admit(&reg, "echo", false).unwrap_err();
+        let (tool, r) = admit(&reg, "echo", false).await.unwrap_err();
         assert!(tool.is_some() && matches!(r.ended, Ended::AuditDown));
         assert_eq!(
             reg.calls_started.load(Ordering::Acquire),
             0,
             "refused before the limits"
         );
-        let (_, held) = admit(&reg, "echo", true).unwrap();
+        let (_, held) = admit(&reg, "echo", true).await.unwrap();
         assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 1);
-        let (_, r) = admit(&reg, "echo", true).unwrap_err();
+        let (_, r) = admit(&reg, "echo", true).await.unwrap_err();
         assert!(
             matches!(&r.ended, Ended::Limited(w) if w.contains("max_concurrent")),
             "{r:?}"
         );
         drop(held);
         assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 0, "given back");
-        let (_, r) = admit(&reg, "echo", true).unwrap_err();
+        let (_, r) = admit(&reg, "echo", true).await.unwrap_err();
         assert!(
             matches!(&r.ended, Ended::Limited(w) if w.contains("max_calls (2)")),
             "{r:?}"

@@ -75,6 +75,7 @@ pub struct Config {
     pub audit: AuditConfig,
     /// Child registrations (sub-agents): how deep and how many.
     pub children: ChildrenConfig,
+    pub store: StoreConfig,
     pub upstreams: Vec<UpstreamConfig>,
 }
 
@@ -119,6 +120,7 @@ impl Default for Config {
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
             children: ChildrenConfig::default(),
+            store: StoreConfig::default(),
             upstreams: Vec::new(),
         }
     }
@@ -260,6 +262,63 @@ impl Default for AuditConfig {
             rotate_bytes: 0,
             auth_failed_interval_s: 10,
         }
+    }
+}
+
+/// Where registrations are kept (`crate::store`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    /// In the process only: registrations end with it (the embedded gateways' default).
+    Memory,
+    /// A SQLite file written through before each answer (`gatehouse serve`'s default).
+    Sqlite,
+}
+
+/// The registration store.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Unset: `sqlite` for `gatehouse serve`, `memory` for the embedded gateways.
+    pub backend: Option<StoreBackend>,
+    /// The SQLite file; unset: beside the audit log ([`StoreConfig::path_beside`]).
+    pub path: Option<PathBuf>,
+    /// Release every registration on a clean stop (the behaviour before the store); else a
+    /// clean stop keeps them for the next start and audits `node_stopped`.
+    pub release_on_exit: bool,
+    /// Calls of a `max_calls` budget reserved from the store at a time; a crash loses at most
+    /// one block per registration (fewer calls allowed, never more). 1-1000000.
+    pub budget_block: u64,
+    /// Store writes waiting for the writer thread at most (then writers wait). 16-1048576.
+    pub queue: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: None,
+            path: None,
+            release_on_exit: false,
+            budget_block: 16,
+            queue: 4096,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The default SQLite file beside the audit log: `gatehouse-audit.jsonl` gives
+    /// `gatehouse-store.sqlite`, `audit.jsonl` `store.sqlite`, `x.jsonl` `x-store.sqlite`.
+    pub fn path_beside(audit: &Path) -> PathBuf {
+        let stem = audit
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = match stem.strip_suffix("audit") {
+            Some(head) => format!("{head}store.sqlite"),
+            None if stem.is_empty() => "store.sqlite".to_string(),
+            None => format!("{stem}-store.sqlite"),
+        };
+        audit.with_file_name(name)
     }
 }
 
@@ -502,6 +561,16 @@ impl Config {
         if self.keepalive_s == 0 {
             return Err(ConfigError::Invalid(
                 "keepalive_s must be at least 1".into(),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.store.budget_block) {
+            return Err(ConfigError::Invalid(
+                "store.budget_block must be 1-1000000".into(),
+            ));
+        }
+        if !(16..=1_048_576).contains(&self.store.queue) {
+            return Err(ConfigError::Invalid(
+                "store.queue must be 16-1048576".into(),
             ));
         }
         let c = &self.connections;

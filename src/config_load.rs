@@ -70,7 +70,8 @@ pub fn load_with_env(
 }
 
 /// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`,
-/// `GATEHOUSE_NODE_ID`, `GATEHOUSE_LOG_FORMAT` (an unknown format is an error naming it).
+/// `GATEHOUSE_NODE_ID`, `GATEHOUSE_LOG_FORMAT` (an unknown format is an error naming it),
+/// `GATEHOUSE_STORE` (`memory`, `sqlite` or `sqlite:PATH`).
 /// (`GATEHOUSE_ADMIN_TOKEN` is read by the admin API itself and never stored in the config.)
 pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> Result<(), String> {
     let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
@@ -85,6 +86,21 @@ pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> R
     }
     if let Some(v) = get("GATEHOUSE_NODE_ID") {
         config.node_id = Some(v);
+    }
+    if let Some(v) = get("GATEHOUSE_STORE") {
+        let v = v.trim();
+        if v == "memory" {
+            config.store.backend = Some(crate::config::StoreBackend::Memory);
+        } else if v == "sqlite" {
+            config.store.backend = Some(crate::config::StoreBackend::Sqlite);
+        } else if let Some(path) = v.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+            config.store.backend = Some(crate::config::StoreBackend::Sqlite);
+            config.store.path = Some(PathBuf::from(path));
+        } else {
+            return Err(format!(
+                "GATEHOUSE_STORE = {v:?}: expected \"memory\", \"sqlite\" or \"sqlite:PATH\""
+            ));
+        }
     }
     if let Some(v) = get("GATEHOUSE_LOG_FORMAT") {
         config.log_format = LogFormat::parse(&v).ok_or_else(|| {

@@ -5,6 +5,8 @@
 //! registration inserts happen under it too, so a registration arriving while the server is
 //! stopping is served, never lost.
 
+mod reload;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::{Audit, AuditError, Record};
 use crate::config::Config;
+use crate::config::StoreBackend;
 use crate::expiry::Deadlines;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -23,6 +26,7 @@ use crate::registry::{
     new_registration_id_on, new_token, RegistrationSpec, RegistrationState, Registry,
 };
 use crate::session::SessionTable;
+use crate::store::{Store, StoredRegistration, StoredTool};
 use crate::sync::lock;
 use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
 use crate::upstream::Pool;
@@ -43,6 +47,8 @@ pub enum GatewayError {
     Audit(#[from] AuditError),
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// Why a registration ended.
@@ -99,6 +105,8 @@ pub(crate) struct Inner {
     /// TTL deadlines; the sweep task expires them.
     deadlines: Arc<Deadlines>,
     sweeper_started: AtomicBool,
+    /// The file the config was read from (the daemon's; what a reload reads again).
+    config_path: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// A cheap-to-clone handle to one gateway.
@@ -109,8 +117,20 @@ pub struct Gateway {
 
 impl Gateway {
     /// Builds a gateway. Opens the audit file; binds nothing until the first registration.
+    /// Its store is `[store] backend`, by default `memory` (registrations end with the process).
     pub fn new(config: Config) -> Result<Gateway, GatewayError> {
+        Gateway::with_store_default(config, StoreBackend::Memory)
+    }
+
+    /// [`Gateway::new`] with another default store backend (`gatehouse serve`: `sqlite`).
+    /// Opens (and checks) the store before the audit: a store that cannot be read stops the
+    /// start before anything is written.
+    pub fn with_store_default(
+        config: Config,
+        default: StoreBackend,
+    ) -> Result<Gateway, GatewayError> {
         config.validate()?;
+        let store = crate::store::open(&config.store, &config.audit.path, default)?;
         let audit = Audit::start_on(&config.audit, config.node_id.as_deref())?;
         let pool = Pool::new(
             crate::config_load::resolve_transports(&config)?,
@@ -118,13 +138,14 @@ impl Gateway {
         );
         Ok(Gateway {
             inner: Arc::new(Inner {
-                hub: Hub::new(config, audit, pool),
+                hub: Hub::new(config, audit, pool, store),
                 catalog: Mutex::new(BTreeMap::new()),
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 deadlines: Arc::new(Deadlines::default()),
                 sweeper_started: AtomicBool::new(false),
+                config_path: Mutex::new(None),
             }),
         })
     }
@@ -161,6 +182,31 @@ impl Gateway {
 
     pub(crate) fn deadlines(&self) -> &Deadlines {
         &self.inner.deadlines
+    }
+
+    /// Names the file the config was read from (what `reload_config` reads again).
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        *lock(&self.inner.config_path) = Some(path);
+    }
+
+    pub(crate) fn config_path(&self) -> Option<std::path::PathBuf> {
+        lock(&self.inner.config_path).clone()
+    }
+
+    /// The registration store.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        self.inner.hub.store()
+    }
+
+    /// The store's kind (`memory`, `sqlite`) and file.
+    pub fn store_location(&self) -> (&'static str, Option<std::path::PathBuf>) {
+        let s = self.store();
+        (s.kind(), s.path().map(std::path::Path::to_path_buf))
+    }
+
+    /// The store's counters (operations, commits).
+    pub fn store_stats(&self) -> crate::store::StoreStats {
+        self.store().stats()
     }
 
     /// Adds an in-process tool to the gateway's catalog; registrations grant it by name.
@@ -241,22 +287,45 @@ impl Gateway {
         let mut state = RegistrationState::new(id, &token, &spec, tools);
         state.family = family;
         let state = Arc::new(state);
-        let base_url = {
+        // Written through before it is served: the 201 follows the store's commit.
+        let store = self.store();
+        let block = crate::store::block_of(
+            &state.limits,
+            self.config().store.budget_block,
+            store.durable(),
+        );
+        if state.limits.max_calls.is_some() {
+            state.calls_granted.store(block, Ordering::Release);
+        }
+        store.create(stored_of(&state, block)).await?;
+        let served = {
             let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc)?;
-            lc.generation += 1;
-            self.inner.hub.registry().insert(state.clone());
-            lc.server
-                .as_ref()
-                .map(|s| s.base_url.clone())
-                .ok_or(GatewayError::ShuttingDown)?
+            self.ensure_server(&mut lc).and_then(|()| {
+                let url = lc
+                    .server
+                    .as_ref()
+                    .map(|s| s.base_url.clone())
+                    .ok_or(GatewayError::ShuttingDown)?;
+                lc.generation += 1;
+                self.inner.hub.registry().insert(state.clone());
+                Ok(url)
+            })
+        };
+        let base_url = match served {
+            Ok(url) => url,
+            Err(e) => {
+                // Never served: it must not come back at the next start either.
+                let _ = store.release(&state.id).await;
+                return Err(e);
+            }
         };
         if let Some(parent) = &state.family.parent {
             lock(&parent.family.children).push(state.id.clone());
             // A parent released meanwhile took no note of this child: end it now.
             if parent.is_released() {
                 if let Some(s) = self.close_registration(&state.id, ReleaseReason::Released) {
-                    self.finish_release(&s, ReleaseReason::Released).await;
+                    // Best effort: the child is not served either way.
+                    let _ = self.finish_release(&s, ReleaseReason::Released).await;
                 }
                 return Err(GatewayError::InvalidSpec(format!(
                     "parent {:?} was released while this child was made",
@@ -268,6 +337,7 @@ impl Gateway {
         rec.tools = Some(state.tools.names());
         if let Err(e) = self.inner.hub.audit().record(rec).await {
             self.close_registration(&state.id, ReleaseReason::Released);
+            let _ = store.release(&state.id).await;
             return Err(e.into());
         }
         if let Some(ttl) = state.ttl_s {
@@ -483,7 +553,12 @@ impl Gateway {
             wall.saturating_add(ttl_s.saturating_mul(1000)),
             Ordering::Relaxed,
         );
-        self.inner.deadlines.set(&state.id, ttl);
+        self.arm_deadline(&state.id, ttl);
+    }
+
+    /// Expires `id` after `after` unless it is renewed; starts the sweep on first use.
+    fn arm_deadline(&self, id: &str, after: Duration) {
+        self.inner.deadlines.set(id, after);
         if !self.inner.sweeper_started.swap(true, Ordering::AcqRel) {
             let deadlines = self.inner.deadlines.clone();
             let weak = Arc::downgrade(&self.inner);
@@ -495,10 +570,29 @@ impl Gateway {
     /// Extends a registration's TTL by `ttl_s` (default: its own `ttl_s`) from now and
     /// records `registration_renewed`. `None` if the registration is gone; `Some(None)` if it
     /// has no TTL.
+    /// A store that fails is logged and answered `None` (the `memory` store never fails);
+    /// [`Gateway::renew_committed`] reports it.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
-        let state = self.inner.hub.registry().get(id)?;
+        match self.renew_committed(id, ttl_s).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(registration = %id, error = %e, "renewal not stored");
+                None
+            }
+        }
+    }
+
+    /// [`Gateway::renew`], answered only once the store has committed the new expiry.
+    pub async fn renew_committed(
+        &self,
+        id: &str,
+        ttl_s: Option<u64>,
+    ) -> Result<Option<Option<String>>, GatewayError> {
+        let Some(state) = self.inner.hub.registry().get(id) else {
+            return Ok(None);
+        };
         let Some(mut ttl) = ttl_s.or(state.ttl_s) else {
-            return Some(None);
+            return Ok(Some(None));
         };
         // A child's lease ends no later than its parent's.
         if let Some(parent) = &state.family.parent {
@@ -512,34 +606,62 @@ impl Gateway {
         // A release that raced with the renewal wins: do not leave a deadline behind.
         if self.inner.hub.registry().get(id).is_none() {
             self.inner.deadlines.remove(id);
-            return None;
+            return Ok(None);
         }
+        self.store()
+            .renew(id, state.expires_at_ms.load(Ordering::Relaxed))
+            .await?;
         let _ = self
             .inner
             .hub
             .audit()
             .record(lifecycle_record("registration_renewed", &state))
             .await;
-        Some(state.expires_at())
+        Ok(Some(state.expires_at()))
     }
 
     /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
     pub async fn release_id(&self, id: &str, reason: ReleaseReason) -> bool {
-        match self.close_registration(id, reason) {
-            Some(state) => {
-                self.finish_release(&state, reason).await;
+        match self.release_id_committed(id, reason).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!(registration = %id, error = %e, "release not stored");
                 true
             }
-            None => false,
         }
     }
 
-    async fn finish_release(&self, state: &Arc<RegistrationState>, reason: ReleaseReason) {
-        // The children closed with it end first (their calls, leases and records).
+    /// [`Gateway::release_id`], answered once the store has committed the release (then it
+    /// never comes back, not even after a restart); an error if the store failed.
+    pub async fn release_id_committed(
+        &self,
+        id: &str,
+        reason: ReleaseReason,
+    ) -> Result<bool, GatewayError> {
+        match self.close_registration(id, reason) {
+            Some(state) => {
+                self.finish_release(&state, reason).await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The end of every release: the store's (first, so that it is committed early), the
+    /// calls', the upstream connections', then the audit record.
+    async fn finish_release(
+        &self,
+        state: &Arc<RegistrationState>,
+        reason: ReleaseReason,
+    ) -> Result<(), crate::store::StoreError> {
+        // The children closed with it end first (their store rows, calls, leases and records).
         let children = std::mem::take(&mut *lock(&state.family.closed_children));
         for child in children {
-            Box::pin(self.finish_release(&child, reason)).await;
+            if let Err(e) = Box::pin(self.finish_release(&child, reason)).await {
+                tracing::error!(registration = %child.id, error = %e, "a child's release not stored");
+            }
         }
+        let stored = self.store().release(&state.id).await.map(|_| ());
         // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
         // `notifications/cancelled` before its task ends), then release leases and connections.
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
@@ -560,6 +682,7 @@ impl Gateway {
             rec.reason = Some(cascade.as_str().into());
         }
         let _ = self.inner.hub.audit().record(rec).await;
+        stored
     }
 
     /// Stops everything: releases every registration, closes sessions, stops the server.
@@ -567,6 +690,51 @@ impl Gateway {
         for state in self.inner.hub.registry().all() {
             self.release_id(&state.id, ReleaseReason::Shutdown).await;
         }
+        self.stop_serving().await;
+    }
+
+    /// Stops everything but keeps the registrations in the store for the next start (a
+    /// durable store; the daemon's clean stop): calls in flight are cancelled and streams
+    /// end, each registration's unspent budget block goes back to the store, and
+    /// `node_stopped` is audited with how many registrations were kept. Returns that count.
+    pub async fn shutdown_keeping(&self) -> usize {
+        self.inner.shutdown.cancel();
+        let kept = self.inner.hub.registry().all();
+        for state in &kept {
+            state.cancel.cancel();
+            state.calls.close();
+        }
+        for state in &kept {
+            let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
+        }
+        let mut returned = 0u64;
+        for state in &kept {
+            let unused = state.calls_unspent();
+            if unused > 0 {
+                match self.store().give_back(&state.id, unused).await {
+                    Ok(()) => returned += unused,
+                    Err(e) => {
+                        tracing::warn!(registration = %state.id, error = %e, "unspent budget not returned")
+                    }
+                }
+            }
+        }
+        let mut rec = Record::event("node_stopped");
+        rec.registrations = Some(kept.len() as u64);
+        rec.reason = Some(
+            format!(
+                "{} registration(s) kept in the {} store for the next start; {returned} reserved call(s) returned",
+                kept.len(),
+                self.store().kind()
+            )
+            .into(),
+        );
+        let _ = self.inner.hub.audit().record(rec).await;
+        self.stop_serving().await;
+        kept.len()
+    }
+
+    async fn stop_serving(&self) {
         self.inner.shutdown.cancel();
         self.inner.hub.sessions().close_all();
         self.inner.hub.pool().shutdown().await;
@@ -579,7 +747,206 @@ impl Gateway {
         self.inner.tasks.close();
         let grace = Duration::from_secs(self.inner.hub.config().shutdown_grace_s.max(1));
         let _ = tokio::time::timeout(grace, self.inner.tasks.wait()).await;
+        self.store().close().await;
     }
+
+    /// Loads the store's registrations (the daemon's start): each whose TTL has not passed is
+    /// served again under its id and token (its sessions are gone: clients initialize again,
+    /// and its upstream connections open on its first call); each whose TTL passed while the
+    /// process was down is audited `registration_expired` with the time, then released.
+    pub async fn restore(&self) -> Result<Restored, GatewayError> {
+        let mut all = self.store().load_all().await?;
+        // Parents before their children (a child may share its parent's millisecond).
+        let depth_of = {
+            let parents: std::collections::HashMap<&str, Option<&str>> = all
+                .iter()
+                .map(|s| (s.id.as_str(), s.parent.as_deref()))
+                .collect();
+            all.iter()
+                .map(|s| {
+                    let mut d = 0usize;
+                    let mut at = s.parent.as_deref();
+                    while let Some(p) = at.filter(|_| d < 64) {
+                        d += 1;
+                        at = parents.get(p).copied().flatten();
+                    }
+                    (s.id.clone(), d)
+                })
+                .collect::<std::collections::HashMap<String, usize>>()
+        };
+        all.sort_by_key(|s| (depth_of.get(&s.id).copied().unwrap_or(0), s.created_at_ms));
+        let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+        let catalog = lock(&self.inner.catalog).clone();
+        let mut done = Restored::default();
+        for s in all {
+            if s.expired_at(now) {
+                let mut rec = Record::about(
+                    "registration_expired",
+                    &s.id,
+                    &s.agent_id,
+                    s.label.as_deref(),
+                );
+                rec.reason = Some("expired while the daemon was down".into());
+                rec.expired_at = chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64)
+                    .map(|t| {
+                        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                            .into()
+                    });
+                self.audit().record(rec).await?;
+                self.store().release(&s.id).await?;
+                done.expired += 1;
+                continue;
+            }
+            let tools = restored_tools(&s.tools, &catalog);
+            let spec = RegistrationSpec {
+                agent_id: s.agent_id.clone(),
+                tools: s.grants.clone(),
+                label: s.label.clone(),
+                ttl_s: s.ttl_s,
+                limits: s.limits.clone(),
+                local_tools: Vec::new(),
+                roots: s.roots.clone(),
+                parent: s.parent.clone(),
+            };
+            // A child comes back under its parent (stored before it); one whose parent did not
+            // come back ended with it.
+            let family = match &s.parent {
+                None => crate::registry::Family::default(),
+                Some(pid) => match self.inner.hub.registry().get(pid) {
+                    Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
+                    None => {
+                        let mut rec = Record::about(
+                            "registration_released",
+                            &s.id,
+                            &s.agent_id,
+                            s.label.as_deref(),
+                        );
+                        rec.reason = Some(format!("its parent {pid} did not come back").into());
+                        rec.parent_registration_id = Some(pid.as_str().into());
+                        self.audit().record(rec).await?;
+                        self.store().release(&s.id).await?;
+                        done.expired += 1;
+                        continue;
+                    }
+                },
+            };
+            let mut state = RegistrationState::restored(
+                s.id.clone(),
+                s.token_sha256,
+                &spec,
+                tools,
+                s.created_at_ms,
+                s.expires_at_ms,
+                s.calls_reserved,
+            );
+            state.family = family;
+            let state = Arc::new(state);
+            if let Some(p) = &state.family.parent {
+                lock(&p.family.children).push(state.id.clone());
+            }
+            {
+                let mut lc = lock(&self.inner.lifecycle);
+                self.ensure_server(&mut lc)?;
+                lc.generation += 1;
+                self.inner.hub.registry().insert(state.clone());
+            }
+            let mut rec = lifecycle_record("registration_restored", &state);
+            rec.tools = Some(state.tools.names());
+            self.audit().record(rec).await?;
+            if s.expires_at_ms != 0 {
+                self.arm_deadline(&s.id, Duration::from_millis(s.expires_at_ms - now));
+            }
+            self.metrics().registration_created();
+            done.live += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// What [`Gateway::restore`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// Served again.
+    pub live: usize,
+    /// Expired while the process was down: audited and released.
+    pub expired: usize,
+}
+
+/// A registration as the store keeps it (the token's digest, never the token).
+fn stored_of(state: &RegistrationState, calls_reserved: u64) -> StoredRegistration {
+    let tools = state
+        .tools
+        .iter()
+        .map(|t| match &t.backend {
+            Backend::InProcess(_) => StoredTool {
+                name: t.name.clone(),
+                upstream: None,
+                tool: None,
+                grant_name: None,
+                descriptor: None,
+            },
+            Backend::Upstream {
+                upstream,
+                tool,
+                grant_name,
+            } => StoredTool {
+                name: t.name.clone(),
+                upstream: Some(upstream.clone()),
+                tool: Some(tool.clone()),
+                grant_name: Some(grant_name.clone()),
+                descriptor: Some(t.descriptor.clone()),
+            },
+        })
+        .collect();
+    StoredRegistration {
+        id: state.id.clone(),
+        agent_id: state.agent_id.to_string(),
+        label: state.label.clone(),
+        token_sha256: state.token_sha256(),
+        grants: state.grants.clone(),
+        tools,
+        limits: state.limits.clone(),
+        roots: state.roots.clone(),
+        ttl_s: state.ttl_s,
+        created_at_ms: state.created_at.timestamp_millis(),
+        expires_at_ms: state.expires_at_ms.load(Ordering::Relaxed),
+        node: state.id.split_once('.').map(|(n, _)| n.to_string()),
+        calls_reserved,
+        parent: state.family.parent.as_ref().map(|p| p.id.clone()),
+    }
+}
+
+/// The tool set of a restored registration: upstream tools as stored (their connection opens
+/// on the first call), in-process ones found again in the catalog by name (one no longer
+/// there is left out).
+fn restored_tools(stored: &[StoredTool], catalog: &BTreeMap<String, InProcessTool>) -> ToolSet {
+    let mut tools = Vec::with_capacity(stored.len());
+    for t in stored {
+        match (&t.upstream, &t.tool, &t.grant_name, &t.descriptor) {
+            (Some(upstream), Some(tool), Some(grant_name), Some(descriptor)) => {
+                tools.push(GrantedTool {
+                    name: t.name.clone(),
+                    descriptor: descriptor.clone(),
+                    backend: Backend::Upstream {
+                        upstream: upstream.clone(),
+                        tool: tool.clone(),
+                        grant_name: grant_name.clone(),
+                    },
+                })
+            }
+            _ => match catalog.get(&t.name) {
+                Some(p) => tools.push(GrantedTool {
+                    name: t.name.clone(),
+                    descriptor: p.shared_descriptor(),
+                    backend: Backend::InProcess(p.clone()),
+                }),
+                None => {
+                    tracing::warn!(tool = %t.name, "restored registration: in-process tool no longer in the catalog")
+                }
+            },
+        }
+    }
+    ToolSet::new(tools)
 }
 
 /// The lease sweep: sleeps until the earliest deadline, then expires through the one close
@@ -682,9 +1049,13 @@ impl Registration {
             .gateway
             .close_registration(&self.state.id, ReleaseReason::Released)
         {
-            self.gateway
+            if let Err(e) = self
+                .gateway
                 .finish_release(&state, ReleaseReason::Released)
-                .await;
+                .await
+            {
+                tracing::error!(registration = %self.state.id, error = %e, "release not stored");
+            }
         }
     }
 }
@@ -702,13 +1073,16 @@ impl Drop for Registration {
                 Ok(_) => {
                     let gw = self.gateway.clone();
                     self.gateway.inner.tasks.spawn(async move {
-                        gw.finish_release(&state, ReleaseReason::Released).await;
+                        let _ = gw.finish_release(&state, ReleaseReason::Released).await;
                     });
                 }
-                Err(_) => self
-                    .gateway
-                    .audit()
-                    .record_detached(lifecycle_record("registration_released", &state)),
+                Err(_) => {
+                    // No runtime to wait on: the store's writer is a thread of its own.
+                    let _ = futures::executor::block_on(self.gateway.store().release(&state.id));
+                    self.gateway
+                        .audit()
+                        .record_detached(lifecycle_record("registration_released", &state))
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ use crate::mrtr::{Held, HeldCalls};
 use crate::pins::Drift;
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
+use crate::store::Store;
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
 /// The client-response body that refuses a server → client request on the gateway's behalf.
@@ -39,12 +40,14 @@ pub struct Hub {
     listeners: Listeners,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
+    /// Where registrations are kept (written through; requests are served from `registry`).
+    store: Arc<dyn Store>,
 }
 
 impl Hub {
     /// The hub, wired to its pool: what the pool cannot handle itself (tools changed, a
     /// server → client request to deliver) comes back here.
-    pub fn new(config: Config, audit: Audit, pool: Pool) -> Arc<Hub> {
+    pub fn new(config: Config, audit: Audit, pool: Pool, store: Arc<dyn Store>) -> Arc<Hub> {
         // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
         crate::sync::coarse::start();
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
@@ -59,6 +62,7 @@ impl Hub {
             held: HeldCalls::default(),
             listeners: Listeners::default(),
             local_addr: std::sync::Mutex::new(None),
+            store,
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
@@ -67,6 +71,10 @@ impl Hub {
 
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     pub fn registry(&self) -> &Registry {

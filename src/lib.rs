@@ -35,6 +35,7 @@ mod refusals;
 mod registry;
 mod server;
 mod session;
+mod store;
 mod sync;
 mod tool_name;
 mod tools;

@@ -239,6 +239,11 @@ pub struct RegistrationState {
     /// Every call of this registration runs on this tracker, so release can wait for them.
     pub calls: TaskTracker,
     pub calls_started: AtomicU64,
+    /// Calls of `max_calls` this node holds from the store (`store::Store::reserve`): a call
+    /// starts only below it; more is reserved, a block at a time, under `budget`.
+    pub calls_granted: AtomicU64,
+    /// Held while a block is reserved, so that concurrent calls reserve one block, not many.
+    pub budget: tokio::sync::Mutex<()>,
     pub calls_in_flight: AtomicUsize,
     /// The tools' definitions as granted, by digest, and their drift since (`pins`).
     pub pins: crate::pins::Pins,
@@ -323,8 +328,48 @@ impl RegistrationState {
             released: AtomicBool::new(false),
             calls: TaskTracker::new(),
             calls_started: AtomicU64::new(0),
+            calls_granted: AtomicU64::new(u64::MAX),
+            budget: tokio::sync::Mutex::new(()),
             calls_in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// A registration read back from the store (`spec` holds what the harness asked for):
+    /// its token digest, times and budget as stored (calls reserved before the restart count
+    /// as spent: a crash loses the block in hand, never gives calls back).
+    pub(crate) fn restored(
+        id: String,
+        token_sha256: [u8; 32],
+        spec: &RegistrationSpec,
+        tools: ToolSet,
+        created_at_ms: i64,
+        expires_at_ms: u64,
+        calls_reserved: u64,
+    ) -> Self {
+        let created_at =
+            chrono::DateTime::from_timestamp_millis(created_at_ms).unwrap_or_else(chrono::Utc::now);
+        let mut state = RegistrationState::new(id, "", spec, tools);
+        state.token_digest = token_sha256;
+        state.created_at = created_at;
+        state.expires_at_ms = AtomicU64::new(expires_at_ms);
+        state.calls_started = AtomicU64::new(calls_reserved);
+        state.calls_granted = AtomicU64::new(calls_reserved);
+        state
+    }
+
+    /// The SHA-256 digest of the token (what the store keeps; never the token).
+    pub(crate) fn token_sha256(&self) -> [u8; 32] {
+        self.token_digest
+    }
+
+    /// Reserved calls not spent (given back to the store on a clean stop).
+    pub(crate) fn calls_unspent(&self) -> u64 {
+        if self.limits.max_calls.is_none() {
+            return 0;
+        }
+        self.calls_granted
+            .load(Ordering::Acquire)
+            .saturating_sub(self.calls_started.load(Ordering::Acquire))
     }
 
     /// Marks the registration released and fires its token (streams end, calls are cancelled).

@@ -52,6 +52,10 @@ fn shipped_config_is_valid_and_writes_every_default() {
         "fsync_interval_ms",
         "record_arguments",
         "redact_keys",
+        "backend",
+        "path",
+        "release_on_exit",
+        "budget_block",
     ] {
         assert!(
             text.lines().any(|l| l
@@ -63,6 +67,11 @@ fn shipped_config_is_valid_and_writes_every_default() {
     }
     assert!(text.contains(&format!("shutdown_grace_s = {}", d.shutdown_grace_s)));
     assert!(text.contains(&format!("linger_ms = {}", d.linger_ms)));
+    // The store's defaults, as written.
+    assert_eq!(c.store, gatehouse::config::StoreConfig::default());
+    assert!(text.contains(&format!("budget_block = {}", d.store.budget_block)));
+    assert!(text.contains(&format!("queue = {}", d.store.queue)));
+    assert!(text.contains(&format!("release_on_exit = {}", d.store.release_on_exit)));
     assert!(text.contains(&format!(
         "admin_token_file = \"{}\"",
         d.admin_token_file.display()
@@ -249,4 +258,28 @@ fn every_verb_has_help() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Usage: gatehouse"), "{verb}: {text}");
     }
+}
+
+#[test]
+fn gatehouse_store_names_the_backend_and_file() {
+    use gatehouse::config::StoreBackend;
+    let with = |v: &'static str| move |k: &str| (k == "GATEHOUSE_STORE").then(|| v.to_string());
+    let c = load_with_env(&shipped(), with("memory")).unwrap();
+    assert_eq!(c.store.backend, Some(StoreBackend::Memory));
+    let c = load_with_env(&shipped(), with("sqlite:/tmp/x/s.db")).unwrap();
+    assert_eq!(c.store.backend, Some(StoreBackend::Sqlite));
+    assert_eq!(c.store.path, Some(PathBuf::from("/tmp/x/s.db")));
+    let e = load_with_env(&shipped(), with("redis"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("GATEHOUSE_STORE"), "{e}");
+    // Unset path: beside the audit log, named after it.
+    assert_eq!(
+        gatehouse::config::StoreConfig::path_beside(Path::new("/var/lib/g/gatehouse-audit.jsonl")),
+        Path::new("/var/lib/g/gatehouse-store.sqlite")
+    );
+    assert_eq!(
+        gatehouse::config::StoreConfig::path_beside(Path::new("x.jsonl")),
+        Path::new("x-store.sqlite")
+    );
 }

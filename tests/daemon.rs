@@ -483,7 +483,11 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
 
 #[tokio::test]
 async fn sigterm_mid_call_cancels_it_audits_every_call_and_exits() {
-    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    // `release_on_exit`: the stop releases its registrations (by default they are kept in
+    // the store for the next start: tests/store.rs).
+    let mut d = Daemon::start(&format!(
+        "shutdown_grace_s = 10\n{HELPDESK}[store]\nrelease_on_exit = true\n"
+    ));
     let reg = d
         .register(json!({"agent_id": "agent-t", "tools": ["demo.*"]}))
         .await;

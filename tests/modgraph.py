@@ -32,6 +32,8 @@ RULES = [
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
     # Refusals are observed, never served: no transport, no dispatch, no gateway.
     ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
+    ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
+     ["axum", "hyper"]),
 ]
 # The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
@@ -45,7 +47,7 @@ LAYERS = [
     (5, ["hub"]),
     (4, ["upstream"]),
     (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals"]),
-    (2, ["registry", "family", "connections"]),
+    (2, ["registry", "family", "connections", "store"]),
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.

@@ -65,7 +65,7 @@ impl Node {
             format!(
                 "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n\
                  {node_line}public_url = {public_url:?}\nallowed_hosts = [\"gw.example.com\"]\nkeepalive_s = 1\n\
-                 [audit]\npath = {:?}\nfsync = \"never\"\nstdout = true\n",
+                 [store]\nrelease_on_exit = true\n[audit]\npath = {:?}\nfsync = \"never\"\nstdout = true\n",
                 dir.path().join("admin.token").display().to_string(),
                 dir.path().join("audit.jsonl").display().to_string(),
             ),
@@ -778,7 +778,7 @@ async fn two_nodes_behind_nginx() {
     // --- n1 stops: n2's registrations are still served, new registrations land on n2.
     let took = n1.stop();
     figures.push(("n1 graceful stop (SIGTERM)".into(), ms(took)));
-    // n1's registrations ended with it (the harness registers again): 502 from the proxy.
+    // n1's registrations ended with it (`release_on_exit`; the harness registers again): 502.
     assert_eq!(initialize(&a.mcp_url, &a.token, None).await, 502);
     let t = Instant::now();
     let first = create(&proxy_admin, "after-stop-0").await;

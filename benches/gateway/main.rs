@@ -2,7 +2,7 @@
 //! loopback, with our own load client (hyper, one keep-alive connection per worker) that speaks
 //! every transport, including legacy SSE (POST -> 202, reply on the stream).
 //!
-//! `cargo bench --bench gateway -- [--quick] [--out BENCHMARKS.md] [--only transports,proxy,scale,idle,console]
+//! `cargo bench --bench gateway -- [--quick] [--out BENCHMARKS.md] [--only transports,proxy,scale,idle,console,store]
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
@@ -36,6 +36,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
 mod console;
+mod store;
 
 const GATEHOUSE_BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
 
@@ -2187,6 +2188,9 @@ fn main() -> Result<()> {
     }
     if want("console") {
         console::console(&mut r, &o, &srv, &cli)?;
+    }
+    if want("store") {
+        store::store(&mut r, &o, &srv)?;
     }
     r.line(&format!("\n- Load average at end: {}", loadavg()));
     let mut md = String::new();

@@ -83,6 +83,15 @@ pub struct Record<'a> {
     pub parent_registration_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_path: Option<Cow<'a, [String]>>,
+    /// When a registration's TTL passed (RFC 3339), on one found expired at start-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<Cow<'a, str>>,
+    /// How many registrations (`node_stopped`: kept in the store for the next start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registrations: Option<u64>,
+    /// A digest (`config_reloaded`: SHA-256 of the config file read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -211,6 +220,9 @@ impl<'a> Record<'a> {
             new_digest: text(self.new_digest),
             parent_registration_id: text(self.parent_registration_id),
             agent_path: self.agent_path.map(|p| Cow::Owned(p.into_owned())),
+            expired_at: text(self.expired_at),
+            registrations: self.registrations,
+            digest: text(self.digest),
             prev: self.prev,
         }
     }
@@ -290,6 +302,11 @@ impl<'a> Record<'a> {
         if let Some(v) = &self.agent_path {
             line.serde(k!("agent_path"), v);
         }
+        line.opt_str(k!("expired_at"), &self.expired_at);
+        if let Some(v) = self.registrations {
+            line.u64(k!("registrations"), v);
+        }
+        line.opt_str(k!("digest"), &self.digest);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -506,6 +523,9 @@ mod tests {
             new_digest: Some("cd".repeat(32).into()),
             parent_registration_id: Some("p".into()),
             agent_path: Some(vec!["planner".to_string(), "re\"searcher".to_string()].into()),
+            expired_at: Some("2026-11-29T11:00:00.000Z".into()),
+            registrations: Some(u64::MAX),
+            digest: Some("ab\"".into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

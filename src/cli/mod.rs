@@ -7,6 +7,7 @@ pub mod demo_upstream;
 pub mod list;
 pub mod register;
 pub mod release;
+pub mod reload;
 pub mod renew;
 pub mod runtime;
 pub mod serve;
@@ -34,6 +35,9 @@ pub enum Command {
     Renew(renew::RenewArgs),
     /// Release a registration (cancel its calls, then release).
     Release(release::ReleaseArgs),
+    /// Ask the daemon to read its config file again (as SIGHUP does); a bad file is refused
+    /// with the reason and the running config stays.
+    Reload(reload::ReloadArgs),
     /// List live registrations (never their tokens).
     List(list::ListArgs),
     /// Read, filter and summarise an audit file.
@@ -55,6 +59,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Register(a) => register::run(a),
         Command::Renew(a) => renew::run(a),
         Command::Release(a) => release::run(a),
+        Command::Reload(a) => reload::run(a),
         Command::List(a) => list::run(a),
         Command::Audit(a) => audit::run(*a),
         Command::CheckConfig(a) => check_config::run(a),

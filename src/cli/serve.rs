@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, TokenSource};
 use crate::audit::Record;
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::config_load;
 use crate::gateway::Gateway;
 
@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Add the in-process test tools demo.echo, demo.slow, demo.block to the catalog.
     #[arg(long, hide = true)]
     pub test_tools: bool,
+    /// Release every registration on a clean stop (SIGTERM, SIGINT), as before the store;
+    /// by default a clean stop keeps them for the next start. Also `[store] release_on_exit`.
+    #[arg(long)]
+    pub release_on_exit: bool,
 }
 
 pub fn run(a: ServeArgs) -> ExitCode {
@@ -57,7 +61,9 @@ pub fn run(a: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = rt.block_on(daemon(config, a.test_tools));
+    let mut config = config;
+    config.store.release_on_exit |= a.release_on_exit;
+    let code = rt.block_on(daemon(config, path, a.test_tools));
     rt.shutdown_timeout(Duration::from_secs(1));
     code
 }
@@ -67,14 +73,18 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn daemon(config: Config, test_tools: bool) -> ExitCode {
-    // Installed first, so a signal during start-up is not the default (abrupt) death.
-    let (mut term, mut int) = match (
+async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
+    // Installed first, so a signal during start-up is not the default (abrupt) death; SIGHUP
+    // (`systemctl reload`, a closed terminal) reloads the config, never kills.
+    let (mut term, mut int, mut hup) = match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(t), Ok(i)) => (t, i),
-        (Err(e), _) | (_, Err(e)) => return fail(format!("cannot handle signals: {e}")),
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            return fail(format!("cannot handle signals: {e}"))
+        }
     };
     // Before anything is sized from it (the data listener's auto connection cap).
     match crate::connections::raise_nofile_limit() {
@@ -102,7 +112,8 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
     }
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let admin_listen = config.admin_listen.clone();
-    let gw = match Gateway::new(config) {
+    let release_on_exit = config.store.release_on_exit;
+    let gw = match Gateway::with_store_default(config, StoreBackend::Sqlite) {
         Ok(g) => g,
         Err(e) => return fail(e),
     };
@@ -111,8 +122,21 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
             gw.add_tool(t);
         }
     }
+    gw.set_config_path(path);
     let data_addr = match gw.pin_server() {
         Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let (kind, store_path) = gw.store_location();
+    let restored = match gw.restore().await {
+        Ok(r) => format!(
+            "registration store {kind}{}: {} registration(s) restored, {} expired while stopped",
+            store_path
+                .map(|p| format!(" {}", p.display()))
+                .unwrap_or_default(),
+            r.live,
+            r.expired
+        ),
         Err(e) => return fail(e),
     };
     let listener = match admin::bind(&admin_listen).await {
@@ -142,11 +166,21 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
         TokenSource::File(p) => say(format_args!("admin token file {}", p.display())),
     }
     say(format_args!("audit log {}", gw.audit().path().display()));
+    say(format_args!("{restored}"));
     say(format_args!("ready"));
 
-    let which = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+    let which = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                let outcome = gw.reload_config().await;
+                match &outcome {
+                    Ok(r) => say(format_args!("SIGHUP: {}", r.summary())),
+                    Err(e) => say_at("WARN", format_args!("SIGHUP: config not reloaded: {e}")),
+                }
+            }
+        }
     };
     say(format_args!(
         "{which}: shutting down (grace {} s; a second signal forces)",
@@ -156,7 +190,14 @@ async fn daemon(config: Config, test_tools: bool) -> ExitCode {
     // registration (audited), stop the data listener, flush the audit.
     stop_admin.cancel();
     let graceful = async {
-        gw.shutdown().await;
+        if release_on_exit || gw.store_location().1.is_none() {
+            gw.shutdown().await;
+        } else {
+            let kept = gw.shutdown_keeping().await;
+            say(format_args!(
+                "{kept} registration(s) kept in the store for the next start"
+            ));
+        }
         let _ = admin_task.await;
         // Records are written in order: once this one is, every earlier one is too.
         let _ = gw.audit().record(Record::event("daemon_stopped")).await;

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -42,7 +42,9 @@ pub struct Pool {
 }
 
 pub(super) struct PoolInner {
-    pub upstreams: BTreeMap<String, Arc<Upstream>>,
+    /// The configured upstreams; a config reload swaps the whole map (`Pool::reconfigure`).
+    /// Read on every forwarded call (a shared lock: readers never wait for one another).
+    upstreams: RwLock<Arc<BTreeMap<String, Arc<Upstream>>>>,
     audit: Audit,
     pub tasks: TaskTracker,
     stop: CancellationToken,
@@ -57,6 +59,46 @@ pub(super) struct Upstream {
     /// Held while probing, so concurrent first registrations spawn one probe.
     catalog: tokio::sync::Mutex<Option<Arc<Catalog>>>,
     pub slots: Mutex<Slots>,
+}
+
+fn upstream_of(config: UpstreamConfig, transport: Transport) -> Arc<Upstream> {
+    Arc::new(Upstream {
+        spec: Arc::new(Spec {
+            id: config.id.clone(),
+            config,
+            transport,
+            refused: Default::default(),
+        }),
+        catalog: tokio::sync::Mutex::new(None),
+        slots: Mutex::new(Slots::default()),
+    })
+}
+
+impl PoolInner {
+    /// The upstreams as configured now (a reload swaps the map; what a caller holds stays).
+    fn ups(&self) -> Arc<BTreeMap<String, Arc<Upstream>>> {
+        // A poisoned lock only means a writer panicked between two whole-map swaps.
+        self.upstreams
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn up(&self, id: &str) -> Option<Arc<Upstream>> {
+        self.upstreams
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+}
+
+/// What `Pool::reconfigure` changed, by upstream id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconfigured {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
 }
 
 /// One live upstream connection, as the admin API shows it.
@@ -93,23 +135,11 @@ impl Pool {
     pub fn new(upstreams: Vec<(UpstreamConfig, Transport)>, audit: Audit) -> Pool {
         let upstreams = upstreams
             .into_iter()
-            .map(|(config, transport)| {
-                let up = Upstream {
-                    spec: Arc::new(Spec {
-                        id: config.id.clone(),
-                        config,
-                        transport,
-                        refused: Default::default(),
-                    }),
-                    catalog: tokio::sync::Mutex::new(None),
-                    slots: Mutex::new(Slots::default()),
-                };
-                (up.spec.id.clone(), Arc::new(up))
-            })
+            .map(|(config, transport)| (config.id.clone(), upstream_of(config, transport)))
             .collect();
         Pool {
             inner: Arc::new(PoolInner {
-                upstreams,
+                upstreams: RwLock::new(Arc::new(upstreams)),
                 audit,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
@@ -120,28 +150,101 @@ impl Pool {
         }
     }
 
+    /// Swaps in a new set of upstreams (a config reload). An unchanged upstream keeps its
+    /// connections and catalog. A changed or removed one is drained: its connections stay for
+    /// the calls in flight on them (each holds its slot) and are closed once idle (at most
+    /// its `call_timeout_s` later); the next call uses the new definition, or fails naming
+    /// the removed upstream (`ForwardError::UnknownUpstream`).
+    pub fn reconfigure(&self, upstreams: Vec<(UpstreamConfig, Transport)>) -> Reconfigured {
+        let mut done = Reconfigured::default();
+        let mut map = BTreeMap::new();
+        let retired: Vec<Arc<Upstream>> = {
+            let mut current = self
+                .inner
+                .upstreams
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (config, transport) in upstreams {
+                let id = config.id.clone();
+                let up = match current.get(&id) {
+                    Some(old)
+                        if format!("{:?}", old.spec.config) == format!("{config:?}")
+                            && format!("{:?}", old.spec.transport) == format!("{transport:?}") =>
+                    {
+                        old.clone()
+                    }
+                    Some(_) => {
+                        done.changed.push(id.clone());
+                        upstream_of(config, transport)
+                    }
+                    None => {
+                        done.added.push(id.clone());
+                        upstream_of(config, transport)
+                    }
+                };
+                map.insert(id, up);
+            }
+            let retired = current
+                .iter()
+                .filter(|(id, old)| !map.get(*id).is_some_and(|new| Arc::ptr_eq(new, old)))
+                .map(|(id, old)| {
+                    if !map.contains_key(id) {
+                        done.removed.push(id.clone());
+                    }
+                    old.clone()
+                })
+                .collect();
+            *current = Arc::new(map);
+            retired
+        };
+        for up in retired {
+            let slots = {
+                let mut s = lock(&up.slots);
+                let mut all: Vec<Arc<Slot>> = s.per_registration.drain().map(|(_, v)| v).collect();
+                all.extend(s.shared.take());
+                all
+            };
+            let limit = Duration::from_secs(up.spec.config.call_timeout_s.max(1));
+            for slot in slots {
+                self.inner.tasks.spawn(async move {
+                    let t0 = Instant::now();
+                    while slot.in_flight.load(Ordering::Acquire) > 0 && t0.elapsed() < limit {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let _ = tokio::time::timeout(
+                        RELEASE_TIMEOUT,
+                        slot.close("upstream changed or removed by a config reload"),
+                    )
+                    .await;
+                    slot.stop.cancel();
+                });
+            }
+        }
+        done
+    }
+
     /// Wires the pool to what routes `list_changed` and server → client requests.
     pub(crate) fn attach(&self, downstream: Weak<dyn Downstream>) {
         let _ = self.inner.downstream.set(downstream);
     }
 
     pub fn has_upstream(&self, id: &str) -> bool {
-        self.inner.upstreams.contains_key(id)
+        self.inner.up(id).is_some()
     }
 
     /// The config of an upstream (for exposed names).
-    pub fn upstream_config(&self, id: &str) -> Option<&UpstreamConfig> {
-        self.inner.upstreams.get(id).map(|u| &u.spec.config)
+    pub fn upstream_config(&self, id: &str) -> Option<UpstreamConfig> {
+        self.inner.up(id).map(|u| u.spec.config.clone())
     }
 
     /// The upstream's catalog, fetched on first use: connect, `initialize`, `tools/list`. The
     /// probe's connection becomes the shared slot when the upstream is shared; otherwise it
     /// is closed (per-registration connections are spawned per registration).
     pub async fn catalog(&self, upstream_id: &str) -> Result<Arc<Catalog>, UpstreamError> {
-        let up =
-            self.inner.upstreams.get(upstream_id).ok_or_else(|| {
-                UpstreamError::Config(format!("unknown upstream {upstream_id:?}"))
-            })?;
+        let up = self
+            .inner
+            .up(upstream_id)
+            .ok_or_else(|| UpstreamError::Config(format!("unknown upstream {upstream_id:?}")))?;
         let mut cached = up.catalog.lock().await;
         if let Some(c) = cached.as_ref() {
             return Ok(c.clone());
@@ -183,8 +286,7 @@ impl Pool {
     /// The sharing in effect for an upstream, once its catalog was fetched.
     pub fn effective_sharing(&self, upstream_id: &str) -> Option<Sharing> {
         self.inner
-            .upstreams
-            .get(upstream_id)
+            .up(upstream_id)
             .and_then(|u| lock(&u.slots).effective)
     }
 
@@ -196,7 +298,7 @@ impl Pool {
                 .catalog(id)
                 .await
                 .map_err(|e| format!("upstream {id:?} is unavailable: {e}"))?;
-            if let Some(up) = self.inner.upstreams.get(id) {
+            if let Some(up) = self.inner.up(id) {
                 out.extend(catalog.granted_tools(&up.spec.config));
             }
         }
@@ -228,8 +330,7 @@ impl Pool {
     ) -> Result<(Arc<Slot>, bool), ForwardError> {
         let up = self
             .inner
-            .upstreams
-            .get(upstream_id)
+            .up(upstream_id)
             .ok_or_else(|| ForwardError::UnknownUpstream(upstream_id.to_string()))?;
         // The common case under one lock (every call of the upstream takes it).
         let uncatalogued = {
@@ -279,7 +380,7 @@ impl Pool {
         self.inner
             .client_requests
             .forget_registration(registration_id);
-        for up in self.inner.upstreams.values() {
+        for up in self.inner.ups().values() {
             let (own, shared) = {
                 let mut slots = lock(&up.slots);
                 (
@@ -349,7 +450,7 @@ impl Pool {
     /// connections are not told: they did not declare roots. Sent from the pool's tracker.
     pub fn roots_list_changed(&self, registration_id: &str) {
         let mut targets = Vec::new();
-        for up in self.inner.upstreams.values() {
+        for up in self.inner.ups().values() {
             if !up
                 .spec
                 .config
@@ -392,7 +493,7 @@ impl Pool {
     /// Each upstream's live connections (admin API `/v1/upstreams` and metrics).
     pub fn status(&self) -> Vec<UpstreamInfo> {
         self.inner
-            .upstreams
+            .ups()
             .values()
             .map(|up| {
                 let (effective, slots) = {
@@ -430,7 +531,7 @@ impl Pool {
     /// Live upstream processes (pids) — for tests and diagnostics.
     pub fn pids(&self) -> Vec<u32> {
         let mut out = Vec::new();
-        for up in self.inner.upstreams.values() {
+        for up in self.inner.ups().values() {
             let slots = lock(&up.slots).all();
             for slot in slots {
                 if let Some(c) = slot.live() {
@@ -445,7 +546,7 @@ impl Pool {
     pub async fn shutdown(&self) {
         self.inner.stop.cancel();
         let mut closing = Vec::new();
-        for up in self.inner.upstreams.values() {
+        for up in self.inner.ups().values() {
             let slots = {
                 let mut s = lock(&up.slots);
                 let mut all: Vec<Arc<Slot>> = s.per_registration.drain().map(|(_, v)| v).collect();
@@ -468,7 +569,7 @@ impl Pool {
         }
         let Some(min_idle) = self
             .inner
-            .upstreams
+            .ups()
             .values()
             .map(|u| u.spec.config.idle_timeout_s)
             .min()
@@ -489,7 +590,7 @@ impl Pool {
     /// flight or an open lease. Returns how many were closed.
     pub async fn evict_idle(&self, now: Instant) -> usize {
         let mut slots = Vec::new();
-        for up in self.inner.upstreams.values() {
+        for up in self.inner.ups().values() {
             let idle = Duration::from_secs(up.spec.config.idle_timeout_s);
             slots.extend(lock(&up.slots).all().into_iter().map(|s| (s, idle)));
         }
@@ -664,7 +765,7 @@ fn refresh_coalesced(pool: &Arc<PoolInner>, slot: &Arc<Slot>, epoch: u64) {
 
 async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
     let conn = slot.current_of(epoch);
-    if let (Some(conn), Some(up)) = (conn, pool.upstreams.get(&slot.spec.id)) {
+    if let (Some(conn), Some(up)) = (conn, pool.up(&slot.spec.id)) {
         match Catalog::fetch(&conn).await {
             Ok(c) => {
                 *up.catalog.lock().await = Some(Arc::new(c));

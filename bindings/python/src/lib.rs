@@ -80,6 +80,8 @@ fn gateway_err(py: Python<'_>, e: GatewayError) -> PyErr {
             ),
         ),
         GatewayError::ShuttingDown => stopped(py),
+        // Only with `[store] backend = "sqlite"` (the binding's default is `memory`).
+        GatewayError::Store(e) => py_err(py, "RegistrationError", e.to_string()),
     }
 }
 

@@ -1,0 +1,26 @@
+//! `gatehouse reload`: asks the daemon to read its config file again (as SIGHUP does).
+
+use std::process::ExitCode;
+
+use clap::Args;
+use reqwest::Method;
+
+use super::admin_client::{block_on, AdminConn};
+
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub conn: AdminConn,
+}
+
+pub fn run(a: ReloadArgs) -> ExitCode {
+    block_on(async move {
+        let client = a.conn.client()?;
+        let r = client.call(Method::POST, "/v1/reload", None).await?;
+        if r.status != 200 {
+            return Err(format!("reload: {}", r.message()));
+        }
+        println!("{}", r.body);
+        Ok(())
+    })
+}
