@@ -348,3 +348,74 @@ async fn releasing_the_parent_ends_the_child_first_and_records_say_so() {
     );
     assert!(!own.contains("\"researcher\""), "{own}");
 }
+
+/// With the daemon's store (sqlite, issue 35): a parent and its child survive a kill -9 as a
+/// family (the child restored under its parent, with its one tool), and releasing the parent
+/// afterwards still releases the child first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_family_outlives_a_kill_9_and_still_ends_together() {
+    use common::daemon::Daemon;
+    use reqwest::Method as M;
+    let mut d = Daemon::start("", "", "info", &[]);
+    let parent = d
+        .register(json!({"agent_id": "planner", "tools": ["demo.echo", "demo.slow"], "ttl_s": 600}))
+        .await;
+    let (pid, ptoken) = (
+        parent["id"].as_str().unwrap(),
+        parent["token"].as_str().unwrap(),
+    );
+    let child = d
+        .register(json!({"agent_id": "researcher", "tools": ["demo.echo"], "parent": pid}))
+        .await;
+    let (cid, ctoken) = (
+        child["id"].as_str().unwrap(),
+        child["token"].as_str().unwrap(),
+    );
+    d.kill9_and_restart();
+    let (s, shown) = d
+        .admin_call(M::GET, &format!("/v1/registrations/{cid}"), None)
+        .await;
+    assert_eq!(s, 200, "{shown}");
+    assert_eq!(shown["parent"], pid);
+    assert_eq!(shown["agent_path"], json!(["planner", "researcher"]));
+    assert_eq!(shown["tools"], json!(["demo.echo"]));
+    let (_, p) = d
+        .admin_call(M::GET, &format!("/v1/registrations/{pid}"), None)
+        .await;
+    assert_eq!(p["children"], json!([cid]));
+    // The same token serves the child after the restart (stateless: nothing to redo).
+    let url = format!("{}/gw/{cid}/mcp", d.data);
+    let r = stateless(
+        &url,
+        ctoken,
+        1,
+        "tools/call",
+        json!({"name":"demo.echo","arguments":{"text":"back"}}),
+    )
+    .await;
+    assert_eq!(text_of(&r), "researcher:back", "{r}");
+    // Releasing the parent ends the child first, also after the restart.
+    let (s, _) = d
+        .admin_call(M::DELETE, &format!("/v1/registrations/{pid}"), None)
+        .await;
+    assert_eq!(s, 204);
+    for (id, token) in [(cid, ctoken), (pid, ptoken)] {
+        let r = http()
+            .post(format!("{}/gw/{id}/mcp", d.data))
+            .bearer_auth(token)
+            .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{id}");
+    }
+    let recs = d.audit();
+    let at = |id: &str| {
+        recs.iter()
+            .rposition(|r| {
+                r.event == "registration_released" && r.registration_id.as_deref() == Some(id)
+            })
+            .unwrap()
+    };
+    assert!(at(cid) < at(pid));
+}

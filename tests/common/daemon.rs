@@ -13,6 +13,8 @@ use serde_json::Value;
 pub struct Daemon {
     pub child: Child,
     pub dir: tempfile::TempDir,
+    log: String,
+    env: Vec<(String, String)>,
     pub data: String,
     pub admin: String,
     /// The admin token.
@@ -34,6 +36,10 @@ impl Daemon {
     pub fn start(extra: &str, audit_extra: &str, log: &str, env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("gatehouse.toml");
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         std::fs::write(
             &config,
             format!(
@@ -43,15 +49,52 @@ impl Daemon {
             ),
         )
         .unwrap();
+        let (child, output, data, admin) = spawn(dir.path(), log, &env);
+        let token = std::fs::read_to_string(dir.path().join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            dir,
+            log: log.to_string(),
+            env,
+            data,
+            admin,
+            token,
+            output,
+        }
+    }
+
+    /// Kills the daemon with SIGKILL and starts it again on the same directory, config and
+    /// store (its listeners on new ports).
+    pub fn kill9_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, output, data, admin) = spawn(self.dir.path(), &self.log, &self.env);
+        (self.child, self.output, self.data, self.admin) = (child, output, data, admin);
+        self.token = std::fs::read_to_string(self.dir.path().join("admin.token"))
+            .unwrap()
+            .trim()
+            .to_string();
+    }
+}
+
+type Spawned = (Child, Arc<Mutex<Vec<String>>>, String, String);
+
+fn spawn(dir: &Path, log: &str, env: &[(String, String)]) -> Spawned {
+    let config = dir.join("gatehouse.toml");
+    {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
         cmd.args(["serve", "--test-tools", "--config"])
             .arg(&config)
-            .current_dir(dir.path())
+            .current_dir(dir)
             .env_remove("GATEHOUSE_ADMIN_TOKEN")
             .env_remove("GATEHOUSE_LISTEN")
             .env_remove("GATEHOUSE_ADMIN_LISTEN")
             .env_remove("GATEHOUSE_AUDIT_PATH")
             .env_remove("GATEHOUSE_LOG_FORMAT")
+            .env_remove("GATEHOUSE_STORE")
             .env("RUST_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -72,20 +115,11 @@ impl Daemon {
             }
         });
         let (data, admin) = super::wait_daemon_ready(&rx);
-        let token = std::fs::read_to_string(dir.path().join("admin.token"))
-            .unwrap()
-            .trim()
-            .to_string();
-        Daemon {
-            child,
-            dir,
-            data,
-            admin,
-            token,
-            output,
-        }
+        (child, output, data, admin)
     }
+}
 
+impl Daemon {
     pub fn audit_path(&self) -> PathBuf {
         self.dir.path().join("audit.jsonl")
     }
