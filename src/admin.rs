@@ -480,8 +480,9 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
         .into_iter()
         .map(|u| (u.id.clone(), u))
         .collect();
-    gw.config()
-        .upstreams
+    // The upstreams in effect (`POST /v1/reload` may have added, changed or removed some).
+    gw.pool()
+        .upstream_configs()
         .iter()
         .map(|u| {
             let info = live.get(&u.id);

@@ -196,11 +196,10 @@ impl Downstream for Hub {
                     return;
                 }
             };
+            // As in effect now (a reload may have changed it).
             let policy = self
-                .config
-                .upstreams
-                .iter()
-                .find(|u| u.id == upstream_id)
+                .pool
+                .upstream_config(upstream_id)
                 .map(|u| u.on_tool_change)
                 .unwrap_or_default();
             for reg in regs {

@@ -681,6 +681,16 @@ async fn sighup_applies_upstream_changes_refuses_a_bad_file_and_never_kills() {
         r.get("result").is_some() && r["result"]["isError"] != json!(true),
         "{r}"
     );
+    // GET /v1/upstreams shows the upstreams in effect now.
+    let (_, ups) = d.admin(reqwest::Method::GET, "/v1/upstreams", None).await;
+    let ids: Vec<&str> = ups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["helpdesk", "other"], "{ups}");
+    assert_eq!(ups[0]["sharing"], "shared", "{ups}");
     // The added upstream serves new registrations.
     let added = d
         .register(json!({"agent_id": "agent-o", "tools": ["other.*"]}))
@@ -699,6 +709,8 @@ async fn sighup_applies_upstream_changes_refuses_a_bad_file_and_never_kills() {
     let line = d.wait_line("upstreams.helpdesk (removed)");
     assert!(line.contains("upstreams.other (removed)"), "{line}");
     assert!(d.alive());
+    let (_, ups) = d.admin(reqwest::Method::GET, "/v1/upstreams", None).await;
+    assert_eq!(ups, json!([]), "{ups}");
     let r = c.call("helpdesk.open_case", json!({"title": "t3"})).await;
     assert!(
         r["error"]["message"]

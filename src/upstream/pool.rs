@@ -237,6 +237,16 @@ impl Pool {
         self.inner.up(id).map(|u| u.spec.config.clone())
     }
 
+    /// The configs of the upstreams in effect now (a reload may have changed them since the
+    /// gateway started), in id order.
+    pub fn upstream_configs(&self) -> Vec<UpstreamConfig> {
+        self.inner
+            .ups()
+            .values()
+            .map(|u| u.spec.config.clone())
+            .collect()
+    }
+
     /// The upstream's catalog, fetched on first use: connect, `initialize`, `tools/list`. The
     /// probe's connection becomes the shared slot when the upstream is shared; otherwise it
     /// is closed (per-registration connections are spawned per registration).
