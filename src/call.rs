@@ -489,32 +489,37 @@ pub(crate) struct Execution<'a> {
 /// Step 3: runs an admitted call, in-process or upstream, under the registration's timeout
 /// and the call's cancellation. A call whose cancellation raced with its end counts as
 /// cancelled.
-pub(crate) async fn execute(
-    ctx: &RequestCtx,
-    exec: Execution<'_>,
-    cancel: &CancellationToken,
+///
+/// Not an `async fn`: its future would keep `exec` in its state beside the backend's future
+/// that `exec` is moved into (ARCHITECTURE.md, Decisions: request futures).
+pub(crate) fn execute<'a>(
+    ctx: &'a RequestCtx,
+    exec: Execution<'a>,
+    cancel: &'a CancellationToken,
     timeout: Option<Duration>,
-) -> Ended {
+) -> impl std::future::Future<Output = Ended> + Send + 'a {
     // An upstream call handles its own cancellation (it must send `notifications/cancelled`
     // upstream before the call ends), so only in-process calls are cut off here.
     // Without a registration timeout an upstream call is just awaited: a disabled `select!`
     // branch still builds its future (the token's waiter), and this is every proxied call.
     let is_upstream = matches!(exec.tool.backend, Backend::Upstream { .. });
     let run = run_backend(ctx, exec, cancel);
-    let ended = if is_upstream && timeout.is_none() {
-        run.await
-    } else {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
-            e = run => e,
-            _ = sleep_opt(timeout) => Ended::TimedOut(timeout.map(|d| d.as_secs_f64()).unwrap_or_default()),
+    async move {
+        let ended = if is_upstream && timeout.is_none() {
+            run.await
+        } else {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
+                e = run => e,
+                _ = sleep_opt(timeout) => Ended::TimedOut(timeout.map(|d| d.as_secs_f64()).unwrap_or_default()),
+            }
+        };
+        if cancel.is_cancelled() {
+            Ended::Cancelled
+        } else {
+            ended
         }
-    };
-    if cancel.is_cancelled() {
-        Ended::Cancelled
-    } else {
-        ended
     }
 }
 

@@ -437,13 +437,7 @@ async fn registration_roots_answer_roots_list() {
 // ---------------------------------------------------------------------------------------------
 
 fn everything(id: &str, sharing: &str) -> UpstreamConfig {
-    let script =
-        common::peers::peer("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    toml::from_str(&format!(
-        "id = \"{id}\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"{sharing}\"\ncall_timeout_s = 30\n",
-        script.display().to_string()
-    ))
-    .unwrap()
+    common::everything(id, sharing, 30, "")
 }
 
 /// server-everything lists these only when the client side declared the capabilities.

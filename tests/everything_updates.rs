@@ -25,18 +25,7 @@ fn root() -> PathBuf {
 }
 
 fn everything() -> UpstreamConfig {
-    let script = root()
-        .join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        script.exists(),
-        "run tests/peers/setup.sh first ({} missing)",
-        script.display()
-    );
-    toml::from_str(&format!(
-        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n",
-        script.display().to_string()
-    ))
-    .unwrap()
+    common::everything("everything", "per_registration", 30, "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -144,17 +144,20 @@ const INSPECTOR_NA: &str =
 const CANCEL_AFTER_S: f64 = 0.5;
 
 fn upstreams(py_url: &str) -> Vec<UpstreamConfig> {
-    let everything = root()
-        .join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(everything.exists(), "run tests/peers/setup.sh first");
-    [
-        format!("id = \"helpdesk\"\ncommand = {:?}\nargs = [\"demo-upstream\", \"--slow-ms\", \"1500\"]\ncall_timeout_s = 60\n", env!("CARGO_BIN_EXE_gatehouse")),
-        format!("id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 60\n", everything.display().to_string()),
-        format!("id = \"py\"\nurl = {py_url:?}\nsharing = \"shared\"\ncall_timeout_s = 60\n"),
+    let py: UpstreamConfig = toml::from_str(&format!(
+        "id = \"py\"\nurl = {py_url:?}\nsharing = \"shared\"\ncall_timeout_s = 60\n"
+    ))
+    .unwrap();
+    vec![
+        common::helpdesk(
+            "helpdesk",
+            "per_registration",
+            &["--slow-ms", "1500"],
+            "call_timeout_s = 60",
+        ),
+        common::everything("everything", "shared", 60, ""),
+        py,
     ]
-    .iter()
-    .map(|t| toml::from_str(t).unwrap())
-    .collect()
 }
 
 async fn register(tg: &TestGateway, up: Up, client: Client) -> Registration {

@@ -332,21 +332,13 @@ async fn a_server_request_in_a_stateless_call_becomes_input_required_and_the_ret
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_stateless_clients_answer_server_everything_sampling_through_mrtr() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let script =
-        root.join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let pyf = root.join("tests/peers/.venv-fastmcp/bin/python");
-    for p in [&script, &pyf] {
-        assert!(
-            p.exists(),
-            "run tests/peers/setup.sh first ({} missing)",
-            p.display()
-        );
-    }
-    let up: UpstreamConfig = toml::from_str(&format!(
-        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n",
-        script.display().to_string()
-    ))
-    .unwrap();
+    assert!(
+        pyf.exists(),
+        "run tests/peers/setup.sh first ({} missing)",
+        pyf.display()
+    );
+    let up = common::everything("everything", "per_registration", 30, "");
     let tg = TestGateway::with(|c| {
         c.upstreams = vec![up];
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;

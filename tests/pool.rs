@@ -602,18 +602,7 @@ async fn renamed_tools_are_seen_under_their_new_name() {
 // ---------------------------------------------------------------------------------------------
 
 fn everything() -> UpstreamConfig {
-    let script = format!(
-        "{}/tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    assert!(
-        std::path::Path::new(&script).exists(),
-        "run tests/peers/setup.sh first ({script} missing)"
-    );
-    toml::from_str(&format!(
-        "id = \"everything\"\ncommand = \"node\"\nargs = [\"{script}\", \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 30\n"
-    ))
-    .unwrap()
+    common::everything("everything", "shared", 30, "")
 }
 
 #[tokio::test]

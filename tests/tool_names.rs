@@ -238,22 +238,21 @@ fn config_keys_are_validated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_clients_list_and_call_model_safe_names_of_server_everything() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let script =
-        root.join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let py2 = root.join("tests/peers/.venv/bin/python");
     let pyf = root.join("tests/peers/.venv-fastmcp/bin/python");
-    for p in [&script, &py2, &pyf] {
+    for p in [&py2, &pyf] {
         assert!(
             p.exists(),
             "run tests/peers/setup.sh first ({} missing)",
             p.display()
         );
     }
-    let up: UpstreamConfig = toml::from_str(&format!(
-        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 30\nname_separator = \"__\"\nmodel_safe_names = true\n",
-        script.display().to_string()
-    ))
-    .unwrap();
+    let up = common::everything(
+        "everything",
+        "shared",
+        30,
+        "name_separator = \"__\"\nmodel_safe_names = true",
+    );
     let tg = gateway(|c| c.upstreams = vec![up]);
     let reg = tg
         .gateway
@@ -358,14 +357,16 @@ async fn real_clients_list_and_call_model_safe_names_of_server_everything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk1_and_mcp_remote_list_and_call_model_safe_and_digest_names() {
     use common::mcp_remote::McpRemote;
-    use common::peers::{batch, ok, peer, step_text};
-    let script = peer("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    use common::peers::{batch, ok, step_text};
     let long = "echo-back-whatever-message-it-is-given-under-a-name-far-too-long-for-model-apis";
-    let up: UpstreamConfig = toml::from_str(&format!(
-        "id = \"everything\"\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = \"shared\"\ncall_timeout_s = 30\nname_separator = \"__\"\nmodel_safe_names = true\nrename = {{ echo = \"{long}\" }}\n",
-        script.display().to_string()
-    ))
-    .unwrap();
+    let up = common::everything(
+        "everything",
+        "shared",
+        30,
+        &format!(
+            "name_separator = \"__\"\nmodel_safe_names = true\nrename = {{ echo = \"{long}\" }}"
+        ),
+    );
     let tg = gateway(|c| c.upstreams = vec![up]);
     let reg = tg
         .gateway

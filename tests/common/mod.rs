@@ -111,6 +111,28 @@ pub fn helpdesk(
     .unwrap()
 }
 
+/// `@modelcontextprotocol/server-everything` (tests/peers, stdio) as upstream `id`;
+/// `more_toml`: further lines (naming, renames).
+pub fn everything(
+    id: &str,
+    sharing: &str,
+    timeout_s: u64,
+    more_toml: &str,
+) -> gatehouse::config::UpstreamConfig {
+    let script = repo_root()
+        .join("tests/peers/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        script.exists(),
+        "run tests/peers/setup.sh first ({} missing)",
+        script.display()
+    );
+    toml::from_str(&format!(
+        "id = {id:?}\ncommand = \"node\"\nargs = [{:?}, \"stdio\"]\nsharing = {sharing:?}\ncall_timeout_s = {timeout_s}\n{more_toml}\n",
+        script.display().to_string()
+    ))
+    .unwrap()
+}
+
 /// tests/fixtures/faulty_server.py as a shared upstream (`call_timeout_s = timeout_s`).
 pub fn faulty(id: &str, timeout_s: u64, more_toml: &str) -> gatehouse::config::UpstreamConfig {
     let script = format!(
