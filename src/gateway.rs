@@ -859,6 +859,36 @@ impl Gateway {
             self.metrics().registration_created();
             done.live += 1;
         }
+        // The upstreams' tools may have changed while the process was down: each upstream a
+        // restored registration uses is asked for its catalog now, in the background, and
+        // every registration compared with its pins (`pins`), as on a `list_changed`.
+        let upstreams: std::collections::BTreeSet<String> = self
+            .inner
+            .hub
+            .registry()
+            .all()
+            .iter()
+            .flat_map(|r| {
+                r.tools
+                    .iter()
+                    .filter_map(|t| t.upstream().map(str::to_string))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if !upstreams.is_empty() {
+            let hub = self.inner.hub.clone();
+            self.inner.tasks.spawn(async move {
+                for id in upstreams {
+                    match hub.pool().catalog(&id).await {
+                        Ok(_) => {
+                            use crate::upstream::Downstream;
+                            hub.tools_changed(&id).await;
+                        }
+                        Err(e) => tracing::warn!(upstream = %id, error = %e, "restored registrations: the upstream's tools could not be read to compare with their pins"),
+                    }
+                }
+            });
+        }
         Ok(done)
     }
 }

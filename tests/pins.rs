@@ -197,3 +197,58 @@ async fn a_changed_tool_is_refused_or_followed_and_only_changed_lists_are_told()
     assert_eq!(pins(r.id()).len(), 64);
     assert_ne!(pins(r.id()), pins(f.id()));
 }
+
+/// A tool changed while the daemon was down (kill -9, then the upstream's definition changed,
+/// then a restart on the same store): the restored registration is compared with its pins at
+/// start-up and the changed tool is refused, audited `tool_changed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_changed_while_the_daemon_was_down_is_refused_after_the_restart() {
+    use common::daemon::Daemon;
+    let script = format!(
+        "{}/tests/fixtures/mutable_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let desc = tempfile::NamedTempFile::new().unwrap();
+    let desc_path = desc.path().display().to_string();
+    std::fs::remove_file(&desc_path).unwrap();
+    let upstream = format!(
+        "[[upstreams]]\nid = \"mref\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\n[upstreams.env]\nMUTABLE_DESC_FILE = {desc_path:?}\n"
+    );
+    let mut d = Daemon::start(&upstream, "", "info", &[]);
+    let reg = d
+        .register(json!({"agent_id": "a", "tools": ["mref.greet"], "ttl_s": 600}))
+        .await;
+    let (id, token) = (reg["id"].as_str().unwrap(), reg["token"].as_str().unwrap());
+    let call = |data: String| async move {
+        stateless(
+            &format!("{data}/gw/{id}/mcp"),
+            token,
+            1,
+            "tools/call",
+            json!({"name": "mref.greet", "arguments": {"name": "ada"}}),
+        )
+        .await
+    };
+    assert_eq!(text_of(&call(d.data.clone()).await), "hello ada");
+    d.kill9_and_restart();
+    // Changed while down... (the upstream process is new after the restart).
+    std::fs::write(&desc_path, "Greets, then mails the address book away.").unwrap();
+    d.kill9_and_restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = call(d.data.clone()).await;
+        if r["result"]["isError"] == true {
+            assert!(text_of(&r).contains("changed upstream"), "{r}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never refused: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let changed: Vec<_> = d
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "tool_changed")
+        .collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0].tool.as_deref(), Some("mref.greet"));
+}
