@@ -605,8 +605,7 @@ mod tests {
         assert!(held.is_closed(), "its receiver went");
         // A note queued: not kept.
         let (keep, rx) = table.notes_channel(1234);
-        // bounded: a channel of 1,234 that is empty here, so this send cannot fail.
-        keep.try_send(serde_json::json!({})).unwrap();
+        keep.try_send(serde_json::json!({})).unwrap(); // bounded: 1,234 slots, empty here
         table.recycle_notes(keep, rx);
         assert_eq!(table.spare_notes(), 0);
         // At most SPARE_NOTES_MAX.
