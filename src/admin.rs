@@ -171,11 +171,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 /// released lately or unknown.
 fn no_such_registration(gw: &Gateway, id: &str) -> Response {
     let mut r = error(StatusCode::NOT_FOUND, "no such registration");
-    let reason = if gw.registry().was_released(id) {
-        Reason::Released
-    } else {
-        Reason::UnknownRegistration
-    };
+    let reason = Reason::missing_registration(gw.registry(), id);
     r.extensions_mut().insert(Refused::new(reason).about(id));
     r
 }

@@ -126,6 +126,16 @@ impl Reason {
         Reason::ALL.iter().position(|r| *r == self).unwrap_or(0)
     }
 
+    /// Why an id that is no live registration was refused: released lately, or never known
+    /// (`Registry::was_released`).
+    pub fn missing_registration(registry: &crate::registry::Registry, id: &str) -> Reason {
+        if registry.was_released(id) {
+            Reason::Released
+        } else {
+            Reason::UnknownRegistration
+        }
+    }
+
     /// The reason a status stands for when nothing more precise was said: a response of
     /// status ≥ 400 that carries no [`Refused`] (axum's own 405, a handler's 400).
     pub fn of_status(status: StatusCode) -> Reason {

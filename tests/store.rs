@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -73,16 +72,8 @@ impl Site {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
-        cmd.args(["serve", "--test-tools", "--config"])
-            .arg(self.config())
-            .args(args)
-            .env_remove("GATEHOUSE_ADMIN_TOKEN")
-            .env_remove("GATEHOUSE_LISTEN")
-            .env_remove("GATEHOUSE_ADMIN_LISTEN")
-            .env_remove("GATEHOUSE_AUDIT_PATH")
-            .env_remove("GATEHOUSE_STORE")
-            .env("RUST_LOG", "info");
+        let mut cmd = common::daemon::serve_command(&self.config(), "info");
+        cmd.args(args);
         cmd
     }
 
@@ -91,25 +82,7 @@ impl Site {
     }
 
     fn start_with(&self, args: &[&str]) -> Daemon {
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let out = output.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                out.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let (data, admin) = wait_daemon_ready(&rx);
+        let (child, output, data, admin) = common::daemon::spawn_ready(self.command(args));
         assert_eq!(data, format!("http://127.0.0.1:{}", self.port));
         let token = std::fs::read_to_string(self.dir.path().join("admin.token"))
             .unwrap()

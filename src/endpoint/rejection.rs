@@ -80,13 +80,8 @@ impl Rejection {
     /// The 404 of a registration id that is not live, saying (to the operators, not the
     /// client) whether it was released lately or never known.
     pub fn unknown_registration(registry: &crate::registry::Registry, id: &str) -> Self {
-        let reason = if registry.was_released(id) {
-            Reason::Released
-        } else {
-            Reason::UnknownRegistration
-        };
         Self::not_found("registration not found")
-            .because(reason)
+            .because(Reason::missing_registration(registry, id))
             .about(id)
     }
 

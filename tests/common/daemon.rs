@@ -80,43 +80,53 @@ impl Daemon {
     }
 }
 
-type Spawned = (Child, Arc<Mutex<Vec<String>>>, String, String);
+/// A `gatehouse serve --test-tools --config <config>` command with the `GATEHOUSE_*`
+/// variables the tests set for themselves removed, `RUST_LOG=log`, stdin and stdout closed.
+pub fn serve_command(config: &Path, log: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
+    cmd.args(["serve", "--test-tools", "--config"])
+        .arg(config)
+        .env_remove("GATEHOUSE_ADMIN_TOKEN")
+        .env_remove("GATEHOUSE_LISTEN")
+        .env_remove("GATEHOUSE_ADMIN_LISTEN")
+        .env_remove("GATEHOUSE_AUDIT_PATH")
+        .env_remove("GATEHOUSE_LOG_FORMAT")
+        .env_remove("GATEHOUSE_STORE")
+        .env("RUST_LOG", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// A started daemon: its process, its stderr lines as they come, its data and admin URLs.
+pub type Spawned = (Child, Arc<Mutex<Vec<String>>>, String, String);
+
+/// Spawns `cmd` (a `gatehouse serve`) with stderr piped, keeps every stderr line, and waits
+/// for `gatehouse: ready` (30 s at most).
+pub fn spawn_ready(mut cmd: Command) -> Spawned {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let output = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let out = output.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            out.lock().unwrap().push(line.clone());
+            let _ = tx.send(line);
+        }
+    });
+    let (data, admin) = super::wait_daemon_ready(&rx);
+    (child, output, data, admin)
+}
 
 fn spawn(dir: &Path, log: &str, env: &[(String, String)]) -> Spawned {
-    let config = dir.join("gatehouse.toml");
-    {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
-        cmd.args(["serve", "--test-tools", "--config"])
-            .arg(&config)
-            .current_dir(dir)
-            .env_remove("GATEHOUSE_ADMIN_TOKEN")
-            .env_remove("GATEHOUSE_LISTEN")
-            .env_remove("GATEHOUSE_ADMIN_LISTEN")
-            .env_remove("GATEHOUSE_AUDIT_PATH")
-            .env_remove("GATEHOUSE_LOG_FORMAT")
-            .env_remove("GATEHOUSE_STORE")
-            .env("RUST_LOG", log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let out = output.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                out.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let (data, admin) = super::wait_daemon_ready(&rx);
-        (child, output, data, admin)
+    let mut cmd = serve_command(&dir.join("gatehouse.toml"), log);
+    cmd.current_dir(dir);
+    for (k, v) in env {
+        cmd.env(k, v);
     }
+    spawn_ready(cmd)
 }
 
 impl Daemon {
