@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::listen::Listeners;
-use crate::mcp::jsonrpc;
+use crate::mcp::{jsonrpc, Notice};
 use crate::metrics::Metrics;
 use crate::mrtr::{Held, HeldCalls};
 use crate::pins::Drift;
@@ -171,6 +171,36 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// Delivers `msg` (a notification of kind `notice`) to a registration's listen streams
+    /// and sessions: a log only to the sessions whose level it reaches, a resource update only
+    /// to those subscribed to its URI. How many it was queued on.
+    async fn to_registration(&self, registration_id: &str, notice: Notice, msg: &Value) -> usize {
+        let param = |key: &str| {
+            msg.get("params")
+                .and_then(|p| p.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        };
+        let level = (notice == Notice::Log).then(|| param("level"));
+        let updated = (notice == Notice::ResourcesUpdated).then(|| param("uri"));
+        // Open listen streams take list changes and resource updates (never logs).
+        let mut n = self.listeners.deliver(registration_id, msg);
+        for s in self.sessions.sessions_of(registration_id) {
+            if level.is_some_and(|l| !s.wants_log(l)) {
+                continue;
+            }
+            if updated.is_some_and(|u| !s.is_subscribed(u)) {
+                continue;
+            }
+            if self.sessions.deliver(&s, msg.clone()).await {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
 impl Downstream for Hub {
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
@@ -227,58 +257,32 @@ impl Downstream for Hub {
         })
     }
 
-    fn notify_registration<'a>(
+    fn notify<'a>(
         &'a self,
-        registration_id: &'a str,
+        upstream_id: &'a str,
+        route: crate::mcp::Route,
         msg: Value,
     ) -> BoxFuture<'a, usize> {
+        use crate::mcp::Route;
         Box::pin(async move {
-            let notice = crate::mcp::Notice::of_message(&msg);
-            let level = (notice == crate::mcp::Notice::Log).then(|| {
-                msg.get("params")
-                    .and_then(|p| p.get("level"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            });
-            // A resource update goes to the sessions that subscribed to its URI only.
-            let updated = (notice == crate::mcp::Notice::ResourcesUpdated).then(|| {
-                msg.get("params")
-                    .and_then(|p| p.get("uri"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            });
-            // Open listen streams take list changes and resource updates (never logs).
-            let mut n = self.listeners.deliver(registration_id, &msg);
-            for s in self.sessions.sessions_of(registration_id) {
-                if level.as_deref().is_some_and(|l| !s.wants_log(l)) {
-                    continue;
+            match route {
+                Route::Registration(id, notice) => self.to_registration(&id, notice, &msg).await,
+                Route::Grantees(notice) => {
+                    let mut n = 0;
+                    for reg in self.registry.all() {
+                        let granted = reg
+                            .grants
+                            .iter()
+                            .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
+                        if granted {
+                            n += self.to_registration(&reg.id, notice, &msg).await;
+                        }
+                    }
+                    n
                 }
-                if updated.as_deref().is_some_and(|u| !s.is_subscribed(u)) {
-                    continue;
-                }
-                if self.sessions.deliver(&s, msg.clone()).await {
-                    n += 1;
-                }
+                // The pool handles a catalog refresh itself; a refused one is counted there.
+                Route::RefreshCatalog | Route::Refused => 0,
             }
-            n
-        })
-    }
-
-    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize> {
-        Box::pin(async move {
-            let mut n = 0;
-            for reg in self.registry.all() {
-                let granted = reg
-                    .grants
-                    .iter()
-                    .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
-                if granted {
-                    n += self.notify_registration(&reg.id, msg.clone()).await;
-                }
-            }
-            n
         })
     }
 

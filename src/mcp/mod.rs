@@ -164,26 +164,36 @@ impl Notice {
             .map_or(Notice::Other, Notice::of)
     }
 
-    /// Delivered to the sessions of the one registration an upstream's message names, outside
-    /// any call (a tools change is handled by the pool: the catalog is refreshed first).
-    pub fn to_a_registration(self) -> bool {
-        matches!(
-            self,
-            Notice::Log
-                | Notice::ResourcesUpdated
-                | Notice::ResourcesListChanged
-                | Notice::PromptsListChanged
-        )
+    /// Where this notification goes when an upstream sends it outside any call: the one
+    /// routing decision, for every kind. `named` is the registration the connection or its
+    /// lease names (`per_registration` owner, or the holder of the lease in `_meta`).
+    pub fn route(self, named: Option<String>) -> Route {
+        match (self, named) {
+            // The catalog first; the registrations whose list changed are told then.
+            (Notice::ToolsListChanged, _) => Route::RefreshCatalog,
+            (Notice::Other, _) => Route::Refused,
+            (kind, Some(registration)) => Route::Registration(registration, kind),
+            // A list change or a resource update concerns everyone granted the upstream; a
+            // log is not broadcast (it may say what only its registration may read).
+            (Notice::Log, None) => Route::Refused,
+            (kind, None) => Route::Grantees(kind),
+        }
     }
+}
 
-    /// Delivered to every registration granted the upstream when no one can be named (a log
-    /// is not: it may say what only its registration may read).
-    pub fn to_every_grantee(self) -> bool {
-        matches!(
-            self,
-            Notice::ResourcesUpdated | Notice::ResourcesListChanged | Notice::PromptsListChanged
-        )
-    }
+/// Where an upstream's notification outside any call is delivered ([`Notice::route`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `tools/list_changed`: the pool refreshes the catalog; the hub then tells each
+    /// registration whose pinned list changed.
+    RefreshCatalog,
+    /// The sessions and listen streams of this registration (a log only to the sessions whose
+    /// level it reaches; a resource update only to the subscribers of its URI).
+    Registration(String, Notice),
+    /// Every registration granted the upstream (a resource update only to subscribers).
+    Grantees(Notice),
+    /// Not delivered: counted (`gatehouse_notifications_refused_total`), logged at debug.
+    Refused,
 }
 
 #[cfg(test)]
@@ -203,6 +213,7 @@ mod tests {
             N::Log
         );
         assert_eq!(N::of_message(&json!({"id": 1})), N::Other);
+        let named = || Some("r1".to_string());
         let routed: Vec<_> = [
             N::ToolsListChanged,
             N::PromptsListChanged,
@@ -212,17 +223,25 @@ mod tests {
             N::Other,
         ]
         .into_iter()
-        .map(|n| (n.to_a_registration(), n.to_every_grantee()))
+        .map(|n| (n.route(named()), n.route(None)))
         .collect();
+        use super::Route as R;
+        let reg = |n| R::Registration("r1".into(), n);
         assert_eq!(
             routed,
             [
-                (false, false),
-                (true, true),
-                (true, true),
-                (true, true),
-                (true, false),
-                (false, false)
+                (R::RefreshCatalog, R::RefreshCatalog),
+                (
+                    reg(N::PromptsListChanged),
+                    R::Grantees(N::PromptsListChanged)
+                ),
+                (
+                    reg(N::ResourcesListChanged),
+                    R::Grantees(N::ResourcesListChanged)
+                ),
+                (reg(N::ResourcesUpdated), R::Grantees(N::ResourcesUpdated)),
+                (reg(N::Log), R::Refused),
+                (R::Refused, R::Refused),
             ]
         );
     }

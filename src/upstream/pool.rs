@@ -608,41 +608,45 @@ impl Pool {
     }
 }
 
-/// A notification outside any call (a log, a list change, a resource update): to the
-/// sessions of the registration that owns the connection (`per_registration`) or holds the
-/// lease it names in `_meta["io.gatehouse/lease"]` (`leased`). Where no registration can be
-/// named (`shared`, or no lease in `_meta`), list changes and resource updates go to every
-/// registration granted the upstream (updates only to their subscribers); a log is not
-/// delivered, counted (`notifications_refused`), logged at debug. So is any other method.
-async fn connection_wide(
-    pool: &PoolInner,
-    slot: &Slot,
+/// A notification outside any call (a log, a list change, a resource update), read once and
+/// sent where [`crate::mcp::Notice::route`] says: the catalog refreshed (`tools/list_changed`),
+/// the sessions of the registration that owns the connection (`per_registration`) or holds
+/// the lease it names in `_meta["io.gatehouse/lease"]` (`leased`), every registration granted
+/// the upstream where none can be named, or nowhere (counted in `notifications_refused`,
+/// logged at debug).
+async fn route_notification(
+    pool: &Arc<PoolInner>,
+    slot: &Arc<Slot>,
     owner: Option<&str>,
+    epoch: u64,
     method: String,
     params: Option<Value>,
 ) {
+    use crate::mcp::{Notice, Route};
+    let notice = Notice::of(&method);
     let mut params = params;
-    let registration = named_registration(slot, owner, &mut params);
-    let downstream = pool.downstream.get().and_then(Weak::upgrade);
-    // A list change or a resource update concerns everyone granted the upstream: with no
-    // registration to name, it goes to all of them (an update only to its subscribers).
-    let notice = crate::mcp::Notice::of(&method);
-    if let (None, Some(ds), true) = (&registration, &downstream, notice.to_every_grantee()) {
-        let msg = crate::mcp::jsonrpc::notification(&method, params);
-        let n = ds.notify_granted(&slot.spec.id, msg).await;
-        tracing::debug!(upstream = %slot.spec.id, method, sessions = n, "connection-wide notification delivered to the registrations granted the upstream");
-        return;
-    }
-    let (Some(registration), Some(downstream), true) =
-        (registration, downstream, notice.to_a_registration())
-    else {
-        slot.spec.refused.inc();
-        tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
-        return;
+    let named = match notice {
+        Notice::ToolsListChanged | Notice::Other => None,
+        _ => named_registration(slot, owner, &mut params),
     };
-    let msg = crate::mcp::jsonrpc::notification(&method, params);
-    let n = downstream.notify_registration(&registration, msg).await;
-    tracing::debug!(upstream = %slot.spec.id, method, registration, sessions = n, "connection-wide notification delivered");
+    let route = notice.route(named);
+    let downstream = pool.downstream.get().and_then(Weak::upgrade);
+    match (route, downstream) {
+        (Route::RefreshCatalog, _) => refresh_coalesced(pool, slot, epoch),
+        (Route::Refused, _) | (_, None) => {
+            slot.spec.refused.inc();
+            tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");
+        }
+        (route, Some(ds)) => {
+            let to = match &route {
+                Route::Registration(r, _) => r.clone(),
+                _ => "every registration granted the upstream".to_string(),
+            };
+            let msg = crate::mcp::jsonrpc::notification(&method, params);
+            let n = ds.notify(&slot.spec.id, route, msg).await;
+            tracing::debug!(upstream = %slot.spec.id, method, to, sessions = n, "connection-wide notification delivered");
+        }
+    }
 }
 
 /// The registration a message from the server is for, outside any call: the slot's owner
@@ -703,12 +707,8 @@ async fn run_events(
                 epoch,
                 params,
             } => {
-                if crate::mcp::Notice::of(&method) == crate::mcp::Notice::ToolsListChanged {
-                    if let Some(pool) = pool.upgrade() {
-                        refresh_coalesced(&pool, &slot, epoch);
-                    }
-                } else if let Some(pool) = pool.upgrade() {
-                    connection_wide(&pool, &slot, owner.as_deref(), method, params).await;
+                if let Some(pool) = pool.upgrade() {
+                    route_notification(&pool, &slot, owner.as_deref(), epoch, method, params).await;
                 }
             }
             UpstreamEvent::Progress { .. } => {}

@@ -320,19 +320,16 @@ impl UpstreamError {
 pub trait Downstream: Send + Sync {
     /// An upstream's tools changed: tell the sessions of every registration granted one.
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()>;
-    /// A connection-wide notification (a log outside a call, a list change, a resource
-    /// update) for the sessions of the registration that owns the connection or the lease it
-    /// names; how many sessions it was queued on.
-    fn notify_registration<'a>(
+    /// A notification outside any call, where [`crate::mcp::Notice::route`] sent it (a
+    /// registration's sessions and listen streams, or every registration granted
+    /// `upstream_id`; a resource update only to subscribers of its URI, a log only where its
+    /// level reaches). How many sessions and streams it was queued on.
+    fn notify<'a>(
         &'a self,
-        registration_id: &'a str,
+        upstream_id: &'a str,
+        route: crate::mcp::Route,
         msg: Value,
     ) -> BoxFuture<'a, usize>;
-    /// A list change or resource update no registration can be named for (a `shared`
-    /// connection, or a `leased` one without a lease in `_meta`): for every registration
-    /// granted the upstream — a resource update reaches only those of their sessions and
-    /// listen streams that subscribed to its URI. How many it was queued on.
-    fn notify_granted<'a>(&'a self, upstream_id: &'a str, msg: Value) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(
