@@ -6,9 +6,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -17,203 +16,12 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-/// A `gatehouse serve --test-tools` process with its own config, audit and token file.
-struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    data: String,
-    admin: String,
-    token: String,
-    marker: String,
-    output: Arc<Mutex<Vec<String>>>,
-}
+use common::daemon::Daemon;
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn start(extra: &str) -> Daemon {
-        Daemon::start_with(extra, None)
-    }
-
-    /// `ulimit`: a shell snippet run before the daemon is exec'ed (e.g. to lower its
-    /// open-files limits); the child's pid stays the daemon's.
-    fn start_with(extra: &str, ulimit: Option<&str>) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("gatehouse.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n",
-                dir.path().join("admin.token").display().to_string(),
-                dir.path().join("audit.jsonl").display().to_string(),
-            ),
-        )
-        .unwrap();
-        let marker = gatehouse::testing::registry::new_registration_id();
-        let mut cmd = match ulimit {
-            None => Command::new(env!("CARGO_BIN_EXE_gatehouse")),
-            Some(snippet) => {
-                let mut c = Command::new("sh");
-                c.arg("-c")
-                    .arg(format!("{snippet} && exec \"$0\" \"$@\""))
-                    .arg(env!("CARGO_BIN_EXE_gatehouse"));
-                c
-            }
-        };
-        let mut child = cmd
-            .args(["serve", "--test-tools", "--config"])
-            .arg(&config)
-            .env_remove("GATEHOUSE_ADMIN_TOKEN")
-            .env_remove("GATEHOUSE_LISTEN")
-            .env_remove("GATEHOUSE_ADMIN_LISTEN")
-            .env_remove("GATEHOUSE_AUDIT_PATH")
-            .env("GATEHOUSE_TEST_MARKER", &marker)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let out = output.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                out.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let (data, admin) = wait_daemon_ready(&rx);
-        let token = std::fs::read_to_string(dir.path().join("admin.token"))
-            .unwrap()
-            .trim()
-            .to_string();
-        Daemon {
-            child,
-            config,
-            data,
-            admin,
-            token,
-            marker,
-            output,
-            dir,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.output.lock().unwrap().join("\n")
-    }
-
-    fn audit(&self) -> Vec<Record<'static>> {
-        read_records(&self.dir.path().join("audit.jsonl")).unwrap()
-    }
-
-    async fn admin(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut req = http()
-            .request(method, format!("{}{path}", self.admin))
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn register(&self, body: Value) -> Value {
-        let (s, v) = self
-            .admin(reqwest::Method::POST, "/v1/registrations", Some(body))
-            .await;
-        assert_eq!(s, 201, "{v}");
-        v
-    }
-
-    async fn metrics(&self) -> String {
-        let (s, v) = self.admin(reqwest::Method::GET, "/metrics", None).await;
-        assert_eq!(s, 200);
-        v.as_str().unwrap().to_string()
-    }
-
-    /// Runs a CLI verb against this daemon (admin URL from the env, token from the config's
-    /// token file).
-    fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_gatehouse"))
-            .args(args)
-            .arg("--config")
-            .arg(&self.config)
-            .env("GATEHOUSE_ADMIN_URL", &self.admin)
-            .env_remove("GATEHOUSE_ADMIN_TOKEN")
-            .output()
-            .unwrap()
-    }
-
-    fn signal(&self, sig: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
-    }
-
-    /// Waits for exit; returns (exit code, seconds taken).
-    fn wait_exit(&mut self, limit: Duration) -> (Option<i32>, f64) {
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return (st.code(), t0.elapsed().as_secs_f64());
-            }
-            assert!(t0.elapsed() < limit, "daemon still running after {limit:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Processes (other than ourselves) that inherited this daemon's marker.
-    fn marked_processes(&self) -> Vec<u32> {
-        let needle = format!("GATEHOUSE_TEST_MARKER={}", self.marker);
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            if let Ok(env) = std::fs::read(e.path().join("environ")) {
-                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
-                    found.push(pid);
-                }
-            }
-        }
-        found
-    }
-
-    /// Waits until the registration reports `n` calls in flight.
-    async fn wait_in_flight(&self, id: &str, n: u64) {
-        for _ in 0..200 {
-            let (_, v) = self
-                .admin(
-                    reqwest::Method::GET,
-                    &format!("/v1/registrations/{id}"),
-                    None,
-                )
-                .await;
-            if v["calls_in_flight"] == json!(n) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("registration {id} never had {n} calls in flight");
-    }
+/// A `gatehouse serve --test-tools` (tests/common/daemon.rs) with `extra` in its config,
+/// `RUST_LOG=info`.
+fn daemon(extra: &str) -> Daemon {
+    Daemon::start(extra, "", "info", &[])
 }
 
 /// The shipped demo upstream, as in config/gatehouse.toml (TOML tables go last).
@@ -227,7 +35,7 @@ fn mode_of(p: &Path) -> u32 {
 #[tokio::test]
 async fn admin_api_mcp_client_cli_and_lease_expiry() {
     // A declared upstream (the built-in helpdesk): listed by /v1/upstreams and in metrics.
-    let d = Daemon::start(&format!("shutdown_grace_s = 5\n{HELPDESK}"));
+    let d = daemon(&format!("shutdown_grace_s = 5\n{HELPDESK}"));
     assert!(d.data.starts_with("http://127.0.0.1:") && !d.data.ends_with(":0"));
     assert!(d.admin.starts_with("http://127.0.0.1:") && d.admin != d.data);
     // The admin token: in an owner-only file whose path is printed; the token never is.
@@ -273,7 +81,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         (json!({"agent_id": "a", "tools": ["a*b"]}), "a*b"),
     ] {
         let (s, v) = d
-            .admin(M::POST, "/v1/registrations", Some(body.clone()))
+            .admin_call(M::POST, "/v1/registrations", Some(body.clone()))
             .await;
         assert_eq!(s, 400, "{body} -> {v}");
         let msg = v["error"].as_str().unwrap();
@@ -302,7 +110,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
     assert!(reg["sse_url"].as_str().unwrap().starts_with(&d.data));
 
     // List: never tokens.
-    let (s, list) = d.admin(M::GET, "/v1/registrations", None).await;
+    let (s, list) = d.admin_call(M::GET, "/v1/registrations", None).await;
     assert_eq!(s, 200);
     assert_eq!(list[0]["id"], json!(id));
     assert_eq!(list[0]["label"], json!("run-7"));
@@ -332,7 +140,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
     ] {
         assert!(m.contains(needle), "metrics lack {needle}:\n{m}");
     }
-    let (s, ups) = d.admin(M::GET, "/v1/upstreams", None).await;
+    let (s, ups) = d.admin_call(M::GET, "/v1/upstreams", None).await;
     assert_eq!(s, 200);
     assert_eq!(ups[0]["id"], json!("helpdesk"));
     assert_eq!(ups[0]["transport"], json!("stdio"));
@@ -340,7 +148,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
 
     // Renew: a lease from now; 404 when gone.
     let (s, v) = d
-        .admin(
+        .admin_call(
             M::POST,
             &format!("/v1/registrations/{id}/renew"),
             Some(json!({"ttl_s": 600})),
@@ -348,12 +156,14 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         .await;
     assert_eq!(s, 200, "{v}");
     assert!(v["expires_at"].is_string());
-    let (s, _) = d.admin(M::POST, "/v1/registrations/nope/renew", None).await;
+    let (s, _) = d
+        .admin_call(M::POST, "/v1/registrations/nope/renew", None)
+        .await;
     assert_eq!(s, 404);
 
     // Delete: 204, then every path 404, then 404 again.
     let (s, _) = d
-        .admin(M::DELETE, &format!("/v1/registrations/{id}"), None)
+        .admin_call(M::DELETE, &format!("/v1/registrations/{id}"), None)
         .await;
     assert_eq!(s, 204);
     assert!(c.next_message(5).await.is_none(), "stream ended on release");
@@ -365,7 +175,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         .unwrap();
     assert_eq!(resp.status(), 404);
     let (s, _) = d
-        .admin(M::DELETE, &format!("/v1/registrations/{id}"), None)
+        .admin_call(M::DELETE, &format!("/v1/registrations/{id}"), None)
         .await;
     assert_eq!(s, 404);
     assert!(
@@ -381,7 +191,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
     let sid = short["id"].as_str().unwrap().to_string();
     // Its pinned surface's digest (issue 39): 64 hex digits.
     let (s, shown) = d
-        .admin(M::GET, &format!("/v1/registrations/{sid}"), None)
+        .admin_call(M::GET, &format!("/v1/registrations/{sid}"), None)
         .await;
     assert_eq!(s, 200, "{shown}");
     let pins = shown["pins_digest"].as_str().unwrap_or_default();
@@ -392,7 +202,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
     let t0 = Instant::now();
     loop {
         let (s, _) = d
-            .admin(M::GET, &format!("/v1/registrations/{sid}"), None)
+            .admin_call(M::GET, &format!("/v1/registrations/{sid}"), None)
             .await;
         if s == 404 {
             break;
@@ -413,7 +223,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
         .unwrap();
     assert_eq!(resp.status(), 404);
     let (s, _) = d
-        .admin(M::POST, &format!("/v1/registrations/{sid}/renew"), None)
+        .admin_call(M::POST, &format!("/v1/registrations/{sid}/renew"), None)
         .await;
     assert_eq!(s, 404);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -485,7 +295,7 @@ async fn admin_api_mcp_client_cli_and_lease_expiry() {
 async fn sigterm_mid_call_cancels_it_audits_every_call_and_exits() {
     // `release_on_exit`: the stop releases its registrations (by default they are kept in
     // the store for the next start: tests/store.rs).
-    let mut d = Daemon::start(&format!(
+    let mut d = daemon(&format!(
         "shutdown_grace_s = 10\n{HELPDESK}[store]\nrelease_on_exit = true\n"
     ));
     let reg = d
@@ -560,7 +370,7 @@ async fn sigterm_mid_call_cancels_it_audits_every_call_and_exits() {
 
 #[tokio::test]
 async fn second_signal_forces_exit() {
-    let mut d = Daemon::start("shutdown_grace_s = 60");
+    let mut d = daemon("shutdown_grace_s = 60");
     let reg = d
         .register(json!({"agent_id": "stuck", "tools": ["demo.block"]}))
         .await;
@@ -591,7 +401,7 @@ async fn second_signal_forces_exit() {
 
 #[tokio::test]
 async fn grace_period_bounds_shutdown() {
-    let mut d = Daemon::start("shutdown_grace_s = 1");
+    let mut d = daemon("shutdown_grace_s = 1");
     let reg = d
         .register(json!({"agent_id": "stuck", "tools": ["demo.block"]}))
         .await;
@@ -688,7 +498,7 @@ async fn shipped_config_alone_serves_with_env_overrides() {
 /// The shipped demo upstream through the daemon: pids listed, no child left after SIGTERM.
 #[tokio::test]
 async fn helpdesk_call_through_the_daemon_and_no_child_after_sigterm() {
-    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    let mut d = daemon(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
     let reg = d
         .register(json!({"agent_id": "agent-h", "tools": ["helpdesk.*"]}))
         .await;
@@ -717,7 +527,9 @@ async fn helpdesk_call_through_the_daemon_and_no_child_after_sigterm() {
         d.marked_processes().len() >= 2,
         "the daemon and its helpdesk child"
     );
-    let (s, ups) = d.admin(reqwest::Method::GET, "/v1/upstreams", None).await;
+    let (s, ups) = d
+        .admin_call(reqwest::Method::GET, "/v1/upstreams", None)
+        .await;
     assert_eq!(s, 200);
     assert!(ups[0]["connections"][0]["pid"].is_u64(), "{ups}");
     d.signal(Signal::SIGTERM);
@@ -741,7 +553,7 @@ async fn helpdesk_call_through_the_daemon_and_no_child_after_sigterm() {
 /// with its registration's agent, the chain ends with `daemon_stopped`, and no process remains.
 #[tokio::test]
 async fn sigterm_under_load_loses_no_acknowledged_call() {
-    let mut d = Daemon::start(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
+    let mut d = daemon(&format!("shutdown_grace_s = 10\n{HELPDESK}"));
     let mut tasks = Vec::new();
     for r in 0..3 {
         let agent = format!("agent-load-{r}");
@@ -901,7 +713,7 @@ async fn release_and_daemon_exit_leave_no_process_of_a_stubborn_group() {
     );
     let mut runs = Vec::new();
     for grace in [10u64, 2] {
-        let mut d = Daemon::start(&format!("shutdown_grace_s = {grace}\n{upstream}"));
+        let mut d = daemon(&format!("shutdown_grace_s = {grace}\n{upstream}"));
         let daemon_pid = d.child.id() as i32;
         let mut leaders: Vec<i32> = Vec::new();
         let mut ids = Vec::new();
@@ -944,7 +756,7 @@ async fn release_and_daemon_exit_leave_no_process_of_a_stubborn_group() {
 
         let t_release = Instant::now();
         let (s, _) = d
-            .admin(
+            .admin_call(
                 reqwest::Method::DELETE,
                 &format!("/v1/registrations/{}", ids[0]),
                 None,
@@ -1087,8 +899,11 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
     const SILENT: usize = 1000;
-    let d = Daemon::start_with(
+    let d = Daemon::start_wrapped(
         "keepalive_s = 1\n[connections]\nheader_timeout_s = 1\nidle_timeout_s = 2\n",
+        "",
+        "info",
+        &[],
         Some("ulimit -Sn 256 && ulimit -Hn 512"),
     );
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).unwrap();
@@ -1132,7 +947,7 @@ async fn connection_cap_and_timeouts_keep_bystanders_and_the_admin_api_served() 
     // The admin API answers at once.
     let t = Instant::now();
     let (s, _) = d
-        .admin(reqwest::Method::GET, "/v1/registrations", None)
+        .admin_call(reqwest::Method::GET, "/v1/registrations", None)
         .await;
     let admin_ms = t.elapsed().as_millis();
     assert_eq!(s, 200);

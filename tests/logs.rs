@@ -30,35 +30,17 @@ impl Drop for LogDaemon {
     }
 }
 
+/// The common test config (tests/common/daemon.rs) with `extra`, written into `dir`.
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
     let config = dir.join("gatehouse.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n",
-            dir.join("admin.token").display().to_string(),
-            dir.join("audit.jsonl").display().to_string(),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, common::daemon::config_text(dir, extra, "")).unwrap();
     config
 }
 
+/// The common `gatehouse serve` command (tests/common/daemon.rs), stderr to `stderr`.
 fn serve(dir: &Path, config: &Path, env: &[(&str, &str)], stderr: Stdio) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
-    cmd.args(["serve", "--test-tools", "--config"])
-        .arg(config)
-        .current_dir(dir)
-        .env_remove("GATEHOUSE_ADMIN_TOKEN")
-        .env_remove("GATEHOUSE_LISTEN")
-        .env_remove("GATEHOUSE_ADMIN_LISTEN")
-        .env_remove("GATEHOUSE_AUDIT_PATH")
-        .env_remove("GATEHOUSE_LOG_FORMAT")
-        .env_remove("NO_COLOR")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr);
+    let mut cmd = common::daemon::serve_command(config, "info");
+    cmd.current_dir(dir).stderr(stderr);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -60,33 +60,22 @@ impl Node {
         } else {
             format!("node_id = {name:?}\n")
         };
+        let extra = format!(
+            "{node_line}public_url = {public_url:?}\nallowed_hosts = [\"gw.example.com\"]\nkeepalive_s = 1\n[store]\nrelease_on_exit = true\n"
+        );
         std::fs::write(
             &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n\
-                 {node_line}public_url = {public_url:?}\nallowed_hosts = [\"gw.example.com\"]\nkeepalive_s = 1\n\
-                 [store]\nrelease_on_exit = true\n[audit]\npath = {:?}\nfsync = \"never\"\nstdout = true\n",
-                dir.path().join("admin.token").display().to_string(),
-                dir.path().join("audit.jsonl").display().to_string(),
-            ),
+            common::daemon::config_text(dir.path(), &extra, "stdout = true"),
         )
         .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
-        cmd.args(["serve", "--test-tools", "--config"])
-            .arg(&config)
-            .env("GATEHOUSE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env_remove("GATEHOUSE_NODE_ID")
-            .env_remove("GATEHOUSE_LISTEN")
-            .env_remove("GATEHOUSE_ADMIN_LISTEN")
-            .env_remove("GATEHOUSE_AUDIT_PATH")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = common::daemon::serve_command(&config, "info");
+        cmd.env("GATEHOUSE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .stdout(Stdio::piped());
         if id_from_env {
             cmd.env("GATEHOUSE_NODE_ID", name);
         }
-        let mut child = cmd.spawn().unwrap();
+        let (mut child, stderr_lines, data, admin) = common::daemon::spawn_ready(cmd);
+        // Its stdout: the audit records, one JSON line each.
         let audit_lines = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().unwrap();
         let lines = audit_lines.clone();
@@ -96,18 +85,6 @@ impl Node {
                 lines.lock().unwrap().push(line);
             }
         });
-        let stderr_lines = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let out = stderr_lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                out.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let (data, admin) = wait_daemon_ready(&rx);
         Node {
             name,
             child,

@@ -15,6 +15,9 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     log: String,
     env: Vec<(String, String)>,
+    /// `GATEHOUSE_TEST_MARKER`, in the environment of the daemon and every process it starts.
+    marker: String,
+    wrap: Option<String>,
     pub data: String,
     pub admin: String,
     /// The admin token.
@@ -34,22 +37,29 @@ impl Daemon {
     /// (before its `[audit]` table; `audit_extra` goes into that table), `RUST_LOG` set to
     /// `log`, and `env` added. Waits for `gatehouse: ready` (30 s at most).
     pub fn start(extra: &str, audit_extra: &str, log: &str, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_wrapped(extra, audit_extra, log, env, None)
+    }
+
+    /// As [`Daemon::start`], the daemon exec'ed by `sh -c "WRAP && exec gatehouse …"` when
+    /// `wrap` is given (a shell snippet such as a `ulimit`; the child's pid stays the
+    /// daemon's).
+    pub fn start_wrapped(
+        extra: &str,
+        audit_extra: &str,
+        log: &str,
+        env: &[(&str, &str)],
+        wrap: Option<&str>,
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("gatehouse.toml");
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n{audit_extra}\n",
-                dir.path().join("admin.token").display().to_string(),
-                dir.path().join("audit.jsonl").display().to_string(),
-            ),
-        )
-        .unwrap();
-        let (child, output, data, admin) = spawn(dir.path(), log, &env);
+        std::fs::write(&config, config_text(dir.path(), extra, audit_extra)).unwrap();
+        let marker = gatehouse::testing::registry::new_registration_id();
+        let wrap = wrap.map(str::to_string);
+        let (child, output, data, admin) = spawn(dir.path(), log, &env, &marker, wrap.as_deref());
         let token = std::fs::read_to_string(dir.path().join("admin.token"))
             .unwrap()
             .trim()
@@ -63,6 +73,8 @@ impl Daemon {
             admin,
             token,
             output,
+            marker,
+            wrap,
         }
     }
 
@@ -71,7 +83,13 @@ impl Daemon {
     pub fn kill9_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, output, data, admin) = spawn(self.dir.path(), &self.log, &self.env);
+        let (child, output, data, admin) = spawn(
+            self.dir.path(),
+            &self.log,
+            &self.env,
+            &self.marker,
+            self.wrap.as_deref(),
+        );
         (self.child, self.output, self.data, self.admin) = (child, output, data, admin);
         self.token = std::fs::read_to_string(self.dir.path().join("admin.token"))
             .unwrap()
@@ -83,7 +101,21 @@ impl Daemon {
 /// A `gatehouse serve --test-tools --config <config>` command with the `GATEHOUSE_*`
 /// variables the tests set for themselves removed, `RUST_LOG=log`, stdin and stdout closed.
 pub fn serve_command(config: &Path, log: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gatehouse"));
+    with_serve_args(Command::new(env!("CARGO_BIN_EXE_gatehouse")), config, log)
+}
+
+/// The defaults every test daemon's config starts from: both listeners on 127.0.0.1:0, the
+/// admin token file, audit log in `dir` (no fsync), `extra` at the top level and
+/// `audit_extra` in the `[audit]` table. The one place they are written.
+pub fn config_text(dir: &Path, extra: &str, audit_extra: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n{extra}\n[audit]\npath = {:?}\nfsync = \"never\"\n{audit_extra}\n",
+        dir.join("admin.token").display().to_string(),
+        dir.join("audit.jsonl").display().to_string(),
+    )
+}
+
+fn with_serve_args(mut cmd: Command, config: &Path, log: &str) -> Command {
     cmd.args(["serve", "--test-tools", "--config"])
         .arg(config)
         .env_remove("GATEHOUSE_ADMIN_TOKEN")
@@ -92,6 +124,8 @@ pub fn serve_command(config: &Path, log: &str) -> Command {
         .env_remove("GATEHOUSE_AUDIT_PATH")
         .env_remove("GATEHOUSE_LOG_FORMAT")
         .env_remove("GATEHOUSE_STORE")
+        .env_remove("GATEHOUSE_NODE_ID")
+        .env_remove("NO_COLOR")
         .env("RUST_LOG", log)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
@@ -120,9 +154,24 @@ pub fn spawn_ready(mut cmd: Command) -> Spawned {
     (child, output, data, admin)
 }
 
-fn spawn(dir: &Path, log: &str, env: &[(String, String)]) -> Spawned {
-    let mut cmd = serve_command(&dir.join("gatehouse.toml"), log);
-    cmd.current_dir(dir);
+fn spawn(
+    dir: &Path,
+    log: &str,
+    env: &[(String, String)],
+    marker: &str,
+    wrap: Option<&str>,
+) -> Spawned {
+    let mut cmd = match wrap {
+        None => serve_command(&dir.join("gatehouse.toml"), log),
+        Some(snippet) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!("{snippet} && exec \"$0\" \"$@\""))
+                .arg(env!("CARGO_BIN_EXE_gatehouse"));
+            with_serve_args(c, &dir.join("gatehouse.toml"), log)
+        }
+    };
+    cmd.current_dir(dir).env("GATEHOUSE_TEST_MARKER", marker);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -159,7 +208,14 @@ impl Daemon {
         }
         let r = b.send().await.unwrap();
         let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        let text = r.text().await.unwrap();
+        if text.is_empty() {
+            return (s, Value::Null);
+        }
+        (
+            s,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// `POST /v1/registrations` (201 asserted): the admin API's answer.
@@ -201,5 +257,82 @@ impl Daemon {
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+impl Daemon {
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gatehouse.toml")
+    }
+
+    /// The stderr so far, one string.
+    pub fn stderr(&self) -> String {
+        self.log_lines().join("\n")
+    }
+
+    /// Runs a CLI verb against this daemon (admin URL from the environment, the token from
+    /// the config's token file).
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+            .args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .env("GATEHOUSE_ADMIN_URL", &self.admin)
+            .env_remove("GATEHOUSE_ADMIN_TOKEN")
+            .output()
+            .unwrap()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// Waits for the exit (`limit` at most): (exit code, seconds taken).
+    pub fn wait_exit(&mut self, limit: Duration) -> (Option<i32>, f64) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (st.code(), t0.elapsed().as_secs_f64());
+            }
+            assert!(t0.elapsed() < limit, "daemon still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Processes (other than the test) whose environment carries this daemon's
+    /// `GATEHOUSE_TEST_MARKER`: the daemon and everything it started.
+    pub fn marked_processes(&self) -> Vec<u32> {
+        let needle = format!("GATEHOUSE_TEST_MARKER={}", self.marker);
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            if let Ok(env) = std::fs::read(e.path().join("environ")) {
+                if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+                    found.push(pid);
+                }
+            }
+        }
+        found
+    }
+
+    /// Waits (5 s at most) until the registration reports `n` calls in flight.
+    pub async fn wait_in_flight(&self, id: &str, n: u64) {
+        for _ in 0..200 {
+            let (_, v) = self
+                .admin_call(
+                    reqwest::Method::GET,
+                    &format!("/v1/registrations/{id}"),
+                    None,
+                )
+                .await;
+            if v["calls_in_flight"] == serde_json::json!(n) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("registration {id} never had {n} calls in flight");
     }
 }
