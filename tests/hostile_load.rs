@@ -13,10 +13,9 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -25,7 +24,8 @@ use serde_json::{json, Value};
 struct Daemon {
     child: Child,
     dir: tempfile::TempDir,
-    log: PathBuf,
+    /// Its stderr lines so far.
+    log: Arc<Mutex<Vec<String>>>,
     data: String,
     admin: String,
     token: String,
@@ -57,40 +57,9 @@ impl Daemon {
             ),
         )
         .unwrap();
-        let log = dir.path().join("gatehouse.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
-            .args(["serve", "--test-tools", "--config"])
-            .arg(&config)
-            .current_dir(dir.path())
-            .env_remove("GATEHOUSE_ADMIN_TOKEN")
-            .env_remove("GATEHOUSE_LISTEN")
-            .env_remove("GATEHOUSE_ADMIN_LISTEN")
-            .env_remove("GATEHOUSE_AUDIT_PATH")
-            .env_remove("GATEHOUSE_LOG_FORMAT")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut data, mut admin) = (None, None);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            for l in text.lines() {
-                if let Some(u) = l.strip_prefix("gatehouse: data listener on ") {
-                    data = Some(u.to_string());
-                }
-                if let Some(u) = l.strip_prefix("gatehouse: admin listener on ") {
-                    admin = Some(u.to_string());
-                }
-            }
-            if text.lines().any(|l| l == "gatehouse: ready") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "daemon not ready:\n{text}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut cmd = common::daemon::serve_command(&config, "info");
+        cmd.current_dir(dir.path());
+        let (child, log, data, admin) = common::daemon::spawn_ready(cmd);
         let token = std::fs::read_to_string(dir.path().join("admin.token"))
             .unwrap()
             .trim()
@@ -99,8 +68,8 @@ impl Daemon {
             child,
             dir,
             log,
-            data: data.unwrap(),
-            admin: admin.unwrap(),
+            data,
+            admin,
             token,
         }
     }
@@ -114,7 +83,7 @@ impl Daemon {
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.log.lock().unwrap().join("\n")
     }
 
     async fn register(&self, agent: &str) -> (String, String, String) {

@@ -11,10 +11,8 @@
 
 mod common;
 
-use common::wait_daemon_ready;
-
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,46 +29,32 @@ async fn no_token_in_logs_and_none_reaches_an_upstream() {
         env!("CARGO_MANIFEST_DIR")
     );
     let config = dir.path().join("gatehouse.toml");
+    let upstream = format!(
+        "[[upstreams]]\nid = \"up\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\nenv = {{ FAULTY_RECORD = {:?} }}\n",
+        record.display().to_string(),
+    );
+    // The upstream table goes after [audit] (TOML tables last).
     std::fs::write(
         &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nadmin_token_file = {:?}\n[audit]\npath = {:?}\nfsync = \"never\"\n[[upstreams]]\nid = \"up\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\nenv = {{ FAULTY_RECORD = {:?} }}\n",
-            dir.path().join("admin.token").display().to_string(),
-            dir.path().join("audit.jsonl").display().to_string(),
-            record.display().to_string(),
-        ),
+        common::daemon::config_text(dir.path(), "", &upstream),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
-        .args(["serve", "--test-tools", "--config"])
-        .arg(&config)
-        .env_remove("GATEHOUSE_ADMIN_TOKEN")
-        .env_remove("GATEHOUSE_LISTEN")
-        .env_remove("GATEHOUSE_ADMIN_LISTEN")
-        .env_remove("GATEHOUSE_AUDIT_PATH")
-        .env("RUST_LOG", "trace,hyper=debug,h2=debug,reqwest=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let logs = Arc::new(Mutex::new(String::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    for stream in [
-        Box::new(child.stderr.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stdout.take().unwrap()),
-    ] {
-        let (logs, tx) = (logs.clone(), tx.clone());
+    let mut cmd =
+        common::daemon::serve_command(&config, "trace,hyper=debug,h2=debug,reqwest=debug");
+    cmd.stdout(Stdio::piped());
+    let (mut child, stderr_lines, _data, admin) = common::daemon::spawn_ready(cmd);
+    // Its stdout too: whatever it prints is searched with its stderr.
+    let stdout_text = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let (out, stdout) = (stdout_text.clone(), child.stdout.take().unwrap());
         std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines() {
+            for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                logs.lock().unwrap().push_str(&line);
-                logs.lock().unwrap().push('\n');
-                let _ = tx.send(line);
+                out.lock().unwrap().push_str(&line);
+                out.lock().unwrap().push('\n');
             }
-        });
-    }
-    let (_data, admin) = wait_daemon_ready(&rx);
+        })
+    };
     let admin_token = std::fs::read_to_string(dir.path().join("admin.token"))
         .unwrap()
         .trim()
@@ -186,7 +170,10 @@ async fn no_token_in_logs_and_none_reaches_an_upstream() {
     .unwrap();
     let _ = child.wait();
     std::thread::sleep(Duration::from_millis(200));
-    let logs = logs.lock().unwrap().clone();
+    let _ = reader.join();
+    let mut logs = stderr_lines.lock().unwrap().join("\n");
+    logs.push('\n');
+    logs.push_str(&stdout_text.lock().unwrap());
     let upstream_saw = std::fs::read_to_string(&record).unwrap();
     assert!(
         logs.len() > 2_000,
