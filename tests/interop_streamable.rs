@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::peers::python;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -57,17 +59,6 @@ async fn rmcp_streamable_http_client() {
     // rmcp 3.11 speaks the handshake era (initialize + Mcp-Session-Id).
     assert_eq!(transport, "streamable_http");
     client.cancel().await.unwrap();
-}
-
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let py = root.join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "the Python peer environment is missing ({}): run tests/peers/setup.sh",
-        py.display()
-    );
-    py
 }
 
 async fn py_client(transport: &str, url: &str, token: &str, extra: &[&str]) -> Value {

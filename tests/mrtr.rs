@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::peers::python;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -49,16 +51,6 @@ async fn request(reg: &Registration, id: u64, method: &str, name: &str, p: Value
         .unwrap();
     let s = r.status().as_u16();
     (s, r.json::<Value>().await.unwrap_or(Value::Null))
-}
-
-fn python() -> PathBuf {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "the Python peer environment is missing ({}): run tests/peers/setup.sh",
-        py.display()
-    );
-    py
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

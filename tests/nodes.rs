@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::peers::python;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -387,16 +389,6 @@ async fn initialize(mcp_url: &str, token: &str, host: Option<&str>) -> u16 {
         req = req.header("host", h);
     }
     req.send().await.unwrap().status().as_u16()
-}
-
-fn python() -> PathBuf {
-    let py = repo_root().join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "the Python peer environment is missing ({}): run tests/peers/setup.sh",
-        py.display()
-    );
-    py
 }
 
 /// tests/peers/py_client.py (official Python SDK) in one process (`--batch`): for each

@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -22,30 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 const N: u64 = 1000;
 
-fn peer(rel: &str) -> PathBuf {
-    let p = repo_root().join("tests/peers").join(rel);
-    assert!(
-        p.exists(),
-        "{} is missing: run tests/peers/setup.sh",
-        p.display()
-    );
-    p
-}
-
-fn burst_upstream() -> UpstreamConfig {
-    toml::from_str(&format!(
-        "id = \"burst\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 60\n",
-        peer(".venv-fastmcp/bin/python").display().to_string(),
-        peer("burst_server.py").display().to_string()
-    ))
-    .unwrap()
-}
-
 async fn run_py(venv: &str, script: &str, args: Vec<String>) -> Value {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
-        tokio::process::Command::new(peer(&format!("{venv}/bin/python")))
-            .arg(peer(script))
+        tokio::process::Command::new(common::peers::peer(&format!("{venv}/bin/python")))
+            .arg(common::peers::peer(script))
             .args(&args)
             .kill_on_drop(true)
             .output(),
@@ -122,7 +102,7 @@ fn assert_whole_burst(what: &str, out: &Value) {
 async fn bursts_arrive_whole_and_in_order_on_every_transport() {
     let tg = TestGateway::with(|c| {
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
-        c.upstreams = vec![burst_upstream()];
+        c.upstreams = vec![burst()];
     });
     let reg = tg
         .gateway
@@ -356,7 +336,7 @@ async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
     use common::mcp_remote::McpRemote;
     let tg = TestGateway::with(|c| {
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
-        c.upstreams = vec![burst_upstream()];
+        c.upstreams = vec![burst()];
     });
     let reg = tg
         .gateway
@@ -437,7 +417,7 @@ async fn mcp_remote_receives_the_whole_burst_on_every_transport() {
 #[tokio::test]
 async fn a_sessions_log_level_filters_the_logs_of_its_calls() {
     let tg = TestGateway::with(|c| {
-        c.upstreams.push(burst_upstream());
+        c.upstreams.push(burst());
     });
     let reg = tg
         .gateway

@@ -8,40 +8,16 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
-use gatehouse::config::UpstreamConfig;
 use gatehouse::{Registration, RegistrationSpec};
 use serde_json::Value;
-
-fn peer(rel: &str) -> PathBuf {
-    let p = repo_root().join("tests/peers").join(rel);
-    assert!(
-        p.exists(),
-        "{} is missing: run tests/peers/setup.sh",
-        p.display()
-    );
-    p
-}
-
-/// The fastmcp upstream that bursts notifications (stdio, one process per registration).
-pub fn burst_upstream() -> UpstreamConfig {
-    let py = peer(".venv-fastmcp/bin/python");
-    let script = peer("burst_server.py");
-    toml::from_str(&format!(
-        "id = \"burst\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 60\n",
-        py.display().to_string(),
-        script.display().to_string()
-    ))
-    .unwrap()
-}
 
 fn gateway() -> TestGateway {
     TestGateway::with(|c| {
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
-        c.upstreams = vec![burst_upstream()];
+        c.upstreams = vec![burst()];
     })
 }
 
@@ -56,8 +32,8 @@ async fn registration(tg: &TestGateway) -> Registration {
 async fn run_py(venv: &str, script: &str, args: &[String]) -> Value {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
-        tokio::process::Command::new(peer(&format!("{venv}/bin/python")))
-            .arg(peer(script))
+        tokio::process::Command::new(common::peers::peer(&format!("{venv}/bin/python")))
+            .arg(common::peers::peer(script))
             .args(args)
             .kill_on_drop(true)
             .output(),

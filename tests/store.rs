@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::peers::python;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -273,16 +275,6 @@ async fn call_on_session(reg: &Reg, sid: &str) -> u16 {
         .unwrap()
         .status()
         .as_u16()
-}
-
-fn python() -> PathBuf {
-    let py = repo_root().join("tests/peers/.venv/bin/python");
-    assert!(
-        py.exists(),
-        "the Python peer environment is missing ({}): run tests/peers/setup.sh",
-        py.display()
-    );
-    py
 }
 
 /// tests/peers/py_client.py (the official Python SDK) in one process: over Streamable HTTP and

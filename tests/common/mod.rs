@@ -133,6 +133,17 @@ pub fn everything(
     .unwrap()
 }
 
+/// The fastmcp upstream that bursts notifications (tests/peers/burst_server.py, stdio, one
+/// process per registration, `call_timeout_s = 60`) as upstream `burst`.
+pub fn burst() -> gatehouse::config::UpstreamConfig {
+    toml::from_str(&format!(
+        "id = \"burst\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 60\n",
+        peers::peer(".venv-fastmcp/bin/python").display().to_string(),
+        peers::peer("burst_server.py").display().to_string()
+    ))
+    .unwrap()
+}
+
 /// tests/fixtures/faulty_server.py as a shared upstream (`call_timeout_s = timeout_s`).
 pub fn faulty(id: &str, timeout_s: u64, more_toml: &str) -> gatehouse::config::UpstreamConfig {
     let script = format!(

@@ -17,6 +17,12 @@ pub fn peer(rel: &str) -> PathBuf {
     p
 }
 
+/// The Python of the peers' main environment (tests/peers/.venv: the official SDK, fastmcp's
+/// client); a missing one fails the test.
+pub fn python() -> PathBuf {
+    peer(".venv/bin/python")
+}
+
 /// `VENV/bin/python SCRIPT --batch CELLS`: each cell's `{"ok": …}` or `{"error": …}` (with
 /// `"requests"`, the [method, path] of every HTTP request the client made in it).
 pub async fn batch(venv: &str, script: &str, cells: &Value) -> Vec<Value> {
