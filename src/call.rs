@@ -383,67 +383,74 @@ pub(crate) struct Summary<'a> {
 
 /// Runs `tools/call`: the four steps. Returns the reply, or `None` when the call was
 /// cancelled. The rare, large paths are boxed (ARCHITECTURE.md, Decisions: request futures).
-pub async fn run(
-    ctx: &RequestCtx,
+///
+/// Not an `async fn`: an `async fn` moves its arguments into locals of its own, so `id` and
+/// `params` would take room twice in its state; the block uses its captures in place, and
+/// binds what `parse` gives straight into the locals it needs (this future is moved with
+/// every call: smaller is cheaper).
+pub fn run<'c>(
+    ctx: &'c RequestCtx,
     id: Value,
     params: Option<Value>,
     cancel: CancellationToken,
-) -> Option<Reply> {
-    let started = Instant::now();
-    let call = match parse(params) {
-        Ok(c) => c,
-        Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None)).await,
-    };
-    let ToolCall {
-        name,
-        arguments,
-        params,
-        progress_token,
-    } = call;
-    let (digest, recorded) = asked(ctx, &arguments);
-    let reg = &ctx.registration;
-    let budget = Budget {
-        store: &**ctx.hub.store(),
-        block: ctx.hub.config().store.budget_block,
-    };
-    let (tool, admission) = match admit(budget, reg, &name, ctx.hub.audit().is_healthy()).await {
-        Ok(a) => a,
-        Err((tool, mut r)) => {
-            r.tool = Some(name);
-            let upstream = tool.and_then(GrantedTool::upstream);
-            let asked = Some((digest.as_str(), recorded));
-            return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
-        }
-    };
-    let timeout = reg
-        .limits
-        .call_timeout_s
-        .filter(|t| *t > 0.0 && t.is_finite())
-        .map(Duration::from_secs_f64);
-    // The upstream request id and epoch, kept even if the timeout drops the execution.
-    let ids = CallIds::default();
-    let exec = Execution {
-        tool,
-        name: &name,
-        params,
-        arguments,
-        progress_token,
-        ids: &ids,
-    };
-    let ended = execute(ctx, exec, &cancel, timeout).await;
-    let summary = Summary {
-        tool: Some(&name),
-        upstream: tool.upstream(),
-        digest: Some(digest.as_str()),
-        arguments: recorded,
-        reason: None,
-        ids: Some(&ids),
-        ended,
-    };
-    let reply = finish(ctx, started, id, summary).await;
-    // The slot is given back once the record is written, as `max_concurrent` counts it.
-    drop(admission);
-    reply
+) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
+    async move {
+        let started = Instant::now();
+        let ToolCall {
+            name,
+            arguments,
+            params,
+            progress_token,
+        } = match parse(params) {
+            Ok(c) => c,
+            Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None)).await,
+        };
+        let (digest, recorded) = asked(ctx, &arguments);
+        let reg = &ctx.registration;
+        let budget = Budget {
+            store: &**ctx.hub.store(),
+            block: ctx.hub.config().store.budget_block,
+        };
+        let (tool, admission) = match admit(budget, reg, &name, ctx.hub.audit().is_healthy()).await
+        {
+            Ok(a) => a,
+            Err((tool, mut r)) => {
+                r.tool = Some(name);
+                let upstream = tool.and_then(GrantedTool::upstream);
+                let asked = Some((digest.as_str(), recorded));
+                return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
+            }
+        };
+        let timeout = reg
+            .limits
+            .call_timeout_s
+            .filter(|t| *t > 0.0 && t.is_finite())
+            .map(Duration::from_secs_f64);
+        // The upstream request id and epoch, kept even if the timeout drops the execution.
+        let ids = CallIds::default();
+        let exec = Execution {
+            tool,
+            name: &name,
+            params,
+            arguments,
+            progress_token,
+            ids: &ids,
+        };
+        let ended = execute(ctx, exec, &cancel, timeout).await;
+        let summary = Summary {
+            tool: Some(&name),
+            upstream: tool.upstream(),
+            digest: Some(digest.as_str()),
+            arguments: recorded,
+            reason: None,
+            ids: Some(&ids),
+            ended,
+        };
+        let reply = finish(ctx, started, id, summary).await;
+        // The slot is given back once the record is written, as `max_concurrent` counts it.
+        drop(admission);
+        reply
+    }
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
@@ -504,23 +511,29 @@ pub(crate) fn execute<'a>(
     // branch still builds its future (the token's waiter), and this is every proxied call.
     let is_upstream = matches!(exec.tool.backend, Backend::Upstream { .. });
     let run = run_backend(ctx, exec, cancel);
-    async move {
-        let ended = if is_upstream && timeout.is_none() {
-            run.await
-        } else {
+    // Combinators, not an `async` block: awaiting `run` inside one would move it into a
+    // second slot of the block's state (this future is inside every call's).
+    let ran = if is_upstream && timeout.is_none() {
+        futures::future::Either::Left(run)
+    } else {
+        // An in-process tool, or a registration timeout: the select is boxed, so its state
+        // is not in every call's future.
+        futures::future::Either::Right(Box::pin(async move {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
                 e = run => e,
                 _ = sleep_opt(timeout) => Ended::TimedOut(timeout.map(|d| d.as_secs_f64()).unwrap_or_default()),
             }
-        };
+        }))
+    };
+    futures::FutureExt::map(ran, move |ended| {
         if cancel.is_cancelled() {
             Ended::Cancelled
         } else {
             ended
         }
-    }
+    })
 }
 
 /// The tool itself: an in-process tool (a panic is caught: `protocol_error`) or the upstream.

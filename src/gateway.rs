@@ -720,7 +720,7 @@ impl Gateway {
             }
         }
         let mut rec = Record::event("node_stopped");
-        rec.registrations = Some(kept.len() as u64);
+        rec.rare_mut().registrations = Some(kept.len() as u64);
         rec.reason = Some(
             format!(
                 "{} registration(s) kept in the {} store for the next start; {returned} reserved call(s) returned",
@@ -787,8 +787,8 @@ impl Gateway {
                     s.label.as_deref(),
                 );
                 rec.reason = Some("expired while the daemon was down".into());
-                rec.expired_at = chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64)
-                    .map(|t| {
+                rec.rare_mut().expired_at =
+                    chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64).map(|t| {
                         t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
                             .into()
                     });
@@ -822,7 +822,7 @@ impl Gateway {
                             s.label.as_deref(),
                         );
                         rec.reason = Some(format!("its parent {pid} did not come back").into());
-                        rec.parent_registration_id = Some(pid.as_str().into());
+                        rec.rare_mut().parent_registration_id = Some(pid.as_str().into());
                         self.audit().record(rec).await?;
                         self.store().release(&s.id).await?;
                         done.expired += 1;

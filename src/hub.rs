@@ -238,14 +238,14 @@ impl Downstream for Hub {
                     let mut rec = reg.audit_record("tool_changed");
                     rec.tool = Some(c.tool.as_str().into());
                     rec.upstream = Some(c.upstream.as_str().into());
-                    rec.pin_digest = Some(c.pinned.as_str().into());
+                    rec.rare_mut().pin_digest = Some(c.pinned.as_str().into());
                     let (new, reason) = match &c.now {
                         None => (Some(c.pinned.as_str()), "restored: the upstream's definition is the pinned one again"),
                         Some(Drift::Removed) => (None, "removed by the upstream: the tool left the registration's list"),
                         Some(Drift::Refused { digest }) => (Some(digest.as_str()), "changed: calls are refused (on_tool_change = refuse)"),
                         Some(Drift::Followed { digest, .. }) => (Some(digest.as_str()), "changed: the registration follows the new definition (on_tool_change = follow)"),
                     };
-                    rec.new_digest = new.map(Into::into);
+                    rec.rare_mut().new_digest = new.map(Into::into);
                     rec.reason = Some(reason.into());
                     tracing::warn!(registration = %crate::refusals::shorten(&reg.id), tool = %c.tool, reason, "a granted tool's definition changed upstream");
                     let _ = self.audit.record(rec).await;

@@ -458,8 +458,8 @@ impl Refusals {
             }
             .into(),
         );
-        rec.count = Some(count);
-        rec.client_addr = peer.map(|p| p.to_string().into());
+        rec.rare_mut().count = Some(count);
+        rec.rare_mut().client_addr = peer.map(|p| p.to_string().into());
         self.audit.record_detached(rec);
     }
 

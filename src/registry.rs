@@ -409,8 +409,9 @@ impl RegistrationState {
     pub fn audit_record<'a>(&'a self, event: &'a str) -> Record<'a> {
         let mut r = Record::about(event, &self.id, &self.agent_id, self.label.as_deref());
         if let Some(p) = &self.family.parent {
-            r.parent_registration_id = Some(p.id.as_str().into());
-            r.agent_path = self.family.agent_path.as_deref().map(Into::into);
+            let rare = r.rare_mut();
+            rare.parent_registration_id = Some(p.id.as_str().into());
+            rare.agent_path = self.family.agent_path.as_deref().map(Into::into);
         }
         r
     }

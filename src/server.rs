@@ -106,15 +106,17 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
             let (gw, id, req) = (State(hub.clone()), Path(id.to_string()), req.map(Body::new));
+            // `map`, not an `async` block: the block would keep the request in its state
+            // beside the handler's future made from it.
             return match route {
-                Hot::Mcp => Box::pin(async move {
-                    Ok(endpoint::streamable_http::post(gw, id, req)
-                        .await
-                        .into_response())
-                }),
-                Hot::Messages => Box::pin(async move {
-                    Ok(endpoint::sse::message(gw, id, req).await.into_response())
-                }),
+                Hot::Mcp => Box::pin(futures::FutureExt::map(
+                    endpoint::streamable_http::post(gw, id, req),
+                    |r| Ok(r.into_response()),
+                )),
+                Hot::Messages => Box::pin(futures::FutureExt::map(
+                    endpoint::sse::message(gw, id, req),
+                    |r| Ok(r.into_response()),
+                )),
             };
         }
     }

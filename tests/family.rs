@@ -312,11 +312,11 @@ async fn releasing_the_parent_ends_the_child_first_and_records_say_so() {
         .filter(|r| r.registration_id.as_deref() == Some(&child_id))
     {
         assert_eq!(
-            r.parent_registration_id.as_deref(),
+            r.rare().parent_registration_id.as_deref(),
             Some(parent_id.as_str())
         );
         assert_eq!(
-            r.agent_path.as_deref(),
+            r.rare().agent_path.as_deref(),
             Some(&["planner".to_string(), "researcher".to_string()][..]),
             "{r:?}"
         );

@@ -153,8 +153,8 @@ async fn a_changed_tool_is_refused_or_followed_and_only_changed_lists_are_told()
     assert_eq!(changed.len(), 2, "{changed:?}");
     for c in &changed {
         let (pin, new) = (
-            c.pin_digest.as_deref().unwrap(),
-            c.new_digest.as_deref().unwrap(),
+            c.rare().pin_digest.as_deref().unwrap(),
+            c.rare().new_digest.as_deref().unwrap(),
         );
         assert!(pin.len() == 64 && new.len() == 64 && pin != new, "{c:?}");
     }

@@ -177,7 +177,7 @@ async fn refusals_are_counted_logged_and_audited_boundedly_and_never_show_a_toke
     //    A's next record; the admin failure its own; released and unknown ids none.
     d.wait_audit(10, |recs| {
         let f: Vec<_> = recs.iter().filter(|r| r.event == "auth_failed").collect();
-        f.iter().map(|r| r.count.unwrap_or(0)).sum::<u64>() == 3
+        f.iter().map(|r| r.rare().count.unwrap_or(0)).sum::<u64>() == 3
     })
     .await;
     let recs = auth_failed(&d);
@@ -186,15 +186,16 @@ async fn refusals_are_counted_logged_and_audited_boundedly_and_never_show_a_toke
         .filter(|r| r.registration_id.as_deref() == Some(a_id))
         .collect();
     assert_eq!(on_a.len(), 2, "{recs:?}");
-    assert_eq!(on_a[0].count, Some(1));
+    assert_eq!(on_a[0].rare().count, Some(1));
     assert_eq!(on_a[0].reason.as_deref(), Some("bad_token"));
-    assert_eq!(on_a[1].count, Some(1));
+    assert_eq!(on_a[1].rare().count, Some(1));
     assert_eq!(on_a[1].reason.as_deref(), Some("missing_token"));
     for r in &on_a {
         assert_eq!(r.agent_id.as_deref(), Some("agent-a"));
         assert_eq!(r.transport.as_deref(), Some("streamable_http"));
         assert!(
-            r.client_addr
+            r.rare()
+                .client_addr
                 .as_deref()
                 .is_some_and(|a| a.starts_with("127.0.0.1:")),
             "{r:?}"
@@ -205,7 +206,7 @@ async fn refusals_are_counted_logged_and_audited_boundedly_and_never_show_a_toke
         .filter(|r| r.transport.as_deref() == Some("admin"))
         .collect();
     assert_eq!(admin.len(), 1, "{recs:?}");
-    assert!(admin[0].registration_id.is_none() && admin[0].count == Some(1));
+    assert!(admin[0].registration_id.is_none() && admin[0].rare().count == Some(1));
     assert_eq!(
         recs.len(),
         3,
@@ -255,7 +256,7 @@ async fn refusals_are_counted_logged_and_audited_boundedly_and_never_show_a_toke
     d.wait_audit(15, |recs| {
         recs.iter()
             .filter(|r| r.event == "auth_failed" && r.registration_id.as_deref() == Some(a_id))
-            .map(|r| r.count.unwrap_or(0))
+            .map(|r| r.rare().count.unwrap_or(0))
             .sum::<u64>()
             == FLOOD as u64 + 2
     })

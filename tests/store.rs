@@ -434,7 +434,7 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
             r.event == "registration_expired" && r.registration_id.as_deref() == Some(&expiring.id)
         })
         .expect("the expired registration is audited");
-    assert!(expired.expired_at.is_some(), "{expired:?}");
+    assert!(expired.rare().expired_at.is_some(), "{expired:?}");
     assert!(audit.iter().any(|r| r.event == "registration_restored"
         && r.registration_id.as_deref() == Some(&kept.id)
         && r.label.as_deref() == Some("kept")));
@@ -447,7 +447,7 @@ async fn registrations_survive_kill9_and_sigterm_released_and_expired_ones_do_no
         .into_iter()
         .find(|r| r.event == "node_stopped")
         .expect("node_stopped audited");
-    assert_eq!(stopped.registrations, Some(1));
+    assert_eq!(stopped.rare().registrations, Some(1));
     let d = site.start();
     assert_eq!(rmcp_echo(&kept, "again").await.unwrap(), "agent-k:again");
     for r in [&kept, &released, &expiring] {
@@ -729,7 +729,7 @@ async fn sighup_applies_upstream_changes_refuses_a_bad_file_and_never_kills() {
     assert_eq!(reloads.len(), 5, "{reloads:?}");
     assert!(reloads
         .iter()
-        .all(|r| r.digest.as_ref().is_some_and(|d| d.len() == 64)));
+        .all(|r| r.rare().digest.as_ref().is_some_and(|d| d.len() == 64)));
     assert!(reloads[1]
         .reason
         .as_deref()

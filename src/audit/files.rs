@@ -122,7 +122,8 @@ impl Filter {
         let agent = match (&self.agent_id, self.descendants) {
             (Some(a), true) => {
                 r.agent_id.as_deref() == Some(a.as_str())
-                    || r.agent_path
+                    || r.rare()
+                        .agent_path
                         .as_ref()
                         .is_some_and(|p| p.iter().any(|x| x == a))
             }

@@ -67,6 +67,19 @@ pub struct Record<'a> {
     pub signal: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// What few events carry (folded `auth_failed`, `tool_changed`, a child registration's
+    /// family, start-up, stop and reload), boxed: a governed call's record is built, moved
+    /// and dropped with every call, and stays small without them. Written in its place among
+    /// the fields, read back with them ([`Record::rare`], [`Record::rare_mut`]).
+    #[serde(flatten, default, deserialize_with = "rare_of")]
+    pub rare: Option<Box<Rare<'a>>>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prev: String,
+}
+
+/// The fields of a [`Record`] that few events carry.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Rare<'a> {
     /// How many events one record stands for (`auth_failed`, folded per interval).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
@@ -92,8 +105,25 @@ pub struct Record<'a> {
     /// A digest (`config_reloaded`: SHA-256 of the config file read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Cow<'a, str>>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub prev: String,
+}
+
+/// No rare field at all: `None`, as a record built without them has.
+static NO_RARE: Rare<'static> = Rare {
+    count: None,
+    client_addr: None,
+    pin_digest: None,
+    new_digest: None,
+    parent_registration_id: None,
+    agent_path: None,
+    expired_at: None,
+    registrations: None,
+    digest: None,
+};
+
+/// The rare fields read back: `None` when the line has none of them.
+fn rare_of<'de, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<Rare<'a>>>, D::Error> {
+    let rare = Rare::deserialize(d)?;
+    Ok((rare != NO_RARE).then(|| Box::new(rare)))
 }
 
 /// The longest a tool name may be in an audit record (bytes); longer ones are cut and
@@ -187,6 +217,16 @@ impl<'a> Record<'a> {
         self.outcome = Some(Cow::Borrowed(outcome.as_str()));
     }
 
+    /// The fields few events carry (all `None` when the record has none).
+    pub fn rare(&self) -> &Rare<'a> {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    /// The fields few events carry, to set one.
+    pub fn rare_mut(&mut self) -> &mut Rare<'a> {
+        self.rare.get_or_insert_with(Default::default)
+    }
+
     /// This record with all its text owned (for a record that outlives what it borrows: one
     /// queued for the writer thread). Owned text is moved, not copied.
     pub fn into_owned(self) -> Record<'static> {
@@ -214,15 +254,19 @@ impl<'a> Record<'a> {
             pid: self.pid,
             signal: text(self.signal),
             tools: self.tools,
-            count: self.count,
-            client_addr: text(self.client_addr),
-            pin_digest: text(self.pin_digest),
-            new_digest: text(self.new_digest),
-            parent_registration_id: text(self.parent_registration_id),
-            agent_path: self.agent_path.map(|p| Cow::Owned(p.into_owned())),
-            expired_at: text(self.expired_at),
-            registrations: self.registrations,
-            digest: text(self.digest),
+            rare: self.rare.map(|r| {
+                Box::new(Rare {
+                    count: r.count,
+                    client_addr: r.client_addr.map(owned),
+                    pin_digest: r.pin_digest.map(owned),
+                    new_digest: r.new_digest.map(owned),
+                    parent_registration_id: r.parent_registration_id.map(owned),
+                    agent_path: r.agent_path.map(|p| Cow::Owned(p.into_owned())),
+                    expired_at: r.expired_at.map(owned),
+                    registrations: r.registrations,
+                    digest: r.digest.map(owned),
+                })
+            }),
             prev: self.prev,
         }
     }
@@ -292,21 +336,23 @@ impl<'a> Record<'a> {
         if let Some(v) = &self.tools {
             line.serde(k!("tools"), v);
         }
-        if let Some(v) = self.count {
-            line.u64(k!("count"), v);
+        if let Some(r) = &self.rare {
+            if let Some(v) = r.count {
+                line.u64(k!("count"), v);
+            }
+            line.opt_str(k!("client_addr"), &r.client_addr);
+            line.opt_str(k!("pin_digest"), &r.pin_digest);
+            line.opt_str(k!("new_digest"), &r.new_digest);
+            line.opt_str(k!("parent_registration_id"), &r.parent_registration_id);
+            if let Some(v) = &r.agent_path {
+                line.serde(k!("agent_path"), v);
+            }
+            line.opt_str(k!("expired_at"), &r.expired_at);
+            if let Some(v) = r.registrations {
+                line.u64(k!("registrations"), v);
+            }
+            line.opt_str(k!("digest"), &r.digest);
         }
-        line.opt_str(k!("client_addr"), &self.client_addr);
-        line.opt_str(k!("pin_digest"), &self.pin_digest);
-        line.opt_str(k!("new_digest"), &self.new_digest);
-        line.opt_str(k!("parent_registration_id"), &self.parent_registration_id);
-        if let Some(v) = &self.agent_path {
-            line.serde(k!("agent_path"), v);
-        }
-        line.opt_str(k!("expired_at"), &self.expired_at);
-        if let Some(v) = self.registrations {
-            line.u64(k!("registrations"), v);
-        }
-        line.opt_str(k!("digest"), &self.digest);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -517,15 +563,17 @@ mod tests {
             pid: Some(u32::MAX),
             signal: Some("SIGTERM".into()),
             tools: Some(vec!["a".into(), "b\"".into()]),
-            count: Some(9_999),
-            client_addr: Some("[::1]:54321".into()),
-            pin_digest: Some("ab".repeat(32).into()),
-            new_digest: Some("cd".repeat(32).into()),
-            parent_registration_id: Some("p".into()),
-            agent_path: Some(vec!["planner".to_string(), "re\"searcher".to_string()].into()),
-            expired_at: Some("2026-11-29T11:00:00.000Z".into()),
-            registrations: Some(u64::MAX),
-            digest: Some("ab\"".into()),
+            rare: Some(Box::new(Rare {
+                count: Some(9_999),
+                client_addr: Some("[::1]:54321".into()),
+                pin_digest: Some("ab".repeat(32).into()),
+                new_digest: Some("cd".repeat(32).into()),
+                parent_registration_id: Some("p".into()),
+                agent_path: Some(vec!["planner".to_string(), "re\"searcher".to_string()].into()),
+                expired_at: Some("2026-11-29T11:00:00.000Z".into()),
+                registrations: Some(u64::MAX),
+                digest: Some("ab\"".into()),
+            })),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

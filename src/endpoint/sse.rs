@@ -64,55 +64,58 @@ pub async fn open(
 }
 
 /// `POST /gw/<id>/messages/?session_id=…` (also `sessionId`).
-pub async fn message(
+pub fn message(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     req: Request,
-) -> Result<Response, Rejection> {
+) -> impl std::future::Future<Output = Result<Response, Rejection>> + Send {
     // The request taken whole: the `HeaderMap` and `Uri` extractors would clone them.
     let (parts, body) = req.into_parts();
-    let (uri, headers) = (&parts.uri, &parts.headers);
-    let heads = Heads::of(headers);
-    let reg = door::authorize_with(&gw, &id, super::Surface::Sse, headers, &heads)?;
-    let sid = query_param(uri.query(), &["session_id", "sessionId"]);
-    let session = door::session(&gw, &reg, sid, Transport::Sse)?;
-    let bytes = door::json_body(&heads, body, gw.config())?.await?;
-    // One valid request or notification is read directly; anything else takes the general
-    // path, which words the errors.
-    let msg = match jsonrpc::parse_request(&bytes) {
-        Some(m) => m,
-        None => general_message(&bytes)?,
-    };
-    // A request gets its own notes channel (`reply::to_session_stream`).
-    let ctx = RequestCtx::new(
-        gw.clone(),
-        reg.clone(),
-        Some(session.clone()),
-        Transport::Sse,
-    );
-    match msg {
-        Message::Request { id, method, params } => {
-            let cancel = session
-                .begin_call(&id)
-                .map_err(|why| Rejection::call_refused(why, id.clone()))?;
-            reply::to_session_stream(ctx, session, id, method, params, cancel);
-        }
-        Message::Notification { method, params } => {
-            dispatch::handle_notification(&ctx, &method, params.as_ref());
-        }
-        Message::Response { id, body } => {
-            if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
-                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+    // Not an `async fn`: the request would stay in its state beside its parts.
+    async move {
+        let (uri, headers) = (&parts.uri, &parts.headers);
+        let heads = Heads::of(headers);
+        let reg = door::authorize_with(&gw, &id, super::Surface::Sse, headers, &heads)?;
+        let sid = query_param(uri.query(), &["session_id", "sessionId"]);
+        let session = door::session(&gw, &reg, sid, Transport::Sse)?;
+        let bytes = door::json_body(&heads, body, gw.config())?.await?;
+        // One valid request or notification is read directly; anything else takes the general
+        // path, which words the errors.
+        let msg = match jsonrpc::parse_request(&bytes) {
+            Some(m) => m,
+            None => general_message(&bytes)?,
+        };
+        // A request gets its own notes channel (`reply::to_session_stream`).
+        let ctx = RequestCtx::new(
+            gw.clone(),
+            reg.clone(),
+            Some(session.clone()),
+            Transport::Sse,
+        );
+        match msg {
+            Message::Request { id, method, params } => {
+                let cancel = session
+                    .begin_call(&id)
+                    .map_err(|why| Rejection::call_refused(why, id.clone()))?;
+                reply::to_session_stream(ctx, session, id, method, params, cancel);
+            }
+            Message::Notification { method, params } => {
+                dispatch::handle_notification(&ctx, &method, params.as_ref());
+            }
+            Message::Response { id, body } => {
+                if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
+                    tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+                }
             }
         }
+        // As the TypeScript SDK's SSE transport answers: 202 and "Accepted", no other header
+        // (a `(StatusCode, &str)` response would add a `Content-Type`, a header insert per call).
+        let mut accepted = Response::new(axum::body::Body::from(bytes::Bytes::from_static(
+            b"Accepted",
+        )));
+        *accepted.status_mut() = StatusCode::ACCEPTED;
+        Ok(accepted)
     }
-    // As the TypeScript SDK's SSE transport answers: 202 and "Accepted", no other header
-    // (a `(StatusCode, &str)` response would add a `Content-Type`, a header insert per call).
-    let mut accepted = Response::new(axum::body::Body::from(bytes::Bytes::from_static(
-        b"Accepted",
-    )));
-    *accepted.status_mut() = StatusCode::ACCEPTED;
-    Ok(accepted)
 }
 
 /// A body the direct parse left alone: parsed into a `Value`, then classified.

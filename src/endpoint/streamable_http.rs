@@ -107,40 +107,46 @@ fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
 
 /// `POST /gw/<id>/mcp`. Takes the whole request (not a `HeaderMap` extractor, which clones
 /// every header) and keeps its headers.
-pub async fn post(
+///
+/// Not an `async fn`: its arguments would sit in its state beside the parts taken from them
+/// (the request, its parts, their headers: ~560 bytes), and this future is moved into the
+/// connection's boxed request future with every request.
+pub fn post(
     State(gw): State<Arc<Hub>>,
     Path(id): Path<String>,
     request: axum::extract::Request,
-) -> Result<Response, Rejection> {
+) -> impl std::future::Future<Output = Result<Response, Rejection>> + Send {
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let heads = Heads::of(&headers);
-    let reg = door::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
-    if !accepts(&headers, true, true) {
-        return Err(Rejection::new(
-            StatusCode::NOT_ACCEPTABLE,
-            jsonrpc::INVALID_REQUEST,
-            "not acceptable: Accept must list application/json and text/event-stream",
-        ));
+    async move {
+        let heads = Heads::of(&headers);
+        let reg = door::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
+        if !accepts(&headers, true, true) {
+            return Err(Rejection::new(
+                StatusCode::NOT_ACCEPTABLE,
+                jsonrpc::INVALID_REQUEST,
+                "not acceptable: Accept must list application/json and text/event-stream",
+            ));
+        }
+        let bytes = door::json_body(&heads, body, gw.config())?.await?;
+        // The common case: one valid request or notification, read without a `Value` envelope.
+        if let Some(msg) = jsonrpc::parse_request(&bytes) {
+            let stateless = super::stateless::is_stateless_with(
+                msg.method(),
+                msg.params(),
+                heads.session,
+                heads.version,
+            );
+            return if stateless {
+                super::stateless::handle(gw, reg, headers, Ok(msg)).await
+            } else {
+                legacy_single(gw, reg, &heads, Ok(msg)).await
+            };
+        }
+        // Everything else (responses, batches, malformed messages) is rare and boxed, like
+        // `initialize` below (ARCHITECTURE.md, Decisions: request futures).
+        Box::pin(post_general(gw, reg, headers, bytes)).await
     }
-    let bytes = door::json_body(&heads, body, gw.config())?.await?;
-    // The common case: one valid request or notification, read without a `Value` envelope.
-    if let Some(msg) = jsonrpc::parse_request(&bytes) {
-        let stateless = super::stateless::is_stateless_with(
-            msg.method(),
-            msg.params(),
-            heads.session,
-            heads.version,
-        );
-        return if stateless {
-            super::stateless::handle(gw, reg, headers, Ok(msg)).await
-        } else {
-            legacy_single(gw, reg, &heads, Ok(msg)).await
-        };
-    }
-    // Everything else (responses, batches, malformed messages) is rare and boxed, like
-    // `initialize` below (ARCHITECTURE.md, Decisions: request futures).
-    Box::pin(post_general(gw, reg, headers, bytes)).await
 }
 
 /// A body the direct parse left alone: parsed into a `Value`, then classified (which words

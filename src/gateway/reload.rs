@@ -136,7 +136,7 @@ impl super::Gateway {
             needs_restart,
         };
         let mut rec = Record::event("config_reloaded");
-        rec.digest = Some(report.digest.clone().into());
+        rec.rare_mut().digest = Some(report.digest.clone().into());
         let mut why = Vec::new();
         if !report.applied.is_empty() {
             why.push(format!("applied: {}", report.applied.join(", ")));
