@@ -388,6 +388,7 @@ pub(crate) struct Summary<'a> {
 /// `params` would take room twice in its state; the block uses its captures in place, and
 /// binds what `parse` gives straight into the locals it needs (this future is moved with
 /// every call: smaller is cheaper).
+#[allow(clippy::manual_async_fn)] // an async fn would hold `id` and `params` twice (above)
 pub fn run<'c>(
     ctx: &'c RequestCtx,
     id: Value,
