@@ -486,3 +486,281 @@ async fn call_url(
         Err(e) => (0, json!(e.to_string())),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_recovers() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut relays = Vec::new();
+    for m in &etcd.members {
+        relays.push(Relay::to(m.client).await);
+    }
+    let cut_eps: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let (a, c) = (node("a", &eps, 16), node("c", &cut_eps, 16));
+    let http = common::http();
+    let mut regs = Vec::new();
+    for i in 0..2 {
+        let r = a
+            .register(json!({"agent_id": format!("agent-{i}"), "tools": ["demo.*"]}))
+            .await;
+        let reg = (
+            r["id"].as_str().unwrap().to_string(),
+            r["token"].as_str().unwrap().to_string(),
+        );
+        wait_served(&http, &c, &reg.0, &reg.1, BOUND).await;
+        regs.push(reg);
+    }
+    let (keep, gone) = (regs[0].clone(), regs[1].clone());
+
+    // A call in flight on c when the link is cut.
+    let slow = {
+        let (url, (id, token)) = (c.data.clone(), keep.clone());
+        tokio::spawn(async move {
+            let http = common::http();
+            let r = call_url(&http, &url, &id, &token, "demo.slow", json!({"ms": 20_000})).await;
+            (Instant::now(), r)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cut_at = Instant::now();
+    for r in &relays {
+        r.cut();
+    }
+    let fenced_in = wait_status(&http, &c, &keep.0, &keep.1, 503, BOUND * 3).await;
+    let (ended, (s, v)) = slow.await.unwrap();
+    let cancelled_in = ended - cut_at;
+    println!(
+        "cut: 503 after {:.0} ms, in-flight call ended after {:.0} ms ({s} {v}) (bound {} ms)",
+        fenced_in.as_secs_f64() * 1e3,
+        cancelled_in.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(fenced_in < BOUND + SLACK, "fenced after {fenced_in:?}");
+    assert!(
+        cancelled_in < BOUND + SLACK,
+        "in-flight call ended after {cancelled_in:?}"
+    );
+    assert!(
+        !v.to_string().contains("done"),
+        "the call was cancelled, not completed: {v}"
+    );
+    // 503 says when to retry.
+    let r = http
+        .post(format!("{}/gw/{}/mcp", c.data, keep.0))
+        .bearer_auth(&keep.1)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    // The other node serves on.
+    wait_served(&http, &a, &keep.0, &keep.1, BOUND).await;
+
+    // During the cut: a release on a, then a compaction past the cut node's revision.
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{}", gone.0),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a"]), "{v}");
+    assert_eq!(v["fenced"], json!(["c"]), "{v}");
+    let mut ec = etcd.client().await;
+    let rev = ec
+        .put("/test/bump", "1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    ec.compact(rev, None).await.unwrap();
+
+    // Healed: c reads the store again (its watch revision is compacted), drops the released
+    // registration and serves the kept one.
+    let healed = Instant::now();
+    for r in &relays {
+        r.heal();
+    }
+    wait_served(&http, &c, &keep.0, &keep.1, Duration::from_secs(15)).await;
+    println!(
+        "healed: serving again after {:.0} ms",
+        healed.elapsed().as_secs_f64() * 1e3
+    );
+    let (s, _) = call(
+        &http,
+        &c,
+        &gone.0,
+        &gone.1,
+        "demo.echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert_eq!(s, 404, "released during the cut: gone on c too");
+    let audit = c.audit();
+    assert!(audit.iter().any(|r| r.event == "node_fenced"));
+    assert!(audit.iter().any(|r| r.event == "node_unfenced"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_lost_every_node_fences_within_the_bound_and_serves_again_when_it_returns() {
+    let _serial = SERIAL.lock().await;
+    let mut etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [node("a", &eps, 16), node("b", &eps, 16)];
+    let http = common::http();
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-q", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    let killed = Instant::now();
+    etcd.members[1].kill9();
+    etcd.members[2].kill9();
+    let mut worst = Duration::ZERO;
+    for n in &nodes {
+        wait_status(&http, n, &id, &token, 503, BOUND * 3).await;
+        worst = worst.max(killed.elapsed());
+    }
+    println!(
+        "quorum lost: every node 503 after {:.0} ms (bound {} ms)",
+        worst.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(worst < BOUND + SLACK, "fenced after {worst:?}");
+    // Creates fail closed.
+    let (s, v) = nodes[1]
+        .admin_call(
+            reqwest::Method::POST,
+            "/v1/registrations",
+            Some(json!({"agent_id": "agent-n", "tools": ["demo.*"]})),
+        )
+        .await;
+    assert_eq!(s, 503, "{v}");
+    etcd.members[1].spawn();
+    etcd.members[2].spawn();
+    let back = Instant::now();
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, Duration::from_secs(30)).await;
+    }
+    println!(
+        "quorum back: serving again after {:.0} ms",
+        back.elapsed().as_secs_f64() * 1e3
+    );
+    let r = nodes[1]
+        .register(json!({"agent_id": "agent-n", "tools": ["demo.*"]}))
+        .await;
+    wait_served(
+        &http,
+        &nodes[0],
+        r["id"].as_str().unwrap(),
+        r["token"].as_str().unwrap(),
+        BOUND,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_with_sigkill_leaves_its_registrations_served_by_the_others() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut a = node("a", &eps, 16);
+    let b = node("b", &eps, 16);
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-k", "tools": ["demo.*"], "ttl_s": 60}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // b serves it on, past the bound and past a's heartbeat lease (3 s).
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let (s, v) = call(&http, &b, &id, &token, "demo.echo", json!({"text":"x"})).await;
+        assert!(s == 200 && echo_ok(&v), "{s} {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A release on b no longer waits for a (its heartbeat lease ended).
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["b"]), "{v}");
+    assert_eq!(v["fenced"], json!([]), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_calls_holds_across_nodes_under_concurrent_calls() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [node("a", &eps, 2), node("b", &eps, 2), node("c", &eps, 2)];
+    let http = common::http();
+    const MAX: u64 = 20;
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-m", "tools": ["demo.*"], "limits": {"max_calls": MAX}}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        // Served (a tools/list costs no budget).
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (s, _) = call(&http, n, &id, "wrong", "demo.echo", json!({"text":"x"})).await;
+            if s == 401 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not replicated to {}", n.data);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut calls = Vec::new();
+    for n in &nodes {
+        for _ in 0..15 {
+            let (url, id, token) = (n.data.clone(), id.clone(), token.clone());
+            calls.push(tokio::spawn(async move {
+                let http = common::http();
+                let (s, v) =
+                    call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
+                s == 200 && echo_ok(&v)
+            }));
+        }
+    }
+    let mut ok = 0;
+    for c in calls {
+        if c.await.unwrap() {
+            ok += 1;
+        }
+    }
+    println!("max_calls {MAX} across 3 nodes, 45 concurrent calls: {ok} served");
+    assert!(ok <= MAX, "{ok} calls served over max_calls {MAX}");
+    assert!(
+        ok >= MAX - 6,
+        "at most one block (2) per node left unspent: {ok}"
+    );
+}
