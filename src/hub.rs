@@ -55,7 +55,7 @@ impl Hub {
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
         let hub = Arc::new(Hub {
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
-            sessions: SessionTable::new(config.sessions.clone()),
+            sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
             registry: Registry::default(),
             pool,

@@ -98,8 +98,10 @@ pub struct Metrics {
     notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
     /// Cluster (issue 36): from a release's commit to the last live node's acknowledgment.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     release_propagation: Histogram,
     /// Cluster: 1 while this node is fenced (503 on MCP paths).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     fenced: Gauge,
 }
 
@@ -117,11 +119,13 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     /// Cluster: one release's propagation time.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub fn release_propagated(&self, secs: f64) {
         self.release_propagation.observe(secs);
     }
 
     /// Cluster: this node fenced (true) or serving (false).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub fn set_fenced(&self, fenced: bool) {
         self.fenced.set(i64::from(fenced));
     }

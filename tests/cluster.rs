@@ -7,6 +7,7 @@
 //! killed with -9 leaves its registrations served by the others; `max_calls` holds across
 //! nodes. etcd missing fails the test (never a skip).
 #![cfg(feature = "cluster")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -763,4 +764,78 @@ async fn max_calls_holds_across_nodes_under_concurrent_calls() {
         ok >= MAX - 6,
         "at most one block (2) per node left unspent: {ok}"
     );
+}
+
+/// `initialize` on Streamable HTTP (2025-06-18) at `node`: the `Mcp-Session-Id` it minted.
+async fn initialize(http: &reqwest::Client, node: &Daemon, id: &str, token: &str) -> String {
+    let r = http
+        .post(format!("{}/gw/{id}/mcp", node.data))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"cluster-test","version":"0"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.headers()["mcp-session-id"].to_str().unwrap().to_string()
+}
+
+async fn list_in_session(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    sid: &str,
+) -> u16 {
+    http.post(format!("{}/gw/{id}/mcp", node.data))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_carry_their_node_and_another_node_answers_404() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let (a, b) = (node("a", &eps, 16), node("b", &eps, 16));
+    let http = common::http();
+    let r = b
+        .register(json!({"agent_id": "agent-s", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &a, &id, &token, BOUND).await;
+    // Streamable HTTP: the session id names the node that made it.
+    let sid = initialize(&http, &a, &id, &token).await;
+    assert!(sid.starts_with("a."), "{sid}");
+    assert_eq!(list_in_session(&http, &a, &id, &token, &sid).await, 200);
+    assert_eq!(
+        list_in_session(&http, &b, &id, &token, &sid).await,
+        404,
+        "another node's session"
+    );
+    // Legacy HTTP+SSE: the endpoint's session_id too.
+    let sse = common::SseClient::connect(&format!("{}/gw/{id}/sse", b.data), &token).await;
+    assert!(sse.endpoint.contains("session_id=b."), "{}", sse.endpoint);
+    let wrong = sse.post_url().replace(&b.data, &a.data);
+    let s = http
+        .post(wrong)
+        .bearer_auth(&token)
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s.as_u16(), 404, "a legacy session on another node");
 }
