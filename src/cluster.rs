@@ -59,6 +59,15 @@ impl Node {
         format!("{}beat/{node}", self.store.prefix())
     }
 
+    /// The applied revision, told to the fence (this node's own ack) and the audit.
+    fn published(&self) {
+        let applied = self.applied.load(Ordering::Acquire);
+        self.gw.hub().fence().peer_applied(&self.id, applied);
+        self.gw
+            .audit()
+            .set_store_revision(u64::try_from(applied).unwrap_or(0));
+    }
+
     fn proved(&self, at: Instant) {
         let until = at + self.bound;
         let mut f = lock(&self.fresh_until);
@@ -229,10 +238,7 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
         let dropped = node.gw.reconcile(before, regs);
         node.gw.hub().fence().set_peers(peers);
         node.applied.fetch_max(rev, Ordering::AcqRel);
-        node.gw
-            .hub()
-            .fence()
-            .peer_applied(&node.id, node.applied.load(Ordering::Acquire));
+        node.published();
         // A linearizable read that completed proves what a heartbeat proves.
         node.proved(t0);
         if failing || dropped > 0 {
@@ -290,10 +296,7 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
                 let Ok(key) = kv.key_str() else { continue };
                 ended |= node.apply(ev.event_type(), key, kv.value(), kv.mod_revision());
             }
-            node.gw
-                .hub()
-                .fence()
-                .peer_applied(&node.id, node.applied.load(Ordering::Acquire));
+            node.published();
             if ended {
                 node.beat_now.notify_one();
             }

@@ -838,4 +838,45 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
         .unwrap()
         .status();
     assert_eq!(s.as_u16(), 404, "a legacy session on another node");
+
+    // Audit: one chain per node; a call served on a carries node_id "a" and the store
+    // revision a had applied (at least the registration's creation).
+    let (s, _) = call(&http, &a, &id, &token, "demo.echo", json!({"text":"x"})).await;
+    assert_eq!(s, 200);
+    a.wait_audit(5, |recs| {
+        recs.iter().any(|r| {
+            r.event == "governed_mcp_call"
+                && r.node_id.as_deref() == Some("a")
+                && r.store_revision.is_some_and(|v| v > 0)
+        })
+    })
+    .await;
+    let text = std::fs::read_to_string(a.audit_path()).unwrap();
+    assert!(!text.contains(&token), "no token in the audit");
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["audit", "verify"])
+        .arg(a.audit_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Only token digests in etcd.
+    let mut ec = etcd.client().await;
+    let all = ec
+        .get(
+            "/gatehouse/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(!all.kvs().is_empty());
+    for kv in all.kvs() {
+        assert!(
+            !String::from_utf8_lossy(kv.value()).contains(&token),
+            "a token in etcd"
+        );
+    }
 }
