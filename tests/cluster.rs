@@ -880,3 +880,239 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
         );
     }
 }
+
+fn nginx_bin() -> std::path::PathBuf {
+    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("nginx is not installed: run `bash tests/peers/setup.sh` (installs nginx-light)")
+}
+
+/// nginx in the foreground running the shipped deploy/nginx-cluster.conf, its addresses
+/// rewritten to the three nodes (n1, n2, n3) and its two listeners to loopback ports.
+struct Nginx {
+    child: Child,
+    _dir: tempfile::TempDir,
+    data: String,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nginx {
+    fn start(nodes: &[&Daemon; 3]) -> Nginx {
+        let hostport = |url: &str| url.trim_start_matches("http://").to_string();
+        let shipped =
+            std::fs::read_to_string(common::repo_root().join("deploy/nginx-cluster.conf")).unwrap();
+        let (data_port, admin_port) = (free_port(), free_port());
+        let mut conf = shipped
+            .replace("listen 80;", &format!("listen 127.0.0.1:{data_port};"))
+            .replace(
+                "listen 10.0.0.10:8788;",
+                &format!("listen 127.0.0.1:{admin_port};"),
+            );
+        for (i, n) in nodes.iter().enumerate() {
+            conf = conf
+                .replace(&format!("10.0.0.1{}:8787", i + 1), &hostport(&n.data))
+                .replace(&format!("10.0.0.1{}:8788", i + 1), &hostport(&n.admin));
+        }
+        assert!(
+            !conf
+                .lines()
+                .any(|l| !l.trim_start().starts_with('#') && l.contains("10.0.0.")),
+            "an address is left:\n{conf}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        std::fs::write(dir.path().join("gatehouse.conf"), conf).unwrap();
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+        std::fs::write(
+            dir.path().join("nginx.conf"),
+            format!(
+                "{}pid {d}/nginx.pid;\nerror_log {d}/error.log info;\nevents {{ worker_connections 512; }}\n\
+                 http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/client_body;\n  \
+                 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  \
+                 scgi_temp_path {d}/scgi;\n  include {d}/gatehouse.conf;\n}}\n",
+                if root { "user root;\n" } else { "" }
+            ),
+        )
+        .unwrap();
+        let child = Command::new(nginx_bin())
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let data = format!("http://127.0.0.1:{data_port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", data_port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not listen: {:?}",
+                std::fs::read_to_string(dir.path().join("error.log"))
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nginx {
+            child,
+            _dir: dir,
+            data,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_sessions_node() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut nodes = [
+        node("n1", &eps, 16),
+        node("n2", &eps, 16),
+        node("n3", &eps, 16),
+    ];
+    let nginx = Nginx::start(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let http = common::http();
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-py", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    // Stateless requests through the proxy land on any node.
+    let (s, v) = call_url(
+        &http,
+        &nginx.data,
+        &id,
+        &token,
+        "demo.echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert!(s == 200 && echo_ok(&v), "{s} {v}");
+
+    let python = common::repo_root().join("tests/peers/.venv/bin/python");
+    assert!(
+        python.is_file(),
+        "the Python MCP SDK venv is missing: bash tests/peers/setup.sh"
+    );
+    let mut client = tokio::process::Command::new(python)
+        .arg(common::repo_root().join("tests/peers/cluster_client.py"))
+        .args([
+            "--url",
+            &format!("{}/gw/{id}/mcp", nginx.data),
+            "--token",
+            &token,
+        ])
+        .args(["--seconds", "8", "--interval-ms", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = client.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut events: Vec<Value> = Vec::new();
+    let mut killed: Option<(String, Instant)> = None;
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let v: Value = serde_json::from_str(&line).unwrap_or(json!({"raw": line}));
+            // After 20 good calls, kill -9 the node that holds the client's session.
+            if killed.is_none()
+                && v["event"] == "call"
+                && v["ok"] == true
+                && v["n"].as_u64() >= Some(20)
+            {
+                let sid = v["session"].as_str().unwrap().to_string();
+                let owner = sid.split('.').next().unwrap().to_string();
+                let i = ["n1", "n2", "n3"].iter().position(|n| *n == owner).unwrap();
+                nodes[i].child.kill().unwrap();
+                nodes[i].child.wait().unwrap();
+                killed = Some((owner, Instant::now()));
+            }
+            let done = v["event"] == "done";
+            events.push(v);
+            if done {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(40), read)
+        .await
+        .expect("the client ended in time");
+    let status = tokio::time::timeout(Duration::from_secs(10), client.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "cluster_client failed");
+    let (dead, at) = killed.expect("the client made 20 calls");
+    let calls: Vec<&Value> = events.iter().filter(|v| v["event"] == "call").collect();
+    let failed: Vec<&&Value> = calls.iter().filter(|v| v["ok"] != true).collect();
+    let sessions: Vec<&str> = events
+        .iter()
+        .filter(|v| v["event"] == "session")
+        .filter_map(|v| v["session"].as_str())
+        .collect();
+    let after: Vec<&&Value> = calls
+        .iter()
+        .filter(|v| {
+            v["ok"] == true
+                && v["session"]
+                    .as_str()
+                    .is_some_and(|s| !s.starts_with(&format!("{dead}.")))
+        })
+        .collect();
+    let slowest = calls
+        .iter()
+        .filter_map(|v| v["ms"].as_f64())
+        .fold(0.0, f64::max);
+    println!(
+        "python SDK through nginx: {} calls, {} failed (the session's node {dead} killed -9 after call 20), sessions {:?}, slowest call {:.0} ms, {} calls after the kill on a new session ({:.1} s after it)",
+        calls.len(),
+        failed.len(),
+        sessions,
+        slowest,
+        after.len(),
+        at.elapsed().as_secs_f64()
+    );
+    assert!(
+        sessions.len() >= 2,
+        "the client initialized again: {sessions:?}"
+    );
+    assert!(
+        !sessions[sessions.len() - 1].starts_with(&format!("{dead}.")),
+        "a live node's session: {sessions:?}"
+    );
+    assert!(
+        after.len() >= 20,
+        "calls go on after the kill: {}",
+        after.len()
+    );
+    assert!(
+        failed.len() <= 2,
+        "only the calls in flight at the kill fail: {failed:?}"
+    );
+    assert!(
+        slowest < 5000.0,
+        "no call hangs (each fails or is answered)"
+    );
+}
