@@ -691,6 +691,44 @@ async fn a_node_killed_with_sigkill_leaves_its_registrations_served_by_the_other
         r["token"].as_str().unwrap().to_string(),
     );
     wait_served(&http, &b, &id, &token, BOUND).await;
+    // A renewal on b reaches a (the watch carries the new expiry).
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::POST,
+            &format!("/v1/registrations/{id}/renew"),
+            Some(json!({"ttl_s": 120})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let expires = v["expires_at"].clone();
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let (_, g) = a
+            .admin_call(
+                reqwest::Method::GET,
+                &format!("/v1/registrations/{id}"),
+                None,
+            )
+            .await;
+        if g["expires_at"] == expires {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "renewal not on a: {g} vs {expires}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A short-lived one made on a: its TTL runs on after a dies (b expires it).
+    let r = a
+        .register(json!({"agent_id": "agent-t", "tools": ["demo.*"], "ttl_s": 2}))
+        .await;
+    let (tid, ttok) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &tid, &ttok, BOUND).await;
+    let made = Instant::now();
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     // b serves it on, past the bound and past a's heartbeat lease (3 s).
@@ -700,6 +738,18 @@ async fn a_node_killed_with_sigkill_leaves_its_registrations_served_by_the_other
         assert!(s == 200 && echo_ok(&v), "{s} {v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The TTL of a's short-lived registration ended on b (and in etcd).
+    wait_status(&http, &b, &tid, &ttok, 404, Duration::from_secs(3)).await;
+    assert!(made.elapsed() >= Duration::from_secs(2));
+    let mut ec = etcd.client().await;
+    let left = ec
+        .get(format!("/gatehouse/v1/reg/{tid}"), None)
+        .await
+        .unwrap();
+    assert!(
+        left.kvs().is_empty(),
+        "the expired registration is gone from etcd"
+    );
     // A release on b no longer waits for a (its heartbeat lease ended).
     let (s, v) = b
         .admin_call(
