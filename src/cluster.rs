@@ -52,6 +52,8 @@ struct Node {
     pending: Mutex<VecDeque<(u64, Instant)>>,
     /// Asks for a heartbeat now (after a release is applied: the releasing node waits).
     beat_now: tokio::sync::Notify,
+    /// A heartbeat was written (the first one comes before the first read of the store).
+    first_beat: tokio::sync::Notify,
 }
 
 impl Node {
@@ -200,14 +202,19 @@ pub async fn start(gw: &Gateway, wait: Duration) -> Result<(usize, bool), String
         fresh_until: Mutex::new(None),
         pending: Mutex::new(VecDeque::new()),
         beat_now: tokio::sync::Notify::new(),
+        first_beat: tokio::sync::Notify::new(),
     });
-    gw.hub().fence().enable();
+    gw.hub().fence().enable(&node.id);
     gw.hub().metrics().set_fenced(true);
     let stop = gw.shutdown_token();
-    gw.spawn_owned(replicate(node.clone(), stop.clone()));
-    gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
-    gw.spawn_owned(fence_keeper(node.clone(), stop));
     let deadline = Instant::now() + wait;
+    // The node's heartbeat key exists before it first reads the store: a release committed
+    // after that read is waited for by its releaser (who sees this node among the live ones
+    // once it has applied the release's revision), and one committed before it is in the read.
+    gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
+    let _ = tokio::time::timeout(wait, node.first_beat.notified()).await;
+    gw.spawn_owned(replicate(node.clone(), stop.clone()));
+    gw.spawn_owned(fence_keeper(node.clone(), stop));
     while gw.hub().fence().is_fenced() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -306,17 +313,22 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
 
 async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
     let mut seq = 0u64;
+    let mut failing = false;
     let mut lease: Option<i64> = None;
     let mut last_keep = Instant::now();
     let lease_ttl = i64::try_from(node.bound.as_secs().max(1) * 3)
         .unwrap_or(3)
         .max(3);
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(node.beat_every) => {}
-            _ = node.beat_now.notified() => {}
+        if !first {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(node.beat_every) => {}
+                _ = node.beat_now.notified() => {}
+            }
         }
+        first = false;
         let Ok(mut c) = node.store.client().await else {
             continue;
         };
@@ -344,7 +356,13 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
                     last_keep = Instant::now();
                     l.id()
                 }
-                Err(_) => continue,
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "cluster: heartbeat lease not granted; retrying");
+                        failing = true;
+                    }
+                    continue;
+                }
             },
         };
         seq += 1;
@@ -367,9 +385,22 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
             value,
             Some(PutOptions::new().with_lease(id)),
         );
-        if put.await.is_err() {
-            // Perhaps the lease ended: a new one next time (an unknown lease fails the put).
-            lease = None;
+        match put.await {
+            Ok(_) => {
+                node.first_beat.notify_one();
+                if failing {
+                    tracing::info!("cluster: heartbeats written again");
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cluster: heartbeat not written; retrying");
+                    failing = true;
+                }
+                // Perhaps the lease ended: a new one next time (an unknown lease fails the put).
+                lease = None;
+            }
         }
     }
     // A clean stop: the heartbeat's lease ends now, so peers stop waiting for this node.

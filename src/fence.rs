@@ -34,6 +34,8 @@ pub struct Fence {
     peers: Mutex<BTreeMap<String, i64>>,
     /// Woken whenever `peers` changes.
     changed: tokio::sync::Notify,
+    /// This node's id (its own entry in `peers`).
+    own: Mutex<String>,
 }
 
 impl Default for Fence {
@@ -44,6 +46,7 @@ impl Default for Fence {
             token: Mutex::new(CancellationToken::new()),
             peers: Mutex::new(BTreeMap::new()),
             changed: tokio::sync::Notify::new(),
+            own: Mutex::new(String::new()),
         }
     }
 }
@@ -59,7 +62,8 @@ pub struct Acks {
 
 impl Fence {
     /// Turns the fence on, closed (a cluster node starts fenced until its first proof).
-    pub fn enable(&self) {
+    pub fn enable(&self, node: &str) {
+        *lock(&self.own) = node.to_string();
         self.fenced.store(true, Ordering::Release);
         lock(&self.token).cancel();
         self.enabled.store(true, Ordering::Release);
@@ -127,17 +131,21 @@ impl Fence {
         self.changed.notify_waiters();
     }
 
-    /// Waits until every live peer has applied `revision`, or `bound` has passed.
+    /// Waits until every live peer has applied `revision`, or `bound` has passed. The live
+    /// peers are those this node knows of once it has applied `revision - 1` itself (every
+    /// heartbeat key committed before the release), so its own entry is waited for first.
     pub async fn await_applied(&self, revision: i64, bound: Duration) -> Acks {
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + bound;
+        let own = lock(&self.own).clone();
         loop {
             let changed = self.changed.notified();
             let (acked, behind): (Vec<_>, Vec<_>) = lock(&self.peers)
                 .iter()
                 .map(|(n, r)| (n.clone(), *r >= revision))
                 .partition(|(_, ok)| *ok);
-            if behind.is_empty() || tokio::time::Instant::now() >= deadline {
+            let own_done = own.is_empty() || acked.iter().any(|(n, _)| *n == own);
+            if (own_done && behind.is_empty()) || tokio::time::Instant::now() >= deadline {
                 return Acks {
                     revision,
                     acked: acked.into_iter().map(|(n, _)| n).collect(),
@@ -158,7 +166,7 @@ mod tests {
     async fn a_release_waits_for_every_peer_or_the_bound() {
         let f = Fence::default();
         assert!(f.token().is_none(), "off outside a cluster");
-        f.enable();
+        f.enable("a");
         assert!(f.is_fenced());
         let t = f.token().unwrap_or_default();
         assert!(t.is_cancelled(), "a closed fence's token has fired");

@@ -929,6 +929,23 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
             "a token in etcd"
         );
     }
+
+    // `gatehouse release` on a node of a cluster: it says who acknowledged.
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["release", &id, "--config"])
+        .arg(a.dir().join("gatehouse.toml"))
+        .env("GATEHOUSE_ADMIN_URL", &a.admin)
+        .env_remove("GATEHOUSE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("acknowledged by [a,b], fenced []"), "{said}");
+    wait_status(&http, &b, &id, &token, 404, BOUND).await;
 }
 
 fn nginx_bin() -> std::path::PathBuf {
