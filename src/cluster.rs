@@ -336,13 +336,19 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
             Some(id) if last_keep.elapsed() < Duration::from_secs(1) => id,
             Some(id) => {
                 // Kept alive once a second; a lease that ended (a long cut) is replaced.
-                let alive = match c.lease_keep_alive(id).await {
-                    Ok((mut keeper, mut stream)) => {
-                        keeper.keep_alive().await.is_ok()
-                            && matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0)
+                let keep = async {
+                    match c.lease_keep_alive(id).await {
+                        Ok((mut keeper, mut stream)) => {
+                            keeper.keep_alive().await.is_ok()
+                                && matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0)
+                        }
+                        Err(_) => false,
                     }
-                    Err(_) => false,
                 };
+                // Bounded: a stream's message has no request timeout of its own.
+                let alive = tokio::time::timeout(node.bound, keep)
+                    .await
+                    .unwrap_or(false);
                 if !alive {
                     lease = None;
                     continue;

@@ -945,6 +945,16 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("acknowledged by [a,b], fenced []"), "{said}");
+    a.wait_audit(5, |recs| {
+        recs.iter().any(|r| {
+            r.event == "release_acknowledged"
+                && r.registration_id.as_deref() == Some(id.as_str())
+                && r.reason
+                    .as_deref()
+                    .is_some_and(|t| t.contains("applied by [a,b]"))
+        })
+    })
+    .await;
     wait_status(&http, &b, &id, &token, 404, BOUND).await;
 }
 

@@ -130,6 +130,19 @@ impl Gateway {
             bound
         };
         self.metrics().release_propagated(took.as_secs_f64());
+        let mut rec = crate::audit::Record::event("release_acknowledged");
+        rec.registration_id = Some(id.to_string().into());
+        rec.reason = Some(
+            format!(
+                "revision {}: applied by [{}] within {} ms; fenced [{}]",
+                acks.revision,
+                acks.acked.join(","),
+                acks.waited.as_millis(),
+                acks.fenced.join(",")
+            )
+            .into(),
+        );
+        let _ = self.audit().record(rec).await;
         Some(acks)
     }
 
