@@ -232,6 +232,11 @@ impl Relay {
 
 /// A gatehouse node on the cluster's `endpoints`.
 fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {
+    node_with(name, endpoints, budget_block, "")
+}
+
+/// [`node`] with more `[store]` keys.
+fn node_with(name: &str, endpoints: &[String], budget_block: u64, store_extra: &str) -> Daemon {
     let list = endpoints
         .iter()
         .map(|e| format!("{e:?}"))
@@ -239,7 +244,7 @@ fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {
         .join(", ");
     Daemon::start(
         &format!(
-            "node_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
+            "node_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n{store_extra}\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
             BOUND.as_millis()
         ),
         "",
@@ -1192,4 +1197,52 @@ async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_
         slowest < 5000.0,
         "no call hangs (each fails or is answered)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_authenticates_to_etcd_with_user_and_password_file() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut ec = etcd.client().await;
+    ec.user_add("root", "root-pw-1", None).await.unwrap();
+    ec.user_grant_role("root", "root").await.unwrap();
+    ec.auth_enable().await.unwrap();
+    // Auth is on: an anonymous write is refused.
+    let mut anon = etcd.client().await;
+    assert!(anon.put("/gatehouse/v1/x", "1", None).await.is_err());
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("etcd.password");
+    std::fs::write(&pw, "root-pw-1\n").unwrap();
+    let extra = format!(
+        "user = \"root\"\npassword_file = {:?}",
+        pw.display().to_string()
+    );
+    let (a, b) = (
+        node_with("a", &eps, 16, &extra),
+        node_with("b", &eps, 16, &extra),
+    );
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-auth", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    // Fresh past the bound: heartbeats go through with the credentials.
+    tokio::time::sleep(BOUND * 2).await;
+    wait_served(&http, &a, &id, &token, Duration::from_millis(100)).await;
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a", "b"]), "{v}");
+    let out = a.log_lines().join("\n");
+    assert!(!out.contains("root-pw-1"), "the password is never logged");
 }
