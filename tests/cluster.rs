@@ -1246,3 +1246,185 @@ async fn a_node_authenticates_to_etcd_with_user_and_password_file() {
     let out = a.log_lines().join("\n");
     assert!(!out.contains("root-pw-1"), "the password is never logged");
 }
+
+/// `openssl` with `args` in `dir` (asserted to succeed).
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian openssl) must be installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A CA, a server certificate for 127.0.0.1 and a client certificate, all made here.
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=gatehouse-test-ca",
+        ],
+    );
+    for (name, cn) in [("server", "127.0.0.1"), ("client", "gatehouse")] {
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+    let (client_port, peer_port) = (free_port(), free_port());
+    let mut member = Member {
+        name: "t0".into(),
+        client: client_port,
+        args: vec![
+            "--name".into(),
+            "t0".into(),
+            "--data-dir".into(),
+            d.join("t0").display().to_string(),
+            "--listen-client-urls".into(),
+            format!("https://127.0.0.1:{client_port}"),
+            "--advertise-client-urls".into(),
+            format!("https://127.0.0.1:{client_port}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster".into(),
+            format!("t0=http://127.0.0.1:{peer_port}"),
+            "--cert-file".into(),
+            d.join("server.pem").display().to_string(),
+            "--key-file".into(),
+            d.join("server.key").display().to_string(),
+            "--trusted-ca-file".into(),
+            d.join("ca.pem").display().to_string(),
+            "--client-cert-auth".into(),
+        ],
+        child: None,
+    };
+    member.spawn();
+    let endpoint = format!("https://127.0.0.1:{client_port}");
+    // Wait until it accepts a write over TLS with the client certificate.
+    let tls = || {
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(
+                std::fs::read(d.join("ca.pem")).unwrap(),
+            ))
+            .identity(etcd_client::Identity::from_pem(
+                std::fs::read(d.join("client.pem")).unwrap(),
+                std::fs::read(d.join("client.key")).unwrap(),
+            ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_timeout(Duration::from_secs(1))
+            .with_tls(tls());
+        if let Ok(mut c) = etcd_client::Client::connect([endpoint.as_str()], Some(opts)).await {
+            if c.put("/test/alive", "1", None).await.is_ok() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "etcd over TLS not writable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without a client certificate: refused.
+    let opts = etcd_client::ConnectOptions::new()
+        .with_timeout(Duration::from_secs(1))
+        .with_tls(etcd_client::TlsOptions::new().ca_certificate(
+            etcd_client::Certificate::from_pem(std::fs::read(d.join("ca.pem")).unwrap()),
+        ));
+    let refused = match etcd_client::Client::connect([endpoint.as_str()], Some(opts)).await {
+        Ok(mut c) => c.put("/test/anon", "1", None).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "etcd requires a client certificate");
+    let p = |f: &str| d.join(f).display().to_string();
+    let extra = format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}",
+        p("ca.pem"),
+        p("client.pem"),
+        p("client.key")
+    );
+    let eps = [endpoint.clone()];
+    let (a, b) = (
+        node_with("a", &eps, 16, &extra),
+        node_with("b", &eps, 16, &extra),
+    );
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-tls", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    tokio::time::sleep(BOUND * 2).await;
+    wait_served(&http, &a, &id, &token, Duration::from_millis(100)).await;
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a", "b"]), "{v}");
+    wait_status(&http, &b, &id, &token, 404, BOUND).await;
+}

@@ -164,6 +164,10 @@ if ! command -v etcd >/dev/null; then
   command -v etcd >/dev/null || die "etcd-server is installed but there is no etcd binary"
 fi
 etcd --version >/dev/null 2>&1 || die "etcd does not run (etcd --version)"
+# openssl makes the TLS test's CA and certificates (tests/cluster.rs).
+if ! command -v openssl >/dev/null; then
+  apt_install openssl
+fi
 if ! command -v protoc >/dev/null; then
   apt_install protobuf-compiler
   command -v protoc >/dev/null || die "protobuf-compiler is installed but there is no protoc"
