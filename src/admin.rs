@@ -396,7 +396,22 @@ async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> R
         .release_id_committed(&id, ReleaseReason::Released)
         .await
     {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(true) => {
+            // A cluster node: 200 once every live node applied the release, or the bound
+            // passed (the nodes behind it have fenced).
+            #[cfg(feature = "cluster")]
+            if let Some(a) = st.gw.release_acks(&id).await {
+                return Json(json!({
+                    "id": id,
+                    "revision": a.revision,
+                    "acked": a.acked,
+                    "fenced": a.fenced,
+                    "waited_ms": a.waited.as_secs_f64() * 1000.0,
+                }))
+                .into_response();
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
         Ok(false) => no_such_registration(&st.gw, &id),
         Err(e) => store_failed(e),
     }

@@ -87,6 +87,8 @@ pub struct Audit {
     /// The console's live series, fed from every record once enabled (the daemon's admin
     /// router does; an embedded gateway never pays for it).
     series: Arc<std::sync::OnceLock<series::Series>>,
+    /// A cluster node's applied store revision, stamped on every record (`store_revision`).
+    store_revision: Arc<std::sync::atomic::AtomicU64>,
     _thread: Arc<WriterThread>,
 }
 
@@ -109,6 +111,7 @@ impl Audit {
         let counters = Arc::new(Counters::default());
         let mut writer = Writer::open(config, counters.clone())?;
         writer.node_id = node_id.map(str::to_string);
+        let store_revision = writer.store_revision.clone();
         let writer = Arc::new(std::sync::Mutex::new(writer));
         let inline = config.fsync != FsyncPolicy::Always;
         let (h, d, w) = (healthy.clone(), depth.clone(), writer.clone());
@@ -125,8 +128,15 @@ impl Audit {
             counters,
             path: Arc::new(config.path.clone()),
             series: Arc::default(),
+            store_revision,
             _thread: Arc::new(WriterThread(Some(handle))),
         })
+    }
+
+    /// A cluster node applied the store up to `revision`: later records carry it.
+    pub fn set_store_revision(&self, revision: u64) {
+        self.store_revision
+            .fetch_max(revision, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Writes a record and waits until it is written (per the fsync policy).

@@ -511,19 +511,29 @@ pub(crate) fn execute<'a>(
     // Without a registration timeout an upstream call is just awaited: a disabled `select!`
     // branch still builds its future (the token's waiter), and this is every proxied call.
     let is_upstream = matches!(exec.tool.backend, Backend::Upstream { .. });
+    // A cluster node that fences cancels its calls in flight (`fence`; `None` outside a
+    // cluster).
+    let fence = ctx.hub.fence().token();
     let run = run_backend(ctx, exec, cancel);
     // Combinators, not an `async` block: awaiting `run` inside one would move it into a
     // second slot of the block's state (this future is inside every call's).
-    let ran = if is_upstream && timeout.is_none() {
+    let ran = if is_upstream && timeout.is_none() && fence.is_none() {
         futures::future::Either::Left(run)
     } else {
-        // An in-process tool, or a registration timeout: the select is boxed, so its state
-        // is not in every call's future.
+        // An in-process tool, a registration timeout, a cluster's fence: the select is boxed,
+        // so its state is not in every call's future.
         futures::future::Either::Right(Box::pin(async move {
+            tokio::pin!(run);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled(), if !is_upstream => Ended::Cancelled,
-                e = run => e,
+                e = &mut run => e,
+                _ = fenced(fence.as_ref()) => {
+                    // The call is cancelled as a client's cancel would be (an upstream call
+                    // tells its upstream first), and ends as its backend ends it.
+                    cancel.cancel();
+                    run.await
+                }
                 _ = sleep_opt(timeout) => Ended::TimedOut(timeout.map(|d| d.as_secs_f64()).unwrap_or_default()),
             }
         }))
@@ -689,6 +699,14 @@ fn may_say_is_error(text: &str) -> bool {
         }
     }
     false
+}
+
+/// The fence's cancellation, or never (outside a cluster).
+async fn fenced(fence: Option<&CancellationToken>) {
+    match fence {
+        Some(f) => f.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_opt(d: Option<Duration>) {

@@ -76,7 +76,31 @@ pub struct Config {
     /// Child registrations (sub-agents): how deep and how many.
     pub children: ChildrenConfig,
     pub store: StoreConfig,
+    /// Several nodes on one etcd store (`[store] backend = "etcd"`; `crate::cluster`).
+    pub cluster: ClusterConfig,
     pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// The cluster's timing (issue 36, CLUSTER.md §5.4).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// B: a release holds on every node within this bound. A node that has not seen its own
+    /// heartbeat come back through its watch within it answers 503 and cancels its calls.
+    /// 100-60000.
+    pub release_bound_ms: u64,
+    /// How often a node writes its heartbeat (and its applied revision). 10-10000, below
+    /// `release_bound_ms`.
+    pub heartbeat_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            release_bound_ms: 1000,
+            heartbeat_ms: 200,
+        }
+    }
 }
 
 /// Caps on child registrations (`RegistrationSpec::parent`).
@@ -121,6 +145,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             children: ChildrenConfig::default(),
             store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
             upstreams: Vec::new(),
         }
     }
@@ -273,6 +298,8 @@ pub enum StoreBackend {
     Memory,
     /// A SQLite file written through before each answer (`gatehouse serve`'s default).
     Sqlite,
+    /// etcd v3 shared by several nodes (`crate::cluster`; a build with the `cluster` feature).
+    Etcd,
 }
 
 /// The registration store.
@@ -291,6 +318,21 @@ pub struct StoreConfig {
     pub budget_block: u64,
     /// Store writes waiting for the writer thread at most (then writers wait). 16-1048576.
     pub queue: usize,
+    /// `etcd`: the members' `http(s)://host:port` (or `host:port`).
+    pub endpoints: Vec<String>,
+    /// `etcd`: the key prefix (default `/gatehouse/v1/`).
+    pub prefix: Option<String>,
+    /// `etcd`: user name (with `password_file`).
+    pub user: Option<String>,
+    /// `etcd`: a file holding the user's password (never in the config itself).
+    pub password_file: Option<PathBuf>,
+    /// `etcd` over TLS: the CA's PEM file.
+    pub ca_file: Option<PathBuf>,
+    /// `etcd` over TLS: this client's certificate and key (PEM).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// `etcd`: each request's bound, in ms. 100-60000.
+    pub timeout_ms: u64,
 }
 
 impl Default for StoreConfig {
@@ -301,6 +343,14 @@ impl Default for StoreConfig {
             release_on_exit: false,
             budget_block: 16,
             queue: 4096,
+            endpoints: Vec::new(),
+            prefix: None,
+            user: None,
+            password_file: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            timeout_ms: 2000,
         }
     }
 }
@@ -612,6 +662,34 @@ impl Config {
                     "node_id = {node:?}: must be 1-{NODE_ID_MAX} characters of [a-z0-9] (registration ids become <node_id>.<random>)"
                 )));
             }
+        }
+        if self.store.backend == Some(StoreBackend::Etcd) {
+            if self.node_id.is_none() {
+                return Err(ConfigError::Invalid(
+                    "store.backend = \"etcd\" needs node_id (GATEHOUSE_NODE_ID): it names the node's heartbeat and sessions".into(),
+                ));
+            }
+            if self.store.endpoints.is_empty() {
+                return Err(ConfigError::Invalid(
+                    "store.backend = \"etcd\" needs store.endpoints (or GATEHOUSE_STORE=etcd://host:port,...)".into(),
+                ));
+            }
+            if !(100..=60_000).contains(&self.store.timeout_ms) {
+                return Err(ConfigError::Invalid(
+                    "store.timeout_ms must be 100-60000".into(),
+                ));
+            }
+        }
+        let cl = &self.cluster;
+        if !(100..=60_000).contains(&cl.release_bound_ms) {
+            return Err(ConfigError::Invalid(
+                "cluster.release_bound_ms must be 100-60000".into(),
+            ));
+        }
+        if !(10..=10_000).contains(&cl.heartbeat_ms) || cl.heartbeat_ms >= cl.release_bound_ms {
+            return Err(ConfigError::Invalid(
+                "cluster.heartbeat_ms must be 10-10000 and below cluster.release_bound_ms".into(),
+            ));
         }
         if crate::tool_name::Separator::parse(&self.tool_name_separator).is_none() {
             return Err(ConfigError::Invalid(format!(

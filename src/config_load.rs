@@ -71,7 +71,7 @@ pub fn load_with_env(
 
 /// Applies `GATEHOUSE_LISTEN`, `GATEHOUSE_ADMIN_LISTEN`, `GATEHOUSE_AUDIT_PATH`,
 /// `GATEHOUSE_NODE_ID`, `GATEHOUSE_LOG_FORMAT` (an unknown format is an error naming it),
-/// `GATEHOUSE_STORE` (`memory`, `sqlite` or `sqlite:PATH`).
+/// `GATEHOUSE_STORE` (`memory`, `sqlite`, `sqlite:PATH` or `etcd://host:port,host:port`).
 /// (`GATEHOUSE_ADMIN_TOKEN` is read by the admin API itself and never stored in the config.)
 pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> Result<(), String> {
     let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
@@ -93,12 +93,20 @@ pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> R
             config.store.backend = Some(crate::config::StoreBackend::Memory);
         } else if v == "sqlite" {
             config.store.backend = Some(crate::config::StoreBackend::Sqlite);
+        } else if let Some(list) = v.strip_prefix("etcd://").filter(|p| !p.is_empty()) {
+            config.store.backend = Some(crate::config::StoreBackend::Etcd);
+            config.store.endpoints = list
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(|e| format!("http://{e}"))
+                .collect();
         } else if let Some(path) = v.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
             config.store.backend = Some(crate::config::StoreBackend::Sqlite);
             config.store.path = Some(PathBuf::from(path));
         } else {
             return Err(format!(
-                "GATEHOUSE_STORE = {v:?}: expected \"memory\", \"sqlite\" or \"sqlite:PATH\""
+                "GATEHOUSE_STORE = {v:?}: expected \"memory\", \"sqlite\", \"sqlite:PATH\" or \"etcd://host:port,host:port\""
             ));
         }
     }

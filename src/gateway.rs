@@ -6,6 +6,8 @@
 //! stopping is served, never lost.
 
 mod reload;
+#[cfg(feature = "cluster")]
+mod replica;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -107,6 +109,12 @@ pub(crate) struct Inner {
     sweeper_started: AtomicBool,
     /// The file the config was read from (the daemon's; what a reload reads again).
     config_path: Mutex<Option<std::path::PathBuf>>,
+    /// Ids being created here (between the store's commit and the registry insert): the
+    /// cluster's watch does not adopt them meanwhile.
+    creating: Mutex<std::collections::HashSet<String>>,
+    /// The `etcd` store, when the node is one of a cluster (`crate::cluster`).
+    #[cfg(feature = "cluster")]
+    etcd: Option<Arc<crate::store::etcd::EtcdStore>>,
 }
 
 /// A cheap-to-clone handle to one gateway.
@@ -130,6 +138,17 @@ impl Gateway {
         default: StoreBackend,
     ) -> Result<Gateway, GatewayError> {
         config.validate()?;
+        #[cfg(feature = "cluster")]
+        let etcd = match config.store.backend.unwrap_or(default) {
+            StoreBackend::Etcd => Some(crate::store::open_etcd(&config.store)?),
+            _ => None,
+        };
+        #[cfg(feature = "cluster")]
+        let store: Arc<dyn Store> = match &etcd {
+            Some(e) => e.clone(),
+            None => crate::store::open(&config.store, &config.audit.path, default)?,
+        };
+        #[cfg(not(feature = "cluster"))]
         let store = crate::store::open(&config.store, &config.audit.path, default)?;
         let audit = Audit::start_on(&config.audit, config.node_id.as_deref())?;
         let pool = Pool::new(
@@ -146,6 +165,9 @@ impl Gateway {
                 deadlines: Arc::new(Deadlines::default()),
                 sweeper_started: AtomicBool::new(false),
                 config_path: Mutex::new(None),
+                creating: Mutex::new(std::collections::HashSet::new()),
+                #[cfg(feature = "cluster")]
+                etcd,
             }),
         })
     }
@@ -202,6 +224,11 @@ impl Gateway {
     pub fn store_location(&self) -> (&'static str, Option<std::path::PathBuf>) {
         let s = self.store();
         (s.kind(), s.path().map(std::path::Path::to_path_buf))
+    }
+
+    /// Whether registrations outlive the process in the store (`sqlite`, `etcd`).
+    pub fn store_durable(&self) -> bool {
+        self.store().durable()
     }
 
     /// The store's counters (operations, commits).
@@ -282,7 +309,12 @@ impl Gateway {
                 (c.tools, c.family, c.spec)
             }
         };
-        let id = new_registration_id_on(self.inner.hub.config().node_id.as_deref());
+        // In a cluster any node serves any registration: its id names no node.
+        let node = match self.store().kind() {
+            "etcd" => None,
+            _ => self.inner.hub.config().node_id.as_deref(),
+        };
+        let id = new_registration_id_on(node);
         let token = new_token();
         let mut state = RegistrationState::new(id, &token, &spec, tools);
         state.family = family;
@@ -297,8 +329,9 @@ impl Gateway {
         if state.limits.max_calls.is_some() {
             state.calls_granted.store(block, Ordering::Release);
         }
-        store.create(stored_of(&state, block)).await?;
-        let served = {
+        lock(&self.inner.creating).insert(state.id.clone());
+        let created = store.create(stored_of(&state, block)).await;
+        let served = created.map_err(GatewayError::from).and_then(|()| {
             let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc).and_then(|()| {
                 let url = lc
@@ -310,9 +343,11 @@ impl Gateway {
                 self.inner.hub.registry().insert(state.clone());
                 Ok(url)
             })
-        };
+        });
+        lock(&self.inner.creating).remove(&state.id);
         let base_url = match served {
             Ok(url) => url,
+            Err(e @ GatewayError::Store(_)) => return Err(e),
             Err(e) => {
                 // Never served: it must not come back at the next start either.
                 let _ = store.release(&state.id).await;
@@ -654,14 +689,28 @@ impl Gateway {
         state: &Arc<RegistrationState>,
         reason: ReleaseReason,
     ) -> Result<(), crate::store::StoreError> {
+        self.finish_release_from(state, reason, None).await
+    }
+
+    /// [`Gateway::finish_release`]; `elsewhere`: the release was made by another node (the
+    /// store has no row left to delete; the audit record says where it came from).
+    async fn finish_release_from(
+        &self,
+        state: &Arc<RegistrationState>,
+        reason: ReleaseReason,
+        elsewhere: Option<&str>,
+    ) -> Result<(), crate::store::StoreError> {
         // The children closed with it end first (their store rows, calls, leases and records).
         let children = std::mem::take(&mut *lock(&state.family.closed_children));
         for child in children {
-            if let Err(e) = Box::pin(self.finish_release(&child, reason)).await {
+            if let Err(e) = Box::pin(self.finish_release_from(&child, reason, elsewhere)).await {
                 tracing::error!(registration = %child.id, error = %e, "a child's release not stored");
             }
         }
-        let stored = self.store().release(&state.id).await.map(|_| ());
+        let stored = match elsewhere {
+            None => self.store().release(&state.id).await.map(|_| ()),
+            Some(_) => Ok(()),
+        };
         // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
         // `notifications/cancelled` before its task ends), then release leases and connections.
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
@@ -675,6 +724,9 @@ impl Gateway {
         let mut rec = lifecycle_record(reason.event(), state);
         if reason == ReleaseReason::Shutdown {
             rec.reason = Some("shutdown".into());
+        }
+        if let Some(why) = elsewhere {
+            rec.reason = Some(why.to_string().into());
         }
         let cascade;
         if let Some(parent) = state.family.parent.as_ref().filter(|p| p.is_released()) {

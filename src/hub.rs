@@ -42,6 +42,8 @@ pub struct Hub {
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Where registrations are kept (written through; requests are served from `registry`).
     store: Arc<dyn Store>,
+    /// A cluster node's freshness fence (`fence`); open and off outside a cluster.
+    fence: crate::fence::Fence,
 }
 
 impl Hub {
@@ -53,7 +55,7 @@ impl Hub {
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
         let hub = Arc::new(Hub {
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
-            sessions: SessionTable::new(config.sessions.clone()),
+            sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
             registry: Registry::default(),
             pool,
@@ -63,6 +65,7 @@ impl Hub {
             listeners: Listeners::default(),
             local_addr: std::sync::Mutex::new(None),
             store,
+            fence: crate::fence::Fence::default(),
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
@@ -75,6 +78,10 @@ impl Hub {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    pub fn fence(&self) -> &crate::fence::Fence {
+        &self.fence
     }
 
     pub fn registry(&self) -> &Registry {

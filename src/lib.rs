@@ -16,6 +16,8 @@ mod audit;
 mod call;
 #[doc(hidden)]
 pub mod cli;
+#[cfg(feature = "cluster")]
+mod cluster;
 pub mod config;
 mod config_load;
 mod connections;
@@ -24,6 +26,7 @@ mod demo_upstream;
 mod endpoint;
 mod expiry;
 mod family;
+mod fence;
 mod gateway;
 mod hub;
 mod listen;

@@ -97,6 +97,12 @@ pub struct Metrics {
     upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
+    /// Cluster (issue 36): from a release's commit to the last live node's acknowledgment.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    release_propagation: Histogram,
+    /// Cluster: 1 while this node is fenced (503 on MCP paths).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    fenced: Gauge,
 }
 
 impl Default for Metrics {
@@ -112,6 +118,18 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// Cluster: one release's propagation time.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn release_propagated(&self, secs: f64) {
+        self.release_propagation.observe(secs);
+    }
+
+    /// Cluster: this node fenced (true) or serving (false).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn set_fenced(&self, fenced: bool) {
+        self.fenced.set(i64::from(fenced));
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("gatehouse");
         let calls = Family::<CallLabels, Counter>::default();
@@ -186,7 +204,21 @@ impl Metrics {
             "Requests refused, by listener (data, admin), HTTP status and reason (a closed set: see docs/daemon.md)",
             refused.clone(),
         );
+        let release_propagation = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "release_propagation_seconds",
+            "Cluster: from a release's commit in the store to the last live node's acknowledgment (a node that fenced instead counts at the bound)",
+            release_propagation.clone(),
+        );
+        let fenced = Gauge::default();
+        registry.register(
+            "fenced",
+            "Cluster: 1 while this node cannot prove it has seen the store's recent writes (it answers 503 on MCP paths)",
+            fenced.clone(),
+        );
         Metrics {
+            release_propagation,
+            fenced,
             refused,
             registry,
             calls,

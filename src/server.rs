@@ -103,6 +103,10 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
         refused.close(&mut resp);
         return Box::pin(std::future::ready(Ok(resp)));
     }
+    // A fenced cluster node serves no MCP path (`fence`): 503, try again (another node).
+    if hub.fence().is_fenced() && req.uri().path().starts_with("/gw/") {
+        return Box::pin(std::future::ready(Ok(fenced_reply())));
+    }
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
             let (gw, id, req) = (State(hub.clone()), Path(id.to_string()), req.map(Body::new));
@@ -121,6 +125,21 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
         }
     }
     Box::pin(router.call(req))
+}
+
+/// The answer of a fenced node: 503 with `Retry-After: 1` and a JSON-RPC error.
+fn fenced_reply() -> Response {
+    let mut resp = endpoint::Rejection::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        crate::mcp::jsonrpc::INTERNAL_ERROR,
+        "this gateway node cannot prove it is current with the registration store (fenced); retry, or use another node",
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    resp
 }
 
 /// Why a request was refused before routing (see [`strict_http`]).

@@ -369,6 +369,9 @@ pub struct SessionTable {
     tables: Mutex<Tables>,
     /// Calls' notes channels that ended unused, for the next calls ([`SessionTable::notes_channel`]).
     spare_notes: Mutex<Vec<Notes>>,
+    /// The node's id (`node_id`): session ids are `<node>.<128 random bits>`, so an L7 proxy
+    /// routes a session to the node that holds it; another node answers 404 (issue 36).
+    node: Option<String>,
 }
 
 /// A call's notes channel: the sender its reader keeps while the work runs (`keep`), and the
@@ -384,7 +387,14 @@ impl SessionTable {
             config,
             tables: Mutex::new(Tables::default()),
             spare_notes: Mutex::new(Vec::new()),
+            node: None,
         }
+    }
+
+    /// Session ids of this table carry `node` (`<node>.<random>`).
+    pub fn on_node(mut self, node: Option<&str>) -> Self {
+        self.node = node.map(str::to_string);
+        self
     }
 
     /// A call's notes channel of `capacity`: a spare one if there is one, else new. A
@@ -436,8 +446,12 @@ impl SessionTable {
         registration: &Arc<RegistrationState>,
         transport: Transport,
     ) -> Result<Arc<Session>, SessionError> {
+        let id = match &self.node {
+            Some(node) => format!("{node}.{}", random_b64(16)),
+            None => random_b64(16),
+        };
         let session = Arc::new(Session {
-            id: random_b64(16),
+            id,
             registration: registration.clone(),
             transport,
             cancel: registration.cancel.child_token(),

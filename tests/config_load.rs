@@ -273,6 +273,25 @@ fn gatehouse_store_names_the_backend_and_file() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("GATEHOUSE_STORE"), "{e}");
+    // etcd (issue 36): endpoints from the list; a cluster node needs a node_id.
+    let etcd = |k: &str| match k {
+        "GATEHOUSE_STORE" => Some("etcd://127.0.0.1:2379, 127.0.0.1:2479".to_string()),
+        "GATEHOUSE_NODE_ID" => Some("n1".to_string()),
+        _ => None,
+    };
+    let c = load_with_env(&shipped(), etcd).unwrap();
+    assert_eq!(c.store.backend, Some(StoreBackend::Etcd));
+    assert_eq!(
+        c.store.endpoints,
+        vec![
+            "http://127.0.0.1:2379".to_string(),
+            "http://127.0.0.1:2479".to_string()
+        ]
+    );
+    let mut no_node = c.clone();
+    no_node.node_id = None;
+    let e = no_node.validate().unwrap_err().to_string();
+    assert!(e.contains("node_id"), "{e}");
     // Unset path: beside the audit log, named after it.
     assert_eq!(
         gatehouse::config::StoreConfig::path_beside(Path::new("/var/lib/g/gatehouse-audit.jsonl")),

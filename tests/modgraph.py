@@ -39,14 +39,14 @@ RULES = [
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
 # module that matches none fails the check (every module is placed on purpose).
 LAYERS = [
-    (10, ["cli", "admin", "console"]),
+    (10, ["cli", "admin", "console", "cluster"]),
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),
     (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "call"]),
     (5, ["hub"]),
     (4, ["upstream"]),
-    (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals"]),
+    (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals", "fence"]),
     (2, ["registry", "family", "connections", "store"]),
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`

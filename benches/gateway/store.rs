@@ -90,6 +90,7 @@ pub fn store(r: &mut Report, o: &Opts, srv: &Runtime) -> Result<()> {
             let name = match backend {
                 StoreBackend::Memory => "memory",
                 StoreBackend::Sqlite => "sqlite",
+                StoreBackend::Etcd => "etcd",
             };
             let per = p.commits as f64 / p.cycles.max(1) as f64;
             let p99 = pct(&p.create_ms, 0.99);

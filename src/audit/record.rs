@@ -30,6 +30,11 @@ pub struct Record<'a> {
     /// collector gathering several nodes' lines can tell their chains apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<Cow<'a, str>>,
+    /// A cluster node (issue 36): the store revision the node had applied when it made the
+    /// record (every registration decision it served was against that state or older, and
+    /// never older than the fence's bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_revision: Option<u64>,
     pub event: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registration_id: Option<Cow<'a, str>>,
@@ -235,6 +240,7 @@ impl<'a> Record<'a> {
             ts: self.ts,
             seq: self.seq,
             node_id: text(self.node_id),
+            store_revision: self.store_revision,
             event: owned(self.event),
             registration_id: text(self.registration_id),
             agent_id: text(self.agent_id),
@@ -289,6 +295,20 @@ impl<'a> Record<'a> {
         prev: &str,
         out: &mut Vec<u8>,
     ) {
+        self.encode_line_at(node, None, ts, seq, prev, out)
+    }
+
+    /// [`Record::encode_line_on`] on a cluster node: `revision` (when the record has none)
+    /// is its `store_revision`.
+    pub fn encode_line_at(
+        &self,
+        node: Option<&str>,
+        revision: Option<u64>,
+        ts: &str,
+        seq: u64,
+        prev: &str,
+        out: &mut Vec<u8>,
+    ) {
         let mut line = Line::open(out);
         let ts = if self.ts.is_empty() { ts } else { &self.ts };
         if !ts.is_empty() {
@@ -302,6 +322,9 @@ impl<'a> Record<'a> {
         line.u64(k!("seq"), seq);
         if let Some(node) = self.node_id.as_deref().or(node) {
             line.str(k!("node_id"), node);
+        }
+        if let Some(rev) = self.store_revision.or(revision) {
+            line.u64(k!("store_revision"), rev);
         }
         line.str(k!("event"), &self.event);
         line.opt_str(k!("registration_id"), &self.registration_id);
@@ -544,6 +567,7 @@ mod tests {
             ts: String::new(),
             seq: 0,
             node_id: None,
+            store_revision: Some(12),
             event: "governed_mcp_call".into(),
             registration_id: Some("q0b6zN3Lq6m1o0m9v5d0Yw".into()),
             agent_id: Some("agent \"7\"\\\n\u{1}\u{7f}é🙂".into()),
@@ -606,7 +630,7 @@ mod tests {
             }
         }
         assert!(encoded_on(&full, Some("n1"), ts, 7, prev)
-            .starts_with(r#"{"ts":"2026-11-29T12:00:00.000000Z","seq":7,"node_id":"n1","event":"#));
+            .starts_with(r#"{"ts":"2026-11-29T12:00:00.000000Z","seq":7,"node_id":"n1","store_revision":12,"event":"#));
         for d in [
             f64::NAN,
             f64::INFINITY,

@@ -73,6 +73,8 @@ pub(super) struct Writer {
     prev: String,
     /// Written into every record that has none (the config's `node_id`).
     pub(super) node_id: Option<String>,
+    /// A cluster node's applied store revision (0: none), written into every record.
+    pub(super) store_revision: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub(super) fsync: FsyncPolicy,
     pub(super) fsync_interval: Duration,
     pub(super) last_sync: Instant,
@@ -123,6 +125,7 @@ impl Writer {
             seq,
             prev,
             node_id: None,
+            store_revision: std::sync::Arc::default(),
             fsync: config.fsync,
             fsync_interval: Duration::from_millis(config.fsync_interval_ms),
             last_sync: Instant::now(),
@@ -257,6 +260,11 @@ impl Writer {
         // The hash of the last line encoded, once there is one (`self.prev` until then).
         let mut last: Option<[u8; 64]> = None;
         let now = self.clock.now();
+        let revision = Some(
+            self.store_revision
+                .load(std::sync::atomic::Ordering::Acquire),
+        )
+        .filter(|r| *r > 0);
         for r in records {
             seq += 1;
             let prev = match &last {
@@ -264,7 +272,7 @@ impl Writer {
                 None => &self.prev,
             };
             let start = buf.len();
-            r.encode_line_on(self.node_id.as_deref(), now, seq, prev, &mut buf);
+            r.encode_line_at(self.node_id.as_deref(), revision, now, seq, prev, &mut buf);
             last = Some(hex_digest(&Sha256::digest(&buf[start..])));
             buf.push(b'\n');
         }

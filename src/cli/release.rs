@@ -22,10 +22,31 @@ pub fn run(a: ReleaseArgs) -> ExitCode {
         let client = a.conn.client()?;
         let path = format!("/v1/registrations/{}", a.id);
         let r = client.call(Method::DELETE, &path, None).await?;
-        if r.status != 204 {
-            return Err(format!("release {}: {}", a.id, r.message()));
+        match r.status {
+            204 => println!("{} released", a.id),
+            // A cluster node (issue 36): which nodes applied the release within the bound.
+            200 => {
+                let names = |k: &str| {
+                    r.body[k]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|v| v.as_str())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default()
+                };
+                println!(
+                    "{} released at revision {}; acknowledged by [{}], fenced [{}]",
+                    a.id,
+                    r.body["revision"],
+                    names("acked"),
+                    names("fenced")
+                );
+            }
+            _ => return Err(format!("release {}: {}", a.id, r.message())),
         }
-        println!("{} released", a.id);
         Ok(())
     })
 }

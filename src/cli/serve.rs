@@ -128,8 +128,30 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         Err(e) => return fail(e),
     };
     let (kind, store_path) = gw.store_location();
-    let restored = match gw.restore().await {
-        Ok(r) => format!(
+    #[cfg(feature = "cluster")]
+    let cluster = if kind == "etcd" {
+        // A cluster node: the replica (range read + watch) loads the registrations.
+        match crate::cluster::start(&gw, Duration::from_secs(10)).await {
+            Ok((live, fresh)) => Some(format!(
+                "registration store etcd: node {} serving {live} registration(s){}",
+                gw.config().node_id.as_deref().unwrap_or(""),
+                if fresh {
+                    ""
+                } else {
+                    "; fenced until the store answers"
+                }
+            )),
+            Err(e) => return fail(e),
+        }
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cluster"))]
+    let cluster: Option<String> = None;
+    let restored = match cluster {
+        Some(summary) => summary,
+        None => match gw.restore().await {
+            Ok(r) => format!(
             "registration store {kind}{}: {} registration(s) restored, {} expired while stopped",
             store_path
                 .map(|p| format!(" {}", p.display()))
@@ -137,7 +159,8 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
             r.live,
             r.expired
         ),
-        Err(e) => return fail(e),
+            Err(e) => return fail(e),
+        },
     };
     let listener = match admin::bind(&admin_listen).await {
         Ok(l) => l,
@@ -190,7 +213,7 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
     // registration (audited), stop the data listener, flush the audit.
     stop_admin.cancel();
     let graceful = async {
-        if release_on_exit || gw.store_location().1.is_none() {
+        if release_on_exit || !gw.store_durable() {
             gw.shutdown().await;
         } else {
             let kept = gw.shutdown_keeping().await;

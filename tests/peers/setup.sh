@@ -9,6 +9,7 @@
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
 # Also nginx (Debian package nginx-light, apt-get as root) when it is missing, for tests/nodes.rs,
+# etcd-server and protobuf-compiler for tests/cluster.rs (`--features cluster`),
 # and Debian's chromium (the headless browser tests/python/test_console.py drives with Playwright).
 #
 # Idempotent: each part writes a stamp keyed on a hash of its pinned inputs (requirements.txt,
@@ -153,6 +154,24 @@ if ! nginx_bin >/dev/null; then
   nginx_bin >/dev/null || die "nginx-light is installed but there is no nginx binary"
 fi
 "$(nginx_bin)" -v 2>/dev/null || die "nginx does not run"
+
+# ---------------------------------------------------------------- etcd + protoc: tests/cluster.rs
+# The cluster's store (issue 36): Debian's etcd-server (three real members per test) and
+# protobuf-compiler (`protoc`, which the etcd-client crate's build script needs under
+# `--features cluster`). The default build needs neither.
+if ! command -v etcd >/dev/null; then
+  apt_install etcd-server
+  command -v etcd >/dev/null || die "etcd-server is installed but there is no etcd binary"
+fi
+etcd --version >/dev/null 2>&1 || die "etcd does not run (etcd --version)"
+# openssl makes the TLS test's CA and certificates (tests/cluster.rs).
+if ! command -v openssl >/dev/null; then
+  apt_install openssl
+fi
+if ! command -v protoc >/dev/null; then
+  apt_install protobuf-compiler
+  command -v protoc >/dev/null || die "protobuf-compiler is installed but there is no protoc"
+fi
 
 # ---------------------------------------------------------------- chromium: test_console.py
 # The operator console's browser tests: Debian's chromium, driven by Playwright (in .venv) with

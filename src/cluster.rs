@@ -1,0 +1,445 @@
+//! A cluster node on etcd (cargo feature `cluster`; issue 36, CLUSTER.md §5.3-5.5).
+//!
+//! Three tasks, owned by the gateway and ended by its shutdown:
+//! - **replicate**: a range read of the whole prefix (registrations and heartbeats) at a
+//!   revision R0, reconciled into the registry (`gateway::replica`), then a watch from R0+1
+//!   applied event by event. A compacted or cancelled watch, or a broken stream, goes back to
+//!   the range read. The applied revision advances only through applied events (or a
+//!   completed read), never on a timeout.
+//! - **heartbeat**: every `cluster.heartbeat_ms` (and at once after applying a release), the
+//!   node writes `beat/<node>` = {seq, applied} on a lease of its own, noting the monotonic
+//!   time t_b before the write. When the watch brings that write back, every write
+//!   committed before t_b has been applied: the node is fresh until t_b + B.
+//! - **fence**: every 10 ms, closes the fence (`fence::Fence`: 503, calls cancelled) once the
+//!   freshness proof has run out, and opens it when a new one arrives.
+//!
+//! Requests are served from the registry; nothing here is on a request's path.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::Record;
+use crate::gateway::Gateway;
+use crate::store::etcd::{Doc, EtcdStore};
+use crate::sync::lock;
+
+/// Heartbeats whose send time is remembered (a watch further behind proves nothing new).
+const PENDING_BEATS: usize = 256;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Beat {
+    seq: u64,
+    applied: i64,
+}
+
+struct Node {
+    gw: Gateway,
+    store: Arc<EtcdStore>,
+    id: String,
+    bound: Duration,
+    beat_every: Duration,
+    /// The last revision applied (through an event or a full read).
+    applied: AtomicI64,
+    /// Until when the last proof of freshness holds.
+    fresh_until: Mutex<Option<Instant>>,
+    /// Heartbeats written and not yet seen back: (seq, time before the write).
+    pending: Mutex<VecDeque<(u64, Instant)>>,
+    /// Asks for a heartbeat now (after a release is applied: the releasing node waits).
+    beat_now: tokio::sync::Notify,
+    /// A heartbeat was written (the first one comes before the first read of the store).
+    first_beat: tokio::sync::Notify,
+}
+
+impl Node {
+    fn beat_key(&self, node: &str) -> String {
+        format!("{}beat/{node}", self.store.prefix())
+    }
+
+    /// The applied revision, told to the fence (this node's own ack) and the audit.
+    fn published(&self) {
+        let applied = self.applied.load(Ordering::Acquire);
+        self.gw.hub().fence().peer_applied(&self.id, applied);
+        self.gw
+            .audit()
+            .set_store_revision(u64::try_from(applied).unwrap_or(0));
+    }
+
+    fn proved(&self, at: Instant) {
+        let until = at + self.bound;
+        let mut f = lock(&self.fresh_until);
+        if f.is_none_or(|old| old < until) {
+            *f = Some(until);
+        }
+    }
+
+    fn is_fresh(&self) -> bool {
+        lock(&self.fresh_until).is_some_and(|f| Instant::now() < f)
+    }
+
+    fn own_beat(&self, seq: u64) {
+        let mut at = None;
+        {
+            let mut pending = lock(&self.pending);
+            while let Some(&(s, t)) = pending.front() {
+                if s > seq {
+                    break;
+                }
+                pending.pop_front();
+                if s == seq {
+                    at = Some(t);
+                }
+            }
+        }
+        if let Some(t) = at {
+            self.proved(t);
+        }
+    }
+
+    /// Applies one watch event. True if it ended a registration.
+    fn apply(&self, kind: EventType, key: &str, value: &[u8], revision: i64) -> bool {
+        let Some(rest) = key.strip_prefix(self.store.prefix()) else {
+            return false;
+        };
+        let mut ended = false;
+        if let Some(id) = rest.strip_prefix("reg/") {
+            match kind {
+                EventType::Put => match Doc::decode(value) {
+                    Some(s) => {
+                        if let Err(e) = self.gw.adopt(s) {
+                            tracing::error!(registration = %id, error = %e, "replicated registration not served");
+                        }
+                    }
+                    None => tracing::warn!(registration = %id, "store value not understood"),
+                },
+                EventType::Delete => {
+                    self.gw
+                        .drop_replica(id, "released on another node, or its etcd lease ended");
+                    ended = true;
+                }
+            }
+        } else if let Some(node) = rest.strip_prefix("beat/") {
+            let fence = self.gw.hub().fence();
+            match kind {
+                EventType::Put => {
+                    if let Ok(b) = serde_json::from_slice::<Beat>(value) {
+                        if node == self.id {
+                            self.own_beat(b.seq);
+                        } else {
+                            fence.peer_applied(node, b.applied);
+                        }
+                    }
+                }
+                EventType::Delete => fence.peer_gone(node),
+            }
+        }
+        self.applied.fetch_max(revision, Ordering::AcqRel);
+        ended
+    }
+
+    /// The whole prefix at one revision: registrations, peers' applied revisions, revision.
+    async fn full_read(
+        &self,
+    ) -> Result<
+        (
+            Vec<crate::store::StoredRegistration>,
+            BTreeMap<String, i64>,
+            i64,
+        ),
+        String,
+    > {
+        let mut c = self.store.client().await.map_err(|e| e.to_string())?;
+        let resp = c
+            .get(self.store.prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut regs = Vec::new();
+        let mut peers = BTreeMap::new();
+        for kv in resp.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            let Some(rest) = key.strip_prefix(self.store.prefix()) else {
+                continue;
+            };
+            if rest.starts_with("reg/") {
+                if let Some(s) = Doc::decode(kv.value()) {
+                    regs.push(s);
+                }
+            } else if let Some(node) = rest.strip_prefix("beat/") {
+                if let Ok(b) = serde_json::from_slice::<Beat>(kv.value()) {
+                    peers.insert(node.to_string(), b.applied);
+                }
+            }
+        }
+        Ok((regs, peers, rev))
+    }
+}
+
+/// Starts the node's tasks and waits (`wait` at most) for its first proof of freshness.
+/// Returns how many registrations it serves, and whether it is fresh.
+pub async fn start(gw: &Gateway, wait: Duration) -> Result<(usize, bool), String> {
+    let store = gw
+        .etcd()
+        .cloned()
+        .ok_or_else(|| "not an etcd store".to_string())?;
+    let config = gw.config().clone();
+    let id = config
+        .node_id
+        .clone()
+        .ok_or_else(|| "a cluster node needs node_id".to_string())?;
+    let node = Arc::new(Node {
+        gw: gw.clone(),
+        store,
+        id,
+        bound: Duration::from_millis(config.cluster.release_bound_ms),
+        beat_every: Duration::from_millis(config.cluster.heartbeat_ms),
+        applied: AtomicI64::new(0),
+        fresh_until: Mutex::new(None),
+        pending: Mutex::new(VecDeque::new()),
+        beat_now: tokio::sync::Notify::new(),
+        first_beat: tokio::sync::Notify::new(),
+    });
+    gw.hub().fence().enable(&node.id);
+    gw.hub().metrics().set_fenced(true);
+    let stop = gw.shutdown_token();
+    let deadline = Instant::now() + wait;
+    // The node's heartbeat key exists before it first reads the store: a release committed
+    // after that read is waited for by its releaser (who sees this node among the live ones
+    // once it has applied the release's revision), and one committed before it is in the read.
+    gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
+    let _ = tokio::time::timeout(wait, node.first_beat.notified()).await;
+    gw.spawn_owned(replicate(node.clone(), stop.clone()));
+    gw.spawn_owned(fence_keeper(node.clone(), stop));
+    while gw.hub().fence().is_fenced() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok((gw.registry().len(), !gw.hub().fence().is_fenced()))
+}
+
+async fn replicate(node: Arc<Node>, stop: CancellationToken) {
+    let mut failing = false;
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let before = node.gw.served_ids();
+        let t0 = Instant::now();
+        let (regs, peers, rev) = match node.full_read().await {
+            Ok(r) => r,
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cluster: store not readable; retrying");
+                    failing = true;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(node.beat_every) => continue,
+                }
+            }
+        };
+        let dropped = node.gw.reconcile(before, regs);
+        node.gw.hub().fence().set_peers(peers);
+        node.applied.fetch_max(rev, Ordering::AcqRel);
+        node.published();
+        // A linearizable read that completed proves what a heartbeat proves.
+        node.proved(t0);
+        if failing || dropped > 0 {
+            tracing::info!(
+                revision = rev,
+                registrations = node.gw.registry().len(),
+                dropped,
+                "cluster: store read and reconciled"
+            );
+            failing = false;
+        }
+        let mut c = match node.store.client().await {
+            Ok(c) => c,
+            Err(_) => continue,
+        };
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(node.applied.load(Ordering::Acquire) + 1);
+        let watched = tokio::select! {
+            _ = stop.cancelled() => return,
+            w = tokio::time::timeout(node.bound.max(Duration::from_secs(1)), c.watch(node.store.prefix(), Some(opts))) => w,
+        };
+        let (_watcher, mut stream) = match watched {
+            Ok(Ok(w)) => w,
+            _ => {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(node.beat_every) => continue,
+                }
+            }
+        };
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => return,
+                m = stream.message() => m,
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) | Err(_) => {
+                    tracing::warn!("cluster: watch ended; reading the store again");
+                    break;
+                }
+            };
+            if resp.compact_revision() > 0 || resp.canceled() {
+                tracing::warn!(
+                    compacted = resp.compact_revision(),
+                    reason = resp.cancel_reason(),
+                    "cluster: watch cancelled; reading the store again"
+                );
+                break;
+            }
+            let mut ended = false;
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let Ok(key) = kv.key_str() else { continue };
+                ended |= node.apply(ev.event_type(), key, kv.value(), kv.mod_revision());
+            }
+            node.published();
+            if ended {
+                node.beat_now.notify_one();
+            }
+        }
+    }
+}
+
+async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
+    let mut seq = 0u64;
+    let mut failing = false;
+    let mut lease: Option<i64> = None;
+    let mut last_keep = Instant::now();
+    let lease_ttl = i64::try_from(node.bound.as_secs().max(1) * 3)
+        .unwrap_or(3)
+        .max(3);
+    let mut first = true;
+    loop {
+        if !first {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(node.beat_every) => {}
+                _ = node.beat_now.notified() => {}
+            }
+        }
+        first = false;
+        let Ok(mut c) = node.store.client().await else {
+            continue;
+        };
+        let id = match lease {
+            Some(id) if last_keep.elapsed() < Duration::from_secs(1) => id,
+            Some(id) => {
+                // Kept alive once a second; a lease that ended (a long cut) is replaced.
+                let keep = async {
+                    match c.lease_keep_alive(id).await {
+                        Ok((mut keeper, mut stream)) => {
+                            keeper.keep_alive().await.is_ok()
+                                && matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0)
+                        }
+                        Err(_) => false,
+                    }
+                };
+                // Bounded: a stream's message has no request timeout of its own.
+                let alive = tokio::time::timeout(node.bound, keep)
+                    .await
+                    .unwrap_or(false);
+                if !alive {
+                    lease = None;
+                    continue;
+                }
+                last_keep = Instant::now();
+                id
+            }
+            None => match c.lease_grant(lease_ttl, None).await {
+                Ok(l) => {
+                    lease = Some(l.id());
+                    last_keep = Instant::now();
+                    l.id()
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "cluster: heartbeat lease not granted; retrying");
+                        failing = true;
+                    }
+                    continue;
+                }
+            },
+        };
+        seq += 1;
+        let beat = Beat {
+            seq,
+            applied: node.applied.load(Ordering::Acquire),
+        };
+        let Ok(value) = serde_json::to_vec(&beat) else {
+            continue;
+        };
+        {
+            let mut pending = lock(&node.pending);
+            if pending.len() >= PENDING_BEATS {
+                pending.pop_front();
+            }
+            pending.push_back((seq, Instant::now()));
+        }
+        let put = c.put(
+            node.beat_key(&node.id),
+            value,
+            Some(PutOptions::new().with_lease(id)),
+        );
+        match put.await {
+            Ok(_) => {
+                node.first_beat.notify_one();
+                if failing {
+                    tracing::info!("cluster: heartbeats written again");
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cluster: heartbeat not written; retrying");
+                    failing = true;
+                }
+                // Perhaps the lease ended: a new one next time (an unknown lease fails the put).
+                lease = None;
+            }
+        }
+    }
+    // A clean stop: the heartbeat's lease ends now, so peers stop waiting for this node.
+    if let (Some(id), Ok(mut c)) = (lease, node.store.client().await) {
+        let _ = tokio::time::timeout(Duration::from_millis(500), c.lease_revoke(id)).await;
+    }
+}
+
+async fn fence_keeper(node: Arc<Node>, stop: CancellationToken) {
+    let fence = node.gw.hub().fence();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+        if node.is_fresh() {
+            if fence.open() {
+                node.gw.hub().metrics().set_fenced(false);
+                tracing::info!(node = %node.id, "cluster: fresh again; serving");
+                let _ = node.gw.audit().record(Record::event("node_unfenced")).await;
+            }
+        } else if fence.close() {
+            node.gw.hub().metrics().set_fenced(true);
+            tracing::warn!(node = %node.id, bound_ms = node.bound.as_millis() as u64, "cluster: no proof of freshness within the bound; fenced (503, calls cancelled)");
+            let mut rec = Record::event("node_fenced");
+            rec.reason = Some(
+                format!(
+                    "no proof within {} ms that this node has applied the store's writes",
+                    node.bound.as_millis()
+                )
+                .into(),
+            );
+            let _ = node.gw.audit().record(rec).await;
+        }
+    }
+}

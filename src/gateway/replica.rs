@@ -1,0 +1,163 @@
+//! A cluster node's replica of the shared store (issue 36): what `crate::cluster` applies
+//! from the store's watch. A registration created on another node is adopted (served here
+//! under the same id and token digest); one released elsewhere, or whose etcd lease ended, is
+//! closed here as a release is (calls cancelled, sessions closed), without a store write.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{restored_tools, Gateway, GatewayError, ReleaseReason};
+use crate::registry::{RegistrationSpec, RegistrationState};
+use crate::store::StoredRegistration;
+use crate::sync::lock;
+
+impl Gateway {
+    /// Serves a registration of the store here (a put seen in the watch or a full read). One
+    /// already here only takes the store's expiry (a renewal made on another node).
+    pub(crate) fn adopt(&self, s: StoredRegistration) -> Result<(), GatewayError> {
+        let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+        if let Some(state) = self.registry().get(&s.id) {
+            let old = state.expires_at_ms.swap(s.expires_at_ms, Ordering::Relaxed);
+            if old != s.expires_at_ms && s.expires_at_ms != 0 {
+                self.arm_deadline(
+                    &s.id,
+                    Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
+                );
+            }
+            return Ok(());
+        }
+        // Released here lately (ids are never reused), or being created here right now.
+        if self.registry().was_released(&s.id) || lock(&self.inner.creating).contains(&s.id) {
+            return Ok(());
+        }
+        if s.expired_at(now) {
+            // Its lease ends it on etcd; nothing to serve meanwhile.
+            return Ok(());
+        }
+        let catalog = lock(&self.inner.catalog).clone();
+        let tools = restored_tools(&s.tools, &catalog);
+        let spec = RegistrationSpec {
+            agent_id: s.agent_id.clone(),
+            tools: s.grants.clone(),
+            label: s.label.clone(),
+            ttl_s: s.ttl_s,
+            limits: s.limits.clone(),
+            local_tools: Vec::new(),
+            roots: s.roots.clone(),
+            parent: s.parent.clone(),
+        };
+        let family = match s.parent.as_deref().and_then(|p| self.registry().get(p)) {
+            Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
+            None => crate::registry::Family::default(),
+        };
+        // Calls reserved by any node so far count as spent here: this node reserves its own
+        // blocks (compare-and-set on the store) before its first call.
+        let mut state = RegistrationState::restored(
+            s.id.clone(),
+            s.token_sha256,
+            &spec,
+            tools,
+            s.created_at_ms,
+            s.expires_at_ms,
+            s.calls_reserved,
+        );
+        state.family = family;
+        let state = Arc::new(state);
+        if let Some(p) = &state.family.parent {
+            lock(&p.family.children).push(state.id.clone());
+        }
+        {
+            let mut lc = lock(&self.inner.lifecycle);
+            self.ensure_server(&mut lc)?;
+            lc.generation += 1;
+            self.registry().insert(state);
+        }
+        if s.expires_at_ms != 0 {
+            self.arm_deadline(&s.id, Duration::from_millis(s.expires_at_ms - now));
+        }
+        Ok(())
+    }
+
+    /// Closes a registration the store no longer has (released on another node, or its
+    /// lease ended): as a release, without a store write.
+    pub(crate) fn drop_replica(&self, id: &str, why: &'static str) {
+        if let Some(state) = self.close_registration(id, ReleaseReason::Released) {
+            let gw = self.clone();
+            self.inner.tasks.spawn(async move {
+                let _ = gw
+                    .finish_release_from(&state, ReleaseReason::Released, Some(why))
+                    .await;
+            });
+        }
+    }
+
+    /// After a full read of the store: adopts what it holds and closes each of `before` (the
+    /// ids served here before the read began) that it no longer holds.
+    pub(crate) fn reconcile(&self, before: Vec<String>, all: Vec<StoredRegistration>) -> usize {
+        let present: std::collections::HashSet<String> = all.iter().map(|s| s.id.clone()).collect();
+        // Parents before children.
+        let mut all = all;
+        all.sort_by_key(|s| (s.parent.is_some(), s.created_at_ms));
+        for s in all {
+            let id = s.id.clone();
+            if let Err(e) = self.adopt(s) {
+                tracing::error!(registration = %id, error = %e, "replicated registration not served");
+            }
+        }
+        let mut dropped = 0;
+        for id in before.iter().filter(|id| !present.contains(*id)) {
+            self.drop_replica(id, "gone from the store while this node was behind");
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// The ids served here now.
+    pub(crate) fn served_ids(&self) -> Vec<String> {
+        self.registry().all().iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// After a release made here: waits until every live node has applied it, or the bound
+    /// B passed (then the nodes behind have fenced); `None` outside a cluster.
+    pub async fn release_acks(&self, id: &str) -> Option<crate::fence::Acks> {
+        let revision = self.etcd()?.release_revision(id)?;
+        let bound = Duration::from_millis(self.config().cluster.release_bound_ms);
+        let acks = self.hub().fence().await_applied(revision, bound).await;
+        let took = if acks.fenced.is_empty() {
+            acks.waited
+        } else {
+            bound
+        };
+        self.metrics().release_propagated(took.as_secs_f64());
+        let mut rec = crate::audit::Record::event("release_acknowledged");
+        rec.registration_id = Some(id.to_string().into());
+        rec.reason = Some(
+            format!(
+                "revision {}: applied by [{}] within {} ms; fenced [{}]",
+                acks.revision,
+                acks.acked.join(","),
+                acks.waited.as_millis(),
+                acks.fenced.join(",")
+            )
+            .into(),
+        );
+        let _ = self.audit().record(rec).await;
+        Some(acks)
+    }
+
+    /// The `etcd` store of a cluster node.
+    pub(crate) fn etcd(&self) -> Option<&Arc<crate::store::etcd::EtcdStore>> {
+        self.inner.etcd.as_ref()
+    }
+
+    /// Spawns a task the gateway owns (it ends by the gateway's shutdown token).
+    pub(crate) fn spawn_owned(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.inner.tasks.spawn(fut);
+    }
+
+    /// Fires when the gateway shuts down.
+    pub(crate) fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.inner.shutdown.clone()
+    }
+}

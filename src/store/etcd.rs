@@ -1,0 +1,427 @@
+//! The `etcd` store (cargo feature `cluster`; issue 36, CLUSTER.md §5.2): etcd v3 shared by
+//! every node. A registration is the key `<prefix>reg/<id>` on its own etcd lease (its TTL;
+//! none without a TTL); a release is a transactional delete at a revision R; a budget block
+//! is taken by compare-and-set on the key's `mod_revision`. Values are JSON and carry the
+//! token's SHA-256 digest, never the token.
+//!
+//! The client connects on first use (the store is opened before the runtime's first await);
+//! every operation is bounded by the client's request timeout. Replication (the range read,
+//! the watch, the heartbeats) is `crate::cluster`'s; this file is the key layout and the
+//! single-key transactions.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+};
+use futures::future::{BoxFuture, FutureExt};
+use serde::{Deserialize, Serialize};
+
+use super::types::{Store, StoreError, StoreStats, StoredRegistration, StoredTool};
+use crate::registry::{Limits, Root};
+use crate::sync::lock;
+
+/// Compare-and-set retries before a budget or renewal write gives up (contention only).
+const CAS_TRIES: usize = 64;
+/// Releases whose revision is kept for the release call's wait (oldest dropped first).
+const RECENT_RELEASES: usize = 1024;
+
+/// How to reach etcd (`[store] endpoints`, TLS, user).
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    /// Key prefix (default `/gatehouse/v1/`).
+    pub prefix: String,
+    pub user: Option<(String, String)>,
+    /// PEM files: CA, and client certificate + key.
+    pub ca_file: Option<std::path::PathBuf>,
+    pub cert_file: Option<std::path::PathBuf>,
+    pub key_file: Option<std::path::PathBuf>,
+    /// Each request's bound.
+    pub timeout: Duration,
+}
+
+/// A registration as stored in etcd (JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Doc {
+    pub id: String,
+    pub agent_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Hex SHA-256 of the token.
+    pub token_sha256: String,
+    pub grants: Vec<String>,
+    pub tools: Vec<StoredTool>,
+    pub limits: Limits,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roots: Option<Vec<Root>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    pub created_at_ms: i64,
+    pub expires_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub calls_reserved: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+impl Doc {
+    pub fn of(r: &StoredRegistration) -> Doc {
+        Doc {
+            id: r.id.clone(),
+            agent_id: r.agent_id.clone(),
+            label: r.label.clone(),
+            token_sha256: hex::encode(r.token_sha256),
+            grants: r.grants.clone(),
+            tools: r.tools.clone(),
+            limits: r.limits.clone(),
+            roots: r.roots.clone(),
+            ttl_s: r.ttl_s,
+            created_at_ms: r.created_at_ms,
+            expires_at_ms: r.expires_at_ms,
+            node: r.node.clone(),
+            calls_reserved: r.calls_reserved,
+            parent: r.parent.clone(),
+        }
+    }
+
+    pub fn into_stored(self) -> Option<StoredRegistration> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(&self.token_sha256, &mut digest).ok()?;
+        Some(StoredRegistration {
+            id: self.id,
+            agent_id: self.agent_id,
+            label: self.label,
+            token_sha256: digest,
+            grants: self.grants,
+            tools: self.tools,
+            limits: self.limits,
+            roots: self.roots,
+            ttl_s: self.ttl_s,
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            node: self.node,
+            calls_reserved: self.calls_reserved,
+            parent: self.parent,
+        })
+    }
+
+    /// A stored value, decoded (`None`: not a registration this version understands).
+    pub fn decode(value: &[u8]) -> Option<StoredRegistration> {
+        serde_json::from_slice::<Doc>(value).ok()?.into_stored()
+    }
+}
+
+pub struct EtcdStore {
+    options: EtcdOptions,
+    client: tokio::sync::OnceCell<Client>,
+    ops: AtomicU64,
+    commits: AtomicU64,
+    /// (id, revision of its release), newest last: what the release call waits for.
+    releases: Mutex<std::collections::VecDeque<(String, i64)>>,
+}
+
+fn failed(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Failed(format!("etcd: {e}"))
+}
+
+impl EtcdStore {
+    pub fn new(mut options: EtcdOptions) -> Result<EtcdStore, StoreError> {
+        if options.endpoints.is_empty() {
+            return Err(StoreError::Open {
+                path: "etcd".into(),
+                message: "no endpoints ([store] endpoints or GATEHOUSE_STORE=etcd://host:port,...)"
+                    .into(),
+            });
+        }
+        if options.prefix.is_empty() {
+            options.prefix = "/gatehouse/v1/".into();
+        }
+        if options.timeout.is_zero() {
+            options.timeout = Duration::from_secs(2);
+        }
+        Ok(EtcdStore {
+            options,
+            client: tokio::sync::OnceCell::new(),
+            ops: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            releases: Mutex::new(std::collections::VecDeque::new()),
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.options.prefix
+    }
+
+    /// The key of a registration.
+    pub fn reg_key(&self, id: &str) -> String {
+        format!("{}reg/{id}", self.options.prefix)
+    }
+
+    /// The client (connected on first use); a clone shares the channel.
+    pub async fn client(&self) -> Result<Client, StoreError> {
+        let c = self
+            .client
+            .get_or_try_init(|| async {
+                let o = &self.options;
+                let mut opts = ConnectOptions::new()
+                    .with_timeout(o.timeout)
+                    .with_connect_timeout(o.timeout)
+                    .with_keep_alive(Duration::from_millis(500), o.timeout)
+                    .with_keep_alive_while_idle(true)
+                    .with_require_leader(true);
+                if let Some((u, p)) = &o.user {
+                    opts = opts.with_user(u.clone(), p.clone());
+                }
+                if o.ca_file.is_some() || o.cert_file.is_some() {
+                    let mut tls = etcd_client::TlsOptions::new();
+                    if let Some(ca) = &o.ca_file {
+                        let pem = std::fs::read(ca)
+                            .map_err(|e| failed(format!("{}: {e}", ca.display())))?;
+                        tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+                    }
+                    if let (Some(c), Some(k)) = (&o.cert_file, &o.key_file) {
+                        let cert = std::fs::read(c)
+                            .map_err(|e| failed(format!("{}: {e}", c.display())))?;
+                        let key = std::fs::read(k)
+                            .map_err(|e| failed(format!("{}: {e}", k.display())))?;
+                        tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+                    }
+                    opts = opts.with_tls(tls);
+                }
+                Client::connect(&o.endpoints, Some(opts))
+                    .await
+                    .map_err(failed)
+            })
+            .await?;
+        Ok(c.clone())
+    }
+
+    /// Every registration under the prefix and the revision of the read.
+    pub async fn range(&self) -> Result<(Vec<(StoredRegistration, i64)>, i64), StoreError> {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let mut c = self.client().await?;
+        let resp = c
+            .get(self.reg_key(""), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(failed)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let regs = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| Doc::decode(kv.value()).map(|r| (r, kv.mod_revision())))
+            .collect();
+        Ok((regs, rev))
+    }
+
+    /// The revision at which `id` was released by this node, if it was lately.
+    pub fn release_revision(&self, id: &str) -> Option<i64> {
+        lock(&self.releases)
+            .iter()
+            .rev()
+            .find(|(i, _)| i == id)
+            .map(|(_, r)| *r)
+    }
+
+    async fn get(&self, c: &mut Client, id: &str) -> Result<Option<KeyValue>, StoreError> {
+        let mut resp = c.get(self.reg_key(id), None).await.map_err(failed)?;
+        Ok(resp.take_kvs().into_iter().next())
+    }
+
+    /// Reads a registration, changes it with `f`, and writes it back only if nobody wrote it
+    /// in between (compare on `mod_revision`; the key keeps its lease). `f` returns `None` to
+    /// write nothing. `Ok(None)`: the key is gone.
+    async fn update<T: Copy>(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&mut StoredRegistration) -> Option<T>,
+    ) -> Result<Option<T>, StoreError> {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let mut c = self.client().await?;
+        let key = self.reg_key(id);
+        for _ in 0..CAS_TRIES {
+            let Some(kv) = self.get(&mut c, id).await? else {
+                return Ok(None);
+            };
+            let Some(mut reg) = Doc::decode(kv.value()) else {
+                return Err(failed(format!("registration {id}: value not understood")));
+            };
+            let Some(out) = f(&mut reg) else {
+                return Ok(None);
+            };
+            let value = serde_json::to_vec(&Doc::of(&reg)).map_err(failed)?;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value,
+                    Some(PutOptions::new().with_ignore_lease()),
+                )]);
+            if c.txn(txn).await.map_err(failed)?.succeeded() {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(out));
+            }
+        }
+        Err(failed(format!(
+            "registration {id}: {CAS_TRIES} compare-and-set attempts lost to other writers"
+        )))
+    }
+
+    async fn create_on(&self, reg: StoredRegistration) -> Result<(), StoreError> {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let mut c = self.client().await?;
+        let value = serde_json::to_vec(&Doc::of(&reg)).map_err(failed)?;
+        let mut put = PutOptions::new();
+        if let Some(ttl) = reg.ttl_s.filter(|_| reg.expires_at_ms != 0) {
+            // The lease runs a little past the TTL: each node expires it on its own clock
+            // first (and audits it); the lease is the backstop for nodes that all died.
+            let ttl = i64::try_from(ttl).unwrap_or(i64::MAX / 2).saturating_add(2);
+            let lease = c.lease_grant(ttl, None).await.map_err(failed)?;
+            put = put.with_lease(lease.id());
+        }
+        let key = self.reg_key(&reg.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, value, Some(put))]);
+        if !c.txn(txn).await.map_err(failed)?.succeeded() {
+            return Err(failed(format!("registration {}: id taken", reg.id)));
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn renew_on(&self, id: &str, expires_at_ms: u64) -> Result<bool, StoreError> {
+        let mut c = self.client().await?;
+        let Some(kv) = self.get(&mut c, id).await? else {
+            return Ok(false);
+        };
+        if kv.lease() != 0 {
+            // Renewing the lease: a new one for the remaining time would need a re-put, so
+            // the key's own lease is kept alive once (its TTL is the registration's).
+            let (mut keeper, mut stream) = c.lease_keep_alive(kv.lease()).await.map_err(failed)?;
+            keeper.keep_alive().await.map_err(failed)?;
+            let _ = tokio::time::timeout(self.options.timeout, stream.message()).await;
+        }
+        Ok(self
+            .update(id, |r| {
+                r.expires_at_ms = expires_at_ms;
+                Some(())
+            })
+            .await?
+            .is_some())
+    }
+
+    async fn release_on(&self, id: &str) -> Result<bool, StoreError> {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        let mut c = self.client().await?;
+        let key = self.reg_key(id);
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(key, None)]);
+        let resp = c.txn(txn).await.map_err(failed)?;
+        if !resp.succeeded() {
+            return Ok(false);
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut recent = lock(&self.releases);
+        if recent.len() >= RECENT_RELEASES {
+            recent.pop_front();
+        }
+        recent.push_back((id.to_string(), rev));
+        Ok(true)
+    }
+}
+
+impl Store for EtcdStore {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn path(&self) -> Option<&Path> {
+        None
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    fn load_all(&self) -> BoxFuture<'_, Result<Vec<StoredRegistration>, StoreError>> {
+        async move {
+            let (mut all, _) = self.range().await?;
+            all.sort_by(|(a, _), (b, _)| {
+                a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id))
+            });
+            Ok(all.into_iter().map(|(r, _)| r).collect())
+        }
+        .boxed()
+    }
+
+    fn create(&self, reg: StoredRegistration) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.create_on(reg).boxed()
+    }
+
+    fn renew(&self, id: &str, expires_at_ms: u64) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let id = id.to_string();
+        async move { self.renew_on(&id, expires_at_ms).await }.boxed()
+    }
+
+    fn release(&self, id: &str) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let id = id.to_string();
+        async move { self.release_on(&id).await }.boxed()
+    }
+
+    fn reserve(&self, id: &str, want: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let id = id.to_string();
+        async move {
+            let got = self
+                .update(&id, |r| {
+                    let left = r
+                        .limits
+                        .max_calls
+                        .map_or(want, |max| max.saturating_sub(r.calls_reserved));
+                    let got = want.min(left);
+                    if got == 0 {
+                        return None;
+                    }
+                    r.calls_reserved += got;
+                    Some(got)
+                })
+                .await?;
+            Ok(got.unwrap_or(0))
+        }
+        .boxed()
+    }
+
+    fn give_back(&self, id: &str, unused: u64) -> BoxFuture<'_, Result<(), StoreError>> {
+        let id = id.to_string();
+        async move {
+            self.update(&id, |r| {
+                r.calls_reserved = r.calls_reserved.saturating_sub(unused);
+                Some(())
+            })
+            .await?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            ops: self.ops.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+        }
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        futures::future::ready(()).boxed()
+    }
+}

@@ -1,0 +1,1430 @@
+//! Issue 36: gatehouse nodes on a real 3-member etcd cluster (Debian `etcd-server`), every
+//! process real and on loopback. A registration made on one node is served by every node; a
+//! release holds on all within the bound B (measured ≥ 200 times under load, figures
+//! printed); a node cut from etcd by a TCP relay this test controls fences (503, calls
+//! cancelled) within B and serves again after the cut heals, a compaction during the cut
+//! included; 2 of 3 etcd members killed → every node fences within B and recovers; a node
+//! killed with -9 leaves its registrations served by the others; `max_calls` holds across
+//! nodes. etcd missing fails the test (never a skip).
+#![cfg(feature = "cluster")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+
+/// B in these tests (the default).
+const BOUND: Duration = Duration::from_millis(1000);
+/// The fence keeper's tick plus scheduling on a busy 2-core machine.
+const SLACK: Duration = Duration::from_millis(150);
+
+/// The scenarios run one at a time (each starts 3 etcd members and 2-3 nodes).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member (killed on drop).
+struct Member {
+    name: String,
+    client: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn spawn(&mut self) {
+        let child = Command::new("etcd")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (Debian etcd-server) must be installed: apt-get install etcd-server");
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A 3-member etcd cluster on 127.0.0.1, data dirs in a temporary directory.
+struct Etcd {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    async fn start() -> Etcd {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("e{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let name = format!("e{i}");
+            let args = vec![
+                "--name".into(),
+                name.clone(),
+                "--data-dir".into(),
+                dir.path().join(&name).display().to_string(),
+                "--listen-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--advertise-client-urls".into(),
+                format!("http://127.0.0.1:{c}"),
+                "--listen-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-advertise-peer-urls".into(),
+                format!("http://127.0.0.1:{p}"),
+                "--initial-cluster".into(),
+                initial.clone(),
+                "--initial-cluster-state".into(),
+                "new".into(),
+                "--initial-cluster-token".into(),
+                "gatehouse-test".into(),
+                "--heartbeat-interval".into(),
+                "100".into(),
+                "--election-timeout".into(),
+                "1000".into(),
+            ];
+            let mut m = Member {
+                name,
+                client: *c,
+                args,
+                child: None,
+            };
+            m.spawn();
+            members.push(m);
+        }
+        let etcd = Etcd { members, _dir: dir };
+        etcd.wait_writable(Duration::from_secs(30)).await;
+        etcd
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect()
+    }
+
+    async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect(
+            self.endpoints(),
+            Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2))),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Waits until a write commits (the cluster has a leader and quorum).
+    async fn wait_writable(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(mut c) = etcd_client::Client::connect(
+                self.endpoints(),
+                Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
+            )
+            .await
+            {
+                if c.put("/test/alive", "1", None).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd cluster not writable in {within:?}: {:?}",
+                self.members.iter().map(|m| &m.name).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A TCP relay to one etcd member that the test can cut (every connection closed, new ones
+/// refused) and heal: a node's link to the store, cut without root.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    epoch: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Relay {
+    async fn to(target: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (epoch, _) = tokio::sync::watch::channel(0u64);
+        let (c, e) = (cut.clone(), epoch.clone());
+        let task = tokio::spawn(async move {
+            let conns = tokio_util::task::TaskTracker::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let mut changed = e.subscribe();
+                conns.spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = changed.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay {
+            addr,
+            cut,
+            epoch,
+            task,
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A gatehouse node on the cluster's `endpoints`.
+fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {
+    node_with(name, endpoints, budget_block, "")
+}
+
+/// [`node`] with more `[store]` keys.
+fn node_with(name: &str, endpoints: &[String], budget_block: u64, store_extra: &str) -> Daemon {
+    let list = endpoints
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Daemon::start(
+        &format!(
+            "node_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n{store_extra}\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
+            BOUND.as_millis()
+        ),
+        "",
+        "gatehouse=info",
+        &[],
+    )
+}
+
+/// One stateless (2026-07-28) `tools/call` on `node`: (status, body).
+async fn call(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> (u16, Value) {
+    call_url(http, &node.data, id, token, tool, args).await
+}
+
+fn echo_ok(v: &Value) -> bool {
+    v["result"]["content"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.ends_with(":x"))
+}
+
+/// Waits until `id` answers 200 on `node` (replicated), `within` at most.
+async fn wait_served(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (s, v) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
+        if s == 200 && echo_ok(&v) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} not served by {} in {within:?}: {s} {v}",
+            node.data
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until `node` answers `status` to a call of a live registration; returns how long.
+async fn wait_status(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    status: u16,
+    within: Duration,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (s, _) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
+        if s == status {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{} did not answer {status} in {within:?} (last {s})",
+            node.data
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_node_serves_any_registration_and_a_release_holds_on_all_within_the_bound() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [
+        node("a", &eps, 16),
+        node("b", &eps, 16),
+        node("c", &eps, 16),
+    ];
+    let http = common::http();
+
+    // Made on a, served by b and c with the same id and token; its URL names no node.
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-x", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    assert!(
+        !id.contains('.'),
+        "a cluster registration id names no node: {id}"
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    // A wrong token is refused on every node (only the digest travelled).
+    for n in &nodes {
+        let (s, _) = call(
+            &http,
+            n,
+            &id,
+            "not-the-token",
+            "demo.echo",
+            json!({"text":"x"}),
+        )
+        .await;
+        assert_eq!(s, 401);
+    }
+
+    // Load: every node serves calls of a long-lived registration throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for n in &nodes {
+        for _ in 0..2 {
+            let (url, id, token, stop, served) = (
+                n.data.clone(),
+                id.clone(),
+                token.clone(),
+                stop.clone(),
+                served.clone(),
+            );
+            load.push(tokio::spawn(async move {
+                let http = common::http();
+                while !stop.load(Ordering::Relaxed) {
+                    let (s, v) =
+                        call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
+                    assert!(s == 200 && echo_ok(&v), "load call failed: {s} {v}");
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+
+    // ≥ 200 releases, each made on one node while the others are probed until their 404.
+    const RELEASES: usize = 200;
+    let mut propagation = Vec::with_capacity(RELEASES);
+    let mut acked_all = 0;
+    for i in 0..RELEASES {
+        let at = i % 3;
+        let r = nodes[(at + 1) % 3]
+            .register(json!({"agent_id": format!("agent-{i}"), "tools": ["demo.*"]}))
+            .await;
+        let (rid, rtok) = (
+            r["id"].as_str().unwrap().to_string(),
+            r["token"].as_str().unwrap().to_string(),
+        );
+        for n in &nodes {
+            wait_served(&http, n, &rid, &rtok, BOUND).await;
+        }
+        let t0 = Instant::now();
+        let (s, v) = nodes[at]
+            .admin_call(
+                reqwest::Method::DELETE,
+                &format!("/v1/registrations/{rid}"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            v["fenced"],
+            json!([]),
+            "no node fenced on a healthy cluster: {v}"
+        );
+        if v["acked"].as_array().map_or(0, Vec::len) == 3 {
+            acked_all += 1;
+        }
+        // Every node answers 404 (probed in turn: the time is an upper bound for the last).
+        for n in &nodes {
+            wait_status(&http, n, &rid, &rtok, 404, BOUND * 2).await;
+        }
+        propagation.push(t0.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    propagation.sort();
+    let (p50, p99, max) = (
+        pct(&propagation, 0.5),
+        pct(&propagation, 0.99),
+        propagation[RELEASES - 1],
+    );
+    println!(
+        "release propagation over {RELEASES} releases (3 nodes, {} load calls served meanwhile): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (bound {} ms); acked by all 3: {acked_all}",
+        served.load(Ordering::Relaxed),
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        max.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(
+        max < BOUND,
+        "a release took {max:?} to hold on every node (bound {BOUND:?})"
+    );
+    assert_eq!(
+        acked_all, RELEASES,
+        "every release acknowledged by all 3 nodes"
+    );
+    let m = nodes[0].metrics().await;
+    assert!(
+        m.contains("gatehouse_release_propagation_seconds_count"),
+        "{m}"
+    );
+}
+
+async fn call_url(
+    http: &reqwest::Client,
+    data: &str,
+    id: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> (u16, Value) {
+    let params = json!({
+        "name": tool,
+        "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
+    });
+    let r = http
+        .post(format!("{data}/gw/{id}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":params}))
+        .send()
+        .await;
+    match r {
+        Ok(r) => {
+            let s = r.status().as_u16();
+            (s, r.json().await.unwrap_or(Value::Null))
+        }
+        Err(e) => (0, json!(e.to_string())),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_recovers() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut relays = Vec::new();
+    for m in &etcd.members {
+        relays.push(Relay::to(m.client).await);
+    }
+    let cut_eps: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let (a, c) = (node("a", &eps, 16), node("c", &cut_eps, 16));
+    let http = common::http();
+    let mut regs = Vec::new();
+    for i in 0..2 {
+        let r = a
+            .register(json!({"agent_id": format!("agent-{i}"), "tools": ["demo.*"]}))
+            .await;
+        let reg = (
+            r["id"].as_str().unwrap().to_string(),
+            r["token"].as_str().unwrap().to_string(),
+        );
+        wait_served(&http, &c, &reg.0, &reg.1, BOUND).await;
+        regs.push(reg);
+    }
+    let (keep, gone) = (regs[0].clone(), regs[1].clone());
+
+    // A call in flight on c when the link is cut.
+    let slow = {
+        let (url, (id, token)) = (c.data.clone(), keep.clone());
+        tokio::spawn(async move {
+            let http = common::http();
+            let r = call_url(&http, &url, &id, &token, "demo.slow", json!({"ms": 20_000})).await;
+            (Instant::now(), r)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cut_at = Instant::now();
+    for r in &relays {
+        r.cut();
+    }
+    let fenced_in = wait_status(&http, &c, &keep.0, &keep.1, 503, BOUND * 3).await;
+    let (ended, (s, v)) = slow.await.unwrap();
+    let cancelled_in = ended - cut_at;
+    println!(
+        "cut: 503 after {:.0} ms, in-flight call ended after {:.0} ms ({s} {v}) (bound {} ms)",
+        fenced_in.as_secs_f64() * 1e3,
+        cancelled_in.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(fenced_in < BOUND + SLACK, "fenced after {fenced_in:?}");
+    assert!(
+        cancelled_in < BOUND + SLACK,
+        "in-flight call ended after {cancelled_in:?}"
+    );
+    assert!(
+        !v.to_string().contains("done"),
+        "the call was cancelled, not completed: {v}"
+    );
+    // 503 says when to retry.
+    let r = http
+        .post(format!("{}/gw/{}/mcp", c.data, keep.0))
+        .bearer_auth(&keep.1)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    // The other node serves on.
+    wait_served(&http, &a, &keep.0, &keep.1, BOUND).await;
+
+    // During the cut: a release on a, then a compaction past the cut node's revision.
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{}", gone.0),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a"]), "{v}");
+    assert_eq!(v["fenced"], json!(["c"]), "{v}");
+    let mut ec = etcd.client().await;
+    let rev = ec
+        .put("/test/bump", "1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    ec.compact(rev, None).await.unwrap();
+
+    // Healed: c reads the store again (its watch revision is compacted), drops the released
+    // registration and serves the kept one.
+    let healed = Instant::now();
+    for r in &relays {
+        r.heal();
+    }
+    wait_served(&http, &c, &keep.0, &keep.1, Duration::from_secs(15)).await;
+    println!(
+        "healed: serving again after {:.0} ms",
+        healed.elapsed().as_secs_f64() * 1e3
+    );
+    let (s, _) = call(
+        &http,
+        &c,
+        &gone.0,
+        &gone.1,
+        "demo.echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert_eq!(s, 404, "released during the cut: gone on c too");
+    let audit = c.audit();
+    assert!(audit.iter().any(|r| r.event == "node_fenced"));
+    assert!(audit.iter().any(|r| r.event == "node_unfenced"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_lost_every_node_fences_within_the_bound_and_serves_again_when_it_returns() {
+    let _serial = SERIAL.lock().await;
+    let mut etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [node("a", &eps, 16), node("b", &eps, 16)];
+    let http = common::http();
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-q", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    let killed = Instant::now();
+    etcd.members[1].kill9();
+    etcd.members[2].kill9();
+    let mut worst = Duration::ZERO;
+    for n in &nodes {
+        wait_status(&http, n, &id, &token, 503, BOUND * 3).await;
+        worst = worst.max(killed.elapsed());
+    }
+    println!(
+        "quorum lost: every node 503 after {:.0} ms (bound {} ms)",
+        worst.as_secs_f64() * 1e3,
+        BOUND.as_millis()
+    );
+    assert!(worst < BOUND + SLACK, "fenced after {worst:?}");
+    // Creates fail closed.
+    let (s, v) = nodes[1]
+        .admin_call(
+            reqwest::Method::POST,
+            "/v1/registrations",
+            Some(json!({"agent_id": "agent-n", "tools": ["demo.*"]})),
+        )
+        .await;
+    assert_eq!(s, 503, "{v}");
+    etcd.members[1].spawn();
+    etcd.members[2].spawn();
+    let back = Instant::now();
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, Duration::from_secs(30)).await;
+    }
+    println!(
+        "quorum back: serving again after {:.0} ms",
+        back.elapsed().as_secs_f64() * 1e3
+    );
+    let r = nodes[1]
+        .register(json!({"agent_id": "agent-n", "tools": ["demo.*"]}))
+        .await;
+    wait_served(
+        &http,
+        &nodes[0],
+        r["id"].as_str().unwrap(),
+        r["token"].as_str().unwrap(),
+        BOUND,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_with_sigkill_leaves_its_registrations_served_by_the_others() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut a = node("a", &eps, 16);
+    let b = node("b", &eps, 16);
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-k", "tools": ["demo.*"], "ttl_s": 60}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    // A renewal on b reaches a (the watch carries the new expiry).
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::POST,
+            &format!("/v1/registrations/{id}/renew"),
+            Some(json!({"ttl_s": 120})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let expires = v["expires_at"].clone();
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let (_, g) = a
+            .admin_call(
+                reqwest::Method::GET,
+                &format!("/v1/registrations/{id}"),
+                None,
+            )
+            .await;
+        if g["expires_at"] == expires {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "renewal not on a: {g} vs {expires}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A short-lived one made on a: its TTL runs on after a dies (b expires it).
+    let r = a
+        .register(json!({"agent_id": "agent-t", "tools": ["demo.*"], "ttl_s": 2}))
+        .await;
+    let (tid, ttok) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &tid, &ttok, BOUND).await;
+    let made = Instant::now();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    // b serves it on, past the bound and past a's heartbeat lease (3 s).
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let (s, v) = call(&http, &b, &id, &token, "demo.echo", json!({"text":"x"})).await;
+        assert!(s == 200 && echo_ok(&v), "{s} {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The TTL of a's short-lived registration ended on b (and in etcd).
+    wait_status(&http, &b, &tid, &ttok, 404, Duration::from_secs(3)).await;
+    assert!(made.elapsed() >= Duration::from_secs(2));
+    let mut ec = etcd.client().await;
+    let left = ec
+        .get(format!("/gatehouse/v1/reg/{tid}"), None)
+        .await
+        .unwrap();
+    assert!(
+        left.kvs().is_empty(),
+        "the expired registration is gone from etcd"
+    );
+    // A release on b no longer waits for a (its heartbeat lease ended).
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["b"]), "{v}");
+    assert_eq!(v["fenced"], json!([]), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_calls_holds_across_nodes_under_concurrent_calls() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [node("a", &eps, 2), node("b", &eps, 2), node("c", &eps, 2)];
+    let http = common::http();
+    const MAX: u64 = 20;
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-m", "tools": ["demo.*"], "limits": {"max_calls": MAX}}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        // Served (a tools/list costs no budget).
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (s, _) = call(&http, n, &id, "wrong", "demo.echo", json!({"text":"x"})).await;
+            if s == 401 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not replicated to {}", n.data);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut calls = Vec::new();
+    for n in &nodes {
+        for _ in 0..15 {
+            let (url, id, token) = (n.data.clone(), id.clone(), token.clone());
+            calls.push(tokio::spawn(async move {
+                let http = common::http();
+                let (s, v) =
+                    call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
+                s == 200 && echo_ok(&v)
+            }));
+        }
+    }
+    let mut ok = 0;
+    for c in calls {
+        if c.await.unwrap() {
+            ok += 1;
+        }
+    }
+    println!("max_calls {MAX} across 3 nodes, 45 concurrent calls: {ok} served");
+    assert!(ok <= MAX, "{ok} calls served over max_calls {MAX}");
+    assert!(
+        ok >= MAX - 6,
+        "at most one block (2) per node left unspent: {ok}"
+    );
+}
+
+/// `initialize` on Streamable HTTP (2025-06-18) at `node`: the `Mcp-Session-Id` it minted.
+async fn initialize(http: &reqwest::Client, node: &Daemon, id: &str, token: &str) -> String {
+    let r = http
+        .post(format!("{}/gw/{id}/mcp", node.data))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"cluster-test","version":"0"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.headers()["mcp-session-id"].to_str().unwrap().to_string()
+}
+
+async fn list_in_session(
+    http: &reqwest::Client,
+    node: &Daemon,
+    id: &str,
+    token: &str,
+    sid: &str,
+) -> u16 {
+    http.post(format!("{}/gw/{id}/mcp", node.data))
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", sid)
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_carry_their_node_and_another_node_answers_404() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let (a, b) = (node("a", &eps, 16), node("b", &eps, 16));
+    let http = common::http();
+    let r = b
+        .register(json!({"agent_id": "agent-s", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &a, &id, &token, BOUND).await;
+    // Streamable HTTP: the session id names the node that made it.
+    let sid = initialize(&http, &a, &id, &token).await;
+    assert!(sid.starts_with("a."), "{sid}");
+    assert_eq!(list_in_session(&http, &a, &id, &token, &sid).await, 200);
+    assert_eq!(
+        list_in_session(&http, &b, &id, &token, &sid).await,
+        404,
+        "another node's session"
+    );
+    // Legacy HTTP+SSE: the endpoint's session_id too.
+    let sse = common::SseClient::connect(&format!("{}/gw/{id}/sse", b.data), &token).await;
+    assert!(sse.endpoint.contains("session_id=b."), "{}", sse.endpoint);
+    let wrong = sse.post_url().replace(&b.data, &a.data);
+    let s = http
+        .post(wrong)
+        .bearer_auth(&token)
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s.as_u16(), 404, "a legacy session on another node");
+
+    // Audit: one chain per node; a call served on a carries node_id "a" and the store
+    // revision a had applied (at least the registration's creation).
+    let (s, _) = call(&http, &a, &id, &token, "demo.echo", json!({"text":"x"})).await;
+    assert_eq!(s, 200);
+    a.wait_audit(5, |recs| {
+        recs.iter().any(|r| {
+            r.event == "governed_mcp_call"
+                && r.node_id.as_deref() == Some("a")
+                && r.store_revision.is_some_and(|v| v > 0)
+        })
+    })
+    .await;
+    let text = std::fs::read_to_string(a.audit_path()).unwrap();
+    assert!(!text.contains(&token), "no token in the audit");
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["audit", "verify"])
+        .arg(a.audit_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Only token digests in etcd.
+    let mut ec = etcd.client().await;
+    let all = ec
+        .get(
+            "/gatehouse/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(!all.kvs().is_empty());
+    for kv in all.kvs() {
+        assert!(
+            !String::from_utf8_lossy(kv.value()).contains(&token),
+            "a token in etcd"
+        );
+    }
+
+    // `gatehouse release` on a node of a cluster: it says who acknowledged.
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["release", &id, "--config"])
+        .arg(a.dir().join("gatehouse.toml"))
+        .env("GATEHOUSE_ADMIN_URL", &a.admin)
+        .env_remove("GATEHOUSE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("acknowledged by [a,b], fenced []"), "{said}");
+    a.wait_audit(5, |recs| {
+        recs.iter().any(|r| {
+            r.event == "release_acknowledged"
+                && r.registration_id.as_deref() == Some(id.as_str())
+                && r.reason
+                    .as_deref()
+                    .is_some_and(|t| t.contains("applied by [a,b]"))
+        })
+    })
+    .await;
+    wait_status(&http, &b, &id, &token, 404, BOUND).await;
+}
+
+fn nginx_bin() -> std::path::PathBuf {
+    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("nginx is not installed: run `bash tests/peers/setup.sh` (installs nginx-light)")
+}
+
+/// nginx in the foreground running the shipped deploy/nginx-cluster.conf, its addresses
+/// rewritten to the three nodes (n1, n2, n3) and its two listeners to loopback ports.
+struct Nginx {
+    child: Child,
+    _dir: tempfile::TempDir,
+    data: String,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nginx {
+    fn start(nodes: &[&Daemon; 3]) -> Nginx {
+        let hostport = |url: &str| url.trim_start_matches("http://").to_string();
+        let shipped =
+            std::fs::read_to_string(common::repo_root().join("deploy/nginx-cluster.conf")).unwrap();
+        let (data_port, admin_port) = (free_port(), free_port());
+        let mut conf = shipped
+            .replace("listen 80;", &format!("listen 127.0.0.1:{data_port};"))
+            .replace(
+                "listen 10.0.0.10:8788;",
+                &format!("listen 127.0.0.1:{admin_port};"),
+            );
+        for (i, n) in nodes.iter().enumerate() {
+            conf = conf
+                .replace(&format!("10.0.0.1{}:8787", i + 1), &hostport(&n.data))
+                .replace(&format!("10.0.0.1{}:8788", i + 1), &hostport(&n.admin));
+        }
+        assert!(
+            !conf
+                .lines()
+                .any(|l| !l.trim_start().starts_with('#') && l.contains("10.0.0.")),
+            "an address is left:\n{conf}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        std::fs::write(dir.path().join("gatehouse.conf"), conf).unwrap();
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+        std::fs::write(
+            dir.path().join("nginx.conf"),
+            format!(
+                "{}pid {d}/nginx.pid;\nerror_log {d}/error.log info;\nevents {{ worker_connections 512; }}\n\
+                 http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/client_body;\n  \
+                 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  \
+                 scgi_temp_path {d}/scgi;\n  include {d}/gatehouse.conf;\n}}\n",
+                if root { "user root;\n" } else { "" }
+            ),
+        )
+        .unwrap();
+        let child = Command::new(nginx_bin())
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-e")
+            .arg(dir.path().join("error.log"))
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let data = format!("http://127.0.0.1:{data_port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", data_port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not listen: {:?}",
+                std::fs::read_to_string(dir.path().join("error.log"))
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nginx {
+            child,
+            _dir: dir,
+            data,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_sessions_node() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut nodes = [
+        node("n1", &eps, 16),
+        node("n2", &eps, 16),
+        node("n3", &eps, 16),
+    ];
+    let nginx = Nginx::start(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let http = common::http();
+    let r = nodes[0]
+        .register(json!({"agent_id": "agent-py", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    // Stateless requests through the proxy land on any node.
+    let (s, v) = call_url(
+        &http,
+        &nginx.data,
+        &id,
+        &token,
+        "demo.echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert!(s == 200 && echo_ok(&v), "{s} {v}");
+
+    let python = common::repo_root().join("tests/peers/.venv/bin/python");
+    assert!(
+        python.is_file(),
+        "the Python MCP SDK venv is missing: bash tests/peers/setup.sh"
+    );
+    let mut client = tokio::process::Command::new(python)
+        .arg(common::repo_root().join("tests/peers/cluster_client.py"))
+        .args([
+            "--url",
+            &format!("{}/gw/{id}/mcp", nginx.data),
+            "--token",
+            &token,
+        ])
+        .args(["--seconds", "8", "--interval-ms", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = client.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut events: Vec<Value> = Vec::new();
+    let mut killed: Option<(String, Instant)> = None;
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let v: Value = serde_json::from_str(&line).unwrap_or(json!({"raw": line}));
+            // After 20 good calls, kill -9 the node that holds the client's session.
+            if killed.is_none()
+                && v["event"] == "call"
+                && v["ok"] == true
+                && v["n"].as_u64() >= Some(20)
+            {
+                let sid = v["session"].as_str().unwrap().to_string();
+                let owner = sid.split('.').next().unwrap().to_string();
+                let i = ["n1", "n2", "n3"].iter().position(|n| *n == owner).unwrap();
+                nodes[i].child.kill().unwrap();
+                nodes[i].child.wait().unwrap();
+                killed = Some((owner, Instant::now()));
+            }
+            let done = v["event"] == "done";
+            events.push(v);
+            if done {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(40), read)
+        .await
+        .expect("the client ended in time");
+    let status = tokio::time::timeout(Duration::from_secs(10), client.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "cluster_client failed");
+    let (dead, at) = killed.expect("the client made 20 calls");
+    let calls: Vec<&Value> = events.iter().filter(|v| v["event"] == "call").collect();
+    let failed: Vec<&&Value> = calls.iter().filter(|v| v["ok"] != true).collect();
+    let sessions: Vec<&str> = events
+        .iter()
+        .filter(|v| v["event"] == "session")
+        .filter_map(|v| v["session"].as_str())
+        .collect();
+    let after: Vec<&&Value> = calls
+        .iter()
+        .filter(|v| {
+            v["ok"] == true
+                && v["session"]
+                    .as_str()
+                    .is_some_and(|s| !s.starts_with(&format!("{dead}.")))
+        })
+        .collect();
+    let slowest = calls
+        .iter()
+        .filter_map(|v| v["ms"].as_f64())
+        .fold(0.0, f64::max);
+    println!(
+        "python SDK through nginx: {} calls, {} failed (the session's node {dead} killed -9 after call 20), sessions {:?}, slowest call {:.0} ms, {} calls after the kill on a new session ({:.1} s after it)",
+        calls.len(),
+        failed.len(),
+        sessions,
+        slowest,
+        after.len(),
+        at.elapsed().as_secs_f64()
+    );
+    assert!(
+        sessions.len() >= 2,
+        "the client initialized again: {sessions:?}"
+    );
+    assert!(
+        !sessions[sessions.len() - 1].starts_with(&format!("{dead}.")),
+        "a live node's session: {sessions:?}"
+    );
+    assert!(
+        after.len() >= 20,
+        "calls go on after the kill: {}",
+        after.len()
+    );
+    assert!(
+        failed.len() <= 2,
+        "only the calls in flight at the kill fail: {failed:?}"
+    );
+    assert!(
+        slowest < 5000.0,
+        "no call hangs (each fails or is answered)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_authenticates_to_etcd_with_user_and_password_file() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut ec = etcd.client().await;
+    ec.user_add("root", "root-pw-1", None).await.unwrap();
+    ec.user_grant_role("root", "root").await.unwrap();
+    ec.auth_enable().await.unwrap();
+    // Auth is on: an anonymous write is refused.
+    let mut anon = etcd.client().await;
+    assert!(anon.put("/gatehouse/v1/x", "1", None).await.is_err());
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("etcd.password");
+    std::fs::write(&pw, "root-pw-1\n").unwrap();
+    let extra = format!(
+        "user = \"root\"\npassword_file = {:?}",
+        pw.display().to_string()
+    );
+    let (a, b) = (
+        node_with("a", &eps, 16, &extra),
+        node_with("b", &eps, 16, &extra),
+    );
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-auth", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    // Fresh past the bound: heartbeats go through with the credentials.
+    tokio::time::sleep(BOUND * 2).await;
+    wait_served(&http, &a, &id, &token, Duration::from_millis(100)).await;
+    let (s, v) = b
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a", "b"]), "{v}");
+    let out = a.log_lines().join("\n");
+    assert!(!out.contains("root-pw-1"), "the password is never logged");
+}
+
+/// `openssl` with `args` in `dir` (asserted to succeed).
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian openssl) must be installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A CA, a server certificate for 127.0.0.1 and a client certificate, all made here.
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=gatehouse-test-ca",
+        ],
+    );
+    for (name, cn) in [("server", "127.0.0.1"), ("client", "gatehouse")] {
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+    let (client_port, peer_port) = (free_port(), free_port());
+    let mut member = Member {
+        name: "t0".into(),
+        client: client_port,
+        args: vec![
+            "--name".into(),
+            "t0".into(),
+            "--data-dir".into(),
+            d.join("t0").display().to_string(),
+            "--listen-client-urls".into(),
+            format!("https://127.0.0.1:{client_port}"),
+            "--advertise-client-urls".into(),
+            format!("https://127.0.0.1:{client_port}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster".into(),
+            format!("t0=http://127.0.0.1:{peer_port}"),
+            "--cert-file".into(),
+            d.join("server.pem").display().to_string(),
+            "--key-file".into(),
+            d.join("server.key").display().to_string(),
+            "--trusted-ca-file".into(),
+            d.join("ca.pem").display().to_string(),
+            "--client-cert-auth".into(),
+        ],
+        child: None,
+    };
+    member.spawn();
+    let endpoint = format!("https://127.0.0.1:{client_port}");
+    // Wait until it accepts a write over TLS with the client certificate.
+    let tls = || {
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(
+                std::fs::read(d.join("ca.pem")).unwrap(),
+            ))
+            .identity(etcd_client::Identity::from_pem(
+                std::fs::read(d.join("client.pem")).unwrap(),
+                std::fs::read(d.join("client.key")).unwrap(),
+            ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_timeout(Duration::from_secs(1))
+            .with_tls(tls());
+        if let Ok(mut c) = etcd_client::Client::connect([endpoint.as_str()], Some(opts)).await {
+            if c.put("/test/alive", "1", None).await.is_ok() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "etcd over TLS not writable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without a client certificate: refused.
+    let opts = etcd_client::ConnectOptions::new()
+        .with_timeout(Duration::from_secs(1))
+        .with_tls(etcd_client::TlsOptions::new().ca_certificate(
+            etcd_client::Certificate::from_pem(std::fs::read(d.join("ca.pem")).unwrap()),
+        ));
+    let refused = match etcd_client::Client::connect([endpoint.as_str()], Some(opts)).await {
+        Ok(mut c) => c.put("/test/anon", "1", None).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "etcd requires a client certificate");
+    let p = |f: &str| d.join(f).display().to_string();
+    let extra = format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}",
+        p("ca.pem"),
+        p("client.pem"),
+        p("client.key")
+    );
+    let eps = [endpoint.clone()];
+    let (a, b) = (
+        node_with("a", &eps, 16, &extra),
+        node_with("b", &eps, 16, &extra),
+    );
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-tls", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    tokio::time::sleep(BOUND * 2).await;
+    wait_served(&http, &a, &id, &token, Duration::from_millis(100)).await;
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["acked"], json!(["a", "b"]), "{v}");
+    wait_status(&http, &b, &id, &token, 404, BOUND).await;
+}
