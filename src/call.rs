@@ -397,9 +397,12 @@ pub async fn run(
     let ToolCall {
         name,
         arguments,
-        params,
+        mut params,
         progress_token,
     } = call;
+    // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless requests.
+    let max_ttl = Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1));
+    let asks_task = crate::mcp::tasks::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
     let (digest, recorded) = asked(ctx, &arguments);
     let reg = &ctx.registration;
     let budget = Budget {
@@ -430,13 +433,25 @@ pub async fn run(
         progress_token,
         ids: &ids,
     };
-    let ended = execute(ctx, exec, &cancel, timeout).await;
+    let mut ended = execute(ctx, exec, &cancel, timeout).await;
+    let mut reason = None;
+    if asks_task {
+        if let Ended::Raw(raw, Outcome::Ok) = &ended {
+            let created = tool
+                .upstream()
+                .zip(ids.epoch())
+                .zip(crate::mcp::tasks::create_task_result(raw.get()));
+            if let Some(((upstream, epoch), task)) = created {
+                (ended, reason) = Box::pin(task_created(ctx, &name, upstream, epoch, task)).await;
+            }
+        }
+    }
     let summary = Summary {
         tool: Some(&name),
         upstream: tool.upstream(),
         digest: Some(digest.as_str()),
         arguments: recorded,
-        reason: None,
+        reason,
         ids: Some(&ids),
         ended,
     };
@@ -447,6 +462,35 @@ pub async fn run(
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
+/// An upstream answered a task-augmented call with a `CreateTaskResult`: the task is the
+/// gateway's now (`mcp::tasks::created`); the client gets it under the gateway's id.
+async fn task_created(
+    ctx: &RequestCtx,
+    name: &str,
+    upstream: &str,
+    epoch: u64,
+    task: Value,
+) -> (Ended, Option<Cow<'static, str>>) {
+    use crate::mcp::tasks::NotCreated;
+    match crate::mcp::tasks::created(ctx, name, upstream, epoch, task).await {
+        Ok(result) => {
+            let why = format!(
+                "task created: {}",
+                result["task"]["taskId"].as_str().unwrap_or_default()
+            );
+            (Ended::Result(result, Outcome::Ok), Some(why.into()))
+        }
+        Err(NotCreated::Full(n)) => {
+            let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");
+            (
+                Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
+                Some(why.into()),
+            )
+        }
+        Err(NotCreated::Released) => (Ended::Cancelled, None),
+    }
+}
+
 fn refuse<'c>(
     ctx: &'c RequestCtx,
     started: Instant,

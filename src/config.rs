@@ -75,6 +75,8 @@ pub struct Config {
     pub audit: AuditConfig,
     /// Child registrations (sub-agents): how deep and how many.
     pub children: ChildrenConfig,
+    /// MCP tasks the gateway owns per registration (`tasks`).
+    pub tasks: TasksConfig,
     pub store: StoreConfig,
     pub upstreams: Vec<UpstreamConfig>,
 }
@@ -87,6 +89,30 @@ pub struct ChildrenConfig {
     pub max_depth: usize,
     /// Live children per registration.
     pub max_per_registration: usize,
+}
+
+/// Caps on MCP tasks (long-running tool calls the gateway tracks per registration).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksConfig {
+    /// The longest a task lives, in seconds: a client's or upstream's TTL above it (or an
+    /// upstream's unlimited one) is cut to it; at its end a live task is cancelled upstream.
+    pub max_ttl_s: u64,
+    /// Live tasks per registration; a task created beyond it is cancelled upstream at once.
+    pub max_live_per_registration: usize,
+    /// The shortest interval, in ms, at which the gateway polls an upstream about one task
+    /// (its background poller, and client polls, which are answered from the table between).
+    pub min_poll_interval_ms: u64,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            max_ttl_s: 3600,
+            max_live_per_registration: 64,
+            min_poll_interval_ms: 500,
+        }
+    }
 }
 
 impl Default for ChildrenConfig {
@@ -120,6 +146,7 @@ impl Default for Config {
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
             children: ChildrenConfig::default(),
+            tasks: TasksConfig::default(),
             store: StoreConfig::default(),
             upstreams: Vec::new(),
         }

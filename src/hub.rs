@@ -18,6 +18,7 @@ use crate::pins::Drift;
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::store::Store;
+use crate::tasks::TaskTable;
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
 /// The client-response body that refuses a server → client request on the gateway's behalf.
@@ -38,6 +39,8 @@ pub struct Hub {
     held: HeldCalls,
     /// Open `subscriptions/listen` streams (2026-07-28).
     listeners: Listeners,
+    /// MCP tasks, owned per registration (`tasks`).
+    tasks: TaskTable,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Where registrations are kept (written through; requests are served from `registry`).
@@ -61,6 +64,7 @@ impl Hub {
             metrics: Metrics::new(),
             held: HeldCalls::default(),
             listeners: Listeners::default(),
+            tasks: TaskTable::default(),
             local_addr: std::sync::Mutex::new(None),
             store,
         });
@@ -123,6 +127,10 @@ impl Hub {
         self.metrics
             .refused(listener.as_str(), status.as_u16(), refused.reason.as_str());
         self.refusals.observe(listener, status, refused, peer);
+    }
+
+    pub fn tasks(&self) -> &TaskTable {
+        &self.tasks
     }
 
     pub fn listeners(&self) -> &Listeners {
@@ -276,6 +284,35 @@ impl Downstream for Hub {
                     .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
                 if granted {
                     n += self.notify_registration(&reg.id, msg.clone()).await;
+                }
+            }
+            n
+        })
+    }
+
+    fn task_status<'a>(
+        &'a self,
+        upstream_id: &'a str,
+        epoch: u64,
+        params: Value,
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let Some(task) = params
+                .get("taskId")
+                .and_then(Value::as_str)
+                .and_then(|up| self.tasks.by_upstream(upstream_id, epoch, up))
+            else {
+                tracing::debug!(upstream = %upstream_id, "task status for a task the gateway does not hold: dropped");
+                return 0;
+            };
+            // The table's view (the upstream's status unless the task is settled), our id in it.
+            task.observe(params);
+            task.wake.notify_one();
+            let msg = jsonrpc::notification("notifications/tasks/status", Some(task.view()));
+            let mut n = 0;
+            for s in self.sessions.sessions_of(&task.registration.id) {
+                if self.sessions.deliver(&s, msg.clone()).await {
+                    n += 1;
                 }
             }
             n

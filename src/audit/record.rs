@@ -92,6 +92,16 @@ pub struct Record<'a> {
     /// A digest (`config_reloaded`: SHA-256 of the config file read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Cow<'a, str>>,
+    /// A task's gateway-minted id (`task_created`, `task_outcome`; `tasks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<Cow<'a, str>>,
+    /// SHA-256 (hex) of the upstream's task id: never written in clear (it may be a bearer
+    /// token at the upstream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_task_digest: Option<Cow<'a, str>>,
+    /// A task's effective TTL in ms (`task_created`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -223,6 +233,9 @@ impl<'a> Record<'a> {
             expired_at: text(self.expired_at),
             registrations: self.registrations,
             digest: text(self.digest),
+            task_id: text(self.task_id),
+            upstream_task_digest: text(self.upstream_task_digest),
+            ttl_ms: self.ttl_ms,
             prev: self.prev,
         }
     }
@@ -307,6 +320,11 @@ impl<'a> Record<'a> {
             line.u64(k!("registrations"), v);
         }
         line.opt_str(k!("digest"), &self.digest);
+        line.opt_str(k!("task_id"), &self.task_id);
+        line.opt_str(k!("upstream_task_digest"), &self.upstream_task_digest);
+        if let Some(v) = self.ttl_ms {
+            line.u64(k!("ttl_ms"), v);
+        }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);
@@ -526,6 +544,9 @@ mod tests {
             expired_at: Some("2026-11-29T11:00:00.000Z".into()),
             registrations: Some(u64::MAX),
             digest: Some("ab\"".into()),
+            task_id: Some("gtask_\"x".into()),
+            upstream_task_digest: Some("ef".repeat(32).into()),
+            ttl_ms: Some(u64::MAX),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

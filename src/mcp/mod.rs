@@ -5,6 +5,7 @@ pub mod dispatch;
 pub mod jsonrpc;
 pub mod proxy;
 pub mod request;
+pub mod tasks;
 
 use serde_json::{json, Value};
 

@@ -707,6 +707,20 @@ async fn run_events(
                     if let Some(pool) = pool.upgrade() {
                         refresh_coalesced(&pool, &slot, epoch);
                     }
+                } else if method == "notifications/tasks/status" {
+                    // Routed by the task it names, never by connection: a task belongs to
+                    // one registration even on a shared connection.
+                    let ds = pool
+                        .upgrade()
+                        .and_then(|p| p.downstream.get().and_then(Weak::upgrade));
+                    let n = match (ds, params) {
+                        (Some(ds), Some(p)) => ds.task_status(&slot.spec.id, epoch, p).await,
+                        _ => 0,
+                    };
+                    if n == 0 {
+                        slot.spec.refused.inc();
+                        tracing::debug!(upstream = %slot.spec.id, "task status notification not delivered: no session of the task's registration (counted)");
+                    }
                 } else if let Some(pool) = pool.upgrade() {
                     connection_wide(&pool, &slot, owner.as_deref(), method, params).await;
                 }

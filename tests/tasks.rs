@@ -1,0 +1,341 @@
+//! Issue 37: MCP tasks (2025-11-25 form) owned by the registration. The upstream is the real
+//! `@modelcontextprotocol/server-everything` (tests/peers, stdio), whose
+//! `simulate-research-query` is a task-required tool (four 1 s stages) and whose task store
+//! shows every caller's tasks (the TypeScript SDK 1.x `InMemoryTaskStore`): one `shared`
+//! connection carries the tasks of several registrations, and each must see only its own.
+//! Clients: a raw legacy-SSE client (every byte visible) and the official Python SDK 1.x
+//! (`session.experimental`, tests/peers/tasks_client.py) over legacy SSE and Streamable HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gatehouse::{Limits, Registration, RegistrationSpec};
+use serde_json::{json, Value};
+
+const RESEARCH: &str = "everything.simulate-research-query";
+
+fn gateway() -> TestGateway {
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![everything("everything", "shared", 30, "")];
+    })
+}
+
+async fn register(tg: &TestGateway, agent: &str, limits: Limits) -> Registration {
+    tg.gateway
+        .register(
+            RegistrationSpec::new(agent)
+                .grant("everything.*")
+                .limits(limits),
+        )
+        .await
+        .unwrap()
+}
+
+/// A legacy-SSE session that negotiated 2025-11-25 (the revision with tasks).
+async fn session(reg: &Registration) -> SseClient {
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let r = c
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}),
+        )
+        .await;
+    assert_eq!(r["result"]["protocolVersion"], "2025-11-25", "{r}");
+    assert_eq!(
+        r["result"]["capabilities"]["tasks"],
+        json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+        "the gateway declares tasks when a granted upstream runs tool calls as tasks: {r}"
+    );
+    c.notify("notifications/initialized", json!({})).await;
+    c
+}
+
+/// `tools/call` of the research tool as a task: the gateway's task id.
+async fn create(c: &mut SseClient, topic: &str) -> String {
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": topic}, "task": {"ttl": 600_000}}),
+        )
+        .await;
+    let task = &r["result"]["task"];
+    let id = task["taskId"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(id.starts_with("gtask_") && id.len() == 28, "{r}");
+    assert_eq!(task["status"], "working", "{r}");
+    assert_eq!(
+        task["ttl"], 120_000,
+        "the TTL is capped by tasks.max_ttl_s: {r}"
+    );
+    id.to_string()
+}
+
+fn ids_of(list: &Value) -> Vec<String> {
+    list["result"]["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|t| t["taskId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn error_of(r: &Value) -> (i64, String) {
+    (
+        r["error"]["code"].as_i64().unwrap_or_else(|| panic!("{r}")),
+        r["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The audit records of `event` once there are `n` of them (within 20 s).
+async fn records(
+    tg: &TestGateway,
+    event: &str,
+    n: usize,
+) -> Vec<gatehouse::testing::audit::Record<'static>> {
+    for _ in 0..200 {
+        let recs: Vec<_> = tg
+            .audit()
+            .into_iter()
+            .filter(|r| r.event == event)
+            .collect();
+        if recs.len() >= n {
+            return recs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("fewer than {n} {event} records: {:?}", tg.audit());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_upstreams_tasks_are_each_registrations_own() {
+    let tg = gateway();
+    let (a, b) = (
+        register(&tg, "agent-a", Limits::default()).await,
+        register(&tg, "agent-b", Limits::default()).await,
+    );
+    let (mut ca, mut cb) = (session(&a).await, session(&b).await);
+    let ta = create(&mut ca, "tides").await;
+    let tb = create(&mut cb, "comets").await;
+
+    // tasks/list comes from the gateway's table, each registration's own (server-everything's
+    // own list would show both: one shared connection, one upstream caller).
+    assert_eq!(
+        ids_of(&ca.request("tasks/list", json!({})).await),
+        vec![ta.clone()]
+    );
+    assert_eq!(
+        ids_of(&cb.request("tasks/list", json!({})).await),
+        vec![tb.clone()]
+    );
+
+    // Another registration's task and an unknown id get the same -32602, for every method.
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        let theirs = cb.request(method, json!({"taskId": ta})).await;
+        let unknown = cb
+            .request(method, json!({"taskId": "gtask_AAAAAAAAAAAAAAAAAAAAAA"}))
+            .await;
+        assert_eq!(error_of(&theirs).0, -32602, "{method}: {theirs}");
+        assert_eq!(error_of(&theirs), error_of(&unknown), "{method}");
+    }
+
+    let got = ca.request("tasks/get", json!({"taskId": ta})).await;
+    assert_eq!(got["result"]["taskId"], ta.as_str(), "{got}");
+    assert!(
+        matches!(got["result"]["status"].as_str(), Some("working")),
+        "{got}"
+    );
+
+    // B cancels its own: cancelled (sticky), then terminal (-32602).
+    let cancelled = cb.request("tasks/cancel", json!({"taskId": tb})).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["result"]["taskId"], tb.as_str(), "{cancelled}");
+    let again = cb.request("tasks/cancel", json!({"taskId": tb})).await;
+    assert_eq!(error_of(&again).0, -32602, "{again}");
+
+    // A's tasks/result blocks until the research is done (~4 s), then answers its result,
+    // the related-task _meta naming the gateway's id.
+    let result = ca.request("tasks/result", json!({"taskId": ta})).await;
+    let text = text_of(&result);
+    assert!(text.contains("Research Report: tides"), "{result}");
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        ta.as_str(),
+        "{result}"
+    );
+    let done = ca.request("tasks/get", json!({"taskId": ta})).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+
+    // Audited: one task_created and one task_outcome per task, each the registration's agent.
+    let created = records(&tg, "task_created", 2).await;
+    let outcomes = records(&tg, "task_outcome", 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // a second outcome would show by now
+    let outcomes_now: Vec<_> = tg
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "task_outcome")
+        .collect();
+    assert_eq!(
+        outcomes_now.len(),
+        2,
+        "exactly one outcome per task: {outcomes_now:?}"
+    );
+    for (task, agent, outcome) in [(&ta, "agent-a", "completed"), (&tb, "agent-b", "cancelled")] {
+        let c: Vec<_> = created
+            .iter()
+            .filter(|r| r.task_id.as_deref() == Some(task.as_str()))
+            .collect();
+        assert_eq!(c.len(), 1, "{created:?}");
+        assert_eq!(c[0].agent_id.as_deref(), Some(agent));
+        assert_eq!(c[0].tool.as_deref(), Some(RESEARCH));
+        assert_eq!(c[0].ttl_ms, Some(120_000));
+        let digest = c[0].upstream_task_digest.as_deref().unwrap();
+        assert!(digest.len() == 64 && digest.chars().all(|ch| ch.is_ascii_hexdigit()));
+        let o: Vec<_> = outcomes
+            .iter()
+            .filter(|r| r.task_id.as_deref() == Some(task.as_str()))
+            .collect();
+        assert_eq!(o.len(), 1, "{outcomes:?}");
+        assert_eq!(o[0].agent_id.as_deref(), Some(agent));
+        assert_eq!(o[0].outcome.as_deref(), Some(outcome), "{o:?}");
+        assert!(o[0].duration_ms.is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_runs_tasks_on_both_transports_and_sees_only_its_own() {
+    let tg = gateway();
+    let other = register(&tg, "other", Limits::default()).await;
+    let mut co = session(&other).await;
+    let theirs = create(&mut co, "someone else's").await;
+    let (s, h) = (
+        register(&tg, "py-sse", Limits::default()).await,
+        register(&tg, "py-http", Limits::default()).await,
+    );
+    let cell = |reg: &Registration, transport: &str, url: String, topic: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "tool": RESEARCH,
+               "args": {"topic": topic}, "ttl": 90_000,
+               "probe": [theirs, "gtask_AAAAAAAAAAAAAAAAAAAAAA"]})
+    };
+    let cells = common::peers::batch(
+        ".venv-mcp1",
+        "tasks_client.py",
+        &json!([
+            cell(&s, "sse", s.sse_url(), "owls"),
+            cell(&h, "streamable", h.mcp_url(), "moths")
+        ]),
+    )
+    .await;
+    for (out, topic) in cells.iter().zip(["owls", "moths"]) {
+        let ok = common::peers::ok(topic, out);
+        assert_eq!(ok["protocol_version"], "2025-11-25", "{ok}");
+        let id = ok["created"]["task"]["taskId"].as_str().unwrap();
+        assert!(id.starts_with("gtask_"), "{ok}");
+        // server-everything sets its own TTL (300 s) whatever is asked; the gateway caps it.
+        assert_eq!(ok["created"]["task"]["ttl"], 120_000, "{ok}");
+        assert_eq!(
+            ok["listed"],
+            json!([id]),
+            "only its own task is listed: {ok}"
+        );
+        assert_eq!(
+            ok["statuses"].as_array().unwrap().last().unwrap(),
+            "completed",
+            "{ok}"
+        );
+        let text = ok["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains(&format!("Research Report: {topic}")), "{ok}");
+        assert_eq!(ok["final"]["status"], "completed", "{ok}");
+        assert_eq!(ok["final"]["taskId"], id, "{ok}");
+        let probes = &ok["probes"];
+        assert_eq!(probes[&theirs]["code"], -32602, "{ok}");
+        assert_eq!(
+            probes[&theirs], probes["gtask_AAAAAAAAAAAAAAAAAAAAAA"],
+            "another registration's task and an unknown one look the same: {ok}"
+        );
+    }
+    // The other registration's task is still its own and live.
+    let got = co.request("tasks/get", json!({"taskId": theirs})).await;
+    assert_eq!(got["result"]["taskId"], theirs.as_str(), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_cancels_live_tasks_upstream_and_unpolled_tasks_still_get_their_outcome() {
+    let tg = gateway();
+    // A live task holds one of max_concurrent's slots.
+    let limited = register(
+        &tg,
+        "limited",
+        Limits {
+            max_concurrent: Some(1),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut cl = session(&limited).await;
+    let unpolled = create(&mut cl, "unpolled").await;
+    let refused = cl
+        .call("everything.echo", json!({"message": "while the task runs"}))
+        .await;
+    assert!(
+        text_of(&refused).contains("limit max_concurrent (1)"),
+        "a live task counts against max_concurrent: {refused}"
+    );
+    // Nobody polls it: the background poller still sees its end and audits it.
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].task_id.as_deref(), Some(unpolled.as_str()));
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
+    let echo = cl
+        .call("everything.echo", json!({"message": "after"}))
+        .await;
+    assert!(text_of(&echo).contains("after"), "the slot is back: {echo}");
+
+    // Released with a live task: cancelled upstream (acknowledged) before the release ends.
+    let leaving = register(&tg, "leaving", Limits::default()).await;
+    let mut cv = session(&leaving).await;
+    let live = create(&mut cv, "abandoned").await;
+    leaving.release().await;
+    let audit = tg.audit();
+    let pos = |pred: &dyn Fn(&gatehouse::testing::audit::Record<'static>) -> bool| {
+        audit.iter().position(pred)
+    };
+    let outcome =
+        pos(&|r| r.event == "task_outcome" && r.task_id.as_deref() == Some(live.as_str()))
+            .unwrap_or_else(|| panic!("no outcome for the released task: {audit:?}"));
+    let released = pos(&|r| {
+        r.event != "task_outcome"
+            && r.event.contains("release")
+            && r.agent_id.as_deref() == Some("leaving")
+    })
+    .unwrap_or_else(|| panic!("no release record: {audit:?}"));
+    assert!(
+        outcome < released,
+        "the task's outcome is written before the release: {audit:?}"
+    );
+    let rec = &audit[outcome];
+    assert_eq!(
+        rec.outcome.as_deref(),
+        Some("cancelled_on_release"),
+        "{rec:?}"
+    );
+    assert_eq!(rec.agent_id.as_deref(), Some("leaving"));
+    assert_eq!(
+        rec.reason.as_deref(),
+        Some("registration released: cancelled upstream"),
+        "server-everything acknowledged tasks/cancel: {rec:?}"
+    );
+    // The upstream's own view: the task is cancelled there (it is no longer working), as
+    // another registration on the same shared connection cannot ask through the gateway, the
+    // audit's acknowledged cancel is the upstream's word. Exactly one outcome per task.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let n = tg
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "task_outcome" && r.task_id.as_deref() == Some(live.as_str()))
+        .count();
+    assert_eq!(n, 1);
+}
