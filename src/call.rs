@@ -418,6 +418,11 @@ pub async fn run(
             return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
         }
     };
+    // A tool its upstream runs only as a task, called without one: the gateway asks for the
+    // task and waits for its end itself (`mcp::tasks::run_for_call`).
+    if !asks_task && crate::mcp::tasks::requires_task(tool) {
+        crate::mcp::tasks::ask_task(&mut params, max_ttl);
+    }
     let timeout = reg
         .limits
         .call_timeout_s
@@ -435,15 +440,20 @@ pub async fn run(
     };
     let mut ended = execute(ctx, exec, &cancel, timeout).await;
     let mut reason = None;
-    if asks_task {
-        if let Ended::Raw(raw, Outcome::Ok) = &ended {
-            let created = tool
-                .upstream()
-                .zip(ids.epoch())
-                .zip(crate::mcp::tasks::create_task_result(raw.get()));
-            if let Some(((upstream, epoch), task)) = created {
-                (ended, reason) = Box::pin(task_created(ctx, &name, upstream, epoch, task)).await;
-            }
+    if let Ended::Raw(raw, Outcome::Ok) = &ended {
+        let created = tool
+            .upstream()
+            .zip(ids.epoch())
+            .zip(crate::mcp::tasks::create_task_result(raw.get()));
+        if let Some(((upstream, epoch), task)) = created {
+            let made = TaskMade {
+                name: &name,
+                upstream,
+                epoch,
+                task,
+                for_client: asks_task,
+            };
+            (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
         }
     }
     let summary = Summary {
@@ -462,23 +472,70 @@ pub async fn run(
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
-/// An upstream answered a task-augmented call with a `CreateTaskResult`: the task is the
-/// gateway's now (`mcp::tasks::created`); the client gets it under the gateway's id.
-async fn task_created(
-    ctx: &RequestCtx,
-    name: &str,
-    upstream: &str,
+/// A task an upstream created for a call.
+struct TaskMade<'a> {
+    name: &'a str,
+    upstream: &'a str,
     epoch: u64,
     task: Value,
+    /// The client asked for it (`params.task`): it gets the task; else the call waits for
+    /// the task's end and gets its result.
+    for_client: bool,
+}
+
+/// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
+/// (`mcp::tasks::created`). A client that asked for it gets it under the gateway's id; one
+/// that did not gets the task's result on this call (`mcp::tasks::run_for_call`).
+async fn task_created(
+    ctx: &RequestCtx,
+    made: TaskMade<'_>,
+    cancel: &CancellationToken,
 ) -> (Ended, Option<Cow<'static, str>>) {
     use crate::mcp::tasks::NotCreated;
-    match crate::mcp::tasks::created(ctx, name, upstream, epoch, task).await {
-        Ok(result) => {
-            let why = format!(
-                "task created: {}",
-                result["task"]["taskId"].as_str().unwrap_or_default()
-            );
-            (Ended::Result(result, Outcome::Ok), Some(why.into()))
+    let internal = !made.for_client;
+    let created = crate::mcp::tasks::created(
+        ctx,
+        made.name,
+        made.upstream,
+        made.epoch,
+        made.task,
+        internal,
+    )
+    .await;
+    match created {
+        Ok(task) if internal => {
+            let why = format!("run as task {} for a client without tasks", task.id);
+            let ended = match crate::mcp::tasks::run_for_call(ctx, &task, cancel).await {
+                None => Ended::Cancelled,
+                Some(f) => match &*f {
+                    Ok(result) => {
+                        let o = if result.get("isError") == Some(&Value::Bool(true)) {
+                            Outcome::ToolError
+                        } else {
+                            Outcome::Ok
+                        };
+                        Ended::Result(result.clone(), o)
+                    }
+                    Err(e) => Ended::Error(
+                        e.get("code")
+                            .and_then(Value::as_i64)
+                            .unwrap_or(jsonrpc::INTERNAL_ERROR),
+                        e.get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("task failed")
+                            .to_string(),
+                        Outcome::ToolError,
+                    ),
+                },
+            };
+            (ended, Some(why.into()))
+        }
+        Ok(task) => {
+            let why = format!("task created: {}", task.id);
+            (
+                Ended::Result(json!({"task": task.view()}), Outcome::Ok),
+                Some(why.into()),
+            )
         }
         Err(NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");

@@ -133,6 +133,38 @@ impl Hub {
         &self.tasks
     }
 
+    /// A server → client request related to a task (`params._meta` names the upstream's
+    /// task id) names the gateway's id instead: the registration's task with that upstream
+    /// id; with none, the key is dropped (an upstream id never reaches a client).
+    pub(crate) fn related_task_to_client(&self, registration_id: &str, msg: &mut Value) {
+        let Some(meta) = msg
+            .get_mut("params")
+            .and_then(|p| p.get_mut("_meta"))
+            .and_then(Value::as_object_mut)
+        else {
+            return;
+        };
+        let Some(related) = meta.get(crate::tasks::RELATED_TASK) else {
+            return;
+        };
+        let ours = related
+            .get("taskId")
+            .and_then(Value::as_str)
+            .and_then(|up| self.tasks.by_upstream_id_of(registration_id, up))
+            .filter(|t| !t.internal);
+        match ours {
+            Some(t) => {
+                meta.insert(
+                    crate::tasks::RELATED_TASK.into(),
+                    serde_json::json!({"taskId": t.id}),
+                );
+            }
+            None => {
+                meta.remove(crate::tasks::RELATED_TASK);
+            }
+        }
+    }
+
     pub fn listeners(&self) -> &Listeners {
         &self.listeners
     }
@@ -320,6 +352,8 @@ impl Downstream for Hub {
     }
 
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
+        let mut msg = msg;
+        self.related_task_to_client(&session.registration.id, &mut msg);
         Box::pin(self.sessions.deliver(session, msg))
     }
 

@@ -134,6 +134,10 @@ pub struct Task {
     /// The upstream's id: never shown to a client nor written in clear.
     pub upstream_id: String,
     pub tool: String,
+    /// Run by the gateway for a client that did not ask for a task (its `tools/call` waits
+    /// for the end): never listed nor looked up, and it holds no slot of its own (the call
+    /// holds one).
+    pub internal: bool,
     pub created: Instant,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -165,6 +169,7 @@ pub struct NewTask {
     pub epoch: u64,
     pub upstream_id: String,
     pub tool: String,
+    pub internal: bool,
     pub ttl: Duration,
     pub poll_interval: Duration,
     /// The upstream's `Task` object (its id is replaced here).
@@ -356,9 +361,11 @@ impl TaskTable {
         if live >= max_live {
             return Err(Refused::Full(max_live));
         }
-        new.registration
-            .calls_in_flight
-            .fetch_add(1, Ordering::AcqRel);
+        if !new.internal {
+            new.registration
+                .calls_in_flight
+                .fetch_add(1, Ordering::AcqRel);
+        }
         let (finished, _) = watch::channel(None);
         let task = Arc::new(Task {
             id: id.clone(),
@@ -368,6 +375,7 @@ impl TaskTable {
             epoch: new.epoch,
             upstream_id: new.upstream_id,
             tool: new.tool,
+            internal: new.internal,
             created: Instant::now(),
             ttl: new.ttl,
             poll_interval: new.poll_interval,
@@ -379,7 +387,7 @@ impl TaskTable {
             }),
             finished,
             settled: AtomicBool::new(false),
-            holds_slot: AtomicBool::new(true),
+            holds_slot: AtomicBool::new(!new.internal),
             seq,
         });
         let mut view = new.view;
@@ -420,6 +428,19 @@ impl TaskTable {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The live task of `registration_id` whose upstream id is `upstream_id` (a server →
+    /// client request related to it names that id).
+    pub fn by_upstream_id_of(&self, registration_id: &str, upstream_id: &str) -> Option<Arc<Task>> {
+        let inner = lock(&self.inner);
+        inner
+            .by_registration
+            .get(registration_id)?
+            .values()
+            .filter_map(|id| inner.by_id.get(id))
+            .find(|t| t.upstream_id == upstream_id)
+            .cloned()
     }
 
     /// The task an upstream's notification names.
@@ -471,6 +492,7 @@ mod tests {
             epoch: 1,
             upstream_id: up_id.into(),
             tool: "everything.simulate-research-query".into(),
+            internal: false,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             view: json!({"taskId": up_id, "status": "working", "ttl": null}),

@@ -339,3 +339,151 @@ async fn release_cancels_live_tasks_upstream_and_unpolled_tasks_still_get_their_
         .count();
     assert_eq!(n, 1);
 }
+
+/// `node ts_client.mjs --batch CELLS`: each cell's result.
+async fn ts_batch(cells: &Value) -> Vec<Value> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(repo_root().join("tests/peers/ts_client.mjs"))
+            .args(["--batch", &cells.to_string()])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("ts_client.mjs --batch finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "ts_client.mjs failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_tasks_get_the_result_of_a_task_required_tool() {
+    let tg = gateway();
+    // The raw client: the tool is listed `optional`; a plain call blocks and answers the
+    // result; the gateway's task is never shown (tasks/list stays empty).
+    let raw = register(&tg, "raw", Limits::default()).await;
+    let mut c = session(&raw).await;
+    let list = c.request("tools/list", json!({})).await;
+    let research = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == RESEARCH)
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    assert_eq!(
+        research["execution"]["taskSupport"], "optional",
+        "an upstream's required is shown optional: {research}"
+    );
+    let r = c.call(RESEARCH, json!({"topic": "plain"})).await;
+    assert!(text_of(&r).contains("Research Report: plain"), "{r}");
+    assert!(r["result"].get("task").is_none(), "{r}");
+    assert!(
+        !r.to_string().contains("related-task"),
+        "no task named to a client that asked for none: {r}"
+    );
+    assert_eq!(
+        ids_of(&c.request("tasks/list", json!({})).await),
+        Vec::<String>::new()
+    );
+
+    // The Python SDK 2.x (no tasks at all) on Streamable HTTP and stateless 2026-07-28, one
+    // call cancelled after 1.5 s (its cancel becomes tasks/cancel upstream); the TypeScript
+    // SDK 1.x `callTool` (it refuses a `required` tool locally) on legacy SSE.
+    let (p1, p2, t1) = (
+        register(&tg, "py-http", Limits::default()).await,
+        register(&tg, "py-stateless", Limits::default()).await,
+        register(&tg, "ts-sse", Limits::default()).await,
+    );
+    let steps = json!([
+        {"name": "call", "tool": RESEARCH, "args": {"topic": "sdk"}, "timeout": 25},
+    ]);
+    let py = common::peers::batch(
+        ".venv",
+        "py_client.py",
+        &json!([
+            {"transport": "streamable", "url": p1.mcp_url(), "token": p1.token(), "timeout": 60,
+             "steps": [
+                {"name": "call", "tool": RESEARCH, "args": {"topic": "sdk"}, "timeout": 25},
+                {"name": "cancel", "tool": RESEARCH, "args": {"topic": "cut"}, "cancel_after": 1.5, "timeout": 25}
+             ]},
+            {"transport": "client", "mode": "2026-07-28", "url": p2.mcp_url(), "token": p2.token(),
+             "timeout": 60, "steps": steps},
+        ]),
+    )
+    .await;
+    let ts = ts_batch(&json!([
+        {"transport": "sse", "url": t1.sse_url(), "token": t1.token(), "timeout": 60, "steps": steps}
+    ]))
+    .await;
+    for (who, cell) in [
+        ("py streamable", &py[0]),
+        ("py stateless", &py[1]),
+        ("ts sse", &ts[0]),
+    ] {
+        let ok = common::peers::ok(who, cell);
+        let text = common::peers::step_text(&ok["steps"]["call"]);
+        assert!(text.contains("Research Report: sdk"), "{who}: {ok}");
+    }
+    let cancel = &common::peers::ok("py streamable", &py[0])["steps"]["cancel"];
+    assert_eq!(cancel["ok"]["cancelled"], true, "{cancel}");
+
+    // Audited: each run is a task with one outcome, the cancelled one cancelled upstream.
+    let outcomes = records(&tg, "task_outcome", 5).await;
+    let by_agent = |agent: &str| -> Vec<(String, String)> {
+        outcomes
+            .iter()
+            .filter(|r| r.agent_id.as_deref() == Some(agent))
+            .map(|r| {
+                (
+                    r.outcome.as_deref().unwrap_or("").to_string(),
+                    r.reason.as_deref().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(by_agent("raw"), vec![("completed".into(), String::new())]);
+    assert_eq!(
+        by_agent("py-stateless"),
+        vec![("completed".into(), String::new())]
+    );
+    assert_eq!(
+        by_agent("ts-sse"),
+        vec![("completed".into(), String::new())]
+    );
+    let mut py_http = by_agent("py-http");
+    py_http.sort();
+    assert_eq!(
+        py_http,
+        vec![
+            (
+                "cancelled".to_string(),
+                "the call was cancelled: cancelled upstream".to_string()
+            ),
+            ("completed".to_string(), String::new()),
+        ]
+    );
+    let calls = tg.calls();
+    let raw_call = calls
+        .iter()
+        .find(|r| r.agent_id.as_deref() == Some("raw"))
+        .unwrap();
+    assert_eq!(raw_call.outcome.as_deref(), Some("ok"));
+    assert!(
+        raw_call
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("run as task gtask_"),
+        "{raw_call:?}"
+    );
+}

@@ -137,10 +137,9 @@ fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
         }
     }
     let mut result = Map::new();
-    result.insert(
-        "tools".into(),
-        Value::Array(ctx.registration.pins.descriptors(&ctx.registration.tools)),
-    );
+    let mut tools = ctx.registration.pins.descriptors(&ctx.registration.tools);
+    tools.iter_mut().for_each(crate::mcp::tasks::listed);
+    result.insert("tools".into(), Value::Array(tools));
     jsonrpc::success(id, Value::Object(result))
 }
 

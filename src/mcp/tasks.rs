@@ -67,6 +67,37 @@ pub fn prepare_call(params: &mut Map<String, Value>, session: bool, max_ttl: Dur
     true
 }
 
+/// Whether a granted tool's upstream runs it only as a task (`execution.taskSupport:
+/// "required"`, 2025-11-25).
+pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
+    tool.upstream().is_some()
+        && tool
+            .descriptor
+            .get("execution")
+            .and_then(|e| e.get("taskSupport"))
+            .and_then(Value::as_str)
+            == Some("required")
+}
+
+/// Asks the upstream for a task on a call whose client did not (`params.task`, the TTL cap).
+pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration) {
+    let max = u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX);
+    params.insert("task".into(), json!({"ttl": max}));
+}
+
+/// A tool's definition as listed to clients: an upstream's `taskSupport: "required"` is shown
+/// `"optional"` (the gateway runs the task itself for a client that calls it plainly).
+pub fn listed(descriptor: &mut Value) {
+    if let Some(ts) = descriptor
+        .get_mut("execution")
+        .and_then(|e| e.get_mut("taskSupport"))
+    {
+        if ts == "required" {
+            *ts = Value::String("optional".into());
+        }
+    }
+}
+
 /// A `CreateTaskResult`'s `task`, if `result` is one.
 pub fn create_task_result(result: &str) -> Option<Value> {
     if !result.contains("\"taskId\"") {
@@ -96,7 +127,8 @@ pub async fn created(
     upstream: &str,
     epoch: u64,
     upstream_task: Value,
-) -> Result<Value, NotCreated> {
+    internal: bool,
+) -> Result<Arc<Task>, NotCreated> {
     let hub = &ctx.hub;
     let cfg = &hub.config().tasks;
     let max_ttl = Duration::from_secs(cfg.max_ttl_s.max(1));
@@ -121,6 +153,7 @@ pub async fn created(
         epoch,
         upstream_id: upstream_id.clone(),
         tool: tool.to_string(),
+        internal,
         ttl,
         poll_interval: Duration::from_millis(poll),
         view: upstream_task,
@@ -149,7 +182,54 @@ pub async fn created(
         return Err(NotCreated::Released);
     }
     spawn_poller(hub.clone(), task.clone());
-    Ok(json!({"task": task.view()}))
+    Ok(task)
+}
+
+/// Runs a task for a `tools/call` that did not ask for one (the upstream requires a task for
+/// the tool, or answered with one unasked): waits for its end and returns its answer for the
+/// plain call. The call's cancel becomes `tasks/cancel` upstream (audited `cancelled`;
+/// `None`).
+pub async fn run_for_call(
+    ctx: &RequestCtx,
+    task: &Arc<Task>,
+    cancel: &CancellationToken,
+) -> Option<Arc<Final>> {
+    match wait_final(ctx, task, cancel).await {
+        Some(f) => Some(f),
+        None => {
+            if !task.is_settled() {
+                let acked = cancel_upstream_id(
+                    &ctx.hub,
+                    &task.registration,
+                    &task.upstream,
+                    task.epoch,
+                    &task.upstream_id,
+                )
+                .await;
+                let why = if acked {
+                    "the call was cancelled: cancelled upstream"
+                } else {
+                    "the call was cancelled: the upstream did not acknowledge the cancel"
+                };
+                let outcome = if task.registration.is_released() {
+                    TaskOutcome::CancelledOnRelease
+                } else {
+                    TaskOutcome::Cancelled
+                };
+                settle(
+                    &ctx.hub,
+                    task,
+                    Status::Cancelled,
+                    Some(why),
+                    Err(cancelled_error("its call was cancelled")),
+                    outcome,
+                    None,
+                )
+                .await;
+            }
+            None
+        }
+    }
 }
 
 /// The registration's task `id`, or the -32602 that an unknown id and another
@@ -158,6 +238,7 @@ fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Ta
     let task_id = params.and_then(|p| p.get("taskId")).and_then(Value::as_str);
     task_id
         .and_then(|t| ctx.hub.tasks().get(&ctx.registration.id, t))
+        .filter(|t| !t.internal)
         .ok_or_else(|| {
             RpcError::new(
                 Some(id.clone()),
@@ -223,6 +304,7 @@ fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
         .tasks()
         .of_registration(&ctx.registration.id)
         .iter()
+        .filter(|t| !t.internal)
         .map(|t| t.view())
         .collect();
     jsonrpc::success(id, json!({"tasks": tasks}))
@@ -238,8 +320,19 @@ async fn result(
     task: &Arc<Task>,
     cancel: CancellationToken,
 ) -> Option<Value> {
+    let f = wait_final(ctx, task, &cancel).await?;
+    Some(answer(id, task, &f))
+}
+
+/// Waits for a task's end (`None`: `cancel` fired first), asking the upstream's blocking
+/// `tasks/result` meanwhile on the session's behalf.
+async fn wait_final(
+    ctx: &RequestCtx,
+    task: &Arc<Task>,
+    cancel: &CancellationToken,
+) -> Option<Arc<Final>> {
     if let Some(f) = task.final_answer() {
-        return Some(answer(id, task, &f));
+        return Some(f);
     }
     let hub = &ctx.hub;
     let asked = cancel.child_token();
@@ -306,7 +399,7 @@ async fn result(
     tokio::select! {
         biased;
         () = cancel.cancelled() => None,
-        f = task.finished() => Some(answer(id, task, &f)),
+        f = task.finished() => Some(f),
         () = upstream => None,
     }
 }
@@ -526,6 +619,19 @@ async fn settle(
     outcome: TaskOutcome,
     error_code: Option<i64>,
 ) -> bool {
+    let mut answer = answer;
+    if let Ok(Value::Object(m)) = &mut answer {
+        // It named the upstream's id; `answer` names the gateway's (none on a plain call).
+        if let Some(meta) = m.get_mut("_meta").and_then(Value::as_object_mut) {
+            meta.remove(RELATED_TASK);
+        }
+        if m.get("_meta")
+            .and_then(Value::as_object)
+            .is_some_and(Map::is_empty)
+        {
+            m.remove("_meta");
+        }
+    }
     if !task.settle(status, message, answer, outcome) {
         return false;
     }
