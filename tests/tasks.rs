@@ -487,3 +487,61 @@ async fn clients_without_tasks_get_the_result_of_a_task_required_tool() {
         "{raw_call:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_ends_a_live_task_and_an_upstream_restart_loses_its_tasks() {
+    // TTL: tasks.max_ttl_s = 2 cuts server-everything's 300 s; the research takes 4 s, so the
+    // task is cancelled upstream at 2 s, audited `expired`, and unknown afterwards.
+    let short = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 2;
+        c.upstreams = vec![everything("everything", "shared", 30, "")];
+    });
+    let reg = register(&short, "ttl", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "slow"}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(r["result"]["task"]["ttl"], 2_000, "{r}");
+    let outcomes = records(&short, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].task_id.as_deref(), Some(id.as_str()));
+    assert_eq!(
+        outcomes[0].outcome.as_deref(),
+        Some("expired"),
+        "{outcomes:?}"
+    );
+    let gone = c.request("tasks/get", json!({"taskId": id})).await;
+    assert_eq!(
+        error_of(&gone).0,
+        -32602,
+        "an expired task is unknown: {gone}"
+    );
+
+    // Restart: the stdio child dies; its tasks are `failed` ("upstream restarted"), audited
+    // `lost`, and tasks/result answers the error.
+    let tg = gateway();
+    let reg = register(&tg, "restart", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let id = create(&mut c, "doomed").await;
+    let pid = gatehouse::testing::pool(&tg.gateway).pids()[0];
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("lost"), "{outcomes:?}");
+    assert_eq!(outcomes[0].reason.as_deref(), Some("upstream restarted"));
+    let got = c.request("tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let result = c.request("tasks/result", json!({"taskId": id})).await;
+    assert_eq!(
+        error_of(&result),
+        (-32603, "task lost: upstream restarted".to_string()),
+        "{result}"
+    );
+}
