@@ -159,8 +159,29 @@ async fn a_shared_upstreams_tasks_are_each_registrations_own() {
 
     // A's tasks/result blocks until the research is done (~4 s), then answers its result,
     // the related-task _meta naming the gateway's id.
-    let result = ca.request("tasks/result", json!({"taskId": ta})).await;
+    let (result, notes) = ca
+        .request_with_notes("tasks/result", json!({"taskId": ta}))
+        .await;
     let text = text_of(&result);
+    // server-everything announces each stage (`notifications/tasks/status`): A's reach A's
+    // session under A's gateway id, and nothing of A's reaches B (one shared connection).
+    let status_ids = |msgs: &[Value]| -> Vec<String> {
+        msgs.iter()
+            .filter(|m| m["method"] == "notifications/tasks/status")
+            .map(|m| m["params"]["taskId"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let a_seen = status_ids(&notes);
+    assert!(!a_seen.is_empty(), "A's status notifications: {notes:?}");
+    assert!(a_seen.iter().all(|i| *i == ta), "{a_seen:?}");
+    let mut b_msgs = Vec::new();
+    while let Some(m) = cb.next_message(1).await {
+        b_msgs.push(m);
+    }
+    assert!(
+        status_ids(&b_msgs).iter().all(|i| *i == tb),
+        "B sees only its own task's status: {b_msgs:?}"
+    );
     assert!(text.contains("Research Report: tides"), "{result}");
     assert_eq!(
         result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
