@@ -566,3 +566,63 @@ async fn a_ttl_ends_a_live_task_and_an_upstream_restart_loses_its_tasks() {
         "{result}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_research_asks_its_own_client_through_tasks_result() {
+    // per_registration: the connection is the registration's, so it declares elicitation
+    // upstream (a shared one declares nothing).
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![everything("everything", "per_registration", 30, "")];
+    });
+    let reg = register(&tg, "asker", Limits::default()).await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "python", "ambiguous": true}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    // tasks/result is open while the server asks: the elicitation comes on this session,
+    // naming the gateway's task id, and its answer goes back upstream.
+    let resp = c
+        .post(json!({"jsonrpc": "2.0", "id": 900, "method": "tasks/result", "params": {"taskId": id}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    let mut asked = None;
+    let result = loop {
+        let m = c.next_message(20).await.expect("tasks/result answers");
+        if m["id"] == 900 {
+            break m;
+        }
+        if m["method"] == "elicitation/create" {
+            let choice = m["params"]["requestedSchema"]["properties"]["interpretation"]["oneOf"][0]
+                ["const"]
+                .as_str()
+                .unwrap_or("the first")
+                .to_string();
+            let ans = c
+                .post(json!({"jsonrpc": "2.0", "id": m["id"], "result":
+                    {"action": "accept", "content": {"interpretation": choice}}}))
+                .await;
+            assert!(ans.status().is_success());
+            asked = Some((m, choice));
+        }
+    };
+    let (request, choice) = asked.unwrap_or_else(|| panic!("no elicitation before {result}"));
+    assert_eq!(
+        request["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "the related task is named by the gateway's id: {request}"
+    );
+    let text = text_of(&result);
+    assert!(text.contains(&choice), "the answer reached the upstream: {result}");
+}
