@@ -624,5 +624,8 @@ async fn an_ambiguous_research_asks_its_own_client_through_tasks_result() {
         "the related task is named by the gateway's id: {request}"
     );
     let text = text_of(&result);
-    assert!(text.contains(&choice), "the answer reached the upstream: {result}");
+    assert!(
+        text.contains(&choice),
+        "the answer reached the upstream: {result}"
+    );
 }
