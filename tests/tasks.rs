@@ -629,3 +629,68 @@ async fn an_ambiguous_research_asks_its_own_client_through_tasks_result() {
         "the answer reached the upstream: {result}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_streams_tasks_on_both_transports_and_sees_only_its_own() {
+    let tg = gateway();
+    let other = register(&tg, "other", Limits::default()).await;
+    let mut co = session(&other).await;
+    let theirs = create(&mut co, "not yours").await;
+    let (s, h) = (
+        register(&tg, "ts-sse", Limits::default()).await,
+        register(&tg, "ts-http", Limits::default()).await,
+    );
+    let cell = |reg: &Registration, transport: &str, url: String, topic: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "tool": RESEARCH,
+               "args": {"topic": topic}, "probe": [theirs, "gtask_AAAAAAAAAAAAAAAAAAAAAA"]})
+    };
+    let out = tokio::time::timeout(
+        Duration::from_secs(150),
+        tokio::process::Command::new("node")
+            .arg(repo_root().join("tests/peers/ts_tasks_client.mjs"))
+            .args([
+                "--batch",
+                &json!([
+                    cell(&s, "sse", s.sse_url(), "bees"),
+                    cell(&h, "streamable", h.mcp_url(), "wasps")
+                ])
+                .to_string(),
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("ts_tasks_client.mjs finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "ts_tasks_client.mjs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for (cell, topic) in cells.iter().zip(["bees", "wasps"]) {
+        let ok = common::peers::ok(topic, cell);
+        assert_eq!(ok["task_support"], "optional", "{ok}");
+        let seen: Vec<&str> = ok["seen"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(seen.first(), Some(&"taskCreated"), "{ok}");
+        assert_eq!(seen.last(), Some(&"result"), "{ok}");
+        let id = ok["task_id"].as_str().unwrap();
+        assert!(id.starts_with("gtask_"), "{ok}");
+        let text = ok["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(text.contains(&format!("Research Report: {topic}")), "{ok}");
+        assert_eq!(ok["listed"], json!([id]), "{ok}");
+        assert_eq!(ok["final"]["status"], "completed", "{ok}");
+        assert_eq!(ok["probes"][&theirs]["code"], -32602, "{ok}");
+        assert_eq!(
+            ok["probes"][&theirs], ok["probes"]["gtask_AAAAAAAAAAAAAAAAAAAAAA"],
+            "{ok}"
+        );
+    }
+}
