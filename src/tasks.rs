@@ -30,6 +30,9 @@ use crate::sync::{lock, HashMap};
 /// The prefix of every gateway task id.
 pub const ID_PREFIX: &str = "gtask_";
 
+/// Settled tasks kept per registration, per live task allowed (`max_live_per_registration`).
+pub const KEPT_PER_LIVE: usize = 4;
+
 /// The `_meta` key naming the task a message relates to (2025-11-25).
 pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
@@ -361,6 +364,28 @@ impl TaskTable {
         if live >= max_live {
             return Err(Refused::Full(max_live));
         }
+        // Settled tasks are kept (their answers cached) until their TTL; past
+        // `KEPT_PER_LIVE × max_live` of them the oldest is forgotten first.
+        let kept_cap = max_live.saturating_mul(KEPT_PER_LIVE).max(1);
+        while inner
+            .by_registration
+            .get(&new.registration.id)
+            .is_some_and(|m| m.len() >= kept_cap)
+        {
+            let oldest = inner
+                .by_registration
+                .get(&new.registration.id)
+                .and_then(|m| {
+                    m.values()
+                        .filter_map(|id| inner.by_id.get(id))
+                        .find(|t| t.is_settled())
+                        .cloned()
+                });
+            match oldest {
+                Some(t) => Self::forget(&mut inner, &t),
+                None => return Err(Refused::Full(max_live)),
+            }
+        }
         if !new.internal {
             new.registration
                 .calls_in_flight
@@ -454,7 +479,10 @@ impl TaskTable {
 
     /// Forgets a task (its TTL ran out, or its registration was released): unknown afterwards.
     pub fn remove(&self, task: &Task) {
-        let mut inner = lock(&self.inner);
+        Self::forget(&mut lock(&self.inner), task);
+    }
+
+    fn forget(inner: &mut Inner, task: &Task) {
         if inner.by_id.remove(&task.id).is_none() {
             return;
         }
@@ -539,7 +567,30 @@ mod tests {
         table.remove(&ta);
         assert!(table.get("a", &ta.id).is_none());
         assert!(table.by_upstream("everything", 1, "up-1").is_none());
+        // Settled tasks are kept up to KEPT_PER_LIVE × max_live, the oldest forgotten first.
+        let first = table.insert(new_task(&b, "k-0"), 1).unwrap();
+        first.settle(
+            Status::Completed,
+            None,
+            Ok(json!({})),
+            TaskOutcome::Completed,
+        );
+        for i in 1..KEPT_PER_LIVE {
+            let t = table.insert(new_task(&b, &format!("k-{i}")), 1).unwrap();
+            t.settle(
+                Status::Completed,
+                None,
+                Ok(json!({})),
+                TaskOutcome::Completed,
+            );
+        }
+        assert_eq!(table.of_registration("b").len(), KEPT_PER_LIVE);
         let _ = table.insert(new_task(&b, "up-3"), 1).unwrap();
+        assert_eq!(table.of_registration("b").len(), KEPT_PER_LIVE);
+        assert!(
+            table.get("b", &first.id).is_none(),
+            "the oldest settled one went"
+        );
         assert_eq!(
             table.insert(new_task(&b, "up-4"), 1).unwrap_err(),
             Refused::Full(1)

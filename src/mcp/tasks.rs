@@ -29,6 +29,9 @@ use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome, RELATED_TASK};
 /// The methods this module answers.
 pub const METHODS: &[&str] = &["tasks/get", "tasks/result", "tasks/cancel", "tasks/list"];
 
+/// The poller never asks an upstream about one task more often than this.
+const POLL_FLOOR: Duration = Duration::from_millis(100);
+
 /// How long a cancel sent on the gateway's behalf (release, TTL) may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -98,12 +101,17 @@ pub fn listed(descriptor: &mut Value) {
     }
 }
 
-/// A `CreateTaskResult`'s `task`, if `result` is one.
+/// A `CreateTaskResult`'s `task`, if `result` is one (a `task` object with a string
+/// `taskId`, and no `content`: a tool result is never taken for one). Read on every upstream
+/// tool result: a substring scan first, parsed only when it may be one.
 pub fn create_task_result(result: &str) -> Option<Value> {
     if !result.contains("\"taskId\"") {
         return None;
     }
     let mut v: Value = serde_json::from_str(result).ok()?;
+    if v.get("content").is_some() {
+        return None;
+    }
     let task = v.get_mut("task")?.take();
     task.get("taskId")?.as_str()?;
     Some(task)
@@ -731,9 +739,12 @@ pub async fn release(hub: &Arc<Hub>, reg: &RegistrationState) {
 fn spawn_poller(hub: Arc<Hub>, task: Arc<Task>) {
     let reg = task.registration.clone();
     reg.calls.spawn(async move {
-        let every = task.poll_interval.max(Duration::from_millis(
-            hub.config().tasks.min_poll_interval_ms,
-        ));
+        let every = task
+            .poll_interval
+            .max(Duration::from_millis(
+                hub.config().tasks.min_poll_interval_ms,
+            ))
+            .max(POLL_FLOOR);
         let deadline = task.deadline();
         loop {
             tokio::select! {
@@ -814,5 +825,9 @@ mod tests {
         assert!(!prepare_call(&mut p, true, max));
         assert!(create_task_result(r#"{"task":{"taskId":"u","status":"working"}}"#).is_some());
         assert!(create_task_result(r#"{"content":[{"type":"text","text":"taskId"}]}"#).is_none());
+        assert!(
+            create_task_result(r#"{"content":[],"task":{"taskId":"u"}}"#).is_none(),
+            "a tool result is never a task"
+        );
     }
 }
