@@ -151,7 +151,8 @@ pub struct Task {
     state: Mutex<State>,
     finished: watch::Sender<Option<Arc<Final>>>,
     settled: AtomicBool,
-    /// The registration's `max_concurrent` slot, held while the task is live.
+    /// The registration's `max_concurrent` slot (and each ancestor's), held while the task
+    /// is live.
     holds_slot: AtomicBool,
     seq: u64,
 }
@@ -288,6 +289,9 @@ impl Task {
             self.registration
                 .calls_in_flight
                 .fetch_sub(1, Ordering::AcqRel);
+            for a in self.registration.family.ancestors() {
+                a.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -387,9 +391,13 @@ impl TaskTable {
             }
         }
         if !new.internal {
+            // Its registration's slot and, for a child, each ancestor's (a family shares them).
             new.registration
                 .calls_in_flight
                 .fetch_add(1, Ordering::AcqRel);
+            for a in new.registration.family.ancestors() {
+                a.calls_in_flight.fetch_add(1, Ordering::AcqRel);
+            }
         }
         let (finished, _) = watch::channel(None);
         let task = Arc::new(Task {

@@ -771,3 +771,51 @@ async fn the_inspector_cli_gets_the_plain_result_of_a_task_required_tool() {
     // callToolStream is reached only for tools listed `required`, which the gateway lists
     // `optional`.)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_live_task_holds_a_slot_of_its_parent_too() {
+    let tg = gateway();
+    let parent = register(
+        &tg,
+        "planner",
+        Limits {
+            max_concurrent: Some(1),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let child = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("researcher")
+                .grant("everything.*")
+                .parent(parent.id()),
+        )
+        .await
+        .unwrap();
+    let mut cc = session(&child).await;
+    let id = create(&mut cc, "family").await;
+    let mut cp = session(&parent).await;
+    let refused = cp
+        .call(
+            "everything.echo",
+            json!({"message": "while the child's task runs"}),
+        )
+        .await;
+    assert!(
+        text_of(&refused).contains("limit max_concurrent (1)"),
+        "the family shares max_concurrent while the task is live: {refused}"
+    );
+    let result = cc.request("tasks/result", json!({"taskId": id})).await;
+    assert!(
+        text_of(&result).contains("Research Report: family"),
+        "{result}"
+    );
+    let echo = cp
+        .call("everything.echo", json!({"message": "after"}))
+        .await;
+    assert!(
+        text_of(&echo).contains("after"),
+        "the parent's slot is back: {echo}"
+    );
+}
