@@ -340,9 +340,19 @@ impl Downstream for Hub {
             // The table's view (the upstream's status unless the task is settled), our id in it.
             task.observe(params);
             task.wake.notify_one();
+            if task.internal {
+                // Run for a client that asked for no task: it is shown none.
+                return 1;
+            }
             let msg = jsonrpc::notification("notifications/tasks/status", Some(task.view()));
             let mut n = 0;
-            for s in self.sessions.sessions_of(&task.registration.id) {
+            // Sessions of the revision that has tasks (2025-11-25) only.
+            for s in self
+                .sessions
+                .sessions_of(&task.registration.id)
+                .into_iter()
+                .filter(|s| s.protocol_version() == Some("2025-11-25"))
+            {
                 if self.sessions.deliver(&s, msg.clone()).await {
                     n += 1;
                 }

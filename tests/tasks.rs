@@ -405,8 +405,19 @@ async fn clients_without_tasks_get_the_result_of_a_task_required_tool() {
         research["execution"]["taskSupport"], "optional",
         "an upstream's required is shown optional: {research}"
     );
-    let r = c.call(RESEARCH, json!({"topic": "plain"})).await;
+    let (r, notes) = c
+        .request_with_notes(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "plain"}}),
+        )
+        .await;
     assert!(text_of(&r).contains("Research Report: plain"), "{r}");
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n["method"] == "notifications/tasks/status"),
+        "a client that asked for no task is shown none: {notes:?}"
+    );
     assert!(r["result"].get("task").is_none(), "{r}");
     assert!(
         !r.to_string().contains("related-task"),
