@@ -830,3 +830,75 @@ async fn a_childs_live_task_holds_a_slot_of_its_parent_too() {
         "the parent's slot is back: {echo}"
     );
 }
+
+/// A stateless (2026-07-28) `tasks/*` request: `Mcp-Name` set to `name`, the client
+/// capabilities `caps` in `_meta`.
+async fn stateless_task(
+    reg: &Registration,
+    method: &str,
+    task_id: &str,
+    name: &str,
+    caps: Value,
+) -> Value {
+    reqwest::Client::new()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": {
+            "taskId": task_id,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": caps}}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_2026_requests_get_the_extensions_errors_and_plain_results() {
+    let tg = gateway();
+    let reg = register(&tg, "modern", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let legacy = create(&mut c, "legacy").await;
+    let declared = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    // Undeclared extension: -32021 naming it.
+    for m in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        let r = stateless_task(&reg, m, &legacy, &legacy, json!({})).await;
+        assert_eq!(r["error"]["code"], -32021, "{m}: {r}");
+        assert_eq!(
+            r["error"]["data"]["requiredCapabilities"]["extensions"]
+                ["io.modelcontextprotocol/tasks"],
+            json!({}),
+            "{r}"
+        );
+    }
+    // Removed in 2026-07-28: -32601.
+    for m in ["tasks/result", "tasks/list"] {
+        let r = stateless_task(&reg, m, &legacy, &legacy, declared.clone()).await;
+        assert_eq!(r["error"]["code"], -32601, "{m}: {r}");
+    }
+    // Declared: no task of the 2026 form exists here, so every id is unknown (-32602).
+    let r = stateless_task(&reg, "tasks/get", &legacy, &legacy, declared.clone()).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // `Mcp-Name` must carry the task id: -32020 otherwise.
+    let r = stateless_task(&reg, "tasks/cancel", &legacy, "gtask_other", declared).await;
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    // A 2026 call with `params.task` gets no task (it is ignored there): the plain result.
+    let r = stateless(
+        &reg.mcp_url(),
+        reg.token(),
+        4,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "modern"}, "task": {"ttl": 1000}}),
+    )
+    .await;
+    assert!(text_of(&r).contains("Research Report: modern"), "{r}");
+    assert!(r["result"].get("task").is_none(), "{r}");
+}

@@ -27,7 +27,17 @@ use crate::registry::RegistrationState;
 use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome, RELATED_TASK};
 
 /// The methods this module answers.
-pub const METHODS: &[&str] = &["tasks/get", "tasks/result", "tasks/cancel", "tasks/list"];
+pub const METHODS: &[&str] = &[
+    "tasks/get",
+    "tasks/result",
+    "tasks/cancel",
+    "tasks/list",
+    "tasks/update",
+];
+
+/// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
+pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub const EXTENSION_NOT_DECLARED: i64 = -32021;
 
 /// The poller never asks an upstream about one task more often than this.
 const POLL_FLOOR: Duration = Duration::from_millis(100);
@@ -266,7 +276,10 @@ pub async fn handle(
     cancel: CancellationToken,
 ) -> Option<Value> {
     if ctx.session.is_none() {
-        // 2026-07-28 requests: the tasks extension is not served (yet).
+        return Some(stateless(id, method, params.as_ref()));
+    }
+    if method == "tasks/update" {
+        // Not a 2025-11-25 method.
         return Some(
             RpcError::new(
                 Some(id),
@@ -294,6 +307,45 @@ pub async fn handle(
         "tasks/result" => result(ctx, id, &task, cancel).await,
         _ => Some(cancel_task(hub, id, &task).await),
     }
+}
+
+/// `tasks/*` on a stateless 2026-07-28 request. `tasks/result` and `tasks/list` are gone in
+/// that revision (-32601); the others need the `io.modelcontextprotocol/tasks` extension
+/// declared in the request's `_meta` (-32021 otherwise). The gateway does not hand out tasks
+/// in that form yet (it does not declare the extension, and runs a task-required tool
+/// itself for such clients), so no id is known there: -32602.
+fn stateless(id: Value, method: &str, params: Option<&Value>) -> Value {
+    if matches!(method, "tasks/result" | "tasks/list") {
+        // (Refused before dispatch by the stateless endpoint; kept for any other caller.)
+        return RpcError::new(
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method not found: {method} (removed in 2026-07-28)"),
+        )
+        .to_value();
+    }
+    let declared = params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get("io.modelcontextprotocol/clientCapabilities"))
+        .and_then(|c| c.get("extensions"))
+        .and_then(|e| e.get(EXTENSION))
+        .is_some();
+    if !declared {
+        return jsonrpc::error_response(
+            Some(id),
+            EXTENSION_NOT_DECLARED,
+            &format!(
+                "{method} needs the {EXTENSION} extension, which this request did not declare"
+            ),
+            Some(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}})),
+        );
+    }
+    RpcError::new(
+        Some(id),
+        jsonrpc::INVALID_PARAMS,
+        "unknown task: no task of this registration has that taskId",
+    )
+    .to_value()
 }
 
 fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
