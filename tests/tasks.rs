@@ -902,3 +902,27 @@ async fn stateless_2026_requests_get_the_extensions_errors_and_plain_results() {
     assert!(text_of(&r).contains("Research Report: modern"), "{r}");
     assert!(r["result"].get("task").is_none(), "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_result_outlives_the_upstreams_call_timeout() {
+    // call_timeout_s = 2 bounds what one upstream request may hold a permit for; the research
+    // takes 4 s: tasks/result (and a plain call of the tool) still answer, from the poller.
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![everything("everything", "shared", 2, "")];
+    });
+    let reg = register(&tg, "patient", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let id = create(&mut c, "long").await;
+    let result = c.request("tasks/result", json!({"taskId": id})).await;
+    assert!(
+        text_of(&result).contains("Research Report: long"),
+        "{result}"
+    );
+    let plain = c.call(RESEARCH, json!({"topic": "longer"})).await;
+    assert!(
+        text_of(&plain).contains("Research Report: longer"),
+        "{plain}"
+    );
+}

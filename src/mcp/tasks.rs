@@ -385,7 +385,8 @@ async fn result(
 }
 
 /// Waits for a task's end (`None`: `cancel` fired first), asking the upstream's blocking
-/// `tasks/result` meanwhile on the session's behalf.
+/// `tasks/result` meanwhile on the session's behalf (for at most the upstream's
+/// `call_timeout_s`).
 async fn wait_final(
     ctx: &RequestCtx,
     task: &Arc<Task>,
@@ -397,9 +398,9 @@ async fn wait_final(
     let hub = &ctx.hub;
     let asked = cancel.child_token();
     let _stop_asking = asked.clone().drop_guard();
-    let wait = task
-        .deadline()
-        .saturating_duration_since(tokio::time::Instant::now());
+    // The upstream's blocking `tasks/result` holds one of the connection's permits: it is
+    // given the upstream's `call_timeout_s` (what a call may hold one for), never the task's
+    // TTL; past it the task's end is waited for from the poller.
     let upstream = async {
         let r = hub
             .pool()
@@ -410,7 +411,7 @@ async fn wait_final(
                 "tasks/result",
                 upstream_params(task),
                 asked.clone(),
-                Some(wait.max(Duration::from_millis(1))),
+                None,
                 ctx.session.clone(),
             )
             .await;
