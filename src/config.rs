@@ -622,6 +622,22 @@ impl Config {
                     .into(),
             ));
         }
+        let t = &self.tasks;
+        if !(1..=7 * 86_400).contains(&t.max_ttl_s) {
+            return Err(ConfigError::Invalid(
+                "tasks.max_ttl_s must be 1-604800".into(),
+            ));
+        }
+        if !(1..=4096).contains(&t.max_live_per_registration) {
+            return Err(ConfigError::Invalid(
+                "tasks.max_live_per_registration must be 1-4096".into(),
+            ));
+        }
+        if !(100..=3_600_000).contains(&t.min_poll_interval_ms) {
+            return Err(ConfigError::Invalid(
+                "tasks.min_poll_interval_ms must be 100-3600000".into(),
+            ));
+        }
         let s = &self.sessions;
         if !(64 * 1024..=1 << 30).contains(&s.queue_bytes) {
             return Err(ConfigError::Invalid(

@@ -926,3 +926,19 @@ async fn a_blocking_result_outlives_the_upstreams_call_timeout() {
         "{plain}"
     );
 }
+
+#[test]
+fn the_tasks_section_is_read_and_validated() {
+    let c = gatehouse::Config::from_toml_str("[tasks]\nmax_ttl_s = 60\n").unwrap();
+    assert_eq!(c.tasks.max_ttl_s, 60);
+    assert_eq!(c.tasks.max_live_per_registration, 64);
+    assert_eq!(c.tasks.min_poll_interval_ms, 500);
+    for bad in [
+        "[tasks]\nmax_ttl_s = 0",
+        "[tasks]\nmax_live_per_registration = 0",
+        "[tasks]\nmin_poll_interval_ms = 5",
+        "[tasks]\nunknown_key = 1",
+    ] {
+        assert!(gatehouse::Config::from_toml_str(bad).is_err(), "{bad}");
+    }
+}
