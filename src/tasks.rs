@@ -148,6 +148,8 @@ pub struct Task {
     pub stop: CancellationToken,
     /// Wakes the poller (a status notification said the task changed).
     pub wake: Notify,
+    /// Fires when the table forgets the task (its poller, waiting for the TTL, ends then).
+    pub gone: CancellationToken,
     state: Mutex<State>,
     finished: watch::Sender<Option<Arc<Final>>>,
     settled: AtomicBool,
@@ -413,6 +415,7 @@ impl TaskTable {
             ttl: new.ttl,
             poll_interval: new.poll_interval,
             wake: Notify::new(),
+            gone: CancellationToken::new(),
             state: Mutex::new(State {
                 view: Value::Null,
                 polled: Instant::now(),
@@ -491,6 +494,7 @@ impl TaskTable {
     }
 
     fn forget(inner: &mut Inner, task: &Task) {
+        task.gone.cancel();
         if inner.by_id.remove(&task.id).is_none() {
             return;
         }

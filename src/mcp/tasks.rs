@@ -820,6 +820,7 @@ fn spawn_poller(hub: Arc<Hub>, task: Arc<Task>) {
         tokio::select! {
             () = tokio::time::sleep_until(deadline) => hub.tasks().remove(&task),
             () = task.registration.cancel.cancelled() => {}
+            () = task.gone.cancelled() => {}
         }
     });
 }
