@@ -400,12 +400,17 @@ pub fn run<'c>(
         let ToolCall {
             name,
             arguments,
-            params,
+            mut params,
             progress_token,
         } = match parse(params) {
             Ok(c) => c,
             Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None)).await,
         };
+        // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless
+        // requests.
+        let max_ttl = Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1));
+        let asks_task =
+            crate::mcp::tasks::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
         let (digest, recorded) = asked(ctx, &arguments);
         let reg = &ctx.registration;
         let budget = Budget {
@@ -422,6 +427,11 @@ pub fn run<'c>(
                 return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
             }
         };
+        // A tool its upstream runs only as a task, called without one: the gateway asks for
+        // the task and waits for its end itself (`mcp::tasks::run_for_call`).
+        if !asks_task && crate::mcp::tasks::requires_task(tool) {
+            crate::mcp::tasks::ask_task(&mut params, max_ttl);
+        }
         let timeout = reg
             .limits
             .call_timeout_s
@@ -437,13 +447,30 @@ pub fn run<'c>(
             progress_token,
             ids: &ids,
         };
-        let ended = execute(ctx, exec, &cancel, timeout).await;
+        let mut ended = execute(ctx, exec, &cancel, timeout).await;
+        let mut reason = None;
+        if let Ended::Raw(raw, Outcome::Ok) = &ended {
+            let created = tool
+                .upstream()
+                .zip(ids.epoch())
+                .zip(crate::mcp::tasks::create_task_result(raw.get()));
+            if let Some(((upstream, epoch), task)) = created {
+                let made = TaskMade {
+                    name: &name,
+                    upstream,
+                    epoch,
+                    task,
+                    for_client: asks_task,
+                };
+                (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
+            }
+        }
         let summary = Summary {
             tool: Some(&name),
             upstream: tool.upstream(),
             digest: Some(digest.as_str()),
             arguments: recorded,
-            reason: None,
+            reason,
             ids: Some(&ids),
             ended,
         };
@@ -455,6 +482,82 @@ pub fn run<'c>(
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
+/// A task an upstream created for a call.
+struct TaskMade<'a> {
+    name: &'a str,
+    upstream: &'a str,
+    epoch: u64,
+    task: Value,
+    /// The client asked for it (`params.task`): it gets the task; else the call waits for
+    /// the task's end and gets its result.
+    for_client: bool,
+}
+
+/// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
+/// (`mcp::tasks::created`). A client that asked for it gets it under the gateway's id; one
+/// that did not gets the task's result on this call (`mcp::tasks::run_for_call`).
+async fn task_created(
+    ctx: &RequestCtx,
+    made: TaskMade<'_>,
+    cancel: &CancellationToken,
+) -> (Ended, Option<Cow<'static, str>>) {
+    use crate::mcp::tasks::NotCreated;
+    let internal = !made.for_client;
+    let created = crate::mcp::tasks::created(
+        ctx,
+        made.name,
+        made.upstream,
+        made.epoch,
+        made.task,
+        internal,
+    )
+    .await;
+    match created {
+        Ok(task) if internal => {
+            let why = format!("run as task {} for a client without tasks", task.id);
+            let ended = match crate::mcp::tasks::run_for_call(ctx, &task, cancel).await {
+                None => Ended::Cancelled,
+                Some(f) => match &*f {
+                    Ok(result) => {
+                        let o = if result.get("isError") == Some(&Value::Bool(true)) {
+                            Outcome::ToolError
+                        } else {
+                            Outcome::Ok
+                        };
+                        Ended::Result(result.clone(), o)
+                    }
+                    Err(e) => Ended::Error(
+                        e.get("code")
+                            .and_then(Value::as_i64)
+                            .unwrap_or(jsonrpc::INTERNAL_ERROR),
+                        e.get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("task failed")
+                            .to_string(),
+                        Outcome::ToolError,
+                    ),
+                },
+            };
+            (ended, Some(why.into()))
+        }
+        Ok(task) => {
+            let why = format!("task created: {}", task.id);
+            (
+                Ended::Result(json!({"task": task.view()}), Outcome::Ok),
+                Some(why.into()),
+            )
+        }
+        Err(NotCreated::Full(n)) => {
+            let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");
+            (
+                Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
+                Some(why.into()),
+            )
+        }
+        Err(NotCreated::Released) => (Ended::Cancelled, None),
+    }
+}
+
 fn refuse<'c>(
     ctx: &'c RequestCtx,
     started: Instant,

@@ -75,6 +75,8 @@ pub struct Config {
     pub audit: AuditConfig,
     /// Child registrations (sub-agents): how deep and how many.
     pub children: ChildrenConfig,
+    /// MCP tasks the gateway owns per registration (`tasks`).
+    pub tasks: TasksConfig,
     pub store: StoreConfig,
     /// Several nodes on one etcd store (`[store] backend = "etcd"`; `crate::cluster`).
     pub cluster: ClusterConfig,
@@ -113,6 +115,30 @@ pub struct ChildrenConfig {
     pub max_per_registration: usize,
 }
 
+/// Caps on MCP tasks (long-running tool calls the gateway tracks per registration).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksConfig {
+    /// The longest a task lives, in seconds: a client's or upstream's TTL above it (or an
+    /// upstream's unlimited one) is cut to it; at its end a live task is cancelled upstream.
+    pub max_ttl_s: u64,
+    /// Live tasks per registration; a task created beyond it is cancelled upstream at once.
+    pub max_live_per_registration: usize,
+    /// The shortest interval, in ms, at which the gateway polls an upstream about one task
+    /// (its background poller, and client polls, which are answered from the table between).
+    pub min_poll_interval_ms: u64,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            max_ttl_s: 3600,
+            max_live_per_registration: 64,
+            min_poll_interval_ms: 500,
+        }
+    }
+}
+
 impl Default for ChildrenConfig {
     fn default() -> Self {
         ChildrenConfig {
@@ -144,6 +170,7 @@ impl Default for Config {
             sessions: SessionConfig::default(),
             audit: AuditConfig::default(),
             children: ChildrenConfig::default(),
+            tasks: TasksConfig::default(),
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
             upstreams: Vec::new(),
@@ -643,6 +670,22 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "connections.max must be at most 1000000 (0 = auto, from the open-files limit)"
                     .into(),
+            ));
+        }
+        let t = &self.tasks;
+        if !(1..=7 * 86_400).contains(&t.max_ttl_s) {
+            return Err(ConfigError::Invalid(
+                "tasks.max_ttl_s must be 1-604800".into(),
+            ));
+        }
+        if !(1..=4096).contains(&t.max_live_per_registration) {
+            return Err(ConfigError::Invalid(
+                "tasks.max_live_per_registration must be 1-4096".into(),
+            ));
+        }
+        if !(100..=3_600_000).contains(&t.min_poll_interval_ms) {
+            return Err(ConfigError::Invalid(
+                "tasks.min_poll_interval_ms must be 100-3600000".into(),
             ));
         }
         let s = &self.sessions;

@@ -714,6 +714,9 @@ impl Gateway {
         // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
         // `notifications/cancelled` before its task ends), then release leases and connections.
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
+        // Its live tasks are cancelled upstream (`tasks/cancel`) and audited while its
+        // connections and leases still serve it.
+        crate::mcp::tasks::release(&self.inner.hub, state).await;
         let _ = tokio::time::timeout(
             Duration::from_secs(10),
             self.inner.hub.pool().release_registration(&state.id),

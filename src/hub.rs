@@ -18,6 +18,7 @@ use crate::pins::Drift;
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::store::Store;
+use crate::tasks::TaskTable;
 use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
 /// The client-response body that refuses a server → client request on the gateway's behalf.
@@ -38,6 +39,8 @@ pub struct Hub {
     held: HeldCalls,
     /// Open `subscriptions/listen` streams (2026-07-28).
     listeners: Listeners,
+    /// MCP tasks, owned per registration (`tasks`).
+    tasks: TaskTable,
     /// The data listener's bound address, once the server started (a fallback base URL).
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Where registrations are kept (written through; requests are served from `registry`).
@@ -63,6 +66,7 @@ impl Hub {
             metrics: Metrics::new(),
             held: HeldCalls::default(),
             listeners: Listeners::default(),
+            tasks: TaskTable::default(),
             local_addr: std::sync::Mutex::new(None),
             store,
             fence: crate::fence::Fence::default(),
@@ -130,6 +134,42 @@ impl Hub {
         self.metrics
             .refused(listener.as_str(), status.as_u16(), refused.reason.as_str());
         self.refusals.observe(listener, status, refused, peer);
+    }
+
+    pub fn tasks(&self) -> &TaskTable {
+        &self.tasks
+    }
+
+    /// A server → client request related to a task (`params._meta` names the upstream's
+    /// task id) names the gateway's id instead: the registration's task with that upstream
+    /// id; with none, the key is dropped (an upstream id never reaches a client).
+    pub(crate) fn related_task_to_client(&self, registration_id: &str, msg: &mut Value) {
+        let Some(meta) = msg
+            .get_mut("params")
+            .and_then(|p| p.get_mut("_meta"))
+            .and_then(Value::as_object_mut)
+        else {
+            return;
+        };
+        let Some(related) = meta.get(crate::tasks::RELATED_TASK) else {
+            return;
+        };
+        let ours = related
+            .get("taskId")
+            .and_then(Value::as_str)
+            .and_then(|up| self.tasks.by_upstream_id_of(registration_id, up))
+            .filter(|t| !t.internal);
+        match ours {
+            Some(t) => {
+                meta.insert(
+                    crate::tasks::RELATED_TASK.into(),
+                    serde_json::json!({"taskId": t.id}),
+                );
+            }
+            None => {
+                meta.remove(crate::tasks::RELATED_TASK);
+            }
+        }
     }
 
     pub fn listeners(&self) -> &Listeners {
@@ -288,12 +328,53 @@ impl Downstream for Hub {
                     n
                 }
                 // The pool handles a catalog refresh itself; a refused one is counted there.
-                Route::RefreshCatalog | Route::Refused => 0,
+                Route::RefreshCatalog | Route::Task | Route::Refused => 0,
             }
         })
     }
 
+    fn task_status<'a>(
+        &'a self,
+        upstream_id: &'a str,
+        epoch: u64,
+        params: Value,
+    ) -> BoxFuture<'a, usize> {
+        Box::pin(async move {
+            let Some(task) = params
+                .get("taskId")
+                .and_then(Value::as_str)
+                .and_then(|up| self.tasks.by_upstream(upstream_id, epoch, up))
+            else {
+                tracing::debug!(upstream = %upstream_id, "task status for a task the gateway does not hold: dropped");
+                return 0;
+            };
+            // The table's view (the upstream's status unless the task is settled), our id in it.
+            task.observe(params);
+            task.wake.notify_one();
+            if task.internal {
+                // Run for a client that asked for no task: it is shown none.
+                return 1;
+            }
+            let msg = jsonrpc::notification("notifications/tasks/status", Some(task.view()));
+            let mut n = 0;
+            // Sessions of the revision that has tasks (2025-11-25) only.
+            for s in self
+                .sessions
+                .sessions_of(&task.registration.id)
+                .into_iter()
+                .filter(|s| s.protocol_version() == Some("2025-11-25"))
+            {
+                if self.sessions.deliver(&s, msg.clone()).await {
+                    n += 1;
+                }
+            }
+            n
+        })
+    }
+
     fn deliver<'a>(&'a self, session: &'a Session, msg: Value) -> BoxFuture<'a, bool> {
+        let mut msg = msg;
+        self.related_task_to_client(&session.registration.id, &mut msg);
         Box::pin(self.sessions.deliver(session, msg))
     }
 

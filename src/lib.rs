@@ -40,6 +40,7 @@ mod server;
 mod session;
 mod store;
 mod sync;
+mod tasks;
 mod tool_name;
 mod tools;
 mod upstream;

@@ -43,7 +43,7 @@ impl Filter {
                 .pointer("/params/uri")
                 .and_then(Value::as_str)
                 .is_some_and(|u| self.uris.contains(u)),
-            Notice::Log | Notice::Other => false,
+            Notice::Log | Notice::TaskStatus | Notice::Other => false,
         }
     }
 }

@@ -43,10 +43,10 @@ LAYERS = [
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),
-    (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "call"]),
+    (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "mcp::tasks", "call"]),
     (5, ["hub"]),
     (4, ["upstream"]),
-    (3, ["session", "listen", "mrtr", "metrics", "expiry", "refusals", "fence"]),
+    (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
     (2, ["registry", "family", "connections", "store"]),
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`

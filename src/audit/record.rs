@@ -110,6 +110,16 @@ pub struct Rare<'a> {
     /// A digest (`config_reloaded`: SHA-256 of the config file read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Cow<'a, str>>,
+    /// A task's gateway-minted id (`task_created`, `task_outcome`; `tasks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<Cow<'a, str>>,
+    /// SHA-256 (hex) of the upstream's task id: never written in clear (it may be a bearer
+    /// token at the upstream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_task_digest: Option<Cow<'a, str>>,
+    /// A task's effective TTL in ms (`task_created`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
 }
 
 /// No rare field at all: `None`, as a record built without them has.
@@ -123,6 +133,9 @@ static NO_RARE: Rare<'static> = Rare {
     expired_at: None,
     registrations: None,
     digest: None,
+    task_id: None,
+    upstream_task_digest: None,
+    ttl_ms: None,
 };
 
 /// The rare fields read back: `None` when the line has none of them.
@@ -271,6 +284,9 @@ impl<'a> Record<'a> {
                     expired_at: r.expired_at.map(owned),
                     registrations: r.registrations,
                     digest: r.digest.map(owned),
+                    task_id: r.task_id.map(owned),
+                    upstream_task_digest: r.upstream_task_digest.map(owned),
+                    ttl_ms: r.ttl_ms,
                 })
             }),
             prev: self.prev,
@@ -375,6 +391,11 @@ impl<'a> Record<'a> {
                 line.u64(k!("registrations"), v);
             }
             line.opt_str(k!("digest"), &r.digest);
+            line.opt_str(k!("task_id"), &r.task_id);
+            line.opt_str(k!("upstream_task_digest"), &r.upstream_task_digest);
+            if let Some(v) = r.ttl_ms {
+                line.u64(k!("ttl_ms"), v);
+            }
         }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
@@ -597,6 +618,9 @@ mod tests {
                 expired_at: Some("2026-11-29T11:00:00.000Z".into()),
                 registrations: Some(u64::MAX),
                 digest: Some("ab\"".into()),
+                task_id: Some("gtask_\"x".into()),
+                upstream_task_digest: Some("ef".repeat(32).into()),
+                ttl_ms: Some(u64::MAX),
             })),
             prev: String::new(),
         };

@@ -46,6 +46,11 @@ const METHODS: &[&str] = &[
     "prompts/list",
     "prompts/get",
     "completion/complete",
+    // The tasks extension's (`mcp::tasks`; `tasks/result` and `tasks/list` are gone in
+    // 2026-07-28: -32601 here).
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
 ];
 
 /// A message's `_meta`, from its params.
@@ -249,6 +254,8 @@ fn plan(
     let name_field = match method.as_str() {
         "tools/call" | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
+        // `Mcp-Name` carries the task id (checked; a mismatch is -32020).
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
         _ => None,
     };
     let name = name_field.map(|field| {

@@ -76,6 +76,7 @@ pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
         connections,
         sessions,
         audit,
+        tasks,
         store
     );
     for u in &new.upstreams {

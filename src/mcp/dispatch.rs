@@ -89,6 +89,9 @@ async fn handle_other(
         "ping" => Some(jsonrpc::success(id, json!({}))),
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
+        m if crate::mcp::tasks::METHODS.contains(&m) => {
+            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel)).await
+        }
         m if crate::mcp::proxy::METHODS.contains(&m) => {
             Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel)).await)
         }
@@ -134,10 +137,9 @@ fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
         }
     }
     let mut result = Map::new();
-    result.insert(
-        "tools".into(),
-        Value::Array(ctx.registration.pins.descriptors(&ctx.registration.tools)),
-    );
+    let mut tools = ctx.registration.pins.descriptors(&ctx.registration.tools);
+    tools.iter_mut().for_each(crate::mcp::tasks::listed);
+    result.insert("tools".into(), Value::Array(tools));
     jsonrpc::success(id, Value::Object(result))
 }
 

@@ -5,6 +5,7 @@ pub mod dispatch;
 pub mod jsonrpc;
 pub mod proxy;
 pub mod request;
+pub mod tasks;
 
 use serde_json::{json, Value};
 
@@ -141,6 +142,8 @@ pub enum Notice {
     ResourcesUpdated,
     /// `notifications/message`: to the sessions whose log level it reaches.
     Log,
+    /// `notifications/tasks/status` (2025-11-25): to the registration owning the task it names.
+    TaskStatus,
     /// Any other method: not delivered outside a call.
     Other,
 }
@@ -153,6 +156,7 @@ impl Notice {
             "notifications/resources/list_changed" => Notice::ResourcesListChanged,
             "notifications/resources/updated" => Notice::ResourcesUpdated,
             "notifications/message" => Notice::Log,
+            "notifications/tasks/status" => Notice::TaskStatus,
             _ => Notice::Other,
         }
     }
@@ -171,6 +175,7 @@ impl Notice {
         match (self, named) {
             // The catalog first; the registrations whose list changed are told then.
             (Notice::ToolsListChanged, _) => Route::RefreshCatalog,
+            (Notice::TaskStatus, _) => Route::Task,
             (Notice::Other, _) => Route::Refused,
             (kind, Some(registration)) => Route::Registration(registration, kind),
             // A list change or a resource update concerns everyone granted the upstream; a
@@ -192,6 +197,9 @@ pub enum Route {
     Registration(String, Notice),
     /// Every registration granted the upstream (a resource update only to subscribers).
     Grantees(Notice),
+    /// `tasks/status`: to the registration that owns the task it names (the gateway's task
+    /// table; the upstream's task id rewritten to the gateway's).
+    Task,
     /// Not delivered: counted (`gatehouse_notifications_refused_total`), logged at debug.
     Refused,
 }
@@ -220,6 +228,7 @@ mod tests {
             N::ResourcesListChanged,
             N::ResourcesUpdated,
             N::Log,
+            N::TaskStatus,
             N::Other,
         ]
         .into_iter()
@@ -241,6 +250,7 @@ mod tests {
                 ),
                 (reg(N::ResourcesUpdated), R::Grantees(N::ResourcesUpdated)),
                 (reg(N::Log), R::Refused),
+                (R::Task, R::Task),
                 (R::Refused, R::Refused),
             ]
         );

@@ -86,6 +86,17 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
         }
         caps["resources"] = Value::Object(r);
     }
+    // 2025-11-25 tasks, on sessions (the handshake era), when a granted upstream runs tool
+    // calls as tasks: the gateway owns them (`mcp::tasks`).
+    if ctx.session.is_some() {
+        let tasks = upstreams_with(ctx, "tasks").await;
+        if tasks
+            .iter()
+            .any(|(_, c)| crate::mcp::tasks::upstream_runs_tasks(c))
+        {
+            caps["tasks"] = crate::mcp::tasks::capability();
+        }
+    }
     if !upstreams_with(ctx, "prompts").await.is_empty() {
         caps["prompts"] = json!({});
     }

@@ -259,6 +259,50 @@ impl Pool {
         }
     }
 
+    /// [`Pool::forward_request`] for a task's request (`tasks/get|result|cancel`): only on the
+    /// connection of `epoch`, the one the task was created on. `Ok(None)`: that connection is
+    /// gone (a respawned child does not know the task). `timeout`: instead of the upstream's
+    /// `call_timeout_s` (a blocking `tasks/result` may wait longer).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_task(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        epoch: u64,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+        timeout: Option<Duration>,
+        session: Option<Arc<Session>>,
+    ) -> Result<Option<Result<Value, Value>>, ForwardError> {
+        let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
+        let (slot, conn) = (&in_use.slot, &in_use.conn);
+        if conn.epoch() != epoch {
+            return Ok(None);
+        }
+        let mut params = params;
+        upstream_meta(&mut params, registration, lease_of(slot, registration));
+        let owner = CallOwner {
+            registration_id: registration.id.clone(),
+            session,
+            notify: None,
+        };
+        let opts = RequestOptions {
+            timeout: Some(timeout.unwrap_or_else(|| in_use.remaining())),
+            cancel,
+            tag: Some(owner.tag()),
+            ..RequestOptions::default()
+        };
+        match conn.request(method, Value::Object(params), opts).await {
+            Ok(resp) => {
+                slot.answered();
+                Ok(Some(resp.outcome))
+            }
+            Err(UpstreamError::Closed(_)) if conn.is_closed() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
     /// (spawned if needed) — each step abandoned when `cancel` fires, and the whole bounded by
     /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's

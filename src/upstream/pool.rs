@@ -626,13 +626,25 @@ async fn route_notification(
     let notice = Notice::of(&method);
     let mut params = params;
     let named = match notice {
-        Notice::ToolsListChanged | Notice::Other => None,
+        Notice::ToolsListChanged | Notice::TaskStatus | Notice::Other => None,
         _ => named_registration(slot, owner, &mut params),
     };
     let route = notice.route(named);
     let downstream = pool.downstream.get().and_then(Weak::upgrade);
     match (route, downstream) {
         (Route::RefreshCatalog, _) => refresh_coalesced(pool, slot, epoch),
+        // Routed by the task it names, never by connection: a task belongs to one
+        // registration even on a shared connection.
+        (Route::Task, ds) => {
+            let n = match (ds, params) {
+                (Some(ds), Some(p)) => ds.task_status(&slot.spec.id, epoch, p).await,
+                _ => 0,
+            };
+            if n == 0 {
+                slot.spec.refused.inc();
+                tracing::debug!(upstream = %slot.spec.id, "task status notification not delivered: no session of the task's registration (counted)");
+            }
+        }
         (Route::Refused, _) | (_, None) => {
             slot.spec.refused.inc();
             tracing::debug!(upstream = %slot.spec.id, method, "connection-wide notification not delivered: no registration can be named (counted)");

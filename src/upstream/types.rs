@@ -330,6 +330,15 @@ pub trait Downstream: Send + Sync {
         route: crate::mcp::Route,
         msg: Value,
     ) -> BoxFuture<'a, usize>;
+    /// An upstream's `notifications/tasks/status` (2025-11-25): to the registration that owns
+    /// the task it names on that connection (`epoch`), with the gateway's task id; dropped
+    /// when no task of the gateway has that upstream id.
+    fn task_status<'a>(
+        &'a self,
+        upstream_id: &'a str,
+        epoch: u64,
+        params: Value,
+    ) -> BoxFuture<'a, usize>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(

@@ -1,0 +1,887 @@
+//! MCP tasks on the wire, 2025-11-25 form (handshake-era sessions: legacy SSE and Streamable
+//! HTTP): what a `tools/call` with `params.task` becomes once its upstream answered with a
+//! `CreateTaskResult` ([`created`]), the client's `tasks/get|result|cancel|list` ([`handle`]),
+//! each task's background poller, and the ends a task meets besides its own (release, TTL,
+//! a restarted upstream). The table is `crate::tasks`.
+//!
+//! - A client only ever sees the gateway's ids; the upstream's go upstream only, on the
+//!   connection (epoch) the task was created on.
+//! - `tasks/list` is answered from the table, for the asking registration only; it is never
+//!   forwarded (an upstream's list shows every caller of a shared connection).
+//! - A client's poll within the task's poll interval of the last upstream poll is answered
+//!   from the table.
+//! - Every task is audited `task_created` once and `task_outcome` exactly once (the task's
+//!   settle latch): whoever sees the end first (a client's poll or `tasks/result`, the poller,
+//!   a cancel, release, the TTL) writes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::Hub;
+use crate::mcp::jsonrpc::{self, RpcError};
+use crate::mcp::request::RequestCtx;
+use crate::registry::RegistrationState;
+use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome, RELATED_TASK};
+
+/// The methods this module answers.
+pub const METHODS: &[&str] = &[
+    "tasks/get",
+    "tasks/result",
+    "tasks/cancel",
+    "tasks/list",
+    "tasks/update",
+];
+
+/// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
+pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub const EXTENSION_NOT_DECLARED: i64 = -32021;
+
+/// The poller never asks an upstream about one task more often than this.
+const POLL_FLOOR: Duration = Duration::from_millis(100);
+
+/// How long a cancel sent on the gateway's behalf (release, TTL) may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The server capability the gateway declares (2025-11-25) when a granted upstream runs tool
+/// calls as tasks.
+pub fn capability() -> Value {
+    json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
+}
+
+/// Whether an upstream's `tasks` capability says it runs `tools/call` as tasks.
+pub fn upstream_runs_tasks(tasks: &Value) -> bool {
+    tasks
+        .get("requests")
+        .and_then(|r| r.get("tools"))
+        .and_then(|t| t.get("call"))
+        .is_some()
+}
+
+/// Prepares a `tools/call`'s params for the upstream: `task` is kept (its TTL cut to the
+/// gateway's cap) on a session that can hold tasks, and dropped otherwise (stateless
+/// 2026-07-28 requests: `params.task` is to be ignored there). Whether a task was asked.
+pub fn prepare_call(params: &mut Map<String, Value>, session: bool, max_ttl: Duration) -> bool {
+    if !session {
+        params.remove("task");
+        return false;
+    }
+    let Some(task) = params.get_mut("task") else {
+        return false;
+    };
+    let Some(t) = task.as_object_mut() else {
+        return false;
+    };
+    let max = u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX);
+    let asked = t.get("ttl").and_then(Value::as_u64).unwrap_or(max);
+    t.insert("ttl".into(), Value::from(asked.min(max)));
+    true
+}
+
+/// Whether a granted tool's upstream runs it only as a task (`execution.taskSupport:
+/// "required"`, 2025-11-25).
+pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
+    tool.upstream().is_some()
+        && tool
+            .descriptor
+            .get("execution")
+            .and_then(|e| e.get("taskSupport"))
+            .and_then(Value::as_str)
+            == Some("required")
+}
+
+/// Asks the upstream for a task on a call whose client did not (`params.task`, the TTL cap).
+pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration) {
+    let max = u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX);
+    params.insert("task".into(), json!({"ttl": max}));
+}
+
+/// A tool's definition as listed to clients: an upstream's `taskSupport: "required"` is shown
+/// `"optional"` (the gateway runs the task itself for a client that calls it plainly).
+pub fn listed(descriptor: &mut Value) {
+    if let Some(ts) = descriptor
+        .get_mut("execution")
+        .and_then(|e| e.get_mut("taskSupport"))
+    {
+        if ts == "required" {
+            *ts = Value::String("optional".into());
+        }
+    }
+}
+
+/// A `CreateTaskResult`'s `task`, if `result` is one (a `task` object with a string
+/// `taskId`, and no `content`: a tool result is never taken for one). Read on every upstream
+/// tool result: a substring scan first, parsed only when it may be one.
+pub fn create_task_result(result: &str) -> Option<Value> {
+    if !result.contains("\"taskId\"") {
+        return None;
+    }
+    let mut v: Value = serde_json::from_str(result).ok()?;
+    if v.get("content").is_some() {
+        return None;
+    }
+    let task = v.get_mut("task")?.take();
+    task.get("taskId")?.as_str()?;
+    Some(task)
+}
+
+/// Why a created task is not handed to its client.
+#[derive(Debug)]
+pub enum NotCreated {
+    /// The registration holds its cap of live tasks: the task was cancelled upstream.
+    Full(usize),
+    /// The registration was released while the task was being created: cancelled upstream.
+    Released,
+}
+
+/// Takes a task the upstream created for a call into the table: audits `task_created`,
+/// starts its poller, and returns the `CreateTaskResult` for the client (the gateway's id in
+/// it). A task created after its registration was released is cancelled upstream at once.
+pub async fn created(
+    ctx: &RequestCtx,
+    tool: &str,
+    upstream: &str,
+    epoch: u64,
+    upstream_task: Value,
+    internal: bool,
+) -> Result<Arc<Task>, NotCreated> {
+    let hub = &ctx.hub;
+    let cfg = &hub.config().tasks;
+    let max_ttl = Duration::from_secs(cfg.max_ttl_s.max(1));
+    let ttl = upstream_task
+        .get("ttl")
+        .and_then(Value::as_u64)
+        .map(Duration::from_millis)
+        .map_or(max_ttl, |t| t.min(max_ttl));
+    let poll = upstream_task
+        .get("pollInterval")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .max(cfg.min_poll_interval_ms);
+    let upstream_id = upstream_task
+        .get("taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let new = NewTask {
+        registration: ctx.registration.clone(),
+        upstream: upstream.to_string(),
+        epoch,
+        upstream_id: upstream_id.clone(),
+        tool: tool.to_string(),
+        internal,
+        ttl,
+        poll_interval: Duration::from_millis(poll),
+        view: upstream_task,
+    };
+    let task = match hub.tasks().insert(new, cfg.max_live_per_registration) {
+        Ok(t) => t,
+        Err(crate::tasks::Refused::Full(n)) => {
+            tracing::warn!(registration = %crate::refusals::shorten(&ctx.registration.id), upstream, cap = n, "task refused: the registration holds its cap of live tasks; cancelled upstream");
+            cancel_upstream_id(hub, &ctx.registration, upstream, epoch, &upstream_id).await;
+            return Err(NotCreated::Full(n));
+        }
+    };
+    let mut rec = ctx.registration.audit_record("task_created");
+    rec.session_id = ctx.session_id().map(Into::into);
+    rec.transport = Some(ctx.transport.as_str().into());
+    rec.tool = Some(tool.into());
+    rec.upstream = Some(upstream.into());
+    rec.epoch = Some(epoch);
+    rec.rare_mut().task_id = Some(task.id.as_str().into());
+    let digest = crate::tasks::upstream_digest(&task.upstream_id);
+    rec.rare_mut().upstream_task_digest = Some(digest.as_str().into());
+    rec.rare_mut().ttl_ms = u64::try_from(ttl.as_millis()).ok();
+    let _ = hub.audit().record(rec).await;
+    if ctx.registration.is_released() {
+        end_on_release(hub, &task).await;
+        return Err(NotCreated::Released);
+    }
+    spawn_poller(hub.clone(), task.clone());
+    Ok(task)
+}
+
+/// Runs a task for a `tools/call` that did not ask for one (the upstream requires a task for
+/// the tool, or answered with one unasked): waits for its end and returns its answer for the
+/// plain call. The call's cancel becomes `tasks/cancel` upstream (audited `cancelled`;
+/// `None`).
+pub async fn run_for_call(
+    ctx: &RequestCtx,
+    task: &Arc<Task>,
+    cancel: &CancellationToken,
+) -> Option<Arc<Final>> {
+    match wait_final(ctx, task, cancel).await {
+        Some(f) => Some(f),
+        None => {
+            if !task.is_settled() {
+                let acked = cancel_upstream_id(
+                    &ctx.hub,
+                    &task.registration,
+                    &task.upstream,
+                    task.epoch,
+                    &task.upstream_id,
+                )
+                .await;
+                let why = if acked {
+                    "the call was cancelled: cancelled upstream"
+                } else {
+                    "the call was cancelled: the upstream did not acknowledge the cancel"
+                };
+                let outcome = if task.registration.is_released() {
+                    TaskOutcome::CancelledOnRelease
+                } else {
+                    TaskOutcome::Cancelled
+                };
+                settle(
+                    &ctx.hub,
+                    task,
+                    Status::Cancelled,
+                    Some(why),
+                    Err(cancelled_error("its call was cancelled")),
+                    outcome,
+                    None,
+                )
+                .await;
+            }
+            None
+        }
+    }
+}
+
+/// The registration's task `id`, or the -32602 that an unknown id and another
+/// registration's id alike get.
+fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Task>, Value> {
+    let task_id = params.and_then(|p| p.get("taskId")).and_then(Value::as_str);
+    task_id
+        .and_then(|t| ctx.hub.tasks().get(&ctx.registration.id, t))
+        .filter(|t| !t.internal)
+        .ok_or_else(|| {
+            RpcError::new(
+                Some(id.clone()),
+                jsonrpc::INVALID_PARAMS,
+                "unknown task: no task of this registration has that taskId",
+            )
+            .to_value()
+        })
+}
+
+/// Handles `tasks/get|result|cancel|list` for a session. `None`: the request was cancelled.
+pub async fn handle(
+    ctx: &RequestCtx,
+    id: Value,
+    method: &str,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Value> {
+    if ctx.session.is_none() {
+        return Some(stateless(id, method, params.as_ref()));
+    }
+    if method == "tasks/update" {
+        // Not a 2025-11-25 method.
+        return Some(
+            RpcError::new(
+                Some(id),
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("method not found: {method}"),
+            )
+            .to_value(),
+        );
+    }
+    if method == "tasks/list" {
+        return Some(list(ctx, id, params.as_ref()));
+    }
+    let task = match lookup(ctx, &id, params.as_ref()) {
+        Ok(t) => t,
+        Err(e) => return Some(e),
+    };
+    let hub = &ctx.hub;
+    match method {
+        "tasks/get" => {
+            if !task.is_settled() && !task.polled_lately() {
+                refresh(hub, &task).await;
+            }
+            Some(jsonrpc::success(id, task.view()))
+        }
+        "tasks/result" => result(ctx, id, &task, cancel).await,
+        _ => Some(cancel_task(hub, id, &task).await),
+    }
+}
+
+/// `tasks/*` on a stateless 2026-07-28 request. `tasks/result` and `tasks/list` are gone in
+/// that revision (-32601); the others need the `io.modelcontextprotocol/tasks` extension
+/// declared in the request's `_meta` (-32021 otherwise). The gateway does not hand out tasks
+/// in that form yet (it does not declare the extension, and runs a task-required tool
+/// itself for such clients), so no id is known there: -32602.
+fn stateless(id: Value, method: &str, params: Option<&Value>) -> Value {
+    if matches!(method, "tasks/result" | "tasks/list") {
+        // (Refused before dispatch by the stateless endpoint; kept for any other caller.)
+        return RpcError::new(
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            format!("method not found: {method} (removed in 2026-07-28)"),
+        )
+        .to_value();
+    }
+    let declared = params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get("io.modelcontextprotocol/clientCapabilities"))
+        .and_then(|c| c.get("extensions"))
+        .and_then(|e| e.get(EXTENSION))
+        .is_some();
+    if !declared {
+        return jsonrpc::error_response(
+            Some(id),
+            EXTENSION_NOT_DECLARED,
+            &format!(
+                "{method} needs the {EXTENSION} extension, which this request did not declare"
+            ),
+            Some(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}})),
+        );
+    }
+    RpcError::new(
+        Some(id),
+        jsonrpc::INVALID_PARAMS,
+        "unknown task: no task of this registration has that taskId",
+    )
+    .to_value()
+}
+
+fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
+    if let Some(c) = params.and_then(|p| p.get("cursor")) {
+        if !c.is_null() && c != "" {
+            return RpcError::new(
+                Some(id),
+                jsonrpc::INVALID_PARAMS,
+                "invalid cursor: this gateway returns every task in one page",
+            )
+            .to_value();
+        }
+    }
+    let tasks: Vec<Value> = ctx
+        .hub
+        .tasks()
+        .of_registration(&ctx.registration.id)
+        .iter()
+        .filter(|t| !t.internal)
+        .map(|t| t.view())
+        .collect();
+    jsonrpc::success(id, json!({"tasks": tasks}))
+}
+
+/// `tasks/result`: blocks until the task ends. The upstream's blocking `tasks/result` is
+/// asked on the caller's behalf (so what the upstream sends the client meanwhile, such as an
+/// elicitation, reaches its session); whichever ends first, it or another sighting of the end
+/// (the poller, a cancel, the TTL), settles the task, and the settled answer is sent.
+async fn result(
+    ctx: &RequestCtx,
+    id: Value,
+    task: &Arc<Task>,
+    cancel: CancellationToken,
+) -> Option<Value> {
+    let f = wait_final(ctx, task, &cancel).await?;
+    Some(answer(id, task, &f))
+}
+
+/// Waits for a task's end (`None`: `cancel` fired first), asking the upstream's blocking
+/// `tasks/result` meanwhile on the session's behalf (for at most the upstream's
+/// `call_timeout_s`).
+async fn wait_final(
+    ctx: &RequestCtx,
+    task: &Arc<Task>,
+    cancel: &CancellationToken,
+) -> Option<Arc<Final>> {
+    if let Some(f) = task.final_answer() {
+        return Some(f);
+    }
+    let hub = &ctx.hub;
+    let asked = cancel.child_token();
+    let _stop_asking = asked.clone().drop_guard();
+    // The upstream's blocking `tasks/result` holds one of the connection's permits: it is
+    // given the upstream's `call_timeout_s` (what a call may hold one for), never the task's
+    // TTL; past it the task's end is waited for from the poller.
+    let upstream = async {
+        let r = hub
+            .pool()
+            .forward_task(
+                &task.registration,
+                &task.upstream,
+                task.epoch,
+                "tasks/result",
+                upstream_params(task),
+                asked.clone(),
+                None,
+                ctx.session.clone(),
+            )
+            .await;
+        match r {
+            Ok(Some(Ok(result))) => {
+                let outcome = if is_error(&result) {
+                    TaskOutcome::ToolError
+                } else {
+                    TaskOutcome::Completed
+                };
+                let status = if outcome == TaskOutcome::ToolError {
+                    Status::Failed
+                } else {
+                    Status::Completed
+                };
+                settle(hub, task, status, None, Ok(result), outcome, None).await;
+            }
+            Ok(Some(Err(e))) => {
+                let code = e.get("code").and_then(Value::as_i64);
+                if code == Some(jsonrpc::INVALID_PARAMS) {
+                    // The upstream no longer knows it (or it was cancelled meanwhile).
+                    refresh(hub, task).await;
+                    if !task.is_settled() {
+                        lose(hub, task, "the upstream no longer knows the task").await;
+                    }
+                } else {
+                    settle(
+                        hub,
+                        task,
+                        Status::Failed,
+                        None,
+                        Err(e),
+                        TaskOutcome::Failed,
+                        code,
+                    )
+                    .await;
+                }
+            }
+            Ok(None) => lose(hub, task, "upstream restarted").await,
+            Err(e) => {
+                tracing::debug!(task = %task.id, error = %e, "tasks/result upstream did not answer; waiting for the poller");
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        f = task.finished() => Some(f),
+        () = upstream => None,
+    }
+}
+
+/// The reply to `tasks/result` from a settled answer: the related-task `_meta` names the
+/// gateway's id.
+fn answer(id: Value, task: &Task, f: &Final) -> Value {
+    match f {
+        Ok(result) => {
+            let mut result = result.clone();
+            if let Some(m) = result.as_object_mut() {
+                let meta = m
+                    .entry("_meta")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(RELATED_TASK.into(), json!({"taskId": task.id}));
+                }
+            }
+            jsonrpc::success(id, result)
+        }
+        Err(e) => jsonrpc::error_response(
+            Some(id),
+            e.get("code")
+                .and_then(Value::as_i64)
+                .unwrap_or(jsonrpc::INTERNAL_ERROR),
+            e.get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("task failed"),
+            e.get("data").cloned(),
+        ),
+    }
+}
+
+async fn cancel_task(hub: &Arc<Hub>, id: Value, task: &Arc<Task>) -> Value {
+    let terminal = || {
+        RpcError::new(
+            Some(id.clone()),
+            jsonrpc::INVALID_PARAMS,
+            "task is already terminal: it cannot be cancelled",
+        )
+        .to_value()
+    };
+    if task.is_settled() {
+        return terminal();
+    }
+    let r = hub
+        .pool()
+        .forward_task(
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            "tasks/cancel",
+            upstream_params(task),
+            task.stop.clone(),
+            None,
+            None,
+        )
+        .await;
+    match r {
+        Ok(Some(Ok(t))) => {
+            task.observe(t);
+            let won = settle(
+                hub,
+                task,
+                Status::Cancelled,
+                None,
+                Err(cancelled_error("cancelled by its client")),
+                TaskOutcome::Cancelled,
+                None,
+            )
+            .await;
+            if won || task.outcome() == Some(TaskOutcome::Cancelled) {
+                jsonrpc::success(id, task.view())
+            } else {
+                terminal()
+            }
+        }
+        Ok(Some(Err(_))) => {
+            // Terminal upstream already (or forgotten): see which, then refuse.
+            refresh(hub, task).await;
+            terminal()
+        }
+        Ok(None) => {
+            lose(hub, task, "upstream restarted").await;
+            terminal()
+        }
+        Err(e) => RpcError::new(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            format!("the task's upstream could not be reached: {e}"),
+        )
+        .to_value(),
+    }
+}
+
+fn cancelled_error(why: &str) -> Value {
+    json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task cancelled: {why}")})
+}
+
+/// `{taskId: <upstream id>}`.
+fn upstream_params(task: &Task) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("taskId".into(), Value::String(task.upstream_id.clone()));
+    p
+}
+
+fn is_error(result: &Value) -> bool {
+    result.get("isError") == Some(&Value::Bool(true))
+}
+
+/// Asks the upstream about a live task (`tasks/get`) and takes the answer; at a terminal
+/// status reads its result once (`tasks/result`, which answers at once then) and settles it.
+async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>) {
+    let r = hub
+        .pool()
+        .forward_task(
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            "tasks/get",
+            upstream_params(task),
+            task.stop.clone(),
+            None,
+            None,
+        )
+        .await;
+    match r {
+        Ok(Some(Ok(t))) => match task.observe(t) {
+            Some(s) if s.is_terminal() && !task.is_settled() => settle_terminal(hub, task, s).await,
+            _ => {}
+        },
+        Ok(Some(Err(e)))
+            if e.get("code").and_then(Value::as_i64) == Some(jsonrpc::INVALID_PARAMS) =>
+        {
+            lose(hub, task, "the upstream no longer knows the task").await
+        }
+        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Ok(Some(Err(e))) => {
+            tracing::debug!(task = %task.id, error = %e, "tasks/get refused upstream; polled again later")
+        }
+        Err(e) => {
+            tracing::debug!(task = %task.id, error = %e, "tasks/get failed upstream; polled again later")
+        }
+    }
+}
+
+async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
+    if status == Status::Cancelled {
+        settle(
+            hub,
+            task,
+            status,
+            None,
+            Err(cancelled_error("cancelled upstream")),
+            TaskOutcome::Cancelled,
+            None,
+        )
+        .await;
+        return;
+    }
+    let r = hub
+        .pool()
+        .forward_task(
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            "tasks/result",
+            upstream_params(task),
+            task.stop.clone(),
+            None,
+            None,
+        )
+        .await;
+    match r {
+        Ok(Some(Ok(result))) => {
+            let outcome = if is_error(&result) {
+                TaskOutcome::ToolError
+            } else {
+                TaskOutcome::Completed
+            };
+            settle(hub, task, status, None, Ok(result), outcome, None).await;
+        }
+        Ok(Some(Err(e))) => {
+            let code = e.get("code").and_then(Value::as_i64);
+            settle(hub, task, status, None, Err(e), TaskOutcome::Failed, code).await;
+        }
+        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Err(e) => {
+            tracing::debug!(task = %task.id, error = %e, "the result of a finished task could not be read; asked again later")
+        }
+    }
+}
+
+/// The task's upstream restarted or forgot it: `failed`, audited `lost`.
+async fn lose(hub: &Arc<Hub>, task: &Arc<Task>, why: &str) {
+    let err = json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task lost: {why}")});
+    settle(
+        hub,
+        task,
+        Status::Failed,
+        Some(why),
+        Err(err),
+        TaskOutcome::Lost,
+        None,
+    )
+    .await;
+}
+
+/// Settles a task and, for the one caller that did, writes its `task_outcome` record.
+/// Whether this call settled it.
+async fn settle(
+    hub: &Arc<Hub>,
+    task: &Arc<Task>,
+    status: Status,
+    message: Option<&str>,
+    answer: Final,
+    outcome: TaskOutcome,
+    error_code: Option<i64>,
+) -> bool {
+    let mut answer = answer;
+    if let Ok(Value::Object(m)) = &mut answer {
+        // It named the upstream's id; `answer` names the gateway's (none on a plain call).
+        if let Some(meta) = m.get_mut("_meta").and_then(Value::as_object_mut) {
+            meta.remove(RELATED_TASK);
+        }
+        if m.get("_meta")
+            .and_then(Value::as_object)
+            .is_some_and(Map::is_empty)
+        {
+            m.remove("_meta");
+        }
+    }
+    if !task.settle(status, message, answer, outcome) {
+        return false;
+    }
+    let mut rec = task.registration.audit_record("task_outcome");
+    rec.tool = Some(task.tool.as_str().into());
+    rec.upstream = Some(task.upstream.as_str().into());
+    rec.epoch = Some(task.epoch);
+    rec.rare_mut().task_id = Some(task.id.as_str().into());
+    let digest = crate::tasks::upstream_digest(&task.upstream_id);
+    rec.rare_mut().upstream_task_digest = Some(digest.as_str().into());
+    rec.outcome = Some(outcome.as_str().into());
+    rec.error_code = error_code;
+    rec.reason = message.map(|m| m.to_string().into());
+    rec.duration_ms = Some(task.created.elapsed().as_secs_f64() * 1000.0);
+    if let Err(e) = hub.audit().record(rec).await {
+        tracing::error!(task = %task.id, error = %e, "task outcome not audited");
+    }
+    true
+}
+
+/// Sends `tasks/cancel` for an upstream task id on the gateway's behalf (bounded wait);
+/// whether the upstream acknowledged it.
+async fn cancel_upstream_id(
+    hub: &Hub,
+    reg: &Arc<RegistrationState>,
+    upstream: &str,
+    epoch: u64,
+    upstream_id: &str,
+) -> bool {
+    let mut p = Map::new();
+    p.insert("taskId".into(), Value::String(upstream_id.to_string()));
+    let fwd = hub.pool().forward_task(
+        reg,
+        upstream,
+        epoch,
+        "tasks/cancel",
+        p,
+        CancellationToken::new(),
+        Some(CANCEL_TIMEOUT),
+        None,
+    );
+    matches!(
+        tokio::time::timeout(CANCEL_TIMEOUT, fwd).await,
+        Ok(Ok(Some(Ok(_))))
+    )
+}
+
+/// A task whose registration was released: cancelled upstream, audited
+/// `cancelled_on_release`, forgotten.
+async fn end_on_release(hub: &Arc<Hub>, task: &Arc<Task>) {
+    if !task.is_settled() {
+        let acked = cancel_upstream_id(
+            hub,
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            &task.upstream_id,
+        )
+        .await;
+        let why = if acked {
+            "registration released: cancelled upstream"
+        } else {
+            "registration released: the upstream did not acknowledge the cancel"
+        };
+        settle(
+            hub,
+            task,
+            Status::Cancelled,
+            Some(why),
+            Err(cancelled_error("registration released")),
+            TaskOutcome::CancelledOnRelease,
+            None,
+        )
+        .await;
+    }
+    hub.tasks().remove(task);
+}
+
+/// Release: every live task of the registration is cancelled upstream (`tasks/cancel`, never
+/// `notifications/cancelled`) and audited before the release completes; all its tasks are
+/// forgotten. Called by the gateway's release path before the registration's upstream
+/// connections and leases go.
+pub async fn release(hub: &Arc<Hub>, reg: &RegistrationState) {
+    let tasks = hub.tasks().of_registration(&reg.id);
+    if tasks.is_empty() {
+        return;
+    }
+    // At most `max_live_per_registration` live ones: cancelled together.
+    futures::future::join_all(tasks.iter().map(|t| end_on_release(hub, t))).await;
+}
+
+/// A task's background poller, on its registration's tracker (it ends with the registration):
+/// polls the upstream every poll interval (sooner when a status notification wakes it) until
+/// the task is settled, so a task nobody polls still gets its outcome; at the TTL a live task
+/// is cancelled upstream (audited `expired`); a settled one is kept (its answer cached) until
+/// the TTL, then forgotten.
+fn spawn_poller(hub: Arc<Hub>, task: Arc<Task>) {
+    let reg = task.registration.clone();
+    reg.calls.spawn(async move {
+        let every = task
+            .poll_interval
+            .max(Duration::from_millis(
+                hub.config().tasks.min_poll_interval_ms,
+            ))
+            .max(POLL_FLOOR);
+        let deadline = task.deadline();
+        loop {
+            tokio::select! {
+                biased;
+                () = task.stop.cancelled() => break,
+                () = tokio::time::sleep_until(deadline) => {
+                    expire(&hub, &task).await;
+                    return;
+                }
+                () = task.wake.notified() => {}
+                () = tokio::time::sleep(every) => {}
+            }
+            if !task.is_settled() {
+                refresh(&hub, &task).await;
+            }
+        }
+        if task.registration.is_released() {
+            return; // the release path ends and forgets it
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => hub.tasks().remove(&task),
+            () = task.registration.cancel.cancelled() => {}
+            () = task.gone.cancelled() => {}
+        }
+    });
+}
+
+/// The TTL ran out: a live task is cancelled upstream and audited `expired`; then forgotten.
+async fn expire(hub: &Arc<Hub>, task: &Arc<Task>) {
+    if !task.is_settled() {
+        cancel_upstream_id(
+            hub,
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            &task.upstream_id,
+        )
+        .await;
+        settle(
+            hub,
+            task,
+            Status::Cancelled,
+            Some("the task's TTL ran out"),
+            Err(json!({"code": jsonrpc::INVALID_PARAMS, "message": "task expired"})),
+            TaskOutcome::Expired,
+            None,
+        )
+        .await;
+    }
+    hub.tasks().remove(task);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_params_are_capped_and_dropped_without_a_session() {
+        let max = Duration::from_secs(60);
+        let mut p = json!({"name": "x", "task": {"ttl": 999_999_999}})
+            .as_object()
+            .cloned()
+            .unwrap();
+        assert!(prepare_call(&mut p, true, max));
+        assert_eq!(p["task"]["ttl"], 60_000);
+        let mut p = json!({"name": "x", "task": {}})
+            .as_object()
+            .cloned()
+            .unwrap();
+        assert!(prepare_call(&mut p, true, max));
+        assert_eq!(p["task"]["ttl"], 60_000);
+        let mut p = json!({"name": "x", "task": {}})
+            .as_object()
+            .cloned()
+            .unwrap();
+        assert!(!prepare_call(&mut p, false, max));
+        assert!(!p.contains_key("task"));
+        let mut p = json!({"name": "x"}).as_object().cloned().unwrap();
+        assert!(!prepare_call(&mut p, true, max));
+        assert!(create_task_result(r#"{"task":{"taskId":"u","status":"working"}}"#).is_some());
+        assert!(create_task_result(r#"{"content":[{"type":"text","text":"taskId"}]}"#).is_none());
+        assert!(
+            create_task_result(r#"{"content":[],"task":{"taskId":"u"}}"#).is_none(),
+            "a tool result is never a task"
+        );
+    }
+}

