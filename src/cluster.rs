@@ -264,12 +264,22 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(node.applied.load(Ordering::Acquire) + 1);
+        // In a task of its own, aborted if it outlives the wait: etcd-client asserts (panics)
+        // when the watch's first answer is not a creation, and that must not end this loop.
+        let prefix = node.store.prefix().to_string();
+        let mut create = tokio::spawn(async move { c.watch(prefix, Some(opts)).await });
         let watched = tokio::select! {
-            _ = stop.cancelled() => return,
-            w = tokio::time::timeout(node.bound.max(Duration::from_secs(1)), c.watch(node.store.prefix(), Some(opts))) => w,
+            _ = stop.cancelled() => {
+                create.abort();
+                return;
+            }
+            w = tokio::time::timeout(node.bound.max(Duration::from_secs(1)), &mut create) => w,
         };
+        if watched.is_err() {
+            create.abort();
+        }
         let (_watcher, mut stream) = match watched {
-            Ok(Ok(w)) => w,
+            Ok(Ok(Ok(w))) => w,
             _ => {
                 tokio::select! {
                     _ = stop.cancelled() => return,
