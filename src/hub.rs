@@ -42,12 +42,20 @@ pub struct Hub {
     local_addr: std::sync::Mutex<Option<std::net::SocketAddr>>,
     /// Where registrations are kept (written through; requests are served from `registry`).
     store: Arc<dyn Store>,
+    /// OpenTelemetry traces; `None` (off) unless an endpoint is configured.
+    telemetry: Option<Arc<crate::telemetry::Telemetry>>,
 }
 
 impl Hub {
     /// The hub, wired to its pool: what the pool cannot handle itself (tools changed, a
     /// server → client request to deliver) comes back here.
-    pub fn new(config: Config, audit: Audit, pool: Pool, store: Arc<dyn Store>) -> Arc<Hub> {
+    pub fn new(
+        config: Config,
+        audit: Audit,
+        pool: Pool,
+        store: Arc<dyn Store>,
+        telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    ) -> Arc<Hub> {
         // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
         crate::sync::coarse::start();
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
@@ -63,6 +71,7 @@ impl Hub {
             listeners: Listeners::default(),
             local_addr: std::sync::Mutex::new(None),
             store,
+            telemetry,
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
@@ -75,6 +84,11 @@ impl Hub {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The tracer, if tracing is on.
+    pub fn telemetry(&self) -> Option<&Arc<crate::telemetry::Telemetry>> {
+        self.telemetry.as_ref()
     }
 
     pub fn registry(&self) -> &Registry {

@@ -37,6 +37,7 @@ mod server;
 mod session;
 mod store;
 mod sync;
+mod telemetry;
 mod tool_name;
 mod tools;
 mod upstream;

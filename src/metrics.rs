@@ -51,6 +51,33 @@ pub struct UpstreamLabel {
 
 type HistogramFamily = Family<ToolLabel, Histogram, fn() -> Histogram>;
 
+/// The labels of `mcp_{server,client}_operation_duration_seconds` (the OpenTelemetry MCP
+/// conventions' attributes, Prometheus-spelled): each a closed set or a granted tool name,
+/// never an agent or registration id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub mcp_method_name: &'static str,
+    pub gen_ai_tool_name: String,
+    /// Empty for success.
+    pub error_type: &'static str,
+    pub network_transport: &'static str,
+}
+
+type OperationFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
+
+/// The MCP conventions' buckets (seconds).
+fn operation_histogram() -> Histogram {
+    Histogram::new(
+        [
+            0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        ]
+        .into_iter(),
+    )
+}
+
+/// Operation histograms of one tool, by (error type, transport).
+type OperationHandles = Vec<(Option<&'static str>, &'static str, Histogram)>;
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -68,6 +95,17 @@ pub struct Snapshot {
     pub upstreams: Vec<(String, usize, usize, u64)>,
     /// Per upstream: call notifications not delivered (`NotificationsRefused`).
     pub notifications_refused: Vec<(String, u64)>,
+    /// The span exporter's counts, when tracing is on.
+    pub otel: Option<OtelCounts>,
+}
+
+/// What the span exporter did so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OtelCounts {
+    pub sent: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub queued: u64,
 }
 
 /// One tool's call metrics, taken from the families once: a call updates them without
@@ -76,6 +114,8 @@ struct ToolHandles {
     latency: Histogram,
     /// By outcome (a handful per tool).
     calls: Vec<(String, Counter)>,
+    /// `mcp_server_operation_duration_seconds`, by error type.
+    server_ops: OperationHandles,
 }
 
 /// The metrics of one gateway.
@@ -97,6 +137,14 @@ pub struct Metrics {
     upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
+    server_ops: OperationFamily,
+    client_ops: OperationFamily,
+    /// Handles into `client_ops`, by tool label.
+    client_handles: RwLock<HashMap<String, OperationHandles>>,
+    otel_sent: Counter<u64, AtomicU64>,
+    otel_dropped: Counter<u64, AtomicU64>,
+    otel_failed: Counter<u64, AtomicU64>,
+    otel_queued: Gauge,
 }
 
 impl Default for Metrics {
@@ -113,7 +161,48 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gatehouse");
+        // The conventions' metrics go unprefixed at the root; the gateway's own under
+        // `gatehouse_`.
+        let mut root = Registry::default();
+        let server_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+        root.register_with_unit(
+            "mcp_server_operation_duration",
+            "Duration of MCP requests served (OpenTelemetry MCP conventions: mcp.server.operation.duration)",
+            prometheus_client::registry::Unit::Seconds,
+            server_ops.clone(),
+        );
+        let client_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+        root.register_with_unit(
+            "mcp_client_operation_duration",
+            "Duration of MCP requests sent upstream (OpenTelemetry MCP conventions: mcp.client.operation.duration)",
+            prometheus_client::registry::Unit::Seconds,
+            client_ops.clone(),
+        );
+        let registry = root.sub_registry_with_prefix("gatehouse");
+        let otel_sent = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_sent",
+            "Spans the OTLP collector accepted",
+            otel_sent.clone(),
+        );
+        let otel_dropped = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_dropped",
+            "Spans dropped because the export queue was full (the collector slow or down)",
+            otel_dropped.clone(),
+        );
+        let otel_failed = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_failed",
+            "Spans in export requests that failed (refused, timed out, unreachable)",
+            otel_failed.clone(),
+        );
+        let otel_queued = Gauge::default();
+        registry.register(
+            "otel_queue_depth",
+            "Spans waiting for export",
+            otel_queued.clone(),
+        );
         let calls = Family::<CallLabels, Counter>::default();
         registry.register(
             "tool_calls",
@@ -188,7 +277,14 @@ impl Metrics {
         );
         Metrics {
             refused,
-            registry,
+            registry: root,
+            server_ops,
+            client_ops,
+            client_handles: RwLock::new(HashMap::default()),
+            otel_sent,
+            otel_dropped,
+            otel_failed,
+            otel_queued,
             calls,
             latency,
             call_handles: RwLock::new(HashMap::default()),
@@ -206,15 +302,26 @@ impl Metrics {
         }
     }
 
-    /// Counts a finished tool call. `tool` must already be bounded (see the module invariant).
-    pub fn observe_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
+    /// Counts a finished tool call (and its `mcp_server_operation_duration_seconds` by
+    /// `error_type`). `tool` must already be bounded (see the module invariant).
+    pub fn observe_call(
+        &self,
+        tool: &str,
+        outcome: &str,
+        error_type: Option<&'static str>,
+        elapsed: Duration,
+    ) {
         let secs = elapsed.as_secs_f64();
         {
             let handles = crate::sync::read(&self.call_handles);
             if let Some(h) = handles.get(tool) {
-                if let Some((_, c)) = h.calls.iter().find(|(o, _)| o == outcome) {
+                if let (Some((_, c)), Some((_, _, op))) = (
+                    h.calls.iter().find(|(o, _)| o == outcome),
+                    h.server_ops.iter().find(|(e, _, _)| *e == error_type),
+                ) {
                     c.inc();
                     h.latency.observe(secs);
+                    op.observe(secs);
                     return;
                 }
             }
@@ -229,7 +336,20 @@ impl Metrics {
                     tool: tool.to_string(),
                 }),
                 calls: Vec::new(),
+                server_ops: Vec::new(),
             });
+        if !h.server_ops.iter().any(|(e, _, _)| *e == error_type) {
+            let op = self.server_ops.get_or_create_owned(&OperationLabels {
+                mcp_method_name: "tools/call",
+                gen_ai_tool_name: tool.to_string(),
+                error_type: error_type.unwrap_or(""),
+                network_transport: "tcp",
+            });
+            h.server_ops.push((error_type, "tcp", op));
+        }
+        if let Some((_, _, op)) = h.server_ops.iter().find(|(e, _, _)| *e == error_type) {
+            op.observe(secs);
+        }
         let counter = match h.calls.iter().find(|(o, _)| o == outcome) {
             Some((_, c)) => c.clone(),
             None => {
@@ -243,6 +363,47 @@ impl Metrics {
         };
         counter.inc();
         h.latency.observe(secs);
+    }
+
+    /// Observes one upstream `tools/call` (`mcp_client_operation_duration_seconds`): `tool`
+    /// bounded like the call labels, `transport` `pipe` (stdio) or `tcp`.
+    pub fn observe_client_op(
+        &self,
+        tool: &str,
+        error_type: Option<&'static str>,
+        transport: &'static str,
+        elapsed: Duration,
+    ) {
+        let secs = elapsed.as_secs_f64();
+        let find = |v: &OperationHandles| {
+            v.iter()
+                .find(|(e, t, _)| *e == error_type && *t == transport)
+                .map(|(_, _, h)| h.clone())
+        };
+        let found = crate::sync::read(&self.client_handles)
+            .get(tool)
+            .and_then(find);
+        let h = match found {
+            Some(h) => h,
+            None => {
+                let mut all = crate::sync::write(&self.client_handles);
+                let v = all.entry(tool.to_string()).or_default();
+                match find(v) {
+                    Some(h) => h,
+                    None => {
+                        let h = self.client_ops.get_or_create_owned(&OperationLabels {
+                            mcp_method_name: "tools/call",
+                            gen_ai_tool_name: tool.to_string(),
+                            error_type: error_type.unwrap_or(""),
+                            network_transport: transport,
+                        });
+                        v.push((error_type, transport, h.clone()));
+                        h
+                    }
+                }
+            }
+        };
+        h.observe(secs);
     }
 
     /// Counts a refused request.
@@ -297,6 +458,20 @@ impl Metrics {
                 c.inc_by(refused - seen);
             }
         }
+        if let Some(o) = &snap.otel {
+            for (c, now) in [
+                (&self.otel_sent, o.sent),
+                (&self.otel_dropped, o.dropped),
+                (&self.otel_failed, o.failed),
+            ] {
+                let seen = c.get();
+                if now > seen {
+                    c.inc_by(now - seen);
+                }
+            }
+            self.otel_queued
+                .set(i64::try_from(o.queued).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "metrics encoding failed");
@@ -312,7 +487,14 @@ mod tests {
     #[test]
     fn renders_calls_latency_and_gauges() {
         let m = Metrics::new();
-        m.observe_call("demo.echo", "ok", Duration::from_millis(3));
+        m.observe_call("demo.echo", "ok", None, Duration::from_millis(3));
+        m.observe_call(
+            "demo.echo",
+            "tool_error",
+            Some("tool_error"),
+            Duration::from_millis(30),
+        );
+        m.observe_client_op("demo.echo", None, "pipe", Duration::from_millis(2));
         m.registration_created();
         m.registration_closed("expired");
         m.refused("data", 401, "bad_token");

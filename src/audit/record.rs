@@ -92,6 +92,9 @@ pub struct Record<'a> {
     /// A digest (`config_reloaded`: SHA-256 of the config file read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Cow<'a, str>>,
+    /// The OpenTelemetry trace id of a traced call (32 lowercase hex digits; issue 38).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prev: String,
 }
@@ -223,6 +226,7 @@ impl<'a> Record<'a> {
             expired_at: text(self.expired_at),
             registrations: self.registrations,
             digest: text(self.digest),
+            trace_id: text(self.trace_id),
             prev: self.prev,
         }
     }
@@ -307,6 +311,7 @@ impl<'a> Record<'a> {
             line.u64(k!("registrations"), v);
         }
         line.opt_str(k!("digest"), &self.digest);
+        line.opt_str(k!("trace_id"), &self.trace_id);
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
             line.plain(k!("prev"), prev);

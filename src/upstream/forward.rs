@@ -35,6 +35,9 @@ pub struct ForwardCall<'a> {
     /// Filled in as soon as they are known, so that a call the gateway itself cuts off (its
     /// registration's `call_timeout_s`) still names them in its audit record.
     pub ids: Option<&'a CallIds>,
+    /// The call's SERVER span (tracing on): the upstream request gets a CLIENT span, its
+    /// child, whose context replaces the client's in `_meta`.
+    pub trace: Option<&'a crate::telemetry::CallTrace>,
 }
 
 /// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
@@ -75,6 +78,10 @@ pub struct Forwarded {
     pub upstream_request_id: Option<u64>,
     pub epoch: Option<u64>,
     pub outcome: ForwardOutcome,
+    /// Whether the request went to a stdio upstream; `None`: it was never sent.
+    pub stdio: Option<bool>,
+    /// The request's CLIENT span, ended by the caller (which reads the result's `isError`).
+    pub client_span: Option<crate::telemetry::ClientSpan>,
 }
 
 /// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
@@ -106,6 +113,8 @@ impl Pool {
             upstream_request_id: None,
             epoch: None,
             outcome: ForwardOutcome::Cancelled,
+            stdio: None,
+            client_span: None,
         };
         let in_use = match self
             .acquire(call.upstream, &call.registration.id, call.cancel)
@@ -128,14 +137,20 @@ impl Pool {
             ids.epoch.store(conn.epoch(), Ordering::Release);
         }
 
+        let stdio = conn.pid().is_some();
+        fwd.stdio = Some(stdio);
         let mut params = call.params;
         // In their places, found without hashing the keys.
         jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
         jsonrpc::set_member(&mut params, "arguments", call.arguments);
+        fwd.client_span = call
+            .trace
+            .map(|t| t.client_span(call.upstream, call.tool, stdio));
         upstream_meta(
             &mut params,
             call.registration,
             lease_of(slot, call.registration),
+            fwd.client_span.as_ref().map(|s| s.meta()),
         );
 
         let (started_tx, started_rx) = oneshot::channel();
@@ -238,7 +253,12 @@ impl Pool {
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let mut params = params;
-        upstream_meta(&mut params, registration, lease_of(slot, registration));
+        upstream_meta(
+            &mut params,
+            registration,
+            lease_of(slot, registration),
+            None,
+        );
         let owner = CallOwner {
             registration_id: registration.id.clone(),
             session,
