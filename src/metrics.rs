@@ -377,33 +377,34 @@ impl Metrics {
         let secs = elapsed.as_secs_f64();
         let find = |v: &OperationHandles| {
             v.iter()
-                .find(|(e, t, _)| *e == error_type && *t == transport)
-                .map(|(_, _, h)| h.clone())
+                .position(|(e, t, _)| *e == error_type && *t == transport)
         };
-        let found = crate::sync::read(&self.client_handles)
-            .get(tool)
-            .and_then(find);
-        let h = match found {
-            Some(h) => h,
-            None => {
-                let mut all = crate::sync::write(&self.client_handles);
-                let v = all.entry(tool.to_string()).or_default();
-                match find(v) {
-                    Some(h) => h,
-                    None => {
-                        let h = self.client_ops.get_or_create_owned(&OperationLabels {
-                            mcp_method_name: "tools/call",
-                            gen_ai_tool_name: tool.to_string(),
-                            error_type: error_type.unwrap_or(""),
-                            network_transport: transport,
-                        });
-                        v.push((error_type, transport, h.clone()));
-                        h
-                    }
+        {
+            let all = crate::sync::read(&self.client_handles);
+            if let Some(v) = all.get(tool) {
+                if let Some(i) = find(v) {
+                    v[i].2.observe(secs);
+                    return;
                 }
             }
+        }
+        // First call with these labels: the series is created here.
+        let mut all = crate::sync::write(&self.client_handles);
+        let v = all.entry(tool.to_string()).or_default();
+        let i = match find(v) {
+            Some(i) => i,
+            None => {
+                let h = self.client_ops.get_or_create_owned(&OperationLabels {
+                    mcp_method_name: "tools/call",
+                    gen_ai_tool_name: tool.to_string(),
+                    error_type: error_type.unwrap_or(""),
+                    network_transport: transport,
+                });
+                v.push((error_type, transport, h));
+                v.len() - 1
+            }
         };
-        h.observe(secs);
+        v[i].2.observe(secs);
     }
 
     /// Counts a refused request.

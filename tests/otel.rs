@@ -374,6 +374,77 @@ async fn one_trace_from_the_sdk_client_through_gatehouse_to_the_sdk_upstream() {
 }
 
 #[tokio::test]
+async fn an_http_upstream_gets_the_client_span_context_in_meta_and_headers() {
+    let rx = Receiver::start();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut up = tokio::process::Command::new(python())
+        .arg(peer("otel_upstream.py"))
+        .args(["--http", &port.to_string()])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "otel_upstream.py --http did not start"
+        );
+        assert!(
+            up.try_wait().unwrap().is_none(),
+            "otel_upstream.py --http exited"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let endpoint = rx.endpoint();
+    let d = Daemon::start(
+        &format!("[[upstreams]]\nid = \"web\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+        "",
+        "info",
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &format!("{endpoint}/v1/traces"),
+            ),
+            ("OTEL_SERVICE_NAME", "gatehouse-test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let reg = d
+        .register(json!({"agent_id": "agent-web", "tools": ["web.*"]}))
+        .await;
+    let report = client(&rx, &reg, "web.echo", json!({"text": "w"}), &[]).await;
+    let tid = report["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &tid);
+            find(&t, "gatehouse-test", CLIENT).is_some()
+                && find(&t, "otel-upstream", SERVER).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &tid);
+    let gw_client = find(&t, "gatehouse-test", CLIENT).unwrap();
+    let up_server = find(&t, "otel-upstream", SERVER).unwrap();
+    assert_eq!(gw_client["attributes"]["network.transport"], "tcp");
+    assert_eq!(up_server["parent_span_id"], gw_client["span_id"]);
+    let text = report["results"][0]["text"].as_str().unwrap();
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    let want = format!("00-{tid}-{}-01", gw_client["span_id"].as_str().unwrap());
+    assert_eq!(echoed["meta"]["traceparent"], want.as_str(), "{echoed}");
+    assert_eq!(echoed["headers"]["traceparent"], want.as_str(), "{echoed}");
+    assert!(echoed["headers"].get("authorization").is_none(), "{echoed}");
+    drop(d);
+    let _ = up.kill().await;
+}
+
+#[tokio::test]
 async fn errors_unsampled_requests_and_a_differing_header_context() {
     let rx = Receiver::start();
     let d = daemon(&rx, &[]);

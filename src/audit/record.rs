@@ -531,6 +531,7 @@ mod tests {
             expired_at: Some("2026-11-29T11:00:00.000Z".into()),
             registrations: Some(u64::MAX),
             digest: Some("ab\"".into()),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
             prev: String::new(),
         };
         let ts = "2026-11-29T12:00:00.000000Z";

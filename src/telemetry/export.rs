@@ -98,8 +98,8 @@ impl SpanProcessor for QueueProcessor {
 
     fn on_end(&self, span: SpanData) {
         // Never waits: a full queue drops the span and counts it.
-        match self.tx.try_send(Msg::Span(Box::new(span))) {
-            // bounded: max_queue
+        let offered = self.tx.try_send(Msg::Span(Box::new(span))); // bounded: max_queue
+        match offered {
             Ok(()) => {
                 self.counters.queued.fetch_add(1, Ordering::Relaxed);
             }

@@ -179,6 +179,7 @@ impl Pool {
             progress_as_messages: true,
             log_filter,
             raw_result: true,
+            trace: fwd.client_span.as_ref().map(|s| s.meta().clone()),
         };
         let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);

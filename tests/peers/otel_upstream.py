@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""A stdio MCP upstream on the official Python SDK 2.x (`MCPServer`) that exports its own spans
+"""An MCP upstream on the official Python SDK 2.x (`MCPServer`), stdio (default) or Streamable
+HTTP (`--http PORT`, path /mcp), that exports its own spans
 (the SDK's OpenTelemetry middleware: a SERVER span per request, parented on the request's
 `_meta.traceparent`) over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`, with the OpenTelemetry
 Python SDK. Tools: `echo` (text; its structured content is the request's `_meta` as the
-upstream received it) and `fail` (an `isError` result).
+upstream received it, and over HTTP the trace headers and whether an Authorization header came)
+and `fail` (an `isError` result).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -33,8 +36,14 @@ mcp = MCPServer("otel-upstream", version="1.0.0")
 def echo(text: str, ctx: Context) -> types.CallToolResult:
     params = ctx.request_context.params or {}
     meta = dict(params.get("_meta") or {})
+    headers = {}
+    req = ctx.request_context.request
+    if req is not None and hasattr(req, "headers"):
+        for k, v in req.headers.items():
+            if k.lower() in ("traceparent", "tracestate", "baggage", "authorization"):
+                headers[k.lower()] = v
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps({"text": text, "meta": meta}))]
+        content=[types.TextContent(type="text", text=json.dumps({"text": text, "meta": meta, "headers": headers}))]
     )
 
 
@@ -45,6 +54,9 @@ def fail() -> types.CallToolResult:
 
 if __name__ == "__main__":
     try:
-        mcp.run("stdio")
+        if len(sys.argv) == 3 and sys.argv[1] == "--http":
+            mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]), streamable_http_path="/mcp")
+        else:
+            mcp.run("stdio")
     finally:
         provider.shutdown()
