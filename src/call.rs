@@ -398,10 +398,7 @@ pub async fn run(
         Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None, None)).await,
     };
     // Tracing off: one `None` check, nothing built.
-    let trace = match ctx.hub.telemetry() {
-        Some(t) => Some(server_span(t, ctx, &id, &call)),
-        None => None,
-    };
+    let trace = ctx.hub.telemetry().map(|t| server_span(t, ctx, &id, &call));
     let ToolCall {
         name,
         arguments,
@@ -599,7 +596,6 @@ async fn run_backend(ctx: &RequestCtx, exec: Execution<'_>, cancel: &Cancellatio
             tool: upstream_tool,
             ..
         } => {
-            let sent = Instant::now();
             let fwd = Box::pin(ctx.hub.pool().forward(ForwardCall {
                 registration: reg,
                 session: ctx.session.clone(),
@@ -614,22 +610,15 @@ async fn run_backend(ctx: &RequestCtx, exec: Execution<'_>, cancel: &Cancellatio
                 trace: exec.trace,
             }))
             .await;
-            let elapsed = sent.elapsed();
             let ended = upstream_ended(name, fwd.outcome);
-            let error_type = match &ended {
-                Ended::Raw(_, Outcome::Ok) | Ended::Result(_, Outcome::Ok) => None,
-                Ended::Error(code, ..) => Some(crate::telemetry::code_error_type(*code)),
-                Ended::Result(_, Outcome::Timeout) => Some("timeout"),
-                Ended::Cancelled => Some("cancelled"),
-                _ => Some("tool_error"),
-            };
-            if let Some(stdio) = fwd.stdio {
-                let transport = if stdio { "pipe" } else { "tcp" };
-                ctx.hub
-                    .metrics()
-                    .observe_client_op(name, error_type, transport, elapsed);
-            }
             if let Some(span) = fwd.client_span {
+                let error_type = match &ended {
+                    Ended::Raw(_, Outcome::Ok) | Ended::Result(_, Outcome::Ok) => None,
+                    Ended::Error(code, ..) => Some(crate::telemetry::code_error_type(*code)),
+                    Ended::Result(_, Outcome::Timeout) => Some("timeout"),
+                    Ended::Cancelled => Some("cancelled"),
+                    _ => Some("tool_error"),
+                };
                 span.end(fwd.upstream_request_id, error_type, None);
             }
             ended
@@ -874,9 +863,14 @@ pub(crate) fn finish<'c>(
         Some(_) => "_unknown",
         None => "_none",
     };
+    // The upstream's answer, when there was one (`mcp_client_operation_duration_seconds`).
+    let client = summary
+        .ids
+        .and_then(CallIds::answered)
+        .map(|(d, stdio)| (if stdio { "pipe" } else { "tcp" }, d));
     ctx.hub
         .metrics()
-        .observe_call(tool_label, c.outcome.as_str(), error_type, elapsed);
+        .observe_call(tool_label, c.outcome.as_str(), error_type, elapsed, client);
     let written = ctx.hub.audit().record(rec);
     let (reply, unconditional) = (c.reply, c.unconditional);
     async move {

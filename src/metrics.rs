@@ -67,12 +67,9 @@ type OperationFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
 
 /// The MCP conventions' buckets (seconds).
 fn operation_histogram() -> Histogram {
-    Histogram::new(
-        [
-            0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-        ]
-        .into_iter(),
-    )
+    Histogram::new([
+        0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    ])
 }
 
 /// Operation histograms of one tool, by (error type, transport).
@@ -116,6 +113,8 @@ struct ToolHandles {
     calls: Vec<(String, Counter)>,
     /// `mcp_server_operation_duration_seconds`, by error type.
     server_ops: OperationHandles,
+    /// `mcp_client_operation_duration_seconds`, by error type and transport.
+    client_ops: OperationHandles,
 }
 
 /// The metrics of one gateway.
@@ -139,8 +138,6 @@ pub struct Metrics {
     refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
     server_ops: OperationFamily,
     client_ops: OperationFamily,
-    /// Handles into `client_ops`, by tool label.
-    client_handles: RwLock<HashMap<String, OperationHandles>>,
     otel_sent: Counter<u64, AtomicU64>,
     otel_dropped: Counter<u64, AtomicU64>,
     otel_failed: Counter<u64, AtomicU64>,
@@ -280,7 +277,6 @@ impl Metrics {
             registry: root,
             server_ops,
             client_ops,
-            client_handles: RwLock::new(HashMap::default()),
             otel_sent,
             otel_dropped,
             otel_failed,
@@ -302,16 +298,24 @@ impl Metrics {
         }
     }
 
-    /// Counts a finished tool call (and its `mcp_server_operation_duration_seconds` by
-    /// `error_type`). `tool` must already be bounded (see the module invariant).
+    /// Counts a finished tool call, with its `mcp_server_operation_duration_seconds` by
+    /// `error_type` and, when an upstream answered it (`client`: transport, duration), its
+    /// `mcp_client_operation_duration_seconds`: one lookup for all. `tool` must already be
+    /// bounded (see the module invariant).
     pub fn observe_call(
         &self,
         tool: &str,
         outcome: &str,
         error_type: Option<&'static str>,
         elapsed: Duration,
+        client: Option<(&'static str, Duration)>,
     ) {
         let secs = elapsed.as_secs_f64();
+        let find_client = |h: &ToolHandles, transport: &str| {
+            h.client_ops
+                .iter()
+                .position(|(e, t, _)| *e == error_type && *t == transport)
+        };
         {
             let handles = crate::sync::read(&self.call_handles);
             if let Some(h) = handles.get(tool) {
@@ -319,10 +323,16 @@ impl Metrics {
                     h.calls.iter().find(|(o, _)| o == outcome),
                     h.server_ops.iter().find(|(e, _, _)| *e == error_type),
                 ) {
-                    c.inc();
-                    h.latency.observe(secs);
-                    op.observe(secs);
-                    return;
+                    let client_at = client.map(|(t, d)| (find_client(h, t), d));
+                    if !matches!(client_at, Some((None, _))) {
+                        c.inc();
+                        h.latency.observe(secs);
+                        op.observe(secs);
+                        if let Some((Some(i), d)) = client_at {
+                            h.client_ops[i].2.observe(d.as_secs_f64());
+                        }
+                        return;
+                    }
                 }
             }
         }
@@ -337,7 +347,24 @@ impl Metrics {
                 }),
                 calls: Vec::new(),
                 server_ops: Vec::new(),
+                client_ops: Vec::new(),
             });
+        if let Some((transport, d)) = client {
+            let i = match find_client(h, transport) {
+                Some(i) => i,
+                None => {
+                    let op = self.client_ops.get_or_create_owned(&OperationLabels {
+                        mcp_method_name: "tools/call",
+                        gen_ai_tool_name: tool.to_string(),
+                        error_type: error_type.unwrap_or(""),
+                        network_transport: transport,
+                    });
+                    h.client_ops.push((error_type, transport, op));
+                    h.client_ops.len() - 1
+                }
+            };
+            h.client_ops[i].2.observe(d.as_secs_f64());
+        }
         if !h.server_ops.iter().any(|(e, _, _)| *e == error_type) {
             let op = self.server_ops.get_or_create_owned(&OperationLabels {
                 mcp_method_name: "tools/call",
@@ -363,48 +390,6 @@ impl Metrics {
         };
         counter.inc();
         h.latency.observe(secs);
-    }
-
-    /// Observes one upstream `tools/call` (`mcp_client_operation_duration_seconds`): `tool`
-    /// bounded like the call labels, `transport` `pipe` (stdio) or `tcp`.
-    pub fn observe_client_op(
-        &self,
-        tool: &str,
-        error_type: Option<&'static str>,
-        transport: &'static str,
-        elapsed: Duration,
-    ) {
-        let secs = elapsed.as_secs_f64();
-        let find = |v: &OperationHandles| {
-            v.iter()
-                .position(|(e, t, _)| *e == error_type && *t == transport)
-        };
-        {
-            let all = crate::sync::read(&self.client_handles);
-            if let Some(v) = all.get(tool) {
-                if let Some(i) = find(v) {
-                    v[i].2.observe(secs);
-                    return;
-                }
-            }
-        }
-        // First call with these labels: the series is created here.
-        let mut all = crate::sync::write(&self.client_handles);
-        let v = all.entry(tool.to_string()).or_default();
-        let i = match find(v) {
-            Some(i) => i,
-            None => {
-                let h = self.client_ops.get_or_create_owned(&OperationLabels {
-                    mcp_method_name: "tools/call",
-                    gen_ai_tool_name: tool.to_string(),
-                    error_type: error_type.unwrap_or(""),
-                    network_transport: transport,
-                });
-                v.push((error_type, transport, h));
-                v.len() - 1
-            }
-        };
-        v[i].2.observe(secs);
     }
 
     /// Counts a refused request.
@@ -488,14 +473,14 @@ mod tests {
     #[test]
     fn renders_calls_latency_and_gauges() {
         let m = Metrics::new();
-        m.observe_call("demo.echo", "ok", None, Duration::from_millis(3));
+        m.observe_call("demo.echo", "ok", None, Duration::from_millis(3), None);
         m.observe_call(
             "demo.echo",
             "tool_error",
             Some("tool_error"),
             Duration::from_millis(30),
+            Some(("pipe", Duration::from_millis(2))),
         );
-        m.observe_client_op("demo.echo", None, "pipe", Duration::from_millis(2));
         m.registration_created();
         m.registration_closed("expired");
         m.refused("data", 401, "bad_token");
@@ -511,8 +496,17 @@ mod tests {
             text.contains(r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 1"#),
             "{text}"
         );
+        // The MCP conventions' histograms, unprefixed, by error type and transport.
         assert!(
-            text.contains(r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 1"#),
+            text.contains(r#"mcp_server_operation_duration_seconds_count{mcp_method_name="tools/call",gen_ai_tool_name="demo.echo",error_type="tool_error",network_transport="tcp"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mcp_client_operation_duration_seconds_bucket{le="0.01",mcp_method_name="tools/call",gen_ai_tool_name="demo.echo",error_type="tool_error",network_transport="pipe"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 2"#),
             "{text}"
         );
         assert!(text.contains("gatehouse_registrations 2"), "{text}");
@@ -537,9 +531,9 @@ mod tests {
     fn cached_handles_count_into_the_same_series() {
         let m = Metrics::new();
         for outcome in ["ok", "denied", "ok", "ok"] {
-            m.observe_call("demo.echo", outcome, Duration::from_millis(2));
+            m.observe_call("demo.echo", outcome, None, Duration::from_millis(2), None);
         }
-        m.observe_call("_unknown", "denied", Duration::from_millis(1));
+        m.observe_call("_unknown", "denied", None, Duration::from_millis(1), None);
         let text = m.render(&Snapshot::default());
         for want in [
             r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 3"#,

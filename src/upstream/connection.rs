@@ -83,7 +83,7 @@ impl TransportHandle {
         core: &Arc<Core>,
         id: u64,
         line: Vec<u8>,
-        trace: Option<crate::telemetry::TraceMeta>,
+        trace: Option<Box<crate::telemetry::TraceMeta>>,
     ) -> Result<(), UpstreamError> {
         match self {
             Self::Stdio(stdio) => {

@@ -2,7 +2,7 @@
 //! progress and logs routed back to the caller) and the proxied `resources/*`, `prompts/*`,
 //! `completion/complete`. Each holds a permit on the slot and marks it busy while it runs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +45,10 @@ pub struct ForwardCall<'a> {
 pub struct CallIds {
     epoch: AtomicU64,
     request_id: AtomicU64,
+    /// How long the upstream took to answer (ns, from the wait for its connection; 0: no
+    /// answer), and whether it is a stdio one: `mcp_client_operation_duration_seconds`.
+    answered_ns: AtomicU64,
+    stdio: AtomicBool,
 }
 
 impl CallIds {
@@ -54,6 +58,13 @@ impl CallIds {
 
     pub fn request_id(&self) -> Option<u64> {
         Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
+    }
+
+    /// How long the upstream took to answer, and whether it is a stdio upstream; `None` if it
+    /// did not answer.
+    pub fn answered(&self) -> Option<(Duration, bool)> {
+        let ns = self.answered_ns.load(Ordering::Acquire);
+        (ns != 0).then(|| (Duration::from_nanos(ns), self.stdio.load(Ordering::Acquire)))
     }
 }
 
@@ -78,10 +89,9 @@ pub struct Forwarded {
     pub upstream_request_id: Option<u64>,
     pub epoch: Option<u64>,
     pub outcome: ForwardOutcome,
-    /// Whether the request went to a stdio upstream; `None`: it was never sent.
-    pub stdio: Option<bool>,
     /// The request's CLIENT span, ended by the caller (which reads the result's `isError`).
-    pub client_span: Option<crate::telemetry::ClientSpan>,
+    /// Boxed: a span is large, and `Forwarded` lives in every forwarded call's future.
+    pub client_span: Option<Box<crate::telemetry::ClientSpan>>,
 }
 
 /// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
@@ -113,7 +123,6 @@ impl Pool {
             upstream_request_id: None,
             epoch: None,
             outcome: ForwardOutcome::Cancelled,
-            stdio: None,
             client_span: None,
         };
         let in_use = match self
@@ -138,14 +147,13 @@ impl Pool {
         }
 
         let stdio = conn.pid().is_some();
-        fwd.stdio = Some(stdio);
         let mut params = call.params;
         // In their places, found without hashing the keys.
         jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
         jsonrpc::set_member(&mut params, "arguments", call.arguments);
         fwd.client_span = call
             .trace
-            .map(|t| t.client_span(call.upstream, call.tool, stdio));
+            .map(|t| Box::new(t.client_span(call.upstream, call.tool, stdio)));
         upstream_meta(
             &mut params,
             call.registration,
@@ -179,7 +187,7 @@ impl Pool {
             progress_as_messages: true,
             log_filter,
             raw_result: true,
-            trace: fwd.client_span.as_ref().map(|s| s.meta().clone()),
+            trace: fwd.client_span.as_ref().map(|s| Box::new(s.meta().clone())),
         };
         let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
@@ -204,6 +212,14 @@ impl Pool {
             polled
         })
         .await;
+        if let (Some(ids), Ok(_)) = (call.ids, &result) {
+            // Timed from the wait for a permit (the call's own clock read, no other).
+            let began =
+                in_use.deadline - Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
+            let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            ids.stdio.store(stdio, Ordering::Release);
+            ids.answered_ns.store(ns.max(1), Ordering::Release);
+        }
         fwd.outcome = match result {
             Ok(resp) => {
                 slot.answered();

@@ -97,14 +97,14 @@ impl HttpTransport {
         core: &Arc<Core>,
         id: u64,
         line: Vec<u8>,
-        trace: Option<crate::telemetry::TraceMeta>,
+        trace: Option<Box<crate::telemetry::TraceMeta>>,
     ) -> Result<(), UpstreamError> {
         // The request as encoded for stdio; its newline is dropped (whitespace either way).
         let mut body = line;
         if body.last() == Some(&b'\n') {
             body.pop();
         }
-        let response = self.shared.post(core, body, trace.as_ref()).await?;
+        let response = self.shared.post(core, body, trace.as_deref()).await?;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)

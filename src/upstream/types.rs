@@ -157,7 +157,7 @@ pub struct RequestOptions {
     /// The gateway's CLIENT span context (tracing on): an HTTP upstream also gets it as the
     /// `traceparent` (`tracestate`, `baggage`) headers of the request's POST (it is in the
     /// request's `_meta` already, the only carrier on stdio).
-    pub trace: Option<crate::telemetry::TraceMeta>,
+    pub trace: Option<Box<crate::telemetry::TraceMeta>>,
 }
 
 /// See [`RequestOptions::log_filter`]: `level` is the log's `params.level` (`""` if none).
