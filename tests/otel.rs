@@ -2,6 +2,7 @@
 //! receiver decoding with the `opentelemetry-proto` protobuf classes (tests/peers/otel_receiver.py),
 //! a traced Python MCP SDK 2.x client (otel_client.py) and a Python SDK 2.x stdio upstream that
 //! exports its own spans (otel_upstream.py), both through the OpenTelemetry Python SDK.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
