@@ -458,9 +458,21 @@ pub async fn run(
 #[cold]
 fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> Box<CallTrace> {
     let reg = &ctx.registration;
-    let inbound = crate::telemetry::Inbound::default()
+    let mut inbound = crate::telemetry::Inbound::default()
         .with_meta(&call.params)
         .with_headers(ctx.trace_headers.as_deref());
+    // The client's free-text trace values are exported (tracestate) and sent upstream: one
+    // holding the caller's token is dropped, like any such `_meta` entry.
+    for v in [
+        &mut inbound.meta_state,
+        &mut inbound.meta_baggage,
+        &mut inbound.header_state,
+        &mut inbound.header_baggage,
+    ] {
+        if v.is_some_and(|s| reg.token_in(&Value::from(s))) {
+            *v = None;
+        }
+    }
     t.server_span(
         inbound,
         &crate::telemetry::CallAbout {

@@ -560,6 +560,47 @@ async fn errors_unsampled_requests_and_a_differing_header_context() {
         tp.starts_with("00-") && tp.len() == 55 && !tp.contains("garbage"),
         "{tp}"
     );
+
+    // A tracestate carrying the caller's token is dropped: never upstream, never exported.
+    let token = reg["token"].as_str().unwrap();
+    let smuggler = "11111111111111111111111111111111";
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "traced.echo")
+        .json(
+            &json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{
+            "name":"traced.echo","arguments":{"text":"s"},
+            "_meta":{"traceparent": format!("00-{smuggler}-2222222222222222-01"),
+                     "tracestate": format!("vendor={token}"),
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!text.contains(token), "the token went upstream: {text}");
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    assert!(
+        echoed["meta"]["traceparent"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("00-{smuggler}-")),
+        "{echoed}"
+    );
+    rx.wait_spans(30, |s| {
+        find(&of_trace(s, smuggler), "gatehouse-test", CLIENT).is_some()
+    })
+    .await;
+    let everything = serde_json::to_string(&rx.all()).unwrap();
+    assert!(!everything.contains(token), "a token reached the collector");
 }
 
 fn rss_kb(pid: u32) -> u64 {

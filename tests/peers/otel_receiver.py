@@ -7,7 +7,7 @@ Listens on 127.0.0.1 (an ephemeral port) and prints, one JSON object per line on
     {"listening": PORT}                                           first
     {"request": {"path":..., "content_type":..., "headers": {lower-name: value}, "spans": N,
                  "status": CODE}}                                 per POST
-    {"span": {"trace_id", "span_id", "parent_span_id", "name", "kind", "flags",
+    {"span": {"trace_id", "span_id", "parent_span_id", "name", "kind", "flags", "trace_state",
               "attributes": {k: v}, "links": [{"trace_id","span_id"}],
               "status": {"code", "message"}, "resource": {k: v}, "scope": name}}   per span
 Spans are printed only for requests answered 200.
@@ -103,6 +103,7 @@ class Handler(BaseHTTPRequestHandler):
                             "name": s.name,
                             "kind": s.kind,
                             "flags": s.flags,
+                            "trace_state": s.trace_state,
                             "attributes": attrs(s.attributes),
                             "links": [{"trace_id": l.trace_id.hex(), "span_id": l.span_id.hex()}
                                       for l in s.links],
