@@ -157,8 +157,13 @@ fn sdk_call<'a>(spans: &[&'a Value]) -> Option<&'a Value> {
 /// The daemon, exporting to `rx`, with the traced stdio upstream `traced` (exporting to `rx`
 /// as well) and `env` added.
 fn daemon(rx: &Receiver, env: &[(&str, &str)]) -> Daemon {
+    daemon_with(rx, "", env)
+}
+
+/// [`daemon`] with `toml` written before the upstream.
+fn daemon_with(rx: &Receiver, toml: &str, env: &[(&str, &str)]) -> Daemon {
     let upstream = format!(
-        "[[upstreams]]\nid = \"traced\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\n[upstreams.env]\nOTEL_EXPORTER_OTLP_ENDPOINT = {:?}\n",
+        "{toml}[[upstreams]]\nid = \"traced\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\n[upstreams.env]\nOTEL_EXPORTER_OTLP_ENDPOINT = {:?}\n",
         python().display().to_string(),
         peer("otel_upstream.py"),
         rx.endpoint(),
@@ -576,6 +581,7 @@ async fn errors_unsampled_requests_and_a_differing_header_context() {
             "name":"traced.echo","arguments":{"text":"s"},
             "_meta":{"traceparent": format!("00-{smuggler}-2222222222222222-01"),
                      "tracestate": format!("vendor={token}"),
+                     "baggage": "user.id=alice",
                      "io.modelcontextprotocol/protocolVersion":"2026-07-28",
                      "io.modelcontextprotocol/clientCapabilities":{}}}}),
         )
@@ -588,6 +594,8 @@ async fn errors_unsampled_requests_and_a_differing_header_context() {
         .unwrap_or_else(|| panic!("{v}"));
     assert!(!text.contains(token), "the token went upstream: {text}");
     let echoed: Value = serde_json::from_str(text).unwrap();
+    // `baggage` passes only with `propagate_baggage = true` (not set here).
+    assert!(echoed["meta"].get("baggage").is_none(), "{echoed}");
     assert!(
         echoed["meta"]["traceparent"]
             .as_str()
@@ -601,6 +609,39 @@ async fn errors_unsampled_requests_and_a_differing_header_context() {
     .await;
     let everything = serde_json::to_string(&rx.all()).unwrap();
     assert!(!everything.contains(token), "a token reached the collector");
+}
+
+#[tokio::test]
+async fn baggage_goes_upstream_only_when_configured() {
+    let rx = Receiver::start();
+    let d = daemon_with(&rx, "[telemetry]\npropagate_baggage = true\n", &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-b", "tools": ["traced.*"]}))
+        .await;
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "traced.echo")
+        .json(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"traced.echo","arguments":{"text":"b"},
+            "_meta":{"traceparent": "00-33333333333333333333333333333333-4444444444444444-01",
+                     "baggage": "user.id=alice",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(echoed["meta"]["baggage"], "user.id=alice", "{echoed}");
 }
 
 fn rss_kb(pid: u32) -> u64 {
