@@ -548,6 +548,16 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
         leases: gw.deadlines().len(),
         audit_queue_depth: gw.audit().queue_depth(),
         audit_healthy: gw.audit().is_healthy(),
+        otel: gw.hub().telemetry().map(|t| {
+            use std::sync::atomic::Ordering::Relaxed;
+            let c = t.counters();
+            crate::metrics::OtelCounts {
+                sent: c.sent.load(Relaxed),
+                dropped: c.dropped.load(Relaxed),
+                failed: c.failed.load(Relaxed),
+                queued: c.queued.load(Relaxed),
+            }
+        }),
         upstreams: status
             .into_iter()
             .map(|u| {

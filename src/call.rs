@@ -20,6 +20,7 @@ use crate::mcp::jsonrpc::{self, Reply};
 use crate::mcp::request::RequestCtx;
 use crate::pins::Drift;
 use crate::registry::RegistrationState;
+use crate::telemetry::{CallTrace, Telemetry};
 use crate::tools::{Backend, GrantedTool, ToolContext, ToolResult};
 use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
 
@@ -379,6 +380,8 @@ pub(crate) struct Summary<'a> {
     pub reason: Option<Cow<'static, str>>,
     pub ids: Option<&'a CallIds>,
     pub ended: Ended,
+    /// The call's SERVER span (tracing on), ended by [`finish`].
+    pub trace: Option<Box<CallTrace>>,
 }
 
 /// Runs `tools/call`: the four steps. Returns the reply, or `None` when the call was
@@ -397,14 +400,23 @@ pub fn run<'c>(
 ) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
     async move {
         let started = Instant::now();
-        let ToolCall {
-            name,
-            arguments,
-            mut params,
-            progress_token,
-        } = match parse(params) {
-            Ok(c) => c,
-            Err(r) => return Box::pin(refuse(ctx, started, id, r, None, None)).await,
+        // The call read, and its SERVER span begun (tracing off: one `None` check, nothing
+        // built); in a block, so the whole `ToolCall` is not kept in this future's state.
+        let (trace, name, arguments, mut params, progress_token) = {
+            let call = match parse(params) {
+                Ok(c) => c,
+                Err(r) => {
+                    return Box::pin(refuse(ctx, started, id, r, None, None, None)).await;
+                }
+            };
+            let trace = ctx.hub.telemetry().map(|t| server_span(t, ctx, &id, &call));
+            let ToolCall {
+                name,
+                arguments,
+                params,
+                progress_token,
+            } = call;
+            (trace, name, arguments, params, progress_token)
         };
         // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless
         // requests.
@@ -424,7 +436,7 @@ pub fn run<'c>(
                 r.tool = Some(name);
                 let upstream = tool.and_then(GrantedTool::upstream);
                 let asked = Some((digest.as_str(), recorded));
-                return Box::pin(refuse(ctx, started, id, r, upstream, asked)).await;
+                return Box::pin(refuse(ctx, started, id, r, upstream, asked, trace)).await;
             }
         };
         // A tool its upstream runs only as a task, called without one: the gateway asks for
@@ -446,6 +458,7 @@ pub fn run<'c>(
             arguments,
             progress_token,
             ids: &ids,
+            trace: trace.as_deref(),
         };
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
         let mut reason = None;
@@ -473,12 +486,47 @@ pub fn run<'c>(
             reason,
             ids: Some(&ids),
             ended,
+            trace,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.
         drop(admission);
         reply
     }
+}
+
+/// The SERVER span of a call (tracing on): its parent from `_meta`, else the HTTP header.
+/// Out of line and cold: the call's own future does not carry its state.
+#[cold]
+fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> Box<CallTrace> {
+    let reg = &ctx.registration;
+    let mut inbound = crate::telemetry::Inbound::default()
+        .with_meta(&call.params)
+        .with_headers(ctx.trace_headers.as_deref());
+    // The client's free-text trace values are exported (tracestate) and sent upstream: one
+    // holding the caller's token is dropped, like any such `_meta` entry.
+    for v in [
+        &mut inbound.meta_state,
+        &mut inbound.meta_baggage,
+        &mut inbound.header_state,
+        &mut inbound.header_baggage,
+    ] {
+        if v.is_some_and(|s| reg.token_in(&Value::from(s))) {
+            *v = None;
+        }
+    }
+    t.server_span(
+        inbound,
+        &crate::telemetry::CallAbout {
+            tool: &call.name,
+            request_id: id,
+            protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
+            session_id: ctx.session_id(),
+            agent_id: &reg.agent_id,
+            registration_id: &reg.id,
+            transport: ctx.transport.as_str(),
+        },
+    )
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
@@ -565,6 +613,7 @@ fn refuse<'c>(
     r: Refused,
     upstream: Option<&str>,
     asked: Option<(&str, Option<Value>)>,
+    trace: Option<Box<CallTrace>>,
 ) -> impl std::future::Future<Output = Option<Reply>> + Send + 'c {
     let (digest, arguments) = match asked {
         Some((d, a)) => (Some(d), a),
@@ -582,6 +631,7 @@ fn refuse<'c>(
             reason: Some(r.reason),
             ids: None,
             ended: r.ended,
+            trace,
         },
     )
 }
@@ -595,6 +645,8 @@ pub(crate) struct Execution<'a> {
     pub progress_token: Option<Value>,
     /// Where an upstream call reports its request id and epoch (kept on timeout).
     pub ids: &'a CallIds,
+    /// The call's SERVER span, parent of the upstream request's CLIENT span.
+    pub trace: Option<&'a CallTrace>,
 }
 
 /// Step 3: runs an admitted call, in-process or upstream, under the registration's timeout
@@ -701,9 +753,21 @@ async fn run_backend(ctx: &RequestCtx, exec: Execution<'_>, cancel: &Cancellatio
                 cancel,
                 notify: ctx.notify.clone(),
                 ids: Some(exec.ids),
+                trace: exec.trace,
             }))
             .await;
-            upstream_ended(name, fwd.outcome)
+            let ended = upstream_ended(name, fwd.outcome);
+            if let Some(span) = fwd.client_span {
+                let error_type = match &ended {
+                    Ended::Raw(_, Outcome::Ok) | Ended::Result(_, Outcome::Ok) => None,
+                    Ended::Error(code, ..) => Some(crate::telemetry::code_error_type(*code)),
+                    Ended::Result(_, Outcome::Timeout) => Some("timeout"),
+                    Ended::Cancelled => Some("cancelled"),
+                    _ => Some("tool_error"),
+                };
+                span.end(fwd.upstream_request_id, error_type, None);
+            }
+            ended
         }
     }
 }
@@ -940,6 +1004,10 @@ pub(crate) fn finish<'c>(
         rec.upstream_request_id = ids.request_id();
         rec.epoch = ids.epoch();
     }
+    let error_type = error_type_of(&c);
+    if let Some(t) = summary.trace {
+        end_server_span(t, &mut rec, &c, error_type, summary.upstream);
+    }
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
     rec.reason = c.reason;
@@ -949,9 +1017,14 @@ pub(crate) fn finish<'c>(
         Some(_) => "_unknown",
         None => "_none",
     };
+    // The upstream's answer, when there was one (`mcp_client_operation_duration_seconds`).
+    let client = summary
+        .ids
+        .and_then(CallIds::answered)
+        .map(|(d, stdio)| (if stdio { "pipe" } else { "tcp" }, d));
     ctx.hub
         .metrics()
-        .observe_call(tool_label, c.outcome.as_str(), elapsed);
+        .observe_call(tool_label, c.outcome.as_str(), error_type, elapsed, client);
     let written = ctx.hub.audit().record(rec);
     let (reply, unconditional) = (c.reply, c.unconditional);
     async move {
@@ -975,6 +1048,48 @@ pub(crate) fn finish<'c>(
         }
         reply
     }
+}
+
+/// `error.type` of a call's end (the conventions' values; a closed set: a metric label):
+/// the JSON-RPC code of an error reply, `tool_error` for a result with `isError`, `timeout`,
+/// `cancelled`; `None` for success.
+pub(crate) fn error_type_of(c: &Conclusion) -> Option<&'static str> {
+    if let Some(code) = c.error_code {
+        return Some(crate::telemetry::code_error_type(code));
+    }
+    match c.outcome {
+        Outcome::Ok => None,
+        Outcome::ToolError => Some("tool_error"),
+        Outcome::Timeout => Some("timeout"),
+        Outcome::Cancelled => Some("cancelled"),
+        // The audit-down refusal is an error reply; other denials are `isError` results.
+        Outcome::Denied if c.unconditional => Some("-32603"),
+        Outcome::Denied => Some("tool_error"),
+        Outcome::ProtocolError | Outcome::UpstreamFailed => Some("_OTHER"),
+    }
+}
+
+/// Ends a call's SERVER span from its conclusion; its trace id goes into the record.
+#[cold]
+fn end_server_span(
+    mut t: Box<CallTrace>,
+    rec: &mut crate::audit::Record<'_>,
+    c: &Conclusion,
+    error_type: Option<&'static str>,
+    upstream: Option<&str>,
+) {
+    rec.rare_mut().trace_id = Some(Cow::Owned(t.take_trace_id()));
+    let mut more = vec![opentelemetry::KeyValue::new(
+        "gatehouse.outcome",
+        c.outcome.as_str(),
+    )];
+    if let Some(u) = upstream {
+        more.push(opentelemetry::KeyValue::new(
+            "gatehouse.upstream.name",
+            u.to_string(),
+        ));
+    }
+    t.end(error_type, c.reason.as_deref(), more);
 }
 
 /// A copy of `args` with the values of `keys` (at any depth) replaced by `"[redacted]"`.

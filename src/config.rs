@@ -80,6 +80,9 @@ pub struct Config {
     pub store: StoreConfig,
     /// Several nodes on one etcd store (`[store] backend = "etcd"`; `crate::cluster`).
     pub cluster: ClusterConfig,
+    /// OpenTelemetry traces (issue 38): off unless an OTLP endpoint is set here or by the
+    /// `OTEL_*` variables (which override this section in the daemon).
+    pub telemetry: TelemetryConfig,
     pub upstreams: Vec<UpstreamConfig>,
 }
 
@@ -102,6 +105,131 @@ impl Default for ClusterConfig {
             release_bound_ms: 1000,
             heartbeat_ms: 200,
         }
+    }
+}
+
+/// `[telemetry]`: OpenTelemetry spans exported with OTLP over HTTP/protobuf. Off unless
+/// `endpoint` or `traces_endpoint` is set (or `OTEL_EXPORTER_OTLP_ENDPOINT` /
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` in the daemon's environment, which override this
+/// section, as do `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`(+`_ARG`) and `OTEL_SDK_DISABLED`).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's base URL: `/v1/traces` is appended (as to `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub endpoint: Option<String>,
+    /// The traces URL, used as it is (as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); wins over
+    /// `endpoint`.
+    pub traces_endpoint: Option<String>,
+    /// Headers sent with every export (an API key, say): never logged, never shown.
+    pub headers: BTreeMap<String, String>,
+    /// `service.name` of the resource.
+    pub service_name: String,
+    /// More resource attributes (`OTEL_RESOURCE_ATTRIBUTES`).
+    pub resource_attributes: BTreeMap<String, String>,
+    /// `always_on`, `always_off`, `traceidratio`, `parentbased_always_on` (default),
+    /// `parentbased_always_off`, `parentbased_traceidratio`.
+    pub sampler: String,
+    /// The ratio of the `traceidratio` samplers, 0-1.
+    pub sampler_arg: Option<f64>,
+    /// Spans waiting for export at most; one more is dropped and counted
+    /// (`gatehouse_otel_spans_dropped_total`), never waited for.
+    pub max_queue: usize,
+    /// Spans per export request at most.
+    pub max_batch: usize,
+    /// How long a span may wait for a batch to fill, ms.
+    pub delay_ms: u64,
+    /// An export request's time limit, ms.
+    pub export_timeout_ms: u64,
+    /// Forward the client's W3C `baggage` upstream (default: dropped).
+    pub propagate_baggage: bool,
+    /// Set by `OTEL_SDK_DISABLED=true`: no span is made, whatever else is set.
+    pub disabled: bool,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            endpoint: None,
+            traces_endpoint: None,
+            headers: BTreeMap::new(),
+            service_name: "gatehouse".into(),
+            resource_attributes: BTreeMap::new(),
+            sampler: "parentbased_always_on".into(),
+            sampler_arg: None,
+            max_queue: 2048,
+            max_batch: 512,
+            delay_ms: 5000,
+            export_timeout_ms: 10_000,
+            propagate_baggage: false,
+            disabled: false,
+        }
+    }
+}
+
+/// Header values are secrets (an API key): shown as their names only.
+impl std::fmt::Debug for TelemetryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetryConfig")
+            .field("endpoint", &self.endpoint)
+            .field("traces_endpoint", &self.traces_endpoint)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("service_name", &self.service_name)
+            .field("sampler", &self.sampler)
+            .field("sampler_arg", &self.sampler_arg)
+            .field("max_queue", &self.max_queue)
+            .field("disabled", &self.disabled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelemetryConfig {
+    /// The URL spans are posted to, if tracing is on.
+    pub fn traces_url(&self) -> Option<String> {
+        if self.disabled {
+            return None;
+        }
+        let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+        nonempty(&self.traces_endpoint).or_else(|| {
+            nonempty(&self.endpoint).map(|e| format!("{}/v1/traces", e.trim_end_matches('/')))
+        })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        const SAMPLERS: [&str; 6] = [
+            "always_on",
+            "always_off",
+            "traceidratio",
+            "parentbased_always_on",
+            "parentbased_always_off",
+            "parentbased_traceidratio",
+        ];
+        if !SAMPLERS.contains(&self.sampler.as_str()) {
+            return Err(format!(
+                "telemetry.sampler = {:?}: expected one of {}",
+                self.sampler,
+                SAMPLERS.join(", ")
+            ));
+        }
+        if let Some(r) = self.sampler_arg {
+            if !(0.0..=1.0).contains(&r) {
+                return Err("telemetry.sampler_arg must be within 0-1".into());
+            }
+        }
+        if !(1..=1_048_576).contains(&self.max_queue) || !(1..=65_536).contains(&self.max_batch) {
+            return Err("telemetry.max_queue must be 1-1048576 and max_batch 1-65536".into());
+        }
+        if self.delay_ms == 0 || self.export_timeout_ms == 0 {
+            return Err("telemetry.delay_ms and export_timeout_ms must be at least 1".into());
+        }
+        if let Some(url) = self.traces_url() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "telemetry: the traces endpoint must be an http(s) URL (got {url:?})"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -173,6 +301,7 @@ impl Default for Config {
             tasks: TasksConfig::default(),
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
+            telemetry: TelemetryConfig::default(),
             upstreams: Vec::new(),
         }
     }
@@ -624,6 +753,7 @@ impl Config {
 
     /// Checks what serde cannot: addresses, ids, one transport per upstream.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.telemetry.validate().map_err(ConfigError::Invalid)?;
         self.listen
             .parse::<SocketAddr>()
             .map_err(|e| ConfigError::Invalid(format!("listen = {:?}: {e}", self.listen)))?;

@@ -115,7 +115,126 @@ pub fn apply_env(config: &mut Config, env: impl Fn(&str) -> Option<String>) -> R
             format!("GATEHOUSE_LOG_FORMAT = {v:?}: expected \"text\" or \"json\"")
         })?;
     }
+    apply_otel_env(&mut config.telemetry, &get)
+}
+
+/// The OpenTelemetry variables users already know, over `[telemetry]`:
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (as is), `OTEL_EXPORTER_OTLP_ENDPOINT` (`/v1/traces`
+/// appended), `OTEL_EXPORTER_OTLP_HEADERS` / `_TRACES_HEADERS` (`k=v,…`, values
+/// percent-decoded), `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`,
+/// `OTEL_TRACES_SAMPLER_ARG`, `OTEL_SDK_DISABLED` (`true`), `OTEL_BSP_MAX_QUEUE_SIZE`,
+/// `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_BSP_EXPORT_TIMEOUT`. A
+/// protocol other than `http/protobuf` is an error (the build has no gRPC).
+pub fn apply_otel_env(
+    t: &mut crate::config::TelemetryConfig,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    for k in [
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    ] {
+        if let Some(v) = get(k).filter(|v| v.trim() != "http/protobuf") {
+            return Err(format!(
+                "{k} = {v:?}: gatehouse exports OTLP over HTTP/protobuf only (\"http/protobuf\")"
+            ));
+        }
+    }
+    if let Some(v) = get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        t.traces_endpoint = Some(v.trim().to_string());
+    } else if let Some(v) = get("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        t.endpoint = Some(v.trim().to_string());
+        t.traces_endpoint = None;
+    }
+    for k in [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ] {
+        if let Some(v) = get(k) {
+            // Values are secrets: the error names the variable, never the value.
+            let pairs = key_values(&v).ok_or_else(|| format!("{k}: expected key=value,…"))?;
+            t.headers.extend(pairs);
+        }
+    }
+    if let Some(v) = get("OTEL_SERVICE_NAME") {
+        t.service_name = v.trim().to_string();
+    }
+    if let Some(v) = get("OTEL_RESOURCE_ATTRIBUTES") {
+        let pairs = key_values(&v)
+            .ok_or_else(|| format!("OTEL_RESOURCE_ATTRIBUTES = {v:?}: expected key=value,…"))?;
+        t.resource_attributes.extend(pairs);
+    }
+    if let Some(v) = get("OTEL_TRACES_SAMPLER") {
+        t.sampler = v.trim().to_string();
+    }
+    if let Some(v) = get("OTEL_TRACES_SAMPLER_ARG") {
+        t.sampler_arg = Some(
+            v.trim()
+                .parse()
+                .map_err(|_| format!("OTEL_TRACES_SAMPLER_ARG = {v:?}: expected a number 0-1"))?,
+        );
+    }
+    if let Some(v) = get("OTEL_SDK_DISABLED") {
+        t.disabled = v.trim().eq_ignore_ascii_case("true");
+    }
+    let number = |k: &str| -> Result<Option<u64>, String> {
+        get(k)
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("{k} = {v:?}: expected a whole number"))
+            })
+            .transpose()
+    };
+    if let Some(n) = number("OTEL_BSP_MAX_QUEUE_SIZE")? {
+        t.max_queue = n as usize;
+    }
+    if let Some(n) = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")? {
+        t.max_batch = n as usize;
+    }
+    if let Some(n) = number("OTEL_BSP_SCHEDULE_DELAY")? {
+        t.delay_ms = n;
+    }
+    if let Some(n) = number("OTEL_BSP_EXPORT_TIMEOUT")? {
+        t.export_timeout_ms = n;
+    }
     Ok(())
+}
+
+/// `k1=v1,k2=v2` (W3C Baggage-like, as the OTel variables are written): keys trimmed, values
+/// trimmed and percent-decoded. `None` if a member has no `=` or an empty key.
+fn key_values(text: &str) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for member in text.split(',').filter(|m| !m.trim().is_empty()) {
+        let (k, v) = member.split_once('=')?;
+        let k = k.trim();
+        if k.is_empty() {
+            return None;
+        }
+        out.push((k.to_string(), percent_decode(v.trim())));
+    }
+    Some(out)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' {
+            if let (Some(h), Some(l)) = (
+                b.get(i + 1).and_then(|c| hex(*c)),
+                b.get(i + 2).and_then(|c| hex(*c)),
+            ) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Finds the line that sets the key a validation message is about (messages start with the

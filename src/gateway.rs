@@ -155,9 +155,12 @@ impl Gateway {
             crate::config_load::resolve_transports(&config)?,
             audit.clone(),
         );
+        let telemetry =
+            crate::telemetry::Telemetry::start(&config.telemetry, config.node_id.as_deref())
+                .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
         Ok(Gateway {
             inner: Arc::new(Inner {
-                hub: Hub::new(config, audit, pool, store),
+                hub: Hub::new(config, audit, pool, store, telemetry),
                 catalog: Mutex::new(BTreeMap::new()),
                 lifecycle: Mutex::new(Lifecycle::default()),
                 tasks: TaskTracker::new(),
@@ -803,6 +806,10 @@ impl Gateway {
         let grace = Duration::from_secs(self.inner.hub.config().shutdown_grace_s.max(1));
         let _ = tokio::time::timeout(grace, self.inner.tasks.wait()).await;
         self.store().close().await;
+        // The spans of the calls that just ended are posted before the process goes.
+        if let Some(t) = self.inner.hub.telemetry().cloned() {
+            let _ = tokio::task::spawn_blocking(move || t.shutdown(Duration::from_secs(5))).await;
+        }
     }
 
     /// Loads the store's registrations (the daemon's start): each whose TTL has not passed is

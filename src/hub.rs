@@ -47,12 +47,20 @@ pub struct Hub {
     store: Arc<dyn Store>,
     /// A cluster node's freshness fence (`fence`); open and off outside a cluster.
     fence: crate::fence::Fence,
+    /// OpenTelemetry traces; `None` (off) unless an endpoint is configured.
+    telemetry: Option<Arc<crate::telemetry::Telemetry>>,
 }
 
 impl Hub {
     /// The hub, wired to its pool: what the pool cannot handle itself (tools changed, a
     /// server → client request to deliver) comes back here.
-    pub fn new(config: Config, audit: Audit, pool: Pool, store: Arc<dyn Store>) -> Arc<Hub> {
+    pub fn new(
+        config: Config,
+        audit: Audit,
+        pool: Pool,
+        store: Arc<dyn Store>,
+        telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    ) -> Arc<Hub> {
         // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
         crate::sync::coarse::start();
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
@@ -70,6 +78,7 @@ impl Hub {
             local_addr: std::sync::Mutex::new(None),
             store,
             fence: crate::fence::Fence::default(),
+            telemetry,
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
@@ -86,6 +95,11 @@ impl Hub {
 
     pub fn fence(&self) -> &crate::fence::Fence {
         &self.fence
+    }
+
+    /// The tracer, if tracing is on.
+    pub fn telemetry(&self) -> Option<&Arc<crate::telemetry::Telemetry>> {
+        self.telemetry.as_ref()
     }
 
     pub fn registry(&self) -> &Registry {

@@ -41,6 +41,7 @@ mod session;
 mod store;
 mod sync;
 mod tasks;
+mod telemetry;
 mod tool_name;
 mod tools;
 mod upstream;

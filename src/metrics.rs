@@ -51,6 +51,30 @@ pub struct UpstreamLabel {
 
 type HistogramFamily = Family<ToolLabel, Histogram, fn() -> Histogram>;
 
+/// The labels of `mcp_{server,client}_operation_duration_seconds` (the OpenTelemetry MCP
+/// conventions' attributes, Prometheus-spelled): each a closed set or a granted tool name,
+/// never an agent or registration id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub mcp_method_name: &'static str,
+    pub gen_ai_tool_name: String,
+    /// Empty for success.
+    pub error_type: &'static str,
+    pub network_transport: &'static str,
+}
+
+type OperationFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
+
+/// The MCP conventions' buckets (seconds).
+fn operation_histogram() -> Histogram {
+    Histogram::new([
+        0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    ])
+}
+
+/// Operation histograms of one tool, by (error type, transport).
+type OperationHandles = Vec<(Option<&'static str>, &'static str, Histogram)>;
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -68,6 +92,17 @@ pub struct Snapshot {
     pub upstreams: Vec<(String, usize, usize, u64)>,
     /// Per upstream: call notifications not delivered (`NotificationsRefused`).
     pub notifications_refused: Vec<(String, u64)>,
+    /// The span exporter's counts, when tracing is on.
+    pub otel: Option<OtelCounts>,
+}
+
+/// What the span exporter did so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OtelCounts {
+    pub sent: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub queued: u64,
 }
 
 /// One tool's call metrics, taken from the families once: a call updates them without
@@ -76,6 +111,10 @@ struct ToolHandles {
     latency: Histogram,
     /// By outcome (a handful per tool).
     calls: Vec<(String, Counter)>,
+    /// `mcp_server_operation_duration_seconds`, by error type.
+    server_ops: OperationHandles,
+    /// `mcp_client_operation_duration_seconds`, by error type and transport.
+    client_ops: OperationHandles,
 }
 
 /// The metrics of one gateway.
@@ -103,6 +142,12 @@ pub struct Metrics {
     /// Cluster: 1 while this node is fenced (503 on MCP paths).
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     fenced: Gauge,
+    server_ops: OperationFamily,
+    client_ops: OperationFamily,
+    otel_sent: Counter<u64, AtomicU64>,
+    otel_dropped: Counter<u64, AtomicU64>,
+    otel_failed: Counter<u64, AtomicU64>,
+    otel_queued: Gauge,
 }
 
 impl Default for Metrics {
@@ -131,7 +176,48 @@ impl Metrics {
     }
 
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gatehouse");
+        // The conventions' metrics go unprefixed at the root; the gateway's own under
+        // `gatehouse_`.
+        let mut root = Registry::default();
+        let server_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+        root.register_with_unit(
+            "mcp_server_operation_duration",
+            "Duration of MCP requests served (OpenTelemetry MCP conventions: mcp.server.operation.duration)",
+            prometheus_client::registry::Unit::Seconds,
+            server_ops.clone(),
+        );
+        let client_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+        root.register_with_unit(
+            "mcp_client_operation_duration",
+            "Duration of MCP requests sent upstream (OpenTelemetry MCP conventions: mcp.client.operation.duration)",
+            prometheus_client::registry::Unit::Seconds,
+            client_ops.clone(),
+        );
+        let registry = root.sub_registry_with_prefix("gatehouse");
+        let otel_sent = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_sent",
+            "Spans the OTLP collector accepted",
+            otel_sent.clone(),
+        );
+        let otel_dropped = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_dropped",
+            "Spans dropped because the export queue was full (the collector slow or down)",
+            otel_dropped.clone(),
+        );
+        let otel_failed = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "otel_spans_failed",
+            "Spans in export requests that failed (refused, timed out, unreachable)",
+            otel_failed.clone(),
+        );
+        let otel_queued = Gauge::default();
+        registry.register(
+            "otel_queue_depth",
+            "Spans waiting for export",
+            otel_queued.clone(),
+        );
         let calls = Family::<CallLabels, Counter>::default();
         registry.register(
             "tool_calls",
@@ -220,7 +306,13 @@ impl Metrics {
             release_propagation,
             fenced,
             refused,
-            registry,
+            registry: root,
+            server_ops,
+            client_ops,
+            otel_sent,
+            otel_dropped,
+            otel_failed,
+            otel_queued,
             calls,
             latency,
             call_handles: RwLock::new(HashMap::default()),
@@ -238,16 +330,41 @@ impl Metrics {
         }
     }
 
-    /// Counts a finished tool call. `tool` must already be bounded (see the module invariant).
-    pub fn observe_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
+    /// Counts a finished tool call, with its `mcp_server_operation_duration_seconds` by
+    /// `error_type` and, when an upstream answered it (`client`: transport, duration), its
+    /// `mcp_client_operation_duration_seconds`: one lookup for all. `tool` must already be
+    /// bounded (see the module invariant).
+    pub fn observe_call(
+        &self,
+        tool: &str,
+        outcome: &str,
+        error_type: Option<&'static str>,
+        elapsed: Duration,
+        client: Option<(&'static str, Duration)>,
+    ) {
         let secs = elapsed.as_secs_f64();
+        let find_client = |h: &ToolHandles, transport: &str| {
+            h.client_ops
+                .iter()
+                .position(|(e, t, _)| *e == error_type && *t == transport)
+        };
         {
             let handles = crate::sync::read(&self.call_handles);
             if let Some(h) = handles.get(tool) {
-                if let Some((_, c)) = h.calls.iter().find(|(o, _)| o == outcome) {
-                    c.inc();
-                    h.latency.observe(secs);
-                    return;
+                if let (Some((_, c)), Some((_, _, op))) = (
+                    h.calls.iter().find(|(o, _)| o == outcome),
+                    h.server_ops.iter().find(|(e, _, _)| *e == error_type),
+                ) {
+                    let client_at = client.map(|(t, d)| (find_client(h, t), d));
+                    if !matches!(client_at, Some((None, _))) {
+                        c.inc();
+                        h.latency.observe(secs);
+                        op.observe(secs);
+                        if let Some((Some(i), d)) = client_at {
+                            h.client_ops[i].2.observe(d.as_secs_f64());
+                        }
+                        return;
+                    }
                 }
             }
         }
@@ -261,7 +378,37 @@ impl Metrics {
                     tool: tool.to_string(),
                 }),
                 calls: Vec::new(),
+                server_ops: Vec::new(),
+                client_ops: Vec::new(),
             });
+        if let Some((transport, d)) = client {
+            let i = match find_client(h, transport) {
+                Some(i) => i,
+                None => {
+                    let op = self.client_ops.get_or_create_owned(&OperationLabels {
+                        mcp_method_name: "tools/call",
+                        gen_ai_tool_name: tool.to_string(),
+                        error_type: error_type.unwrap_or(""),
+                        network_transport: transport,
+                    });
+                    h.client_ops.push((error_type, transport, op));
+                    h.client_ops.len() - 1
+                }
+            };
+            h.client_ops[i].2.observe(d.as_secs_f64());
+        }
+        if !h.server_ops.iter().any(|(e, _, _)| *e == error_type) {
+            let op = self.server_ops.get_or_create_owned(&OperationLabels {
+                mcp_method_name: "tools/call",
+                gen_ai_tool_name: tool.to_string(),
+                error_type: error_type.unwrap_or(""),
+                network_transport: "tcp",
+            });
+            h.server_ops.push((error_type, "tcp", op));
+        }
+        if let Some((_, _, op)) = h.server_ops.iter().find(|(e, _, _)| *e == error_type) {
+            op.observe(secs);
+        }
         let counter = match h.calls.iter().find(|(o, _)| o == outcome) {
             Some((_, c)) => c.clone(),
             None => {
@@ -329,6 +476,20 @@ impl Metrics {
                 c.inc_by(refused - seen);
             }
         }
+        if let Some(o) = &snap.otel {
+            for (c, now) in [
+                (&self.otel_sent, o.sent),
+                (&self.otel_dropped, o.dropped),
+                (&self.otel_failed, o.failed),
+            ] {
+                let seen = c.get();
+                if now > seen {
+                    c.inc_by(now - seen);
+                }
+            }
+            self.otel_queued
+                .set(i64::try_from(o.queued).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "metrics encoding failed");
@@ -344,7 +505,14 @@ mod tests {
     #[test]
     fn renders_calls_latency_and_gauges() {
         let m = Metrics::new();
-        m.observe_call("demo.echo", "ok", Duration::from_millis(3));
+        m.observe_call("demo.echo", "ok", None, Duration::from_millis(3), None);
+        m.observe_call(
+            "demo.echo",
+            "tool_error",
+            Some("tool_error"),
+            Duration::from_millis(30),
+            Some(("pipe", Duration::from_millis(2))),
+        );
         m.registration_created();
         m.registration_closed("expired");
         m.refused("data", 401, "bad_token");
@@ -360,8 +528,17 @@ mod tests {
             text.contains(r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 1"#),
             "{text}"
         );
+        // The MCP conventions' histograms, unprefixed, by error type and transport.
         assert!(
-            text.contains(r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 1"#),
+            text.contains(r#"mcp_server_operation_duration_seconds_count{mcp_method_name="tools/call",gen_ai_tool_name="demo.echo",error_type="tool_error",network_transport="tcp"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mcp_client_operation_duration_seconds_bucket{le="0.01",mcp_method_name="tools/call",gen_ai_tool_name="demo.echo",error_type="tool_error",network_transport="pipe"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gatehouse_tool_call_duration_seconds_count{tool="demo.echo"} 2"#),
             "{text}"
         );
         assert!(text.contains("gatehouse_registrations 2"), "{text}");
@@ -386,9 +563,9 @@ mod tests {
     fn cached_handles_count_into_the_same_series() {
         let m = Metrics::new();
         for outcome in ["ok", "denied", "ok", "ok"] {
-            m.observe_call("demo.echo", outcome, Duration::from_millis(2));
+            m.observe_call("demo.echo", outcome, None, Duration::from_millis(2), None);
         }
-        m.observe_call("_unknown", "denied", Duration::from_millis(1));
+        m.observe_call("_unknown", "denied", None, Duration::from_millis(1), None);
         let text = m.render(&Snapshot::default());
         for want in [
             r#"gatehouse_tool_calls_total{tool="demo.echo",outcome="ok"} 3"#,

@@ -302,3 +302,77 @@ fn gatehouse_store_names_the_backend_and_file() {
         Path::new("x-store.sqlite")
     );
 }
+
+#[test]
+fn otel_variables_override_the_telemetry_section_and_tracing_is_off_unless_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = load_with_env(&shipped(), no_env).unwrap();
+    assert_eq!(off.telemetry.traces_url(), None, "off by default");
+    let p = write(
+        dir.path(),
+        "t.toml",
+        "[telemetry]\nendpoint = \"http://file:4318\"\nsampler = \"always_on\"\nheaders = { k = \"from-file\" }\n",
+    );
+    let c = load_with_env(&p, no_env).unwrap();
+    assert_eq!(
+        c.telemetry.traces_url().as_deref(),
+        Some("http://file:4318/v1/traces")
+    );
+    let env = |k: &str| {
+        match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://env:4318/"),
+            "OTEL_EXPORTER_OTLP_HEADERS" => Some("api-key=s3cret%20value, x=1"),
+            "OTEL_SERVICE_NAME" => Some("gw-a"),
+            "OTEL_RESOURCE_ATTRIBUTES" => Some("deployment.environment=prod,team=infra"),
+            "OTEL_TRACES_SAMPLER" => Some("parentbased_traceidratio"),
+            "OTEL_TRACES_SAMPLER_ARG" => Some("0.25"),
+            "OTEL_BSP_MAX_QUEUE_SIZE" => Some("100"),
+            _ => None,
+        }
+        .map(str::to_string)
+    };
+    let c = load_with_env(&p, env).unwrap().telemetry;
+    assert_eq!(c.traces_url().as_deref(), Some("http://env:4318/v1/traces"));
+    assert_eq!(c.headers["api-key"], "s3cret value");
+    assert_eq!(c.headers["x"], "1");
+    assert_eq!(c.headers["k"], "from-file");
+    assert_eq!(c.service_name, "gw-a");
+    assert_eq!(c.resource_attributes["team"], "infra");
+    assert_eq!(c.sampler, "parentbased_traceidratio");
+    assert_eq!(c.sampler_arg, Some(0.25));
+    assert_eq!(c.max_queue, 100);
+    // Header values are secrets: not in the config's Debug.
+    assert!(!format!("{c:?}").contains("s3cret"), "{c:?}");
+    // The per-signal endpoint is used as it is and wins.
+    let env2 = |k: &str| {
+        match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://env:4318"),
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" => Some("http://traces:9999/custom"),
+            _ => None,
+        }
+        .map(str::to_string)
+    };
+    let c = load_with_env(&p, env2).unwrap().telemetry;
+    assert_eq!(c.traces_url().as_deref(), Some("http://traces:9999/custom"));
+    // OTEL_SDK_DISABLED turns it off whatever else is set.
+    let disabled = |k: &str| (k == "OTEL_SDK_DISABLED").then(|| "true".to_string());
+    assert_eq!(
+        load_with_env(&p, disabled).unwrap().telemetry.traces_url(),
+        None
+    );
+    // gRPC is not in the build; bad samplers and ratios are refused, naming the key.
+    let grpc = |k: &str| (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "grpc".to_string());
+    let e = load_with_env(&p, grpc).unwrap_err().to_string();
+    assert!(e.contains("http/protobuf"), "{e}");
+    let bad = |k: &str| (k == "OTEL_TRACES_SAMPLER").then(|| "sometimes".to_string());
+    let e = load_with_env(&p, bad).unwrap_err().to_string();
+    assert!(e.contains("telemetry.sampler"), "{e}");
+    let ratio = |k: &str| (k == "OTEL_TRACES_SAMPLER_ARG").then(|| "2".to_string());
+    assert!(load_with_env(&p, ratio).is_err());
+    let hdr = |k: &str| (k == "OTEL_EXPORTER_OTLP_HEADERS").then(|| "novalue".to_string());
+    let e = load_with_env(&p, hdr).unwrap_err().to_string();
+    assert!(
+        e.contains("OTEL_EXPORTER_OTLP_HEADERS") && !e.contains("novalue"),
+        "{e}"
+    );
+}

@@ -23,6 +23,8 @@ RULES = [
     ("config_load", ["*"], []),
     ("tool_name", ["*"], []),
     ("audit", ["*"], []),
+    # Traces: the vocabulary of spans and their context, beside the config it reads.
+    ("telemetry", ["*"], ["axum", "hyper"]),
     # Only the gateway starts the server; nothing below it names the gateway.
     ("hub", ["gateway", "server", "endpoint", "admin", "cli"], []),
     ("call", ["gateway", "server", "endpoint", "admin", "cli"], []),
@@ -51,7 +53,8 @@ LAYERS = [
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.
-    (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync"]),
+    (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync",
+         "telemetry"]),
 ]
 
 
@@ -66,7 +69,7 @@ def rank_of(m):
 
 # What the leaves may still use.
 LEAF_ALLOWED = {"config": ["sync", "tool_name"], "config_load": ["config", "sync", "tool_name"],
-                "audit": ["config", "sync"]}
+                "audit": ["config", "sync"], "telemetry": ["config", "sync"]}
 
 
 def module_of(path):

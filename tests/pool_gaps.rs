@@ -219,6 +219,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
             cancel: &CancellationToken::new(),
             notify: None,
             ids: None,
+            trace: None,
         }))
         .await;
         assert!(
@@ -243,6 +244,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
                 cancel: &cancel,
                 notify: None,
                 ids: None,
+                trace: None,
             })
             .await
         })

@@ -751,6 +751,11 @@ fn gateway_config(dir: &std::path::Path) -> Config {
     // Every load point opens its own sessions; the default cap (64 per registration) is a
     // product limit, not a cost, so the bench raises it.
     c.sessions.max_per_registration = 4096;
+    // Tracing on (issue 38's cost figure): spans exported to this OTLP/HTTP traces URL.
+    if let Ok(url) = std::env::var("GATEHOUSE_BENCH_OTLP_TRACES") {
+        c.telemetry.traces_endpoint = Some(url);
+        c.telemetry.delay_ms = 200;
+    }
     c
 }
 

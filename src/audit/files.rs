@@ -103,6 +103,8 @@ pub struct Filter {
     pub outcome: Option<String>,
     pub label: Option<String>,
     pub event: Option<String>,
+    /// The OpenTelemetry trace id of a traced call (32 hex digits, any case).
+    pub trace_id: Option<String>,
     /// Records at or after this time.
     pub since: Option<chrono::DateTime<chrono::Utc>>,
     /// Records strictly before this time.
@@ -134,6 +136,12 @@ impl Filter {
             && eq(&self.tool, &r.tool)
             && eq(&self.outcome, &r.outcome)
             && eq(&self.label, &r.label)
+            && self.trace_id.as_ref().is_none_or(|t| {
+                r.rare()
+                    .trace_id
+                    .as_deref()
+                    .is_some_and(|h| h.eq_ignore_ascii_case(t.trim()))
+            })
             && self.event.as_ref().is_none_or(|e| r.event == **e)
             && self.since.is_none_or(|s| ts().is_some_and(|t| t >= s))
             && self.until.is_none_or(|u| ts().is_some_and(|t| t < u))

@@ -120,6 +120,9 @@ pub struct Rare<'a> {
     /// A task's effective TTL in ms (`task_created`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// The OpenTelemetry trace id of a traced call (32 lowercase hex digits; issue 38).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<Cow<'a, str>>,
 }
 
 /// No rare field at all: `None`, as a record built without them has.
@@ -136,6 +139,7 @@ static NO_RARE: Rare<'static> = Rare {
     task_id: None,
     upstream_task_digest: None,
     ttl_ms: None,
+    trace_id: None,
 };
 
 /// The rare fields read back: `None` when the line has none of them.
@@ -287,6 +291,7 @@ impl<'a> Record<'a> {
                     task_id: r.task_id.map(owned),
                     upstream_task_digest: r.upstream_task_digest.map(owned),
                     ttl_ms: r.ttl_ms,
+                    trace_id: r.trace_id.map(owned),
                 })
             }),
             prev: self.prev,
@@ -396,6 +401,7 @@ impl<'a> Record<'a> {
             if let Some(v) = r.ttl_ms {
                 line.u64(k!("ttl_ms"), v);
             }
+            line.opt_str(k!("trace_id"), &r.trace_id);
         }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
@@ -621,6 +627,7 @@ mod tests {
                 task_id: Some("gtask_\"x".into()),
                 upstream_task_digest: Some("ef".repeat(32).into()),
                 ttl_ms: Some(u64::MAX),
+                trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
             })),
             prev: String::new(),
         };

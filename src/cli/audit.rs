@@ -56,6 +56,9 @@ pub struct QueryArgs {
     /// Only records of this event (e.g. governed_mcp_call).
     #[arg(long)]
     pub event: Option<String>,
+    /// Only the records of calls in this OpenTelemetry trace (32 hex digits).
+    #[arg(long)]
+    pub trace_id: Option<String>,
     /// Records at or after this time (RFC 3339, e.g. 2026-01-31T12:00:00Z).
     #[arg(long, value_parser = parse_time)]
     pub since: Option<DateTime<Utc>>,
@@ -120,6 +123,7 @@ impl QueryArgs {
             outcome: self.outcome.clone(),
             label: self.label.clone(),
             event: self.event.clone(),
+            trace_id: self.trace_id.clone(),
             since: self.since,
             until: self.until,
         }

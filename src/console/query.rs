@@ -47,6 +47,7 @@ impl AuditQuery {
                 "tool" => q.filter.tool = text,
                 "registration_id" => q.filter.registration_id = text,
                 "event" => q.filter.event = text,
+                "trace_id" => q.filter.trace_id = text,
                 "outcome" => {
                     if let Some(o) = &text {
                         if !Outcome::ALL.iter().any(|k| k.as_str() == o) {

@@ -109,6 +109,26 @@ pub(crate) fn authorize_with(
 }
 
 /// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
+/// The request's W3C `traceparent` (with `tracestate` and `baggage`), read only when tracing
+/// is on: with it off a request pays one `None` check here.
+pub(crate) fn trace_headers(
+    gw: &Hub,
+    headers: &HeaderMap,
+) -> Option<Arc<crate::telemetry::TraceHeaders>> {
+    gw.telemetry()?;
+    let get = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    Some(Arc::new(crate::telemetry::TraceHeaders {
+        traceparent: get("traceparent")?,
+        tracestate: get("tracestate"),
+        baggage: get("baggage"),
+    }))
+}
+
 pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
     let Some(v) = content_type else {
         return false;

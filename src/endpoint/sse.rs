@@ -86,12 +86,13 @@ pub fn message(
             None => general_message(&bytes)?,
         };
         // A request gets its own notes channel (`reply::to_session_stream`).
-        let ctx = RequestCtx::new(
+        let mut ctx = RequestCtx::new(
             gw.clone(),
             reg.clone(),
             Some(session.clone()),
             Transport::Sse,
         );
+        ctx.trace_headers = door::trace_headers(&gw, headers);
         match msg {
             Message::Request { id, method, params } => {
                 let cancel = session

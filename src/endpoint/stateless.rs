@@ -297,7 +297,8 @@ fn plan(
         )
         .because(crate::refusals::Reason::BadRequest));
     }
-    let ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
+    let mut ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
+    ctx.trace_headers = super::door::trace_headers(gw, headers);
     if method == "subscriptions/listen" {
         return Ok(Plan::Listen(ctx, id, params));
     }

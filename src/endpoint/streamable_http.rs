@@ -140,7 +140,8 @@ pub fn post(
             return if stateless {
                 super::stateless::handle(gw, reg, headers, Ok(msg)).await
             } else {
-                legacy_single(gw, reg, &heads, Ok(msg)).await
+                let trace = door::trace_headers(&gw, &headers);
+                legacy_single(gw, reg, &heads, Ok(msg), trace).await
             };
         }
         // Everything else (responses, batches, malformed messages) is rare and boxed, like
@@ -164,7 +165,8 @@ async fn post_general(
             if super::stateless::is_stateless(method, v.get("params"), &headers) {
                 super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
             } else {
-                legacy_single(gw, reg, &Heads::of(&headers), jsonrpc::classify(v)).await
+                let trace = door::trace_headers(&gw, &headers);
+                legacy_single(gw, reg, &Heads::of(&headers), jsonrpc::classify(v), trace).await
             }
         }
         RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
@@ -177,6 +179,7 @@ async fn legacy_single(
     reg: Arc<RegistrationState>,
     heads: &Heads<'_>,
     msg: Result<Message, jsonrpc::RpcError>,
+    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
 ) -> Result<Response, Rejection> {
     // Only whether priming events are sent depends on the version: no copy of it is kept.
     let priming = legacy_version_of(heads.version)? >= PRIMING_SINCE;
@@ -187,7 +190,8 @@ async fn legacy_single(
         }
     }
     let session = require_session(&gw, &reg, heads.session)?;
-    let ctx = session_ctx(&gw, &reg, &session);
+    let mut ctx = session_ctx(&gw, &reg, &session);
+    ctx.trace_headers = trace;
     match msg {
         Message::Request { id, method, params } => {
             let cancel = session

@@ -19,6 +19,8 @@ pub struct RequestCtx {
     pub transport: Transport,
     /// Where notifications related to this request (progress, logs) go.
     pub notify: Option<mpsc::Sender<Value>>,
+    /// The request's W3C trace headers; read (set by the transport) only when tracing is on.
+    pub trace_headers: Option<Arc<crate::telemetry::TraceHeaders>>,
 }
 
 impl RequestCtx {
@@ -36,6 +38,7 @@ impl RequestCtx {
             session,
             transport,
             notify: None,
+            trace_headers: None,
         }
     }
 

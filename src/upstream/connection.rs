@@ -83,6 +83,7 @@ impl TransportHandle {
         core: &Arc<Core>,
         id: u64,
         line: Vec<u8>,
+        trace: Option<Box<crate::telemetry::TraceMeta>>,
     ) -> Result<(), UpstreamError> {
         match self {
             Self::Stdio(stdio) => {
@@ -93,7 +94,7 @@ impl TransportHandle {
             // Boxed: the HTTP exchange's future (~2.3 KB, reqwest's) would otherwise size
             // this one, and with it every future up to `call::run`'s, which stdio calls move
             // and copy on each layer's start.
-            Self::Http(http) => Box::pin(http.exchange(core, id, line)).await,
+            Self::Http(http) => Box::pin(http.exchange(core, id, line, trace)).await,
         }
     }
 
@@ -400,7 +401,10 @@ impl Connection {
         let timeout = opts.timeout.unwrap_or(self.inner.request_timeout);
         tracing::trace!(upstream = %core.upstream_id, epoch = core.epoch, jsonrpc.id = id, jsonrpc.method = method, "upstream request");
 
-        let drive = self.inner.transport.drive_request(core, id, line);
+        let drive = self
+            .inner
+            .transport
+            .drive_request(core, id, line, opts.trace);
         tokio::pin!(drive);
         // A coarse deadline (it fires within 100 ms after `timeout`): a timer-wheel entry per
         // request cost ~1,200 instructions of a proxied call (`sync::coarse`).

@@ -2,7 +2,7 @@
 //! progress and logs routed back to the caller) and the proxied `resources/*`, `prompts/*`,
 //! `completion/complete`. Each holds a permit on the slot and marks it busy while it runs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,9 @@ pub struct ForwardCall<'a> {
     /// Filled in as soon as they are known, so that a call the gateway itself cuts off (its
     /// registration's `call_timeout_s`) still names them in its audit record.
     pub ids: Option<&'a CallIds>,
+    /// The call's SERVER span (tracing on): the upstream request gets a CLIENT span, its
+    /// child, whose context replaces the client's in `_meta`.
+    pub trace: Option<&'a crate::telemetry::CallTrace>,
 }
 
 /// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
@@ -42,6 +45,10 @@ pub struct ForwardCall<'a> {
 pub struct CallIds {
     epoch: AtomicU64,
     request_id: AtomicU64,
+    /// How long the upstream took to answer (ns, from the wait for its connection; 0: no
+    /// answer), and whether it is a stdio one: `mcp_client_operation_duration_seconds`.
+    answered_ns: AtomicU64,
+    stdio: AtomicBool,
 }
 
 impl CallIds {
@@ -51,6 +58,13 @@ impl CallIds {
 
     pub fn request_id(&self) -> Option<u64> {
         Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
+    }
+
+    /// How long the upstream took to answer, and whether it is a stdio upstream; `None` if it
+    /// did not answer.
+    pub fn answered(&self) -> Option<(Duration, bool)> {
+        let ns = self.answered_ns.load(Ordering::Acquire);
+        (ns != 0).then(|| (Duration::from_nanos(ns), self.stdio.load(Ordering::Acquire)))
     }
 }
 
@@ -75,6 +89,9 @@ pub struct Forwarded {
     pub upstream_request_id: Option<u64>,
     pub epoch: Option<u64>,
     pub outcome: ForwardOutcome,
+    /// The request's CLIENT span, ended by the caller (which reads the result's `isError`).
+    /// Boxed: a span is large, and `Forwarded` lives in every forwarded call's future.
+    pub client_span: Option<Box<crate::telemetry::ClientSpan>>,
 }
 
 /// What one forwarded request holds while it runs: its slot (marked busy), a permit on the
@@ -106,6 +123,7 @@ impl Pool {
             upstream_request_id: None,
             epoch: None,
             outcome: ForwardOutcome::Cancelled,
+            client_span: None,
         };
         let in_use = match self
             .acquire(call.upstream, &call.registration.id, call.cancel)
@@ -128,14 +146,19 @@ impl Pool {
             ids.epoch.store(conn.epoch(), Ordering::Release);
         }
 
+        let stdio = conn.pid().is_some();
         let mut params = call.params;
         // In their places, found without hashing the keys.
         jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
         jsonrpc::set_member(&mut params, "arguments", call.arguments);
+        fwd.client_span = call
+            .trace
+            .map(|t| Box::new(t.client_span(call.upstream, call.tool, stdio)));
         upstream_meta(
             &mut params,
             call.registration,
             lease_of(slot, call.registration),
+            fwd.client_span.as_ref().map(|s| s.meta()),
         );
 
         let (started_tx, started_rx) = oneshot::channel();
@@ -164,6 +187,7 @@ impl Pool {
             progress_as_messages: true,
             log_filter,
             raw_result: true,
+            trace: fwd.client_span.as_ref().map(|s| Box::new(s.meta().clone())),
         };
         let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);
@@ -188,6 +212,14 @@ impl Pool {
             polled
         })
         .await;
+        if let (Some(ids), Ok(_)) = (call.ids, &result) {
+            // Timed from the wait for a permit (the call's own clock read, no other).
+            let began =
+                in_use.deadline - Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
+            let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            ids.stdio.store(stdio, Ordering::Release);
+            ids.answered_ns.store(ns.max(1), Ordering::Release);
+        }
         fwd.outcome = match result {
             Ok(resp) => {
                 slot.answered();
@@ -238,7 +270,12 @@ impl Pool {
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let mut params = params;
-        upstream_meta(&mut params, registration, lease_of(slot, registration));
+        upstream_meta(
+            &mut params,
+            registration,
+            lease_of(slot, registration),
+            None,
+        );
         let owner = CallOwner {
             registration_id: registration.id.clone(),
             session,
@@ -281,7 +318,12 @@ impl Pool {
             return Ok(None);
         }
         let mut params = params;
-        upstream_meta(&mut params, registration, lease_of(slot, registration));
+        upstream_meta(
+            &mut params,
+            registration,
+            lease_of(slot, registration),
+            None,
+        );
         let owner = CallOwner {
             registration_id: registration.id.clone(),
             session,

@@ -97,13 +97,14 @@ impl HttpTransport {
         core: &Arc<Core>,
         id: u64,
         line: Vec<u8>,
+        trace: Option<Box<crate::telemetry::TraceMeta>>,
     ) -> Result<(), UpstreamError> {
         // The request as encoded for stdio; its newline is dropped (whitespace either way).
         let mut body = line;
         if body.last() == Some(&b'\n') {
             body.pop();
         }
-        let response = self.shared.post(core, body).await?;
+        let response = self.shared.post(core, body, trace.as_deref()).await?;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)
@@ -214,11 +215,24 @@ impl Shared {
         &self,
         core: &Arc<Core>,
         body: Vec<u8>,
+        trace: Option<&crate::telemetry::TraceMeta>,
     ) -> Result<reqwest::Response, UpstreamError> {
+        let mut headers = self.headers_for_post();
+        if let Some(t) = trace {
+            // The same context as the request's `_meta`, replacing any configured value.
+            let mut set = |name: &'static str, v: Option<&str>| {
+                if let Some(v) = v.and_then(|v| reqwest::header::HeaderValue::from_str(v).ok()) {
+                    headers.insert(name, v);
+                }
+            };
+            set("traceparent", Some(&t.traceparent));
+            set("tracestate", t.tracestate.as_deref());
+            set("baggage", t.baggage.as_deref());
+        }
         let sent = self
             .client
             .post(self.url.clone())
-            .headers(self.headers_for_post())
+            .headers(headers)
             .body(body)
             .send()
             .await;
@@ -255,7 +269,7 @@ impl Shared {
     }
 
     async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
-        let response = self.post(core, serde_json::to_vec(msg)?).await?;
+        let response = self.post(core, serde_json::to_vec(msg)?, None).await?;
         // Drain any body so the connection can be reused.
         let _ = response.bytes().await;
         Ok(())

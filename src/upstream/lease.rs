@@ -83,16 +83,20 @@ pub(super) async fn release(conn: &Connection, lease: &str) -> Result<(), &'stat
 /// Rewrites a request's `_meta` for the upstream, the same for tool calls and for proxied
 /// resources/prompts requests: nothing that carries the caller's bearer token, however it is
 /// wrapped ("Bearer <token>", nested objects, keys); no 2026-07-28 envelope; the registration's
-/// `lease` (never the caller's) when the slot is leased.
+/// `lease` (never the caller's) when the slot is leased; with tracing on, the gateway's own
+/// CLIENT span context as `traceparent` (and `tracestate`, `baggage` only if configured) in
+/// place of the caller's (host-owned, like the lease). With tracing off the caller's trace
+/// keys pass as they came.
 pub(super) fn upstream_meta(
     params: &mut Map<String, Value>,
     registration: &RegistrationState,
     lease: Option<String>,
+    trace: Option<&crate::telemetry::TraceMeta>,
 ) {
     // Most requests have no `_meta` (looked for without hashing the key), and then, without a
     // lease, there is nothing to do.
     let present = crate::mcp::jsonrpc::member(params, "_meta").is_some();
-    if !present && lease.is_none() {
+    if !present && lease.is_none() && trace.is_none() {
         return;
     }
     let mut meta = match params.remove("_meta") {
@@ -106,6 +110,19 @@ pub(super) fn upstream_meta(
     strip_envelope(&mut meta);
     if let Some(lease) = lease {
         meta.insert(LEASE_META_KEY.into(), Value::String(lease));
+    }
+    if let Some(t) = trace {
+        use crate::telemetry::{BAGGAGE, TRACEPARENT, TRACESTATE};
+        meta.remove(TRACEPARENT);
+        meta.remove(TRACESTATE);
+        meta.remove(BAGGAGE);
+        meta.insert(TRACEPARENT.into(), Value::String(t.traceparent.clone()));
+        if let Some(s) = &t.tracestate {
+            meta.insert(TRACESTATE.into(), Value::String(s.clone()));
+        }
+        if let Some(b) = &t.baggage {
+            meta.insert(BAGGAGE.into(), Value::String(b.clone()));
+        }
     }
     if !meta.is_empty() {
         params.insert("_meta".into(), Value::Object(meta));

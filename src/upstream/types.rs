@@ -154,6 +154,10 @@ pub struct RequestOptions {
     pub log_filter: Option<LogFilter>,
     /// The result is wanted as the upstream wrote it ([`Answer::Raw`]), not parsed.
     pub raw_result: bool,
+    /// The gateway's CLIENT span context (tracing on): an HTTP upstream also gets it as the
+    /// `traceparent` (`tracestate`, `baggage`) headers of the request's POST (it is in the
+    /// request's `_meta` already, the only carrier on stdio).
+    pub trace: Option<Box<crate::telemetry::TraceMeta>>,
 }
 
 /// See [`RequestOptions::log_filter`]: `level` is the log's `params.level` (`""` if none).

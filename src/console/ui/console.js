@@ -101,7 +101,9 @@
     const agent = $("f-agent").value.trim();
     const tool = $("f-tool").value.trim();
     const outcome = $("f-outcome").value;
+    const trace = $("f-trace").value.trim();
     if (agent) p.set("agent_id", agent);
+    if (trace) p.set("trace_id", trace);
     if (tool) p.set("tool", tool);
     if (outcome) p.set("outcome", outcome);
     p.set("limit", String(AUDIT_LIMIT));
@@ -408,6 +410,7 @@
       cell(tr, r.outcome === undefined ? "" : r.outcome, "outcome");
       cell(tr, r.duration_ms === undefined ? "" : fmtMs(r.duration_ms), "num");
       cell(tr, r.reason === undefined ? "" : r.reason, "reason");
+      cell(tr, r.trace_id === undefined ? "" : r.trace_id, "mono trace");
       return tr;
     });
     $("audit").tBodies[0].replaceChildren(...rows);

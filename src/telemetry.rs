@@ -1,0 +1,439 @@
+//! OpenTelemetry traces of governed calls (issue 38), after the OpenTelemetry MCP semantic
+//! conventions: a SERVER span per downstream `tools/call` (parent: a valid
+//! `_meta.traceparent`, else the HTTP `traceparent` header, else a new root; the header's
+//! context is a link when both exist and differ) and a CLIENT span per upstream request, its
+//! child, whose context replaces the client's `traceparent`/`tracestate`/`baggage` in the
+//! upstream request's `_meta` (and headers, for HTTP upstreams). Spans go out with OTLP over
+//! HTTP/protobuf through a bounded queue of our own (`export`). Off (`Hub::telemetry` is
+//! `None`) unless `[telemetry]` or the `OTEL_*` variables name an endpoint: then a call does
+//! nothing here. Never recorded: tokens, `Authorization`, argv and env of stdio upstreams, URL
+//! queries, tool arguments and results.
+
+mod context;
+mod export;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::trace::{
+    Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use serde_json::Value;
+
+pub use context::{
+    bounded_baggage, bounded_tracestate, format_traceparent, parse_traceparent, TraceParent,
+};
+pub use export::ExportCounters;
+
+use crate::config::TelemetryConfig;
+
+/// The `_meta` keys MCP reserves for W3C Trace Context and Baggage (SEP-414).
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
+pub const BAGGAGE: &str = "baggage";
+
+/// A gateway's tracer and its export queue.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    counters: Arc<ExportCounters>,
+    propagate_baggage: bool,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
+}
+
+fn sampler_of(cfg: &TelemetryConfig) -> Sampler {
+    let ratio = cfg.sampler_arg.unwrap_or(1.0);
+    match cfg.sampler.as_str() {
+        "always_on" => Sampler::AlwaysOn,
+        "always_off" => Sampler::AlwaysOff,
+        "traceidratio" => Sampler::TraceIdRatioBased(ratio),
+        "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        "parentbased_traceidratio" => {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+        }
+        _ => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+    }
+}
+
+impl Telemetry {
+    /// The tracer `cfg` asks for, or `None` when tracing is off (no endpoint, or
+    /// `OTEL_SDK_DISABLED`). `node_id` becomes `service.instance.id`.
+    pub fn start(
+        cfg: &TelemetryConfig,
+        node_id: Option<&str>,
+    ) -> Result<Option<Arc<Telemetry>>, String> {
+        let Some(url) = cfg.traces_url() else {
+            return Ok(None);
+        };
+        let timeout = Duration::from_millis(cfg.export_timeout_ms);
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| format!("telemetry: the HTTP client cannot be built: {e}"))?;
+        let mut resource = Resource::builder_empty().with_service_name(cfg.service_name.clone());
+        for (k, v) in &cfg.resource_attributes {
+            if k != "service.name" {
+                resource = resource.with_attribute(KeyValue::new(k.clone(), v.clone()));
+            }
+        }
+        if let Some(n) = node_id {
+            resource = resource.with_attribute(KeyValue::new("service.instance.id", n.to_string()));
+        }
+        let resource = resource.build();
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(export::Client(http))
+            .with_endpoint(url.clone())
+            .with_timeout(timeout)
+            .with_headers(cfg.headers.clone().into_iter().collect())
+            .build()
+            // The error names the URL at most (headers are never in it).
+            .map_err(|e| format!("telemetry: the OTLP exporter for {url} cannot be built: {e}"))?;
+        opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
+        let counters = Arc::new(ExportCounters::default());
+        let processor = export::QueueProcessor::start(
+            exporter,
+            export::Bounds {
+                max_queue: cfg.max_queue,
+                max_batch: cfg.max_batch,
+                delay: Duration::from_millis(cfg.delay_ms),
+                export_timeout: timeout,
+            },
+            counters.clone(),
+        )
+        .map_err(|e| format!("telemetry: the export thread cannot start: {e}"))?;
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(sampler_of(cfg))
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("gatehouse");
+        tracing::info!(endpoint = %url, sampler = %cfg.sampler, "OpenTelemetry traces exported over OTLP/HTTP");
+        Ok(Some(Arc::new(Telemetry {
+            provider,
+            tracer,
+            counters,
+            propagate_baggage: cfg.propagate_baggage,
+        })))
+    }
+
+    pub fn counters(&self) -> &ExportCounters {
+        &self.counters
+    }
+
+    /// Posts what is queued and stops the export thread, within `within` (blocking: called
+    /// from a blocking task at shutdown).
+    pub fn shutdown(&self, within: Duration) {
+        if let Err(e) = self.provider.shutdown_with_timeout(within) {
+            tracing::warn!(error = %e, "span export at shutdown incomplete");
+        }
+    }
+
+    /// Starts the SERVER span of a downstream request.
+    pub fn server_span(&self, inbound: Inbound<'_>, about: &CallAbout<'_>) -> Box<CallTrace> {
+        let from_meta = inbound.meta_parent.and_then(parse_traceparent);
+        let from_header = inbound.header_parent.and_then(parse_traceparent);
+        let remote = |tp: &TraceParent, state: Option<&str>| {
+            SpanContext::new(
+                TraceId::from_bytes(tp.trace_id),
+                SpanId::from_bytes(tp.span_id),
+                TraceFlags::new(tp.flags & 1),
+                true,
+                state
+                    .and_then(bounded_tracestate)
+                    .and_then(|s| TraceState::from_str(s).ok())
+                    .unwrap_or_default(),
+            )
+        };
+        let (parent, link, baggage) = match (from_meta, from_header) {
+            (Some(m), h) => {
+                let link = h
+                    .filter(|h| h != &m)
+                    .map(|h| remote(&h, inbound.header_state));
+                (
+                    Some(remote(&m, inbound.meta_state)),
+                    link,
+                    inbound.meta_baggage,
+                )
+            }
+            (None, Some(h)) => (
+                Some(remote(&h, inbound.header_state)),
+                None,
+                inbound.header_baggage,
+            ),
+            (None, None) => (None, None, None),
+        };
+        let cx = match parent {
+            Some(p) => Context::new().with_remote_span_context(p),
+            None => Context::new(),
+        };
+        let name = format!("tools/call {}", about.tool);
+        let mut attrs = vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", about.tool.to_string()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("jsonrpc.request.id", id_text(about.request_id)),
+            KeyValue::new("network.transport", "tcp"),
+            KeyValue::new("network.protocol.name", "http"),
+            KeyValue::new("gen_ai.agent.id", about.agent_id.to_string()),
+            KeyValue::new(
+                "gatehouse.registration.id",
+                about.registration_id.to_string(),
+            ),
+            KeyValue::new("gatehouse.transport", about.transport),
+        ];
+        if let Some(v) = about.protocol_version {
+            attrs.push(KeyValue::new("mcp.protocol.version", v));
+            // Not for 2026-07-28 peers (stateless: no session).
+            if let Some(s) = about.session_id {
+                attrs.push(KeyValue::new("mcp.session.id", s.to_string()));
+            }
+        }
+        let mut builder = self
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .with_attributes(attrs);
+        if let Some(l) = link {
+            builder = builder.with_links(vec![Link::with_context(l)]);
+        }
+        let span = self.tracer.build_with_context(builder, &cx);
+        let context = span.span_context().clone();
+        Box::new(CallTrace {
+            trace_id: hex::encode(context.trace_id().to_bytes()),
+            span,
+            context,
+            baggage: baggage
+                .filter(|_| self.propagate_baggage)
+                .and_then(bounded_baggage)
+                .map(str::to_string),
+            tracer: self.tracer.clone(),
+        })
+    }
+}
+
+/// The JSON-RPC id as the conventions write it (a string).
+fn id_text(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A request's W3C trace headers (read only when tracing is on).
+#[derive(Debug, Clone)]
+pub struct TraceHeaders {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+    pub baggage: Option<String>,
+}
+
+/// Where a request's parent context may come from.
+#[derive(Default, Clone, Copy)]
+pub struct Inbound<'a> {
+    pub meta_parent: Option<&'a str>,
+    pub meta_state: Option<&'a str>,
+    pub meta_baggage: Option<&'a str>,
+    pub header_parent: Option<&'a str>,
+    pub header_state: Option<&'a str>,
+    pub header_baggage: Option<&'a str>,
+}
+
+impl<'a> Inbound<'a> {
+    /// The request's HTTP trace headers, if any.
+    pub fn with_headers(mut self, h: Option<&'a TraceHeaders>) -> Self {
+        if let Some(h) = h {
+            self.header_parent = Some(&h.traceparent);
+            self.header_state = h.tracestate.as_deref();
+            self.header_baggage = h.baggage.as_deref();
+        }
+        self
+    }
+
+    /// The trace keys of a request's `params._meta`.
+    pub fn with_meta(mut self, params: &'a serde_json::Map<String, Value>) -> Self {
+        if let Some(Value::Object(meta)) = params.get("_meta") {
+            let s = |k| meta.get(k).and_then(Value::as_str);
+            self.meta_parent = s(TRACEPARENT);
+            self.meta_state = s(TRACESTATE);
+            self.meta_baggage = s(BAGGAGE);
+        }
+        self
+    }
+}
+
+/// What a call's SERVER span says of it.
+pub struct CallAbout<'a> {
+    pub tool: &'a str,
+    pub request_id: &'a Value,
+    pub protocol_version: Option<&'static str>,
+    pub session_id: Option<&'a str>,
+    pub agent_id: &'a str,
+    pub registration_id: &'a str,
+    pub transport: &'static str,
+}
+
+/// A call's SERVER span, ended by `call::finish` from the call's summary.
+pub struct CallTrace {
+    span: opentelemetry_sdk::trace::Span,
+    context: SpanContext,
+    /// 32 lowercase hex digits: what the audit record carries.
+    trace_id: String,
+    /// The client's `baggage`, kept only when `propagate_baggage` is on.
+    baggage: Option<String>,
+    tracer: SdkTracer,
+}
+
+impl std::fmt::Debug for CallTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallTrace")
+            .field("trace_id", &self.trace_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The trace context written into an upstream request (`_meta`, and headers for HTTP).
+#[derive(Debug, Clone)]
+pub struct TraceMeta {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+    pub baggage: Option<String>,
+}
+
+impl CallTrace {
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    /// Takes the trace id out (for the audit record, at the end).
+    pub fn take_trace_id(&mut self) -> String {
+        std::mem::take(&mut self.trace_id)
+    }
+
+    pub fn is_sampled(&self) -> bool {
+        self.context.is_sampled()
+    }
+
+    /// Ends the span: `error_type` (ERROR status with `description`) and what the end adds.
+    pub fn end(mut self, error_type: Option<&str>, description: Option<&str>, more: Vec<KeyValue>) {
+        if self.span.is_recording() {
+            for kv in more {
+                self.span.set_attribute(kv);
+            }
+            if let Some(e) = error_type {
+                self.span
+                    .set_attribute(KeyValue::new("error.type", e.to_string()));
+                if e.starts_with('-') || e.bytes().all(|b| b.is_ascii_digit()) {
+                    self.span
+                        .set_attribute(KeyValue::new("rpc.response.status_code", e.to_string()));
+                }
+                self.span
+                    .set_status(Status::error(description.unwrap_or(e).to_string()));
+            }
+        }
+        self.span.end();
+    }
+
+    /// Starts the CLIENT span of the upstream request this call makes, its child.
+    pub fn client_span(&self, upstream: &str, tool: &str, stdio: bool) -> ClientSpan {
+        let cx = Context::new().with_remote_span_context(self.context.clone());
+        let mut attrs = vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", tool.to_string()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("network.transport", if stdio { "pipe" } else { "tcp" }),
+            KeyValue::new("gatehouse.upstream.name", upstream.to_string()),
+        ];
+        if !stdio {
+            attrs.push(KeyValue::new("network.protocol.name", "http"));
+        }
+        let builder = self
+            .tracer
+            .span_builder(format!("tools/call {tool}"))
+            .with_kind(SpanKind::Client)
+            .with_attributes(attrs);
+        let span = self.tracer.build_with_context(builder, &cx);
+        let sc = span.span_context();
+        let state = sc.trace_state().header();
+        let meta = TraceMeta {
+            traceparent: format_traceparent(
+                sc.trace_id().to_bytes(),
+                sc.span_id().to_bytes(),
+                sc.is_sampled(),
+            ),
+            tracestate: (!state.is_empty()).then_some(state),
+            baggage: self.baggage.clone(),
+        };
+        ClientSpan { span, meta }
+    }
+}
+
+/// The CLIENT span of one upstream request.
+pub struct ClientSpan {
+    span: opentelemetry_sdk::trace::Span,
+    meta: TraceMeta,
+}
+
+impl std::fmt::Debug for ClientSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientSpan")
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientSpan {
+    pub fn meta(&self) -> &TraceMeta {
+        &self.meta
+    }
+
+    /// Ends the span with the upstream's request id and how the request ended.
+    pub fn end(
+        mut self,
+        request_id: Option<u64>,
+        error_type: Option<&str>,
+        description: Option<&str>,
+    ) {
+        if self.span.is_recording() {
+            if let Some(id) = request_id {
+                self.span
+                    .set_attribute(KeyValue::new("jsonrpc.request.id", id.to_string()));
+            }
+            if let Some(e) = error_type {
+                self.span
+                    .set_attribute(KeyValue::new("error.type", e.to_string()));
+                self.span
+                    .set_status(Status::error(description.unwrap_or(e).to_string()));
+            }
+        }
+        self.span.end();
+    }
+}
+
+/// `error.type` of a JSON-RPC error code: the code as a string when it is one of the
+/// protocol's own (bounded: a metric label), else `_OTHER`.
+pub fn code_error_type(code: i64) -> &'static str {
+    match code {
+        -32700 => "-32700",
+        -32600 => "-32600",
+        -32601 => "-32601",
+        -32602 => "-32602",
+        -32603 => "-32603",
+        -32002 => "-32002",
+        -32030 => "-32030",
+        -32042 => "-32042",
+        -32800 => "-32800",
+        _ => "_OTHER",
+    }
+}

@@ -1,0 +1,789 @@
+//! OpenTelemetry traces (issue 38), end to end with software nobody here wrote: an OTLP/HTTP
+//! receiver decoding with the `opentelemetry-proto` protobuf classes (tests/peers/otel_receiver.py),
+//! a traced Python MCP SDK 2.x client (otel_client.py) and a Python SDK 2.x stdio upstream that
+//! exports its own spans (otel_upstream.py), both through the OpenTelemetry Python SDK.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use serde_json::{json, Value};
+
+fn python() -> PathBuf {
+    let py = common::repo_root().join("tests/peers/.venv/bin/python");
+    assert!(
+        py.exists(),
+        "tests/peers/.venv is missing: run `bash tests/peers/setup.sh`"
+    );
+    py
+}
+
+fn peer(name: &str) -> String {
+    common::repo_root()
+        .join("tests/peers")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// tests/peers/otel_receiver.py on a loopback port; every line it printed kept.
+struct Receiver {
+    child: Child,
+    port: u16,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let mut child = Command::new(python())
+            .arg(peer("otel_receiver.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if let Some(p) = v.get("listening") {
+                    let _ = tx.send(p.as_u64().unwrap() as u16);
+                }
+                kept.lock().unwrap().push(v);
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("otel_receiver.py did not start");
+        Receiver { child, port, lines }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn all(&self) -> Vec<Value> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    fn spans(&self) -> Vec<Value> {
+        self.all()
+            .into_iter()
+            .filter_map(|v| v.get("span").cloned())
+            .collect()
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.all()
+            .into_iter()
+            .filter_map(|v| v.get("request").cloned())
+            .collect()
+    }
+
+    /// The spans, once `f` holds of them (`secs` at most).
+    async fn wait_spans(&self, secs: u64, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let spans = self.spans();
+            if f(&spans) {
+                return spans;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spans not as expected in {secs} s: {spans:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn set_mode(&self, mode: &str) {
+        let r = reqwest::Client::new()
+            .post(format!("{}/mode", self.endpoint()))
+            .body(mode.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
+fn service(span: &Value) -> &str {
+    span["resource"]["service.name"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+const SERVER: u64 = 2;
+const CLIENT: u64 = 3;
+
+fn of_trace<'a>(spans: &'a [Value], trace_id: &str) -> Vec<&'a Value> {
+    spans.iter().filter(|s| s["trace_id"] == trace_id).collect()
+}
+
+fn find<'a>(spans: &[&'a Value], service_name: &str, kind: u64) -> Option<&'a Value> {
+    spans
+        .iter()
+        .copied()
+        .find(|s| service(s) == service_name && s["kind"] == kind)
+}
+
+/// The SDK client's span of its `tools/call` (it also traces `initialize` and the rest).
+fn sdk_call<'a>(spans: &[&'a Value]) -> Option<&'a Value> {
+    spans.iter().copied().find(|s| {
+        service(s) == "otel-client"
+            && s["kind"] == CLIENT
+            && s["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("MCP send tools/call"))
+    })
+}
+
+/// The daemon, exporting to `rx`, with the traced stdio upstream `traced` (exporting to `rx`
+/// as well) and `env` added.
+fn daemon(rx: &Receiver, env: &[(&str, &str)]) -> Daemon {
+    daemon_with(rx, "", env)
+}
+
+/// [`daemon`] with `toml` written before the upstream.
+fn daemon_with(rx: &Receiver, toml: &str, env: &[(&str, &str)]) -> Daemon {
+    let upstream = format!(
+        "{toml}[[upstreams]]\nid = \"traced\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\n[upstreams.env]\nOTEL_EXPORTER_OTLP_ENDPOINT = {:?}\n",
+        python().display().to_string(),
+        peer("otel_upstream.py"),
+        rx.endpoint(),
+    );
+    let endpoint = rx.endpoint();
+    let mut all: Vec<(&str, &str)> = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=k3y%20v"),
+        ("OTEL_SERVICE_NAME", "gatehouse-test"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ci"),
+    ];
+    all.extend_from_slice(env);
+    if !env.iter().any(|(k, _)| *k == "OTEL_BSP_SCHEDULE_DELAY") {
+        all.push(("OTEL_BSP_SCHEDULE_DELAY", "100"));
+    }
+    Daemon::start(&upstream, "", "info", &all)
+}
+
+/// Runs tests/peers/otel_client.py against the registration; its JSON report.
+async fn client(rx: &Receiver, reg: &Value, tool: &str, args: Value, more: &[&str]) -> Value {
+    let out = tokio::process::Command::new(python())
+        .arg(peer("otel_client.py"))
+        .arg(format!("--url={}", reg["mcp_url"].as_str().unwrap()))
+        // `=`: a token may start with `-`.
+        .arg(format!("--token={}", reg["token"].as_str().unwrap()))
+        .arg(format!("--tool={tool}"))
+        .arg(format!("--args={args}"))
+        .args(more)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), out)
+        .await
+        .expect("otel_client.py hung")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "otel_client.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn traceparent_of_echo(report: &Value) -> String {
+    let text = report["results"][0]["text"].as_str().unwrap();
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    echoed["meta"]["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no traceparent reached the upstream: {echoed}"))
+        .to_string()
+}
+
+fn audit_cli(d: &Daemon, trace_id: &str) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["audit", "--json", "--trace-id", trace_id, "--file"])
+        .arg(d.audit_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn one_trace_from_the_sdk_client_through_gatehouse_to_the_sdk_upstream() {
+    let rx = Receiver::start();
+    let d = daemon(&rx, &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-otel", "tools": ["traced.*", "demo.echo"]}))
+        .await;
+    let reg_id = reg["id"].as_str().unwrap();
+    let report = client(&rx, &reg, "traced.echo", json!({"text": "hi"}), &[]).await;
+    let trace_id = report["trace_id"].as_str().unwrap().to_string();
+    let root_id = report["root_span_id"].as_str().unwrap().to_string();
+    assert_eq!(report["results"][0]["isError"], false, "{report}");
+
+    // One trace: client root → SDK client span → gatehouse SERVER → gatehouse CLIENT →
+    // upstream SERVER.
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &trace_id);
+            sdk_call(&t).is_some()
+                && find(&t, "gatehouse-test", SERVER).is_some()
+                && find(&t, "gatehouse-test", CLIENT).is_some()
+                && find(&t, "otel-upstream", SERVER).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &trace_id);
+    let root = t
+        .iter()
+        .find(|s| s["span_id"] == root_id)
+        .expect("root span");
+    assert_eq!(root["parent_span_id"], "");
+    let sdk_client = sdk_call(&t).unwrap();
+    let gw_server = find(&t, "gatehouse-test", SERVER).unwrap();
+    let gw_client = find(&t, "gatehouse-test", CLIENT).unwrap();
+    let up_server = find(&t, "otel-upstream", SERVER).unwrap();
+    assert_eq!(sdk_client["parent_span_id"], root_id);
+    assert_eq!(
+        gw_server["parent_span_id"], sdk_client["span_id"],
+        "{gw_server:#}"
+    );
+    assert_eq!(
+        gw_client["parent_span_id"], gw_server["span_id"],
+        "{gw_client:#}"
+    );
+    assert_eq!(
+        up_server["parent_span_id"], gw_client["span_id"],
+        "{up_server:#}"
+    );
+    assert_eq!(
+        t.iter().filter(|s| service(s) == "gatehouse-test").count(),
+        2,
+        "one SERVER and one CLIENT span of gatehouse: {t:#?}"
+    );
+
+    // Attributes after the MCP conventions.
+    assert_eq!(gw_server["name"], "tools/call traced.echo");
+    let a = &gw_server["attributes"];
+    assert_eq!(a["mcp.method.name"], "tools/call");
+    assert_eq!(a["gen_ai.tool.name"], "traced.echo");
+    assert_eq!(a["gen_ai.operation.name"], "execute_tool");
+    assert_eq!(a["gen_ai.agent.id"], "agent-otel");
+    assert_eq!(a["gatehouse.registration.id"], reg_id);
+    assert_eq!(a["network.transport"], "tcp");
+    assert!(a["jsonrpc.request.id"].is_string(), "{a}");
+    assert!(a["mcp.protocol.version"].is_string(), "{a}");
+    assert!(a.get("error.type").is_none(), "{a}");
+    assert_eq!(gw_server["status"]["code"], 0, "unset: no error");
+    assert_eq!(gw_client["name"], "tools/call echo");
+    let a = &gw_client["attributes"];
+    assert_eq!(a["mcp.method.name"], "tools/call");
+    assert_eq!(a["gen_ai.tool.name"], "echo");
+    assert_eq!(a["network.transport"], "pipe");
+    assert_eq!(a["gatehouse.upstream.name"], "traced");
+    assert!(a["jsonrpc.request.id"].is_string(), "{a}");
+    assert_eq!(gw_server["resource"]["deployment.environment"], "ci");
+    // The upstream saw the gateway's CLIENT span as its parent, sampled.
+    assert_eq!(
+        traceparent_of_echo(&report),
+        format!(
+            "00-{trace_id}-{}-01",
+            gw_client["span_id"].as_str().unwrap()
+        )
+    );
+
+    // Exported with OTLP/HTTP protobuf, with the configured header; no token anywhere.
+    let reqs = rx.requests();
+    assert!(reqs.iter().all(|r| r["path"] == "/v1/traces"), "{reqs:#?}");
+    assert!(reqs
+        .iter()
+        .all(|r| r["content_type"] == "application/x-protobuf"));
+    assert!(
+        reqs.iter()
+            .any(|r| r["headers"]["x-collector-key"] == "k3y v"),
+        "{reqs:#?}"
+    );
+    let everything = serde_json::to_string(&rx.all()).unwrap();
+    for secret in [reg["token"].as_str().unwrap(), d.token.as_str()] {
+        assert!(
+            !everything.contains(secret),
+            "a token reached the collector"
+        );
+    }
+
+    // The audit record carries the trace id, and `gatehouse audit --trace-id` finds it.
+    d.wait_audit(10, |r| {
+        r.iter().any(|r| {
+            r.event == "governed_mcp_call" && r.rare().trace_id.as_deref() == Some(&trace_id)
+        })
+    })
+    .await;
+    let found = audit_cli(&d, &trace_id);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["tool"], "traced.echo");
+    assert_eq!(found[0]["agent_id"], "agent-otel");
+    assert!(audit_cli(&d, &"0".repeat(32)).is_empty());
+
+    // The conventions' metrics, and the exporter's counters.
+    let m = d.metrics().await;
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("mcp_server_operation_duration_seconds_count{")
+                && l.contains(r#"gen_ai_tool_name="traced.echo""#)
+                && l.contains(r#"network_transport="tcp""#)
+                && l.ends_with(" 1")
+        ),
+        "{m}"
+    );
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("mcp_client_operation_duration_seconds_count{")
+                && l.contains(r#"network_transport="pipe""#)
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"le="0.01""#) && m.contains(r#"le="300.0""#),
+        "{m}"
+    );
+    assert!(
+        !m.contains("agent-otel") && !m.contains(reg_id),
+        "never by agent or registration"
+    );
+    let sent = m
+        .lines()
+        .find_map(|l| l.strip_prefix("gatehouse_otel_spans_sent_total "))
+        .unwrap_or("0");
+    assert!(sent.parse::<u64>().unwrap() >= 2, "{m}");
+}
+
+#[tokio::test]
+async fn an_http_upstream_gets_the_client_span_context_in_meta_and_headers() {
+    let rx = Receiver::start();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut up = tokio::process::Command::new(python())
+        .arg(peer("otel_upstream.py"))
+        .args(["--http", &port.to_string()])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "otel_upstream.py --http did not start"
+        );
+        assert!(
+            up.try_wait().unwrap().is_none(),
+            "otel_upstream.py --http exited"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let endpoint = rx.endpoint();
+    let d = Daemon::start(
+        &format!("[[upstreams]]\nid = \"web\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n"),
+        "",
+        "info",
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &format!("{endpoint}/v1/traces"),
+            ),
+            ("OTEL_SERVICE_NAME", "gatehouse-test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let reg = d
+        .register(json!({"agent_id": "agent-web", "tools": ["web.*"]}))
+        .await;
+    let report = client(&rx, &reg, "web.echo", json!({"text": "w"}), &[]).await;
+    let tid = report["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &tid);
+            find(&t, "gatehouse-test", CLIENT).is_some()
+                && find(&t, "otel-upstream", SERVER).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &tid);
+    let gw_client = find(&t, "gatehouse-test", CLIENT).unwrap();
+    let up_server = find(&t, "otel-upstream", SERVER).unwrap();
+    assert_eq!(gw_client["attributes"]["network.transport"], "tcp");
+    assert_eq!(up_server["parent_span_id"], gw_client["span_id"]);
+    let text = report["results"][0]["text"].as_str().unwrap();
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    let want = format!("00-{tid}-{}-01", gw_client["span_id"].as_str().unwrap());
+    assert_eq!(echoed["meta"]["traceparent"], want.as_str(), "{echoed}");
+    assert_eq!(echoed["headers"]["traceparent"], want.as_str(), "{echoed}");
+    assert!(echoed["headers"].get("authorization").is_none(), "{echoed}");
+    drop(d);
+    let _ = up.kill().await;
+}
+
+#[tokio::test]
+async fn errors_unsampled_requests_and_a_differing_header_context() {
+    let rx = Receiver::start();
+    let d = daemon(&rx, &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-e", "tools": ["traced.*"]}))
+        .await;
+
+    // isError → error.type tool_error, status ERROR, on both gatehouse spans.
+    let failed = client(&rx, &reg, "traced.fail", json!({}), &[]).await;
+    assert_eq!(failed["results"][0]["isError"], true);
+    let tid = failed["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &tid);
+            find(&t, "gatehouse-test", SERVER).is_some()
+                && find(&t, "gatehouse-test", CLIENT).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &tid);
+    for kind in [SERVER, CLIENT] {
+        let s = find(&t, "gatehouse-test", kind).unwrap();
+        assert_eq!(s["attributes"]["error.type"], "tool_error", "{s:#}");
+        assert_eq!(s["status"]["code"], 2, "ERROR: {s:#}");
+    }
+
+    // Unsampled: no gatehouse span, but the upstream gets the trace with flags 00.
+    let quiet = client(
+        &rx,
+        &reg,
+        "traced.echo",
+        json!({"text": "q"}),
+        &["--unsampled"],
+    )
+    .await;
+    let qid = quiet["trace_id"].as_str().unwrap().to_string();
+    let tp = traceparent_of_echo(&quiet);
+    assert!(
+        tp.starts_with(&format!("00-{qid}-")) && tp.ends_with("-00"),
+        "{tp}"
+    );
+    // A sampled call after it: once its spans are in, the unsampled one's would be too.
+    let after = client(&rx, &reg, "traced.echo", json!({"text": "a"}), &[]).await;
+    let aid = after["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &aid);
+            find(&t, "gatehouse-test", SERVER).is_some()
+                && find(&t, "gatehouse-test", CLIENT).is_some()
+        })
+        .await;
+    assert!(
+        of_trace(&spans, &qid).is_empty(),
+        "{:#?}",
+        of_trace(&spans, &qid)
+    );
+    // Its audit record still names the trace.
+    d.wait_audit(10, |r| {
+        r.iter().any(|r| r.rare().trace_id.as_deref() == Some(&qid))
+    })
+    .await;
+
+    // `_meta` wins; a differing HTTP traceparent becomes a link.
+    let other_trace = "0af7651916cd43dd8448eb211c80319c";
+    let header = format!("00-{other_trace}-b7ad6b7169203331-01");
+    let linked = client(
+        &rx,
+        &reg,
+        "traced.echo",
+        json!({"text": "l"}),
+        &[&format!("--header-traceparent={header}")],
+    )
+    .await;
+    let lid = linked["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            find(&of_trace(s, &lid), "gatehouse-test", SERVER).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &lid);
+    let s = find(&t, "gatehouse-test", SERVER).unwrap();
+    let sdk_client = sdk_call(&t).unwrap();
+    assert_eq!(s["parent_span_id"], sdk_client["span_id"]);
+    assert_eq!(
+        s["links"],
+        json!([{"trace_id": other_trace, "span_id": "b7ad6b7169203331"}])
+    );
+    // An invalid traceparent in the header alone is ignored: a new root, the call served.
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "traced.echo")
+        .header("traceparent", "00-zz-not-valid-01")
+        .json(
+            &json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{
+            "name":"traced.echo","arguments":{"text":"x"},
+            "_meta":{"traceparent":"garbage","io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    let tp = echoed["meta"]["traceparent"].as_str().unwrap();
+    assert!(
+        tp.starts_with("00-") && tp.len() == 55 && !tp.contains("garbage"),
+        "{tp}"
+    );
+
+    // A tracestate carrying the caller's token is dropped: never upstream, never exported.
+    let token = reg["token"].as_str().unwrap();
+    let smuggler = "11111111111111111111111111111111";
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "traced.echo")
+        .json(
+            &json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{
+            "name":"traced.echo","arguments":{"text":"s"},
+            "_meta":{"traceparent": format!("00-{smuggler}-2222222222222222-01"),
+                     "tracestate": format!("vendor={token}"),
+                     "baggage": "user.id=alice",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!text.contains(token), "the token went upstream: {text}");
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    // `baggage` passes only with `propagate_baggage = true` (not set here).
+    assert!(echoed["meta"].get("baggage").is_none(), "{echoed}");
+    assert!(
+        echoed["meta"]["traceparent"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("00-{smuggler}-")),
+        "{echoed}"
+    );
+    rx.wait_spans(30, |s| {
+        find(&of_trace(s, smuggler), "gatehouse-test", CLIENT).is_some()
+    })
+    .await;
+    let everything = serde_json::to_string(&rx.all()).unwrap();
+    assert!(!everything.contains(token), "a token reached the collector");
+}
+
+#[tokio::test]
+async fn baggage_goes_upstream_only_when_configured() {
+    let rx = Receiver::start();
+    let d = daemon_with(&rx, "[telemetry]\npropagate_baggage = true\n", &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-b", "tools": ["traced.*"]}))
+        .await;
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "traced.echo")
+        .json(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name":"traced.echo","arguments":{"text":"b"},
+            "_meta":{"traceparent": "00-33333333333333333333333333333333-4444444444444444-01",
+                     "baggage": "user.id=alice",
+                     "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities":{}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let text = v["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let echoed: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(echoed["meta"]["baggage"], "user.id=alice", "{echoed}");
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn counter(m: &str, name: &str) -> u64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or("0")
+        .parse()
+        .unwrap()
+}
+
+/// Calls `demo.echo` `n` times, 8 at a time, over stateless HTTP; the slowest call.
+async fn calls(reg: &Value, n: u64) -> Duration {
+    let url = reg["mcp_url"].as_str().unwrap().to_string();
+    let token = reg["token"].as_str().unwrap().to_string();
+    let mut slowest = Duration::ZERO;
+    for chunk in 0..n / 8 {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let (url, token) = (url.clone(), token.clone());
+            set.spawn(async move {
+                let t = Instant::now();
+                let v = common::stateless(
+                    &url,
+                    &token,
+                    chunk * 8 + i,
+                    "tools/call",
+                    json!({"name": "demo.echo", "arguments": {"text": "x"}}),
+                )
+                .await;
+                assert!(v["result"].is_object(), "{v}");
+                t.elapsed()
+            });
+        }
+        while let Some(d) = set.join_next().await {
+            slowest = slowest.max(d.unwrap());
+        }
+    }
+    slowest
+}
+
+#[tokio::test]
+async fn a_stalled_or_refusing_collector_never_slows_calls_and_its_drops_are_counted() {
+    let rx = Receiver::start();
+    let d = daemon(
+        &rx,
+        &[
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "64"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "16"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "20"),
+            ("OTEL_BSP_EXPORT_TIMEOUT", "20000"),
+        ],
+    );
+    let reg = d
+        .register(json!({"agent_id": "agent-load", "tools": ["demo.echo"]}))
+        .await;
+    let warm = calls(&reg, 64).await;
+    rx.set_mode("stall").await;
+    let pid = d.child.id();
+    let slowest = calls(&reg, 800).await;
+    let rss_before = rss_kb(pid);
+    let slowest2 = calls(&reg, 2400).await;
+    let rss_after = rss_kb(pid);
+    let m = d.metrics().await;
+    let dropped = counter(&m, "gatehouse_otel_spans_dropped_total");
+    assert!(dropped > 0, "{m}");
+    assert!(
+        counter(&m, "gatehouse_otel_queue_depth") <= 64,
+        "the queue is bounded: {m}"
+    );
+    // A stalled collector holds the exporter for 30 s; the calls never waited for it.
+    assert!(
+        slowest < Duration::from_secs(2) && slowest2 < Duration::from_secs(2),
+        "warm {warm:?}, stalled {slowest:?} / {slowest2:?}"
+    );
+    assert!(
+        rss_after < rss_before + 8 * 1024,
+        "memory grew from {rss_before} to {rss_after} KiB over 2,400 dropped-span calls"
+    );
+
+    // A collector answering 503: the exports fail, are counted, and calls go on.
+    rx.set_mode("503").await;
+    // Wait for the stalled export to end (30 s stall + the 20 s timeout at most).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        calls(&reg, 16).await;
+        let m = d.metrics().await;
+        if counter(&m, "gatehouse_otel_spans_failed_total") > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failed export counted: {m}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(calls(&reg, 64).await < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn sigterm_flushes_the_spans_still_queued() {
+    let rx = Receiver::start();
+    // Nothing is posted by the timer within the test: only the shutdown's flush.
+    let mut d = daemon(&rx, &[("OTEL_BSP_SCHEDULE_DELAY", "600000")]);
+    let reg = d
+        .register(json!({"agent_id": "agent-term", "tools": ["demo.echo"]}))
+        .await;
+    calls(&reg, 24).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.spans().iter().all(|s| service(s) != "gatehouse-test"),
+        "posted before the shutdown"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the daemon did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spans = rx
+        .wait_spans(10, |s| {
+            s.iter()
+                .filter(|s| service(s) == "gatehouse-test" && s["kind"] == SERVER)
+                .count()
+                >= 24
+        })
+        .await;
+    let ours: Vec<_> = spans
+        .iter()
+        .filter(|s| service(s) == "gatehouse-test")
+        .collect();
+    assert_eq!(ours.len(), 24, "each call's SERVER span, once");
+    assert!(ours.iter().all(|s| s["name"] == "tools/call demo.echo"));
+}
