@@ -531,12 +531,56 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
             (Instant::now(), r)
         })
     };
+    // A legacy SSE stream open on c when the link is cut: it ends when c fences.
+    let sse_url = format!("{}/gw/{}/sse", c.data, keep.0);
+    let stream = {
+        let resp = http
+            .get(&sse_url)
+            .bearer_auth(&keep.1)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut body = resp.bytes_stream();
+            let mut got = String::new();
+            while let Some(Ok(chunk)) = body.next().await {
+                got.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            (Instant::now(), got)
+        })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let cut_at = Instant::now();
     for r in &relays {
         r.cut();
     }
     let fenced_in = wait_status(&http, &c, &keep.0, &keep.1, 503, BOUND * 3).await;
+    let (stream_end, got) = tokio::time::timeout(BOUND * 3, stream)
+        .await
+        .expect("the SSE stream of a fenced node ends")
+        .unwrap();
+    let stream_ended_in = stream_end - cut_at;
+    println!(
+        "cut: SSE stream ended after {:.0} ms",
+        stream_ended_in.as_secs_f64() * 1e3
+    );
+    assert!(got.contains("event: endpoint"), "{got}");
+    assert!(
+        stream_ended_in < BOUND + SLACK * 2,
+        "SSE stream ended after {stream_ended_in:?}"
+    );
+    // Reconnecting while fenced: 503, try again later.
+    let r = http
+        .get(&sse_url)
+        .bearer_auth(&keep.1)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
     let (ended, (s, v)) = slow.await.unwrap();
     let cancelled_in = ended - cut_at;
     println!(
