@@ -598,6 +598,12 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
         !v.to_string().contains("done"),
         "the call was cancelled, not completed: {v}"
     );
+    // The cancelled stateless call is answered: 503 and a JSON-RPC error with its id.
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(m.contains("store") && m.contains("cancelled"), "{v}");
     // 503 says when to retry.
     let r = http
         .post(format!("{}/gw/{}/mcp", c.data, keep.0))

@@ -412,6 +412,11 @@ async fn answer(
                 return Err(Rejection::not_found("registration released")
                     .because(crate::refusals::Reason::Released));
             }
+            // Cancelled by this node's fence (it lost its proof of being current with the
+            // store): the same 503 a request arriving now gets, with the request's id.
+            if gw.fence().is_fenced() {
+                return Err(Rejection::fenced(FENCED_CALL).with_id(Some(id)));
+            }
             // Cancelled by the client: no reply follows, the stream just ends.
             Ok(event_stream::response(Body::empty()))
         }
@@ -427,6 +432,9 @@ async fn answer(
         }
     }
 }
+
+/// Why a call the fence cancelled got no result.
+const FENCED_CALL: &str = "this gateway node lost its registration store (fenced: it cannot prove it is current) and cancelled the call; retry, or use another node";
 
 /// The final response with `finish` applied (stateless: `resultType`, cache fields); a
 /// passed-through result is parsed for it.
