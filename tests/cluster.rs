@@ -707,6 +707,18 @@ async fn quorum_lost_every_node_fences_within_the_bound_and_serves_again_when_it
         )
         .await;
     assert_eq!(s, 503, "{v}");
+    // Releases fail closed too, and change nothing: the node still holds the registration
+    // (and serves it again once the store is back, below).
+    let path = format!("/v1/registrations/{id}");
+    let (s, v) = nodes[1]
+        .admin_call(reqwest::Method::DELETE, &path, None)
+        .await;
+    assert_eq!(s, 503, "{v}");
+    assert!(v.to_string().contains("nothing changed"), "{v}");
+    for n in &nodes {
+        let (s, v) = n.admin_call(reqwest::Method::GET, &path, None).await;
+        assert_eq!(s, 200, "a release without quorum changed nothing: {v}");
+    }
     etcd.members[1].spawn();
     etcd.members[2].spawn();
     let back = Instant::now();
