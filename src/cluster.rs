@@ -10,8 +10,9 @@
 //!   node writes `beat/<node>` = {seq, applied} on a lease of its own, noting the monotonic
 //!   time t_b before the write. When the watch brings that write back, every write
 //!   committed before t_b has been applied: the node is fresh until t_b + B.
-//! - **fence**: every 10 ms, closes the fence (`fence::Fence`: 503, calls cancelled) once the
-//!   freshness proof has run out, and opens it when a new one arrives.
+//! - **fence**: every 10 ms, closes the fence (`fence::Fence`: 503, calls cancelled, sessions
+//!   and their streams closed) once the freshness proof has run out, and opens it when a new
+//!   one arrives.
 //!
 //! Requests are served from the registry; nothing here is on a request's path.
 
@@ -438,9 +439,18 @@ async fn fence_keeper(node: Arc<Node>, stop: CancellationToken) {
                 tracing::info!(node = %node.id, "cluster: fresh again; serving");
                 let _ = node.gw.audit().record(Record::event("node_unfenced")).await;
             }
-        } else if fence.close() {
+        } else {
+            let closed = fence.close();
+            // Its sessions end too, by the one close path (`SessionTable::close`): their
+            // streams (legacy SSE, a Streamable HTTP GET) close, and a client that reconnects
+            // gets 503 until the node is fresh. Swept on every tick while fenced, so a session
+            // a request made as the fence closed ends as well.
+            let sessions = node.gw.hub().sessions().close_all();
+            if !closed {
+                continue;
+            }
             node.gw.hub().metrics().set_fenced(true);
-            tracing::warn!(node = %node.id, bound_ms = node.bound.as_millis() as u64, "cluster: no proof of freshness within the bound; fenced (503, calls cancelled)");
+            tracing::warn!(node = %node.id, bound_ms = node.bound.as_millis() as u64, sessions, "cluster: no proof of freshness within the bound; fenced (503, calls cancelled, sessions closed)");
             let mut rec = Record::event("node_fenced");
             rec.reason = Some(
                 format!(

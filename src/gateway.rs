@@ -676,6 +676,17 @@ impl Gateway {
         id: &str,
         reason: ReleaseReason,
     ) -> Result<bool, GatewayError> {
+        // A cluster node commits the release to the store before closing anything: a store
+        // without quorum (or out of reach) fails it, and then nothing changed, here or on
+        // any node. Once committed, it closes here at once (the watch's delete, if it comes
+        // first, closes it instead) and the finish's own store delete finds nothing left.
+        if self.hub().fence().enabled() && self.registry().get(id).is_some() {
+            self.store().release(id).await?;
+            if let Some(state) = self.close_registration(id, reason) {
+                self.finish_release(&state, reason).await?;
+            }
+            return Ok(true);
+        }
         match self.close_registration(id, reason) {
             Some(state) => {
                 self.finish_release(&state, reason).await?;

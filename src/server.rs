@@ -129,17 +129,10 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
 
 /// The answer of a fenced node: 503 with `Retry-After: 1` and a JSON-RPC error.
 fn fenced_reply() -> Response {
-    let mut resp = endpoint::Rejection::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        crate::mcp::jsonrpc::INTERNAL_ERROR,
+    endpoint::Rejection::fenced(
         "this gateway node cannot prove it is current with the registration store (fenced); retry, or use another node",
     )
-    .into_response();
-    resp.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from_static("1"),
-    );
-    resp
+    .into_response()
 }
 
 /// Why a request was refused before routing (see [`strict_http`]).

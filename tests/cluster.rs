@@ -237,6 +237,17 @@ fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {
 
 /// [`node`] with more `[store]` keys.
 fn node_with(name: &str, endpoints: &[String], budget_block: u64, store_extra: &str) -> Daemon {
+    node_cfg(name, endpoints, budget_block, "", store_extra)
+}
+
+/// [`node_with`] with top-level keys (`top`) too.
+fn node_cfg(
+    name: &str,
+    endpoints: &[String],
+    budget_block: u64,
+    top: &str,
+    store_extra: &str,
+) -> Daemon {
     let list = endpoints
         .iter()
         .map(|e| format!("{e:?}"))
@@ -244,7 +255,7 @@ fn node_with(name: &str, endpoints: &[String], budget_block: u64, store_extra: &
         .join(", ");
     Daemon::start(
         &format!(
-            "node_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n{store_extra}\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
+            "{top}\nnode_id = \"{name}\"\n[store]\nbackend = \"etcd\"\nendpoints = [{list}]\nbudget_block = {budget_block}\ntimeout_ms = 1000\n{store_extra}\n[cluster]\nrelease_bound_ms = {}\nheartbeat_ms = 100\n",
             BOUND.as_millis()
         ),
         "",
@@ -506,7 +517,11 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
         .iter()
         .map(|r| format!("http://{}", r.addr))
         .collect();
-    let (a, c) = (node("a", &eps, 16), node("c", &cut_eps, 16));
+    // c's replies switch to a stream after 2 s (`keepalive_s`): one call below outlives that.
+    let (a, c) = (
+        node("a", &eps, 16),
+        node_cfg("c", &cut_eps, 16, "keepalive_s = 2", ""),
+    );
     let http = common::http();
     let mut regs = Vec::new();
     for i in 0..2 {
@@ -522,6 +537,34 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
     }
     let (keep, gone) = (regs[0].clone(), regs[1].clone());
 
+    // A call in flight on c when the link is cut whose reply is already a stream (its head
+    // comes after `keepalive_s`, before the cut): the stream ends with a JSON-RPC error.
+    let streamed = {
+        let resp = http
+            .post(format!("{}/gw/{}/mcp", c.data, keep.0))
+            .bearer_auth(&keep.1)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "demo.slow")
+            .json(&json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+                "name": "demo.slow", "arguments": {"ms": 20_000},
+                "_meta": {"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
+            }}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut body = resp.bytes_stream();
+            let mut got = String::new();
+            while let Some(Ok(chunk)) = body.next().await {
+                got.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            got
+        })
+    };
     // A call in flight on c when the link is cut.
     let slow = {
         let (url, (id, token)) = (c.data.clone(), keep.clone());
@@ -531,12 +574,56 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
             (Instant::now(), r)
         })
     };
+    // A legacy SSE stream open on c when the link is cut: it ends when c fences.
+    let sse_url = format!("{}/gw/{}/sse", c.data, keep.0);
+    let stream = {
+        let resp = http
+            .get(&sse_url)
+            .bearer_auth(&keep.1)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut body = resp.bytes_stream();
+            let mut got = String::new();
+            while let Some(Ok(chunk)) = body.next().await {
+                got.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            (Instant::now(), got)
+        })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let cut_at = Instant::now();
     for r in &relays {
         r.cut();
     }
     let fenced_in = wait_status(&http, &c, &keep.0, &keep.1, 503, BOUND * 3).await;
+    let (stream_end, got) = tokio::time::timeout(BOUND * 3, stream)
+        .await
+        .expect("the SSE stream of a fenced node ends")
+        .unwrap();
+    let stream_ended_in = stream_end - cut_at;
+    println!(
+        "cut: SSE stream ended after {:.0} ms",
+        stream_ended_in.as_secs_f64() * 1e3
+    );
+    assert!(got.contains("event: endpoint"), "{got}");
+    assert!(
+        stream_ended_in < BOUND + SLACK * 2,
+        "SSE stream ended after {stream_ended_in:?}"
+    );
+    // Reconnecting while fenced: 503, try again later.
+    let r = http
+        .get(&sse_url)
+        .bearer_auth(&keep.1)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
     let (ended, (s, v)) = slow.await.unwrap();
     let cancelled_in = ended - cut_at;
     println!(
@@ -554,6 +641,24 @@ async fn a_node_cut_from_etcd_fences_within_the_bound_cancels_its_calls_and_reco
         !v.to_string().contains("done"),
         "the call was cancelled, not completed: {v}"
     );
+    // The cancelled stateless call is answered: 503 and a JSON-RPC error with its id.
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(m.contains("store") && m.contains("cancelled"), "{v}");
+    let got = tokio::time::timeout(BOUND * 3, streamed)
+        .await
+        .expect("the streamed reply of a fenced node ends")
+        .unwrap();
+    let last = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .next_back()
+        .unwrap_or(Value::Null);
+    assert_eq!(last["id"], 2, "{got}");
+    assert_eq!(last["error"]["code"], -32603, "{got}");
     // 503 says when to retry.
     let r = http
         .post(format!("{}/gw/{}/mcp", c.data, keep.0))
@@ -657,6 +762,18 @@ async fn quorum_lost_every_node_fences_within_the_bound_and_serves_again_when_it
         )
         .await;
     assert_eq!(s, 503, "{v}");
+    // Releases fail closed too, and change nothing: the node still holds the registration
+    // (and serves it again once the store is back, below).
+    let path = format!("/v1/registrations/{id}");
+    let (s, v) = nodes[1]
+        .admin_call(reqwest::Method::DELETE, &path, None)
+        .await;
+    assert_eq!(s, 503, "{v}");
+    assert!(v.to_string().contains("nothing changed"), "{v}");
+    for n in &nodes {
+        let (s, v) = n.admin_call(reqwest::Method::GET, &path, None).await;
+        assert_eq!(s, 200, "a release without quorum changed nothing: {v}");
+    }
     etcd.members[1].spawn();
     etcd.members[2].spawn();
     let back = Instant::now();

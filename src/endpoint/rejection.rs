@@ -99,6 +99,12 @@ impl Rejection {
         )
     }
 
+    /// A fenced cluster node (`fence`): 503 with -32603 and `Retry-After: 1` (the node
+    /// serves again once fresh; another node may serve now).
+    pub fn fenced(message: impl Into<String>) -> Self {
+        Self::unavailable(message).with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
     /// A request a session may not start (`Session::begin_call`): a reused id in flight
     /// is 400 with -32600; a session at its maximum in flight 429 with -32030 and
     /// `Retry-After: 1`. Either carries the request's id.

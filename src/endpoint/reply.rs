@@ -20,7 +20,7 @@ use super::event_stream::{self, sse_json, KEEPALIVE};
 use super::{json_response, reply_response, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::Reply;
+use crate::mcp::jsonrpc::{self, Reply, RpcError};
 use crate::mcp::request::RequestCtx;
 use crate::mcp::ClientCapability;
 use crate::session::Session;
@@ -379,6 +379,7 @@ async fn answer(
             pending,
             notes,
             result,
+            fence: (gw.clone(), id.clone()),
             ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
             stop: registration.cancel.clone(),
             guard,
@@ -412,6 +413,11 @@ async fn answer(
                 return Err(Rejection::not_found("registration released")
                     .because(crate::refusals::Reason::Released));
             }
+            // Cancelled by this node's fence (it lost its proof of being current with the
+            // store): the same 503 a request arriving now gets, with the request's id.
+            if gw.fence().is_fenced() {
+                return Err(Rejection::fenced(FENCED_CALL).with_id(Some(id)));
+            }
             // Cancelled by the client: no reply follows, the stream just ends.
             Ok(event_stream::response(Body::empty()))
         }
@@ -428,6 +434,9 @@ async fn answer(
     }
 }
 
+/// Why a call the fence cancelled got no result.
+const FENCED_CALL: &str = "this gateway node lost its registration store (fenced: it cannot prove it is current) and cancelled the call; retry, or use another node";
+
 /// The final response with `finish` applied (stateless: `resultType`, cache fields); a
 /// passed-through result is parsed for it.
 fn finished(finish: Option<fn(Value, &str) -> Value>, method: &str, v: Reply) -> Reply {
@@ -441,6 +450,9 @@ struct ReplyStream {
     pending: VecDeque<Bytes>,
     notes: Option<mpsc::Receiver<Value>>,
     result: Option<CallWork>,
+    /// The hub (is the node fenced?) and the request's id: a call the fence cancelled ends
+    /// its stream with a JSON-RPC error.
+    fence: (Arc<Hub>, Value),
     ticker: tokio::time::Interval,
     stop: CancellationToken,
     guard: CancelOnDrop,
@@ -488,7 +500,19 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
             },
             r = &mut result => {
                 st.guard.0 = None;
-                let v = finished(st.finish, &st.method, r?);
+                let Some(r) = r else {
+                    // Cancelled by this node's fence: the stream's last message says so (a
+                    // client's cancellation just ends it).
+                    if !st.fence.0.fence().is_fenced() {
+                        return None;
+                    }
+                    let id = Some(st.fence.1.clone());
+                    let e = RpcError::new(id, jsonrpc::INTERNAL_ERROR, FENCED_CALL);
+                    st.notes = None;
+                    st.pending.push_back(sse_json("message", &e.to_value()));
+                    continue;
+                };
+                let v = finished(st.finish, &st.method, r);
                 // Notifications sent in the poll in which the call ended come first.
                 if let Some(notes) = st.notes.as_mut() {
                     while let Ok(n) = notes.try_recv() {
