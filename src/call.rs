@@ -53,6 +53,8 @@ pub(crate) struct ToolCall {
     /// get it back there, `upstream::forward`).
     pub params: Map<String, Value>,
     pub progress_token: Option<Value>,
+    /// The params hold a `task` member (2025-11-25 tasks; `mcp::tasks::prepare_call`).
+    pub task: bool,
 }
 
 /// A call refused before it runs: the tool name if it was read, the record's reason, and how
@@ -89,11 +91,13 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
     let mut name = None;
     let mut arguments = None;
     let mut progress_token = None;
+    let mut task = false;
     for (k, v) in params.iter_mut() {
         match k.as_str() {
             "name" => name = Some(&*v),
             "arguments" => arguments = Some(std::mem::take(v)),
             "_meta" => progress_token = v.get("progressToken").cloned(),
+            "task" => task = true,
             _ => {}
         }
     }
@@ -139,6 +143,7 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
         arguments,
         params,
         progress_token,
+        task,
     })
 }
 
@@ -402,7 +407,7 @@ pub fn run<'c>(
         let started = Instant::now();
         // The call read, and its SERVER span begun (tracing off: one `None` check, nothing
         // built); in a block, so the whole `ToolCall` is not kept in this future's state.
-        let (trace, name, arguments, mut params, progress_token) = {
+        let (trace, name, arguments, mut params, progress_token, task) = {
             let call = match parse(params) {
                 Ok(c) => c,
                 Err(r) => {
@@ -415,14 +420,15 @@ pub fn run<'c>(
                 arguments,
                 params,
                 progress_token,
+                task,
             } = call;
-            (trace, name, arguments, params, progress_token)
+            (trace, name, arguments, params, progress_token, task)
         };
         // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless
-        // requests.
+        // requests (read by `parse`'s one pass: most calls have none, and a lookup hashes).
         let max_ttl = Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1));
         let asks_task =
-            crate::mcp::tasks::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
+            task && crate::mcp::tasks::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
         let (digest, recorded) = asked(ctx, &arguments);
         let reg = &ctx.registration;
         let budget = Budget {

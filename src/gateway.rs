@@ -992,6 +992,7 @@ fn stored_of(state: &RegistrationState, calls_reserved: u64) -> StoredRegistrati
                 upstream,
                 tool,
                 grant_name,
+                ..
             } => StoredTool {
                 name: t.name.clone(),
                 upstream: Some(upstream.clone()),
@@ -1034,6 +1035,7 @@ fn restored_tools(stored: &[StoredTool], catalog: &BTreeMap<String, InProcessToo
                         upstream: upstream.clone(),
                         tool: tool.clone(),
                         grant_name: grant_name.clone(),
+                        task_required: crate::tools::task_required(descriptor),
                     },
                 })
             }

@@ -242,6 +242,7 @@ mod tests {
                 upstream: "up".into(),
                 tool: name.into(),
                 grant_name: format!("up.{name}"),
+                task_required: false,
             },
         }
     }

@@ -191,7 +191,20 @@ pub enum Backend {
         /// `<upstream>.<tool after rename>`: what grants match (`tool_name`), whatever the
         /// separator and length rule made of the exposed name.
         grant_name: String,
+        /// The upstream runs it only as a task (`execution.taskSupport: "required"`,
+        /// 2025-11-25): read once from the descriptor when granted, not at every call.
+        task_required: bool,
     },
+}
+
+/// Whether a tool's descriptor says its upstream runs it only as a task
+/// (`execution.taskSupport: "required"`).
+pub fn task_required(descriptor: &serde_json::Value) -> bool {
+    descriptor
+        .get("execution")
+        .and_then(|e| e.get("taskSupport"))
+        .and_then(serde_json::Value::as_str)
+        == Some("required")
 }
 
 /// One tool granted to a registration, under the name its agent sees.

@@ -83,13 +83,13 @@ pub fn prepare_call(params: &mut Map<String, Value>, session: bool, max_ttl: Dur
 /// Whether a granted tool's upstream runs it only as a task (`execution.taskSupport:
 /// "required"`, 2025-11-25).
 pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
-    tool.upstream().is_some()
-        && tool
-            .descriptor
-            .get("execution")
-            .and_then(|e| e.get("taskSupport"))
-            .and_then(Value::as_str)
-            == Some("required")
+    matches!(
+        tool.backend,
+        crate::tools::Backend::Upstream {
+            task_required: true,
+            ..
+        }
+    )
 }
 
 /// Asks the upstream for a task on a call whose client did not (`params.task`, the TTL cap).

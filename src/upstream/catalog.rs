@@ -50,12 +50,13 @@ impl Catalog {
             }
             out.push(GrantedTool {
                 name,
-                descriptor: Arc::new(descriptor),
                 backend: Backend::Upstream {
                     upstream: config.id.clone(),
                     tool: tool.to_string(),
                     grant_name,
+                    task_required: crate::tools::task_required(&descriptor),
                 },
+                descriptor: Arc::new(descriptor),
             });
         }
         out
