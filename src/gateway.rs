@@ -870,17 +870,6 @@ impl Gateway {
                 done.expired += 1;
                 continue;
             }
-            let tools = restored_tools(&s.tools, &catalog);
-            let spec = RegistrationSpec {
-                agent_id: s.agent_id.clone(),
-                tools: s.grants.clone(),
-                label: s.label.clone(),
-                ttl_s: s.ttl_s,
-                limits: s.limits.clone(),
-                local_tools: Vec::new(),
-                roots: s.roots.clone(),
-                parent: s.parent.clone(),
-            };
             // A child comes back under its parent (stored before it); one whose parent did not
             // come back ended with it.
             let family = match &s.parent {
@@ -903,32 +892,10 @@ impl Gateway {
                     }
                 },
             };
-            let mut state = RegistrationState::restored(
-                s.id.clone(),
-                s.token_sha256,
-                &spec,
-                tools,
-                s.created_at_ms,
-                s.expires_at_ms,
-                s.calls_reserved,
-            );
-            state.family = family;
-            let state = Arc::new(state);
-            if let Some(p) = &state.family.parent {
-                lock(&p.family.children).push(state.id.clone());
-            }
-            {
-                let mut lc = lock(&self.inner.lifecycle);
-                self.ensure_server(&mut lc)?;
-                lc.generation += 1;
-                self.inner.hub.registry().insert(state.clone());
-            }
+            let state = self.serve_stored(&s, &catalog, family, now)?;
             let mut rec = lifecycle_record("registration_restored", &state);
             rec.tools = Some(state.tools.names());
             self.audit().record(rec).await?;
-            if s.expires_at_ms != 0 {
-                self.arm_deadline(&s.id, Duration::from_millis(s.expires_at_ms - now));
-            }
             self.metrics().registration_created();
             done.live += 1;
         }
@@ -1017,6 +984,60 @@ fn stored_of(state: &RegistrationState, calls_reserved: u64) -> StoredRegistrati
         node: state.id.split_once('.').map(|(n, _)| n.to_string()),
         calls_reserved,
         parent: state.family.parent.as_ref().map(|p| p.id.clone()),
+    }
+}
+
+impl Gateway {
+    /// Serves a stored registration here under its id and token digest, in `family` (a
+    /// restart's restore and a cluster node's replica both come through here): its tools
+    /// found again (`restored_tools`), its state linked under its parent and inserted, its
+    /// TTL armed.
+    fn serve_stored(
+        &self,
+        s: &StoredRegistration,
+        catalog: &BTreeMap<String, InProcessTool>,
+        family: crate::registry::Family,
+        now: u64,
+    ) -> Result<Arc<RegistrationState>, GatewayError> {
+        let spec = RegistrationSpec {
+            agent_id: s.agent_id.clone(),
+            tools: s.grants.clone(),
+            label: s.label.clone(),
+            ttl_s: s.ttl_s,
+            limits: s.limits.clone(),
+            local_tools: Vec::new(),
+            roots: s.roots.clone(),
+            parent: s.parent.clone(),
+        };
+        // Calls reserved so far (by any node) count as spent: a node reserves its own
+        // blocks (compare-and-set on the store) before its first call.
+        let mut state = RegistrationState::restored(
+            s.id.clone(),
+            s.token_sha256,
+            &spec,
+            restored_tools(&s.tools, catalog),
+            s.created_at_ms,
+            s.expires_at_ms,
+            s.calls_reserved,
+        );
+        state.family = family;
+        let state = Arc::new(state);
+        if let Some(p) = &state.family.parent {
+            lock(&p.family.children).push(state.id.clone());
+        }
+        {
+            let mut lc = lock(&self.inner.lifecycle);
+            self.ensure_server(&mut lc)?;
+            lc.generation += 1;
+            self.inner.hub.registry().insert(state.clone());
+        }
+        if s.expires_at_ms != 0 {
+            self.arm_deadline(
+                &s.id,
+                Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
+            );
+        }
+        Ok(state)
     }
 }
 

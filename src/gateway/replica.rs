@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{restored_tools, Gateway, GatewayError, ReleaseReason};
-use crate::registry::{RegistrationSpec, RegistrationState};
+use super::{Gateway, GatewayError, ReleaseReason};
 use crate::store::StoredRegistration;
 use crate::sync::lock;
 
@@ -35,47 +34,12 @@ impl Gateway {
             // Its lease ends it on etcd; nothing to serve meanwhile.
             return Ok(());
         }
-        let catalog = lock(&self.inner.catalog).clone();
-        let tools = restored_tools(&s.tools, &catalog);
-        let spec = RegistrationSpec {
-            agent_id: s.agent_id.clone(),
-            tools: s.grants.clone(),
-            label: s.label.clone(),
-            ttl_s: s.ttl_s,
-            limits: s.limits.clone(),
-            local_tools: Vec::new(),
-            roots: s.roots.clone(),
-            parent: s.parent.clone(),
-        };
         let family = match s.parent.as_deref().and_then(|p| self.registry().get(p)) {
             Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
             None => crate::registry::Family::default(),
         };
-        // Calls reserved by any node so far count as spent here: this node reserves its own
-        // blocks (compare-and-set on the store) before its first call.
-        let mut state = RegistrationState::restored(
-            s.id.clone(),
-            s.token_sha256,
-            &spec,
-            tools,
-            s.created_at_ms,
-            s.expires_at_ms,
-            s.calls_reserved,
-        );
-        state.family = family;
-        let state = Arc::new(state);
-        if let Some(p) = &state.family.parent {
-            lock(&p.family.children).push(state.id.clone());
-        }
-        {
-            let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc)?;
-            lc.generation += 1;
-            self.registry().insert(state);
-        }
-        if s.expires_at_ms != 0 {
-            self.arm_deadline(&s.id, Duration::from_millis(s.expires_at_ms - now));
-        }
+        let catalog = lock(&self.inner.catalog).clone();
+        self.serve_stored(&s, &catalog, family, now)?;
         Ok(())
     }
 
