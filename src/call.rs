@@ -378,6 +378,8 @@ pub(crate) async fn admit<'r>(
 /// What [`finish`] builds the record from: the text it borrows, how the call ended.
 pub(crate) struct Summary<'a> {
     pub tool: Option<&'a str>,
+    /// `tool` is one of the registration's tools (the metric's label; else `_unknown`).
+    pub granted: bool,
     pub upstream: Option<&'a str>,
     pub digest: Option<&'a str>,
     pub arguments: Option<Value>,
@@ -486,6 +488,7 @@ pub fn run<'c>(
         }
         let summary = Summary {
             tool: Some(&name),
+            granted: true,
             upstream: tool.upstream(),
             digest: Some(digest.as_str()),
             arguments: recorded,
@@ -631,6 +634,10 @@ fn refuse<'c>(
         id,
         Summary {
             tool: r.tool.as_deref(),
+            granted: r
+                .tool
+                .as_deref()
+                .is_some_and(|t| ctx.registration.tools.get(t).is_some()),
             upstream,
             digest,
             arguments,
@@ -1019,7 +1026,7 @@ pub(crate) fn finish<'c>(
     rec.reason = c.reason;
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let tool_label = match summary.tool {
-        Some(t) if reg.tools.get(t).is_some() => t,
+        Some(t) if summary.granted => t,
         Some(_) => "_unknown",
         None => "_none",
     };

@@ -10,12 +10,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::RwLock;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::Exemplar;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::exponential_buckets;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Content type of the text exposition produced by [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -47,6 +51,97 @@ pub struct RefusedLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
     pub upstream: String,
+}
+
+/// A classic histogram observed without a lock: a bucket and the sum are two atomic updates
+/// (`prometheus_client`'s takes a mutex per observation, and every proxied call observes
+/// three). Exposed exactly as `prometheus_client::metrics::histogram::Histogram` is (the same
+/// buckets, `+Inf` implicit); the count is the buckets' total, so `_count` always equals the
+/// `+Inf` bucket (a scrape racing an observation may see the sum without it, or the reverse).
+#[derive(Clone, Debug)]
+pub struct Histogram(Arc<HistogramInner>);
+
+#[derive(Debug)]
+struct HistogramInner {
+    /// Finite upper bounds, ascending; the last bucket (`+Inf`) is implicit.
+    bounds: Box<[f64]>,
+    /// One more than `bounds`: the overflow bucket last.
+    buckets: Box<[AtomicU64]>,
+    /// The sum's `f64` bits.
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
+        let bounds: Box<[f64]> = bounds.into_iter().filter(|b| b.is_finite()).collect();
+        let buckets = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self(Arc::new(HistogramInner {
+            bounds,
+            buckets,
+            sum: AtomicU64::new(0f64.to_bits()),
+        }))
+    }
+
+    pub fn observe(&self, v: f64) {
+        let h = &*self.0;
+        // The first bucket whose bound is ≥ v (NaN: none, the overflow bucket).
+        let i = h
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(h.bounds.len());
+        if let Some(b) = h.buckets.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut cur = h.sum.load(Ordering::Relaxed);
+        loop {
+            let new = (f64::from_bits(cur) + v).to_bits();
+            match h
+                .sum
+                .compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn count(&self) -> u64 {
+        self.0
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let h = &*self.0;
+        let buckets: Vec<(f64, u64)> = h
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(h.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        encoder.encode_histogram::<NoLabelSet>(
+            f64::from_bits(h.sum.load(Ordering::Relaxed)),
+            count,
+            &buckets,
+            None::<&std::collections::HashMap<usize, Exemplar<NoLabelSet, f64>>>,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 type HistogramFamily = Family<ToolLabel, Histogram, fn() -> Histogram>;
@@ -115,6 +210,22 @@ struct ToolHandles {
     server_ops: OperationHandles,
     /// `mcp_client_operation_duration_seconds`, by error type and transport.
     client_ops: OperationHandles,
+    /// The same handles for a successful call (nearly every call), found without a search.
+    ok: OkHandles,
+}
+
+/// A tool's handles for outcome `ok` (no error type), once created.
+#[derive(Default)]
+struct OkHandles {
+    calls: Option<Counter>,
+    server: Option<Histogram>,
+    /// By the upstream's transport: `tcp`, `pipe`.
+    client: [Option<Histogram>; 2],
+}
+
+/// Where a transport's handle is kept in [`OkHandles::client`].
+fn transport_slot(transport: &str) -> usize {
+    usize::from(transport == "pipe")
 }
 
 /// The metrics of one gateway.
@@ -348,10 +459,30 @@ impl Metrics {
                 .iter()
                 .position(|(e, t, _)| *e == error_type && *t == transport)
         };
+        let ok = error_type.is_none() && outcome == "ok";
         {
             let handles = crate::sync::read(&self.call_handles);
             if let Some(h) = handles.get(tool) {
-                if let (Some((_, c)), Some((_, _, op))) = (
+                if ok {
+                    // A successful call: its handles kept apart, no search.
+                    if let (Some(c), Some(op)) = (&h.ok.calls, &h.ok.server) {
+                        let upstream = match client {
+                            None => Some(None),
+                            Some((t, d)) => h.ok.client[transport_slot(t)]
+                                .as_ref()
+                                .map(|op| Some((op, d))),
+                        };
+                        if let Some(upstream) = upstream {
+                            c.inc();
+                            h.latency.observe(secs);
+                            op.observe(secs);
+                            if let Some((op, d)) = upstream {
+                                op.observe(d.as_secs_f64());
+                            }
+                            return;
+                        }
+                    }
+                } else if let (Some((_, c)), Some((_, _, op))) = (
                     h.calls.iter().find(|(o, _)| o == outcome),
                     h.server_ops.iter().find(|(e, _, _)| *e == error_type),
                 ) {
@@ -380,6 +511,7 @@ impl Metrics {
                 calls: Vec::new(),
                 server_ops: Vec::new(),
                 client_ops: Vec::new(),
+                ok: OkHandles::default(),
             });
         if let Some((transport, d)) = client {
             let i = match find_client(h, transport) {
@@ -395,7 +527,11 @@ impl Metrics {
                     h.client_ops.len() - 1
                 }
             };
-            h.client_ops[i].2.observe(d.as_secs_f64());
+            let op = h.client_ops[i].2.clone();
+            op.observe(d.as_secs_f64());
+            if ok {
+                h.ok.client[transport_slot(transport)] = Some(op);
+            }
         }
         if !h.server_ops.iter().any(|(e, _, _)| *e == error_type) {
             let op = self.server_ops.get_or_create_owned(&OperationLabels {
@@ -408,6 +544,9 @@ impl Metrics {
         }
         if let Some((_, _, op)) = h.server_ops.iter().find(|(e, _, _)| *e == error_type) {
             op.observe(secs);
+            if ok {
+                h.ok.server = Some(op.clone());
+            }
         }
         let counter = match h.calls.iter().find(|(o, _)| o == outcome) {
             Some((_, c)) => c.clone(),
@@ -421,6 +560,9 @@ impl Metrics {
             }
         };
         counter.inc();
+        if ok {
+            h.ok.calls = Some(counter);
+        }
         h.latency.observe(secs);
     }
 
@@ -576,5 +718,47 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing from {text}");
         }
+    }
+
+    #[test]
+    fn the_lock_free_histogram_renders_as_prometheus_clients_does() {
+        // The same observations into both: the text must be the same.
+        let ours = Histogram::new([0.01, 0.1, 1.0, f64::INFINITY]);
+        let theirs =
+            prometheus_client::metrics::histogram::Histogram::new([0.01, 0.1, 1.0, f64::INFINITY]);
+        for v in [0.005, 0.01, 0.05, 0.5, 2.0, 1e9, f64::NAN, 0.0] {
+            ours.observe(v);
+            theirs.observe(v);
+        }
+        assert_eq!(ours.count(), 8);
+        let render = |h: &dyn Fn(&mut Registry)| {
+            let mut r = Registry::default();
+            h(&mut r);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &r).map(|_| text)
+        };
+        let a = render(&|r| r.register("d", "h", ours.clone()));
+        let b = render(&|r| r.register("d", "h", theirs.clone()));
+        // NaN makes both sums NaN: compare everything else, then the buckets by name.
+        let strip = |t: String| {
+            t.lines()
+                .filter(|l| !l.starts_with("d_sum"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(strip(a.expect("encodes")), strip(b.expect("encodes")));
+        // With a finite sum, the sums agree too.
+        let (x, y) = (
+            Histogram::new([1.0]),
+            prometheus_client::metrics::histogram::Histogram::new([1.0]),
+        );
+        for v in [0.25, 0.5, 3.0] {
+            x.observe(v);
+            y.observe(v);
+        }
+        let a = render(&|r| r.register("d", "h", x.clone()));
+        let b = render(&|r| r.register("d", "h", y.clone()));
+        assert_eq!(a.expect("encodes"), b.expect("encodes"));
+        assert_eq!(x.count(), 3);
     }
 }

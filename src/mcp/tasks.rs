@@ -115,7 +115,9 @@ pub fn listed(descriptor: &mut Value) {
 /// `taskId`, and no `content`: a tool result is never taken for one). Read on every upstream
 /// tool result: a substring scan first, parsed only when it may be one.
 pub fn create_task_result(result: &str) -> Option<Value> {
-    if !result.contains("\"taskId\"") {
+    // A tool result nearly always starts with its `content` (which no task result has): not
+    // even scanned.
+    if result.starts_with(r#"{"content":"#) || !result.contains("\"taskId\"") {
         return None;
     }
     let mut v: Value = serde_json::from_str(result).ok()?;
