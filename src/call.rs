@@ -531,6 +531,8 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
             agent_id: &reg.agent_id,
             registration_id: &reg.id,
             transport: ctx.transport.as_str(),
+            arguments: (t.captures_tool_io() && !reg.token_in(&call.arguments))
+                .then_some(&call.arguments),
         },
     )
 }
@@ -1012,7 +1014,7 @@ pub(crate) fn finish<'c>(
     }
     let error_type = error_type_of(&c);
     if let Some(t) = summary.trace {
-        end_server_span(t, &mut rec, &c, error_type, summary.upstream);
+        end_server_span(t, reg, &mut rec, &c, error_type, summary.upstream);
     }
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
@@ -1079,6 +1081,7 @@ pub(crate) fn error_type_of(c: &Conclusion) -> Option<&'static str> {
 #[cold]
 fn end_server_span(
     mut t: Box<CallTrace>,
+    reg: &RegistrationState,
     rec: &mut crate::audit::Record<'_>,
     c: &Conclusion,
     error_type: Option<&'static str>,
@@ -1094,6 +1097,20 @@ fn end_server_span(
             "gatehouse.upstream.name",
             u.to_string(),
         ));
+    }
+    if t.captures_tool_io() {
+        // The reply as sent (`capture_tool_io`), cut; the result only, never an error's data.
+        let result = match &c.reply {
+            Some(Reply::Raw { result, .. }) => Some(result.get().to_string()),
+            Some(Reply::Value(v)) => v.get("result").map(Value::to_string),
+            None => None,
+        };
+        if let Some(r) = result.filter(|r| !reg.token_in(&Value::from(r.as_str()))) {
+            more.push(opentelemetry::KeyValue::new(
+                "gen_ai.tool.call.result",
+                crate::telemetry::bounded_text(r),
+            ));
+        }
     }
     t.end(error_type, c.reason.as_deref(), more);
 }

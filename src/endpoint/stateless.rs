@@ -413,6 +413,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
             "resources/subscribe",
             Some(json!({ "uri": uri })),
             cancel.clone(),
+            None,
         )
         .await;
         if r.get("result").is_some() {
