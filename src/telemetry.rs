@@ -1,13 +1,16 @@
-//! OpenTelemetry traces of governed calls (issue 38), after the OpenTelemetry MCP semantic
-//! conventions: a SERVER span per downstream `tools/call` (parent: a valid
-//! `_meta.traceparent`, else the HTTP `traceparent` header, else a new root; the header's
-//! context is a link when both exist and differ) and a CLIENT span per upstream request, its
-//! child, whose context replaces the client's `traceparent`/`tracestate`/`baggage` in the
-//! upstream request's `_meta` (and headers, for HTTP upstreams). Spans go out with OTLP over
+//! OpenTelemetry traces (issue 38), after the OpenTelemetry MCP semantic conventions: a SERVER
+//! span per downstream JSON-RPC request (`tools/call` by `call::run`, every other method by
+//! `mcp::dispatch`; parent: a valid `_meta.traceparent`, else the HTTP `traceparent` header,
+//! else a new root; the header's context is a link when both exist and differ) and a CLIENT
+//! span per upstream request, its child, whose context replaces the client's
+//! `traceparent`/`tracestate`/`baggage` in the upstream request's `_meta` (and headers, for
+//! HTTP upstreams). Pool work (spawn and `initialize`, catalog fetch and refresh) is a root of
+//! its own, linked from the requests that waited on it. Spans go out with OTLP over
 //! HTTP/protobuf through a bounded queue of our own (`export`). Off (`Hub::telemetry` is
-//! `None`) unless `[telemetry]` or the `OTEL_*` variables name an endpoint: then a call does
-//! nothing here. Never recorded: tokens, `Authorization`, argv and env of stdio upstreams, URL
-//! queries, tool arguments and results.
+//! `None`) unless `[telemetry]` or the `OTEL_*` variables name an endpoint: then a request
+//! does nothing here. Never recorded: tokens, `Authorization`, argv and env of stdio upstreams,
+//! URL queries and userinfo, tool arguments and results (unless `capture_tool_io`, cut at
+//! [`IO_BOUND`]).
 
 mod context;
 mod export;
@@ -424,15 +427,8 @@ pub struct PoolWork {
 }
 
 impl PoolWork {
-    /// Links `trace`'s span to this work if the work ended while the request was under way
-    /// (it waited for it: the request needed what the work made).
-    pub fn waited_by(&self, trace: &CallTrace) {
-        if self.ended >= trace.started {
-            crate::sync::lock(&trace.waited).push(self.context.clone());
-        }
-    }
-
-    /// This work's span context (a link of a CLIENT span that waited on it).
+    /// A link to this work, if it ended while `trace`'s request was under way (it waited for
+    /// it: the request needed what the work made).
     fn link_if_waited(&self, trace: &CallTrace) -> Option<Link> {
         (self.ended >= trace.started).then(|| Link::with_context(self.context.clone()))
     }
@@ -764,4 +760,34 @@ pub fn method_name(method: &str) -> &'static str {
         .copied()
         .find(|k| *k == method)
         .unwrap_or("_OTHER")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_lose_userinfo_query_and_fragment() {
+        assert_eq!(redacted_uri("memo://greeting"), "memo://greeting");
+        assert_eq!(
+            redacted_uri("https://user:pw@host:8443/a/b?sig=x#f"),
+            "https://host:8443/a/b"
+        );
+        assert_eq!(redacted_uri("file:///tmp/a?b"), "file:///tmp/a");
+        assert_eq!(redacted_uri("urn:x@y"), "urn:x@y");
+        assert_eq!(redacted_uri(&"é".repeat(400)).len(), 512);
+    }
+
+    #[test]
+    fn captured_text_is_cut_on_a_character_boundary() {
+        assert_eq!(bounded_text("short".into()), "short");
+        let cut = bounded_text("é".repeat(IO_BOUND));
+        assert!(cut.ends_with('…') && cut.len() <= IO_BOUND + '…'.len_utf8());
+    }
+
+    #[test]
+    fn method_names_are_a_closed_set() {
+        assert_eq!(method_name("prompts/get"), "prompts/get");
+        assert_eq!(method_name("x/anything-the-client-sent"), "_OTHER");
+    }
 }
