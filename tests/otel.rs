@@ -1,7 +1,8 @@
 //! OpenTelemetry traces (issue 38), end to end with software nobody here wrote: an OTLP/HTTP
 //! receiver decoding with the `opentelemetry-proto` protobuf classes (tests/peers/otel_receiver.py),
 //! a traced Python MCP SDK 2.x client (otel_client.py) and a Python SDK 2.x stdio upstream that
-//! exports its own spans (otel_upstream.py), both through the OpenTelemetry Python SDK.
+//! exports its own spans (otel_upstream.py), both through the OpenTelemetry Python SDK; and, in
+//! front of the receiver, the Rotel collector (PyPI `rotel`, whose wheel ships `rotel-agent`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -175,15 +176,20 @@ fn daemon_with(rx: &Receiver, toml: &str, env: &[(&str, &str)]) -> Daemon {
 
 /// [`daemon_with`], the upstream's `sharing` as given.
 fn daemon_sharing(rx: &Receiver, toml: &str, sharing: &str, env: &[(&str, &str)]) -> Daemon {
+    daemon_at(&rx.endpoint(), toml, sharing, env)
+}
+
+/// The daemon and its traced upstream exporting to `endpoint` (the receiver, or a collector in
+/// front of it).
+fn daemon_at(endpoint: &str, toml: &str, sharing: &str, env: &[(&str, &str)]) -> Daemon {
     let upstream = format!(
         "{toml}[[upstreams]]\nid = \"traced\"\ncommand = {:?}\nargs = [{:?}]\nsharing = {sharing:?}\n[upstreams.env]\nOTEL_EXPORTER_OTLP_ENDPOINT = {:?}\n",
         python().display().to_string(),
         peer("otel_upstream.py"),
-        rx.endpoint(),
+        endpoint,
     );
-    let endpoint = rx.endpoint();
     let mut all: Vec<(&str, &str)> = vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
         ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=k3y%20v"),
         ("OTEL_SERVICE_NAME", "gatehouse-test"),
         ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ci"),
@@ -197,6 +203,11 @@ fn daemon_sharing(rx: &Receiver, toml: &str, sharing: &str, env: &[(&str, &str)]
 
 /// Runs tests/peers/otel_client.py against the registration; its JSON report.
 async fn client(rx: &Receiver, reg: &Value, tool: &str, args: Value, more: &[&str]) -> Value {
+    client_at(&rx.endpoint(), reg, tool, args, more).await
+}
+
+/// [`client`], its spans exported to `endpoint`.
+async fn client_at(endpoint: &str, reg: &Value, tool: &str, args: Value, more: &[&str]) -> Value {
     let out = tokio::process::Command::new(python())
         .arg(peer("otel_client.py"))
         .arg(format!("--url={}", reg["mcp_url"].as_str().unwrap()))
@@ -205,7 +216,7 @@ async fn client(rx: &Receiver, reg: &Value, tool: &str, args: Value, more: &[&st
         .arg(format!("--tool={tool}"))
         .arg(format!("--args={args}"))
         .args(more)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(90), out)
         .await
@@ -1219,4 +1230,121 @@ async fn capture_tool_io_records_bounded_arguments_and_results_and_never_a_token
         !everything.contains(&token),
         "a token reached the collector"
     );
+}
+
+/// Rotel (PyPI `rotel`, whose wheel ships the Rust collector `rotel-agent`), receiving OTLP/HTTP
+/// on a loopback port and exporting OTLP/HTTP to the receiver.
+struct Collector {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Collector {
+    fn start(rx: &Receiver) -> Collector {
+        let out = Command::new(python())
+            .args([
+                "-c",
+                "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rotel is missing from tests/peers/.venv: run `bash tests/peers/setup.sh`"
+        );
+        let agent = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        assert!(
+            std::path::Path::new(&agent).exists(),
+            "no rotel-agent at {agent}"
+        );
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(agent)
+            .arg("start")
+            .args(["--otlp-grpc-endpoint", "127.0.0.1:0"])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{port}")])
+            .args(["--exporter", "otlp", "--otlp-exporter-protocol", "http"])
+            .args(["--otlp-exporter-endpoint", &rx.endpoint()])
+            .args(["--batch-timeout", "100ms"])
+            .arg("--pid-file")
+            .arg(dir.path().join("rotel.pid"))
+            .arg("--log-file")
+            .arg(dir.path().join("rotel.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "rotel-agent did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Collector {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+#[tokio::test]
+async fn through_the_rotel_collector_the_receiver_still_holds_one_trace() {
+    let rx = Receiver::start();
+    let collector = Collector::start(&rx);
+    let endpoint = collector.endpoint();
+    // The client, gatehouse and the upstream all export to the collector, which forwards.
+    let d = daemon_at(&endpoint, "", "shared", &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-col", "tools": ["traced.*"]}))
+        .await;
+    let report = client_at(&endpoint, &reg, "traced.echo", json!({"text": "c"}), &[]).await;
+    let tid = report["trace_id"].as_str().unwrap().to_string();
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, &tid);
+            sdk_call(&t).is_some()
+                && named(&t, "gatehouse-test", SERVER, "tools/call traced.echo").is_some()
+                && named(&t, "gatehouse-test", CLIENT, "tools/call echo").is_some()
+                && find(&t, "otel-upstream", SERVER).is_some()
+        })
+        .await;
+    let t = of_trace(&spans, &tid);
+    let sdk_client = sdk_call(&t).unwrap();
+    let gw_server = named(&t, "gatehouse-test", SERVER, "tools/call traced.echo").unwrap();
+    let gw_client = named(&t, "gatehouse-test", CLIENT, "tools/call echo").unwrap();
+    let up_server = find(&t, "otel-upstream", SERVER).unwrap();
+    assert_eq!(gw_server["parent_span_id"], sdk_client["span_id"]);
+    assert_eq!(gw_client["parent_span_id"], gw_server["span_id"]);
+    assert_eq!(up_server["parent_span_id"], gw_client["span_id"]);
+    assert_eq!(gw_server["attributes"]["gen_ai.agent.id"], "agent-col");
+    // What arrived came through the collector (its own client, gzip), with no token.
+    let reqs = rx.requests();
+    assert!(!reqs.is_empty());
+    assert!(
+        reqs.iter()
+            .all(|r| r["headers"]["content-encoding"] == "gzip"),
+        "{reqs:#?}"
+    );
+    let everything = serde_json::to_string(&rx.all()).unwrap();
+    for secret in [reg["token"].as_str().unwrap(), d.token.as_str()] {
+        assert!(
+            !everything.contains(secret),
+            "a token reached the collector"
+        );
+    }
 }
