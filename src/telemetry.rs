@@ -309,7 +309,17 @@ impl Telemetry {
             .with_kind(SpanKind::Internal)
             .with_attributes(attrs);
         let span = self.tracer.build_with_context(builder, &Context::new());
-        PoolSpan { span }
+        let sc = span.span_context();
+        let meta = TraceMeta {
+            traceparent: format_traceparent(
+                sc.trace_id().to_bytes(),
+                sc.span_id().to_bytes(),
+                sc.is_sampled(),
+            ),
+            tracestate: None,
+            baggage: None,
+        };
+        PoolSpan { span, meta }
     }
 }
 
@@ -385,6 +395,8 @@ impl Peer<'_> {
 /// The span of one piece of pool work, ended by [`PoolSpan::end`].
 pub struct PoolSpan {
     span: opentelemetry_sdk::trace::Span,
+    /// Its context, sent with the upstream requests the work makes (`initialize`, `tools/list`).
+    meta: TraceMeta,
 }
 
 impl std::fmt::Debug for PoolSpan {
@@ -394,6 +406,10 @@ impl std::fmt::Debug for PoolSpan {
 }
 
 impl PoolSpan {
+    pub fn meta(&self) -> &TraceMeta {
+        &self.meta
+    }
+
     /// Ends the span (`error` sets `error.type=_OTHER` and ERROR with it as the description)
     /// and gives what later calls link to, if it was sampled.
     pub fn end(mut self, epoch: Option<u64>, error: Option<&str>) -> Option<PoolWork> {

@@ -1103,6 +1103,18 @@ async fn pool_work_has_its_own_trace_linked_from_the_call_that_waited_on_it() {
     let call_server = named(&t, "gatehouse-test", SERVER, "tools/call traced.echo").unwrap();
     assert_eq!(call_client["links"], link, "{call_client:#}");
     assert_eq!(call_server["links"], link, "{call_server:#}");
+    // The upstream's own spans of the pool's requests joined the pool work's traces: its
+    // `initialize` under the spawn, its `tools/list` under the catalog read.
+    let catalog_id = catalog["span_id"].clone();
+    let spawn_id = spawn["span_id"].clone();
+    rx.wait_spans(30, |s| {
+        let under = |id: &Value| {
+            s.iter()
+                .any(|x| service(x) == "otel-upstream" && &x["parent_span_id"] == id)
+        };
+        under(&catalog_id) && under(&spawn_id)
+    })
+    .await;
     // No span of the call's trace is pool work: one agent's trace never holds it.
     assert!(t
         .iter()
@@ -1345,6 +1357,146 @@ async fn through_the_rotel_collector_the_receiver_still_holds_one_trace() {
         assert!(
             !everything.contains(secret),
             "a token reached the collector"
+        );
+    }
+}
+
+/// A stateless (2026-07-28) request; `header`: a `traceparent` header too.
+async fn stateless_traced(
+    reg: &Value,
+    id: u64,
+    method: &str,
+    params: Value,
+    header: Option<&str>,
+) -> Value {
+    let mut req = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(h) = header {
+        req = req.header("traceparent", h);
+    }
+    if let Some(name) = params["name"].as_str() {
+        req = req.header("mcp-name", name);
+    }
+    let mut params = params;
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    let r = req
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap();
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn stateless_discover_list_and_ping_get_server_spans_parented_from_meta_or_header() {
+    let rx = Receiver::start();
+    let d = daemon(&rx, &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-sl", "tools": ["traced.*"]}))
+        .await;
+    let t1 = "77777777777777777777777777777777";
+    let t2 = "88888888888888888888888888888888";
+    let t3 = "99999999999999999999999999999999";
+    let discover = stateless_traced(
+        &reg,
+        1,
+        "server/discover",
+        json!({"_meta": {"traceparent": format!("00-{t1}-1111111111111111-01")}}),
+        None,
+    )
+    .await;
+    assert!(discover["result"]["capabilities"].is_object(), "{discover}");
+    let list = stateless_traced(
+        &reg,
+        2,
+        "tools/list",
+        json!({}),
+        Some(&format!("00-{t2}-2222222222222222-01")),
+    )
+    .await;
+    assert!(list["result"]["tools"].is_array(), "{list}");
+    let bad = stateless_traced(
+        &reg,
+        3,
+        "prompts/get",
+        json!({"name": "traced.nope", "_meta": {"traceparent": format!("00-{t3}-3333333333333333-01")}}),
+        None,
+    )
+    .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    let spans = rx
+        .wait_spans(30, |s| {
+            named(
+                &of_trace(s, t1),
+                "gatehouse-test",
+                SERVER,
+                "server/discover",
+            )
+            .is_some()
+                && named(&of_trace(s, t2), "gatehouse-test", SERVER, "tools/list").is_some()
+                && named(
+                    &of_trace(s, t3),
+                    "gatehouse-test",
+                    SERVER,
+                    "prompts/get traced.nope",
+                )
+                .is_some()
+        })
+        .await;
+    let s = named(
+        &of_trace(&spans, t1),
+        "gatehouse-test",
+        SERVER,
+        "server/discover",
+    )
+    .unwrap();
+    assert_eq!(s["parent_span_id"], "1111111111111111");
+    assert_eq!(s["attributes"]["mcp.method.name"], "server/discover");
+    assert_eq!(
+        s["attributes"]["mcp.protocol.version"],
+        json!(null),
+        "no session: {s:#}"
+    );
+    assert!(s["attributes"].get("mcp.session.id").is_none(), "{s:#}");
+    assert_eq!(s["attributes"]["gatehouse.transport"], "stateless");
+    let s = named(
+        &of_trace(&spans, t2),
+        "gatehouse-test",
+        SERVER,
+        "tools/list",
+    )
+    .unwrap();
+    assert_eq!(
+        s["parent_span_id"], "2222222222222222",
+        "the header's context"
+    );
+    assert_eq!(s["attributes"]["jsonrpc.request.id"], "2");
+    let s = named(
+        &of_trace(&spans, t3),
+        "gatehouse-test",
+        SERVER,
+        "prompts/get traced.nope",
+    )
+    .unwrap();
+    assert_eq!(s["status"]["code"], 2, "ERROR: {s:#}");
+    assert_eq!(
+        s["attributes"]["error.type"],
+        bad["error"]["code"].as_i64().unwrap().to_string(),
+        "{s:#}"
+    );
+    let m = d.metrics().await;
+    for method in ["server/discover", "tools/list", "prompts/get"] {
+        assert!(
+            m.lines().any(
+                |l| l.starts_with("mcp_server_operation_duration_seconds_count{")
+                    && l.contains(&format!(r#"mcp_method_name="{method}""#))
+            ),
+            "{method}: {m}"
         );
     }
 }

@@ -68,29 +68,60 @@ async fn observed(
     params: Option<Value>,
     cancel: CancellationToken,
 ) -> Option<Value> {
-    let started = std::time::Instant::now();
-    let name = crate::telemetry::method_name(method);
-    let trace = ctx
-        .hub
-        .telemetry()
-        .map(|t| request_span(t, ctx, &id, name, params.as_ref()));
-    let reply = handle_other(ctx, id, method, params, cancel, trace.as_deref()).await;
-    let error_type = match &reply {
-        None => Some("cancelled"),
-        Some(r) => r
-            .get("error")
-            .and_then(|e| e.get("code"))
-            .and_then(Value::as_i64)
-            .map(crate::telemetry::code_error_type),
-    };
-    ctx.hub
-        .metrics()
-        .observe_operation(false, name, error_type, "tcp", started.elapsed());
-    if let Some(t) = trace {
-        // No description: an error's message may echo what the client sent (a URI's query).
-        t.end(error_type, None, Vec::new());
-    }
+    let began = begin(ctx, &id, method, params.as_ref());
+    let reply = handle_other(ctx, id, method, params, cancel, began.trace()).await;
+    began.end(ctx, reply.as_ref());
     reply
+}
+
+/// A request other than `tools/call` under way: when it began, and its SERVER span.
+pub(crate) struct Began {
+    started: std::time::Instant,
+    method: &'static str,
+    trace: Option<Box<crate::telemetry::CallTrace>>,
+}
+
+/// Begins observing a request other than `tools/call` (the stateless `server/discover` too).
+pub(crate) fn begin(ctx: &RequestCtx, id: &Value, method: &str, params: Option<&Value>) -> Began {
+    let method = crate::telemetry::method_name(method);
+    Began {
+        started: std::time::Instant::now(),
+        method,
+        trace: ctx
+            .hub
+            .telemetry()
+            .map(|t| request_span(t, ctx, id, method, params)),
+    }
+}
+
+impl Began {
+    pub(crate) fn trace(&self) -> Option<&crate::telemetry::CallTrace> {
+        self.trace.as_deref()
+    }
+
+    /// The request answered `reply` (`None`: cancelled, nothing sent): its duration in
+    /// `mcp_server_operation_duration_seconds`, its span ended.
+    pub(crate) fn end(self, ctx: &RequestCtx, reply: Option<&Value>) {
+        let error_type = match reply {
+            None => Some("cancelled"),
+            Some(r) => r
+                .get("error")
+                .and_then(|e| e.get("code"))
+                .and_then(Value::as_i64)
+                .map(crate::telemetry::code_error_type),
+        };
+        ctx.hub.metrics().observe_operation(
+            false,
+            self.method,
+            error_type,
+            "tcp",
+            self.started.elapsed(),
+        );
+        if let Some(t) = self.trace {
+            // No description: an error's message may echo what the client sent (a URI's query).
+            t.end(error_type, None, Vec::new());
+        }
+    }
 }
 
 /// The SERVER span of a request other than `tools/call` (tracing on): its parent from

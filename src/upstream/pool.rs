@@ -277,7 +277,9 @@ impl Pool {
             .get()
             .map(|t| t.pool_span("catalog", &up.spec.id, up.spec.peer()));
         let fetched = match probe.connection().await {
-            Ok(conn) => Catalog::fetch(&conn).await.map(|c| (conn, c)),
+            Ok(conn) => Catalog::fetch(&conn, span.as_ref().map(|s| s.meta()))
+                .await
+                .map(|c| (conn, c)),
             Err(e) => Err(e),
         };
         if let Some(span) = span {
@@ -820,7 +822,7 @@ async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
             .telemetry
             .get()
             .map(|t| t.pool_span("catalog_refresh", &slot.spec.id, slot.spec.peer()));
-        let fetched = Catalog::fetch(&conn).await;
+        let fetched = Catalog::fetch(&conn, span.as_ref().map(|s| s.meta())).await;
         if let Some(span) = span {
             span.end(
                 Some(epoch),

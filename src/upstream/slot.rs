@@ -233,11 +233,13 @@ impl Slot {
         opts.notify_grace = Duration::from_millis(self.spec.config.notify_grace_ms.max(1));
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
         opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
-        // Pool work: a trace of its own (tracing on), linked from the calls that waited.
+        // Pool work: a trace of its own (tracing on), linked from the calls that waited; the
+        // upstream's span of `initialize` joins it.
         let span = self
             .telemetry
             .as_ref()
             .map(|t| t.pool_span("spawn", &self.spec.id, self.spec.peer()));
+        opts.trace = span.as_ref().map(|s| s.meta().clone());
         // Boxed: spawning is the rare path; inline, its future would make every forwarded
         // call's future (which awaits this one) as large as the handshake's (issue 19).
         let connected = Box::pin(Connection::connect(opts, self.events_tx.clone())).await;
