@@ -521,6 +521,18 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
             *v = None;
         }
     }
+    // `capture_tool_io`: the arguments as the audit would keep them (`redact_keys`), never
+    // when they carry the token.
+    let keys = &ctx.hub.config().audit.redact_keys;
+    let redacted;
+    let arguments = match t.captures_tool_io() && !reg.token_in(&call.arguments) {
+        false => None,
+        true if keys.is_empty() => Some(&call.arguments),
+        true => {
+            redacted = redact(&call.arguments, keys);
+            Some(&redacted)
+        }
+    };
     t.server_span(
         inbound,
         &crate::telemetry::CallAbout {
@@ -531,8 +543,7 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
             agent_id: &reg.agent_id,
             registration_id: &reg.id,
             transport: ctx.transport.as_str(),
-            arguments: (t.captures_tool_io() && !reg.token_in(&call.arguments))
-                .then_some(&call.arguments),
+            arguments,
         },
     )
 }

@@ -176,12 +176,18 @@ fn daemon_with(rx: &Receiver, toml: &str, env: &[(&str, &str)]) -> Daemon {
 
 /// [`daemon_with`], the upstream's `sharing` as given.
 fn daemon_sharing(rx: &Receiver, toml: &str, sharing: &str, env: &[(&str, &str)]) -> Daemon {
-    daemon_at(&rx.endpoint(), toml, sharing, env)
+    daemon_at(&rx.endpoint(), toml, sharing, "", env)
 }
 
 /// The daemon and its traced upstream exporting to `endpoint` (the receiver, or a collector in
-/// front of it).
-fn daemon_at(endpoint: &str, toml: &str, sharing: &str, env: &[(&str, &str)]) -> Daemon {
+/// front of it); `audit` goes into the `[audit]` table.
+fn daemon_at(
+    endpoint: &str,
+    toml: &str,
+    sharing: &str,
+    audit: &str,
+    env: &[(&str, &str)],
+) -> Daemon {
     let upstream = format!(
         "{toml}[[upstreams]]\nid = \"traced\"\ncommand = {:?}\nargs = [{:?}]\nsharing = {sharing:?}\n[upstreams.env]\nOTEL_EXPORTER_OTLP_ENDPOINT = {:?}\n",
         python().display().to_string(),
@@ -198,7 +204,7 @@ fn daemon_at(endpoint: &str, toml: &str, sharing: &str, env: &[(&str, &str)]) ->
     if !env.iter().any(|(k, _)| *k == "OTEL_BSP_SCHEDULE_DELAY") {
         all.push(("OTEL_BSP_SCHEDULE_DELAY", "100"));
     }
-    Daemon::start(&upstream, "", "info", &all)
+    Daemon::start(&upstream, audit, "info", &all)
 }
 
 /// Runs tests/peers/otel_client.py against the registration; its JSON report.
@@ -1153,7 +1159,13 @@ async fn pool_work_has_its_own_trace_linked_from_the_call_that_waited_on_it() {
 #[tokio::test]
 async fn capture_tool_io_records_bounded_arguments_and_results_and_never_a_token() {
     let rx = Receiver::start();
-    let d = daemon_with(&rx, "[telemetry]\ncapture_tool_io = true\n", &[]);
+    let d = daemon_at(
+        &rx.endpoint(),
+        "[telemetry]\ncapture_tool_io = true\n",
+        "shared",
+        "redact_keys = [\"password\"]",
+        &[],
+    );
     let reg = d
         .register(json!({"agent_id": "agent-io", "tools": ["traced.*"]}))
         .await;
@@ -1183,11 +1195,19 @@ async fn capture_tool_io_records_bounded_arguments_and_results_and_never_a_token
         }
     };
 
-    let small = client(&rx, &reg, "traced.echo", json!({"text": "io-small"}), &[]).await;
+    let small = client(
+        &rx,
+        &reg,
+        "traced.echo",
+        json!({"text": "io-small", "password": "hunter2"}),
+        &[],
+    )
+    .await;
     let s = server_of(small["trace_id"].as_str().unwrap().to_string()).await;
     let a = &s["attributes"];
+    // As the audit keeps them: `[audit] redact_keys` applied.
     assert_eq!(
-        a["gen_ai.tool.call.arguments"], r#"{"text":"io-small"}"#,
+        a["gen_ai.tool.call.arguments"], r#"{"text":"io-small","password":"[redacted]"}"#,
         "{a}"
     );
     let result = a["gen_ai.tool.call.result"].as_str().unwrap();
@@ -1241,6 +1261,10 @@ async fn capture_tool_io_records_bounded_arguments_and_results_and_never_a_token
     assert!(
         !everything.contains(&token),
         "a token reached the collector"
+    );
+    assert!(
+        !everything.contains("hunter2"),
+        "a redacted value reached the collector"
     );
 }
 
@@ -1320,7 +1344,7 @@ async fn through_the_rotel_collector_the_receiver_still_holds_one_trace() {
     let collector = Collector::start(&rx);
     let endpoint = collector.endpoint();
     // The client, gatehouse and the upstream all export to the collector, which forwards.
-    let d = daemon_at(&endpoint, "", "shared", &[]);
+    let d = daemon_at(&endpoint, "", "shared", "", &[]);
     let reg = d
         .register(json!({"agent_id": "agent-col", "tools": ["traced.*"]}))
         .await;
@@ -1393,7 +1417,7 @@ async fn stateless_traced(
 }
 
 #[tokio::test]
-async fn stateless_discover_list_and_ping_get_server_spans_parented_from_meta_or_header() {
+async fn stateless_discover_list_and_prompts_get_server_spans_parented_from_meta_or_header() {
     let rx = Receiver::start();
     let d = daemon(&rx, &[]);
     let reg = d
