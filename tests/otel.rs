@@ -1524,3 +1524,83 @@ async fn stateless_discover_list_and_prompts_get_server_spans_parented_from_meta
         );
     }
 }
+
+#[tokio::test]
+async fn task_requests_get_client_spans_under_their_server_span() {
+    let rx = Receiver::start();
+    // In process, with server-everything (a task-required research tool) as the upstream.
+    let tg = common::TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.telemetry.endpoint = Some(rx.endpoint());
+        c.telemetry.service_name = "gatehouse-test".into();
+        c.telemetry.delay_ms = 100;
+        c.upstreams = vec![common::everything("everything", "shared", 30, "")];
+    });
+    let reg = tg
+        .gateway
+        .register(gatehouse::RegistrationSpec::new("agent-task").grant("everything.*"))
+        .await
+        .unwrap();
+    let mut c = common::SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let r = c
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}),
+        )
+        .await;
+    assert_eq!(r["result"]["protocolVersion"], "2025-11-25", "{r}");
+    c.notify("notifications/initialized", json!({})).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "everything.simulate-research-query",
+                   "arguments": {"topic": "tides"}, "task": {"ttl": 60_000}}),
+        )
+        .await;
+    let task = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let tid = "abababababababababababababababab";
+    let meta = |span: &str| json!({"traceparent": format!("00-{tid}-{span}-01")});
+    let got = c
+        .request(
+            "tasks/get",
+            json!({"taskId": task, "_meta": meta("1212121212121212")}),
+        )
+        .await;
+    assert_eq!(got["result"]["taskId"], task.as_str(), "{got}");
+    let done = c
+        .request(
+            "tasks/result",
+            json!({"taskId": task, "_meta": meta("3434343434343434")}),
+        )
+        .await;
+    assert!(done["result"].is_object(), "{done}");
+    let spans = rx
+        .wait_spans(30, |s| {
+            let t = of_trace(s, tid);
+            named(&t, "gatehouse-test", SERVER, "tasks/result").is_some()
+                && named(&t, "gatehouse-test", CLIENT, "tasks/result").is_some()
+        })
+        .await;
+    let t = of_trace(&spans, tid);
+    let server = named(&t, "gatehouse-test", SERVER, "tasks/result").unwrap();
+    assert_eq!(server["parent_span_id"], "3434343434343434");
+    let client = named(&t, "gatehouse-test", CLIENT, "tasks/result").unwrap();
+    assert_eq!(client["parent_span_id"], server["span_id"]);
+    assert_eq!(client["attributes"]["network.transport"], "pipe");
+    assert_eq!(
+        client["attributes"]["gatehouse.upstream.name"],
+        "everything"
+    );
+    let get = named(&t, "gatehouse-test", SERVER, "tasks/get").unwrap();
+    assert_eq!(get["parent_span_id"], "1212121212121212");
+    let everything = serde_json::to_string(&rx.all()).unwrap();
+    assert!(
+        !everything.contains(reg.token()),
+        "a token reached the collector"
+    );
+    drop(reg);
+}

@@ -228,7 +228,7 @@ async fn handle_other(
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
         m if crate::mcp::tasks::METHODS.contains(&m) => {
-            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel)).await
+            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel, trace)).await
         }
         m if crate::mcp::proxy::METHODS.contains(&m) => {
             Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel, trace)).await)
