@@ -606,6 +606,31 @@ fn cancelled_notification(id: u64, reason: &str) -> Value {
     })
 }
 
+/// A pool request's options, with `trace` (tracing on) written into its `_meta` and headers.
+fn traced(params: &mut Value, trace: Option<&crate::telemetry::TraceMeta>) -> RequestOptions {
+    let Some(t) = trace else {
+        return RequestOptions::default();
+    };
+    if let Some(p) = params.as_object_mut() {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            crate::telemetry::TRACEPARENT.into(),
+            Value::String(t.traceparent.clone()),
+        );
+        if let Some(s) = &t.tracestate {
+            meta.insert(
+                crate::telemetry::TRACESTATE.into(),
+                Value::String(s.clone()),
+            );
+        }
+        p.insert("_meta".into(), Value::Object(meta));
+    }
+    RequestOptions {
+        trace: Some(Box::new(t.clone())),
+        ..RequestOptions::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::encode_request;
@@ -630,20 +655,5 @@ mod tests {
                 u64::MAX
             )
         );
-    }
-}
-
-/// A pool request's options, with `trace` (tracing on) written into its `_meta` and headers.
-fn traced(params: &mut Value, trace: Option<&crate::telemetry::TraceMeta>) -> RequestOptions {
-    let Some(t) = trace else {
-        return RequestOptions::default();
-    };
-    params["_meta"] = json!({ crate::telemetry::TRACEPARENT: t.traceparent });
-    if let Some(s) = &t.tracestate {
-        params["_meta"][crate::telemetry::TRACESTATE] = json!(s);
-    }
-    RequestOptions {
-        trace: Some(Box::new(t.clone())),
-        ..RequestOptions::default()
     }
 }
