@@ -524,6 +524,18 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
             *v = None;
         }
     }
+    // `capture_tool_io`: the arguments as the audit would keep them (`redact_keys`), never
+    // when they carry the token.
+    let keys = &ctx.hub.config().audit.redact_keys;
+    let redacted;
+    let arguments = match t.captures_tool_io() && !reg.token_in(&call.arguments) {
+        false => None,
+        true if keys.is_empty() => Some(&call.arguments),
+        true => {
+            redacted = redact(&call.arguments, keys);
+            Some(&redacted)
+        }
+    };
     t.server_span(
         inbound,
         &crate::telemetry::CallAbout {
@@ -534,6 +546,7 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
             agent_id: &reg.agent_id,
             registration_id: &reg.id,
             transport: ctx.transport.as_str(),
+            arguments,
         },
     )
 }
@@ -1019,7 +1032,7 @@ pub(crate) fn finish<'c>(
     }
     let error_type = error_type_of(&c);
     if let Some(t) = summary.trace {
-        end_server_span(t, &mut rec, &c, error_type, summary.upstream);
+        end_server_span(t, reg, &mut rec, &c, error_type, summary.upstream);
     }
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
@@ -1086,6 +1099,7 @@ pub(crate) fn error_type_of(c: &Conclusion) -> Option<&'static str> {
 #[cold]
 fn end_server_span(
     mut t: Box<CallTrace>,
+    reg: &RegistrationState,
     rec: &mut crate::audit::Record<'_>,
     c: &Conclusion,
     error_type: Option<&'static str>,
@@ -1101,6 +1115,20 @@ fn end_server_span(
             "gatehouse.upstream.name",
             u.to_string(),
         ));
+    }
+    if t.captures_tool_io() {
+        // The reply as sent (`capture_tool_io`), cut; the result only, never an error's data.
+        let result = match &c.reply {
+            Some(Reply::Raw { result, .. }) => Some(result.get().to_string()),
+            Some(Reply::Value(v)) => v.get("result").map(Value::to_string),
+            None => None,
+        };
+        if let Some(r) = result.filter(|r| !reg.token_in(&Value::from(r.as_str()))) {
+            more.push(opentelemetry::KeyValue::new(
+                "gen_ai.tool.call.result",
+                crate::telemetry::bounded_text(r),
+            ));
+        }
     }
     t.end(error_type, c.reason.as_deref(), more);
 }

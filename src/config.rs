@@ -143,6 +143,10 @@ pub struct TelemetryConfig {
     pub export_timeout_ms: u64,
     /// Forward the client's W3C `baggage` upstream (default: dropped).
     pub propagate_baggage: bool,
+    /// Record a tool call's arguments and result on its SERVER span
+    /// (`gen_ai.tool.call.arguments` / `.result`, each cut at 4 KiB; never when they carry the
+    /// caller's token). Off by default: they may hold personal data.
+    pub capture_tool_io: bool,
     /// Set by `OTEL_SDK_DISABLED=true`: no span is made, whatever else is set.
     pub disabled: bool,
 }
@@ -162,6 +166,7 @@ impl Default for TelemetryConfig {
             delay_ms: 5000,
             export_timeout_ms: 10_000,
             propagate_baggage: false,
+            capture_tool_io: false,
             disabled: false,
         }
     }

@@ -82,6 +82,9 @@ impl Hub {
         });
         let weak: std::sync::Weak<dyn Downstream> = Arc::downgrade(&hub) as _;
         hub.pool.attach(weak);
+        if let Some(t) = &hub.telemetry {
+            hub.pool.trace_with(t.clone());
+        }
         hub
     }
 

@@ -566,6 +566,33 @@ impl Metrics {
         h.latency.observe(secs);
     }
 
+    /// Observes a request other than `tools/call` in `mcp_server_operation_duration_seconds`
+    /// (`client`: false) or `mcp_client_operation_duration_seconds` (an upstream request):
+    /// labelled by method (a closed set: `telemetry::method_name`), error type and transport,
+    /// with an empty tool name; never by agent, registration, prompt or URI.
+    pub fn observe_operation(
+        &self,
+        client: bool,
+        method: &'static str,
+        error_type: Option<&'static str>,
+        transport: &'static str,
+        elapsed: Duration,
+    ) {
+        let family = if client {
+            &self.client_ops
+        } else {
+            &self.server_ops
+        };
+        family
+            .get_or_create(&OperationLabels {
+                mcp_method_name: method,
+                gen_ai_tool_name: String::new(),
+                error_type: error_type.unwrap_or(""),
+                network_transport: transport,
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
     /// Counts a refused request.
     pub fn refused(&self, listener: &'static str, status: u16, reason: &'static str) {
         self.refused

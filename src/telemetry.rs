@@ -1,13 +1,16 @@
-//! OpenTelemetry traces of governed calls (issue 38), after the OpenTelemetry MCP semantic
-//! conventions: a SERVER span per downstream `tools/call` (parent: a valid
-//! `_meta.traceparent`, else the HTTP `traceparent` header, else a new root; the header's
-//! context is a link when both exist and differ) and a CLIENT span per upstream request, its
-//! child, whose context replaces the client's `traceparent`/`tracestate`/`baggage` in the
-//! upstream request's `_meta` (and headers, for HTTP upstreams). Spans go out with OTLP over
+//! OpenTelemetry traces (issue 38), after the OpenTelemetry MCP semantic conventions: a SERVER
+//! span per downstream JSON-RPC request (`tools/call` by `call::run`, every other method by
+//! `mcp::dispatch`; parent: a valid `_meta.traceparent`, else the HTTP `traceparent` header,
+//! else a new root; the header's context is a link when both exist and differ) and a CLIENT
+//! span per upstream request, its child, whose context replaces the client's
+//! `traceparent`/`tracestate`/`baggage` in the upstream request's `_meta` (and headers, for
+//! HTTP upstreams). Pool work (spawn and `initialize`, catalog fetch and refresh) is a root of
+//! its own, linked from the requests that waited on it. Spans go out with OTLP over
 //! HTTP/protobuf through a bounded queue of our own (`export`). Off (`Hub::telemetry` is
-//! `None`) unless `[telemetry]` or the `OTEL_*` variables name an endpoint: then a call does
-//! nothing here. Never recorded: tokens, `Authorization`, argv and env of stdio upstreams, URL
-//! queries, tool arguments and results.
+//! `None`) unless `[telemetry]` or the `OTEL_*` variables name an endpoint: then a request
+//! does nothing here. Never recorded: tokens, `Authorization`, argv and env of stdio upstreams,
+//! URL queries and userinfo, tool arguments and results (unless `capture_tool_io`, cut at
+//! [`IO_BOUND`]).
 
 mod context;
 mod export;
@@ -44,7 +47,13 @@ pub struct Telemetry {
     tracer: SdkTracer,
     counters: Arc<ExportCounters>,
     propagate_baggage: bool,
+    /// `[telemetry] capture_tool_io`: a tool call's arguments and result on its SERVER span
+    /// (cut at [`IO_BOUND`] bytes).
+    capture_tool_io: bool,
 }
+
+/// How much of a tool call's arguments or result `capture_tool_io` records (bytes of JSON).
+pub const IO_BOUND: usize = 4096;
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -125,6 +134,7 @@ impl Telemetry {
             tracer,
             counters,
             propagate_baggage: cfg.propagate_baggage,
+            capture_tool_io: cfg.capture_tool_io,
         })))
     }
 
@@ -140,8 +150,71 @@ impl Telemetry {
         }
     }
 
-    /// Starts the SERVER span of a downstream request.
+    /// Whether tool arguments and results are recorded (`capture_tool_io`).
+    pub fn captures_tool_io(&self) -> bool {
+        self.capture_tool_io
+    }
+
+    /// Starts the SERVER span of a downstream `tools/call`.
     pub fn server_span(&self, inbound: Inbound<'_>, about: &CallAbout<'_>) -> Box<CallTrace> {
+        let mut attrs = vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", about.tool.to_string()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+        ];
+        if let Some(args) = about.arguments.filter(|_| self.capture_tool_io) {
+            attrs.push(KeyValue::new(
+                "gen_ai.tool.call.arguments",
+                bounded_json(args),
+            ));
+        }
+        let common = Common {
+            request_id: about.request_id,
+            protocol_version: about.protocol_version,
+            session_id: about.session_id,
+            agent_id: about.agent_id,
+            registration_id: about.registration_id,
+            transport: about.transport,
+        };
+        self.start_server(
+            inbound,
+            format!("tools/call {}", about.tool),
+            attrs,
+            &common,
+        )
+    }
+
+    /// Starts the SERVER span of a downstream request other than `tools/call`, named
+    /// `{mcp.method.name} {target}` where the conventions name a target (a prompt), else
+    /// `{mcp.method.name}`; a resource URI is an attribute (its query and userinfo cut), never
+    /// in the name.
+    pub fn request_span(&self, inbound: Inbound<'_>, about: &RequestAbout<'_>) -> Box<CallTrace> {
+        let mut attrs = vec![KeyValue::new("mcp.method.name", about.method)];
+        let name = match about.target {
+            Target::Tool(t) => {
+                attrs.push(KeyValue::new("gen_ai.tool.name", t.to_string()));
+                format!("{} {t}", about.method)
+            }
+            Target::Prompt(p) => {
+                attrs.push(KeyValue::new("gen_ai.prompt.name", p.to_string()));
+                format!("{} {p}", about.method)
+            }
+            Target::Resource(uri) => {
+                attrs.push(KeyValue::new("mcp.resource.uri", uri.to_string()));
+                about.method.to_string()
+            }
+            Target::None => about.method.to_string(),
+        };
+        self.start_server(inbound, name, attrs, &about.common)
+    }
+
+    fn start_server(
+        &self,
+        inbound: Inbound<'_>,
+        name: String,
+        mut attrs: Vec<KeyValue>,
+        about: &Common<'_>,
+    ) -> Box<CallTrace> {
         let from_meta = inbound.meta_parent.and_then(parse_traceparent);
         let from_header = inbound.header_parent.and_then(parse_traceparent);
         let remote = |tp: &TraceParent, state: Option<&str>| {
@@ -178,11 +251,7 @@ impl Telemetry {
             Some(p) => Context::new().with_remote_span_context(p),
             None => Context::new(),
         };
-        let name = format!("tools/call {}", about.tool);
-        let mut attrs = vec![
-            KeyValue::new("mcp.method.name", "tools/call"),
-            KeyValue::new("gen_ai.tool.name", about.tool.to_string()),
-            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+        attrs.extend([
             KeyValue::new("jsonrpc.request.id", id_text(about.request_id)),
             KeyValue::new("network.transport", "tcp"),
             KeyValue::new("network.protocol.name", "http"),
@@ -192,7 +261,7 @@ impl Telemetry {
                 about.registration_id.to_string(),
             ),
             KeyValue::new("gatehouse.transport", about.transport),
-        ];
+        ]);
         if let Some(v) = about.protocol_version {
             attrs.push(KeyValue::new("mcp.protocol.version", v));
             // Not for 2026-07-28 peers (stateless: no session).
@@ -219,7 +288,165 @@ impl Telemetry {
                 .and_then(bounded_baggage)
                 .map(str::to_string),
             tracer: self.tracer.clone(),
+            started: std::time::Instant::now(),
+            waited: std::sync::Mutex::new(Vec::new()),
+            capture_tool_io: self.capture_tool_io,
         })
+    }
+
+    /// Starts the root span of pool work (an upstream's spawn and `initialize`, its catalog
+    /// fetched or refreshed): a trace of its own, which the calls that waited on it link to
+    /// (`PoolWork::waited_by`), so no agent's trace holds another's pool work.
+    pub fn pool_span(&self, work: &'static str, upstream: &str, peer: Peer<'_>) -> PoolSpan {
+        let mut attrs = vec![
+            KeyValue::new("gatehouse.pool.work", work),
+            KeyValue::new("gatehouse.upstream.name", upstream.to_string()),
+        ];
+        peer.attributes(&mut attrs);
+        let builder = self
+            .tracer
+            .span_builder(format!("{work} {upstream}"))
+            .with_kind(SpanKind::Internal)
+            .with_attributes(attrs);
+        let span = self.tracer.build_with_context(builder, &Context::new());
+        let sc = span.span_context();
+        let meta = TraceMeta {
+            traceparent: format_traceparent(
+                sc.trace_id().to_bytes(),
+                sc.span_id().to_bytes(),
+                sc.is_sampled(),
+            ),
+            tracestate: None,
+            baggage: None,
+        };
+        PoolSpan { span, meta }
+    }
+}
+
+/// `value` as JSON text, cut at [`IO_BOUND`] bytes (on a character boundary, marked `…`).
+pub fn bounded_json(value: &Value) -> String {
+    bounded_text(value.to_string())
+}
+
+/// `text` cut at [`IO_BOUND`] bytes (on a character boundary, marked `…`).
+pub fn bounded_text(mut text: String) -> String {
+    if text.len() > IO_BOUND {
+        let mut cut = IO_BOUND;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+/// A resource URI as spans may carry it: no userinfo, query or fragment (they may hold
+/// credentials), at most 512 bytes.
+pub fn redacted_uri(uri: &str) -> String {
+    let end = uri.find(['?', '#']).unwrap_or(uri.len());
+    let mut out = &uri[..end];
+    let owned;
+    if let Some(scheme_end) = out.find("://") {
+        let rest = &out[scheme_end + 3..];
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            owned = format!("{}{}", &out[..scheme_end + 3], &rest[at + 1..]);
+            out = &owned;
+        }
+    }
+    let mut cut = out.len().min(512);
+    while !out.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    out[..cut].to_string()
+}
+
+/// Where an upstream request goes: a stdio child (`pipe`) or an HTTP server (`tcp`, with
+/// `server.address`/`server.port`; never the URL's path or query).
+#[derive(Debug, Clone, Copy)]
+pub enum Peer<'a> {
+    Pipe,
+    Tcp { address: &'a str, port: u16 },
+}
+
+impl Peer<'_> {
+    fn attributes(self, attrs: &mut Vec<KeyValue>) {
+        match self {
+            Peer::Pipe => attrs.push(KeyValue::new("network.transport", "pipe")),
+            Peer::Tcp { address, port } => attrs.extend([
+                KeyValue::new("network.transport", "tcp"),
+                KeyValue::new("network.protocol.name", "http"),
+                KeyValue::new("server.address", address.to_string()),
+                KeyValue::new("server.port", i64::from(port)),
+            ]),
+        }
+    }
+
+    /// `network.transport`.
+    pub fn transport(self) -> &'static str {
+        match self {
+            Peer::Pipe => "pipe",
+            Peer::Tcp { .. } => "tcp",
+        }
+    }
+}
+
+/// The span of one piece of pool work, ended by [`PoolSpan::end`].
+pub struct PoolSpan {
+    span: opentelemetry_sdk::trace::Span,
+    /// Its context, sent with the upstream requests the work makes (`initialize`, `tools/list`).
+    meta: TraceMeta,
+}
+
+impl std::fmt::Debug for PoolSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolSpan").finish_non_exhaustive()
+    }
+}
+
+impl PoolSpan {
+    pub fn meta(&self) -> &TraceMeta {
+        &self.meta
+    }
+
+    /// Ends the span (`error` sets `error.type=_OTHER` and ERROR with it as the description)
+    /// and gives what later calls link to, if it was sampled.
+    pub fn end(mut self, epoch: Option<u64>, error: Option<&str>) -> Option<PoolWork> {
+        if self.span.is_recording() {
+            if let Some(e) = epoch {
+                self.span.set_attribute(KeyValue::new(
+                    "gatehouse.upstream.epoch",
+                    i64::try_from(e).unwrap_or(i64::MAX),
+                ));
+            }
+            if let Some(e) = error {
+                self.span
+                    .set_attribute(KeyValue::new("error.type", "_OTHER"));
+                self.span.set_status(Status::error(e.to_string()));
+            }
+        }
+        let context = self.span.span_context().clone();
+        self.span.end();
+        context.is_sampled().then(|| PoolWork {
+            context,
+            ended: std::time::Instant::now(),
+        })
+    }
+}
+
+/// Finished pool work, as the calls that waited on it link to it.
+#[derive(Debug, Clone)]
+pub struct PoolWork {
+    context: SpanContext,
+    ended: std::time::Instant,
+}
+
+impl PoolWork {
+    /// A link to this work, if it ended while `trace`'s request was under way (it waited for
+    /// it: the request needed what the work made).
+    fn link_if_waited(&self, trace: &CallTrace) -> Option<Link> {
+        (self.ended >= trace.started).then(|| Link::with_context(self.context.clone()))
     }
 }
 
@@ -282,6 +509,37 @@ pub struct CallAbout<'a> {
     pub agent_id: &'a str,
     pub registration_id: &'a str,
     pub transport: &'static str,
+    /// The call's arguments, recorded only with `capture_tool_io` (and never when they carry
+    /// the caller's token: the caller leaves them out then).
+    pub arguments: Option<&'a Value>,
+}
+
+/// What every SERVER span says of its request.
+pub struct Common<'a> {
+    pub request_id: &'a Value,
+    pub protocol_version: Option<&'static str>,
+    pub session_id: Option<&'a str>,
+    pub agent_id: &'a str,
+    pub registration_id: &'a str,
+    pub transport: &'static str,
+}
+
+/// What a SERVER span of a request other than `tools/call` says of it.
+pub struct RequestAbout<'a> {
+    /// One of the methods the gateway serves, else `_OTHER` (a bounded span name).
+    pub method: &'static str,
+    pub target: Target<'a>,
+    pub common: Common<'a>,
+}
+
+/// What a request is about, after the conventions: a tool or a prompt (in the span name too),
+/// a resource URI (an attribute only), or nothing.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    None,
+    Tool(&'a str),
+    Prompt(&'a str),
+    Resource(&'a str),
 }
 
 /// A call's SERVER span, ended by `call::finish` from the call's summary.
@@ -293,6 +551,11 @@ pub struct CallTrace {
     /// The client's `baggage`, kept only when `propagate_baggage` is on.
     baggage: Option<String>,
     tracer: SdkTracer,
+    /// When the span began: pool work that ended after it was waited for.
+    started: std::time::Instant,
+    /// Pool work this request waited on: links, added when the span ends.
+    waited: std::sync::Mutex<Vec<SpanContext>>,
+    capture_tool_io: bool,
 }
 
 impl std::fmt::Debug for CallTrace {
@@ -325,9 +588,18 @@ impl CallTrace {
         self.context.is_sampled()
     }
 
+    /// Whether the tool call's result is to be recorded (`capture_tool_io`).
+    pub fn captures_tool_io(&self) -> bool {
+        self.capture_tool_io && self.span.is_recording()
+    }
+
     /// Ends the span: `error_type` (ERROR status with `description`) and what the end adds.
     pub fn end(mut self, error_type: Option<&str>, description: Option<&str>, more: Vec<KeyValue>) {
         if self.span.is_recording() {
+            for cx in std::mem::take(&mut *crate::sync::lock(&self.waited)) {
+                self.span
+                    .add_link(cx, vec![KeyValue::new("gatehouse.link", "pool_work")]);
+            }
             for kv in more {
                 self.span.set_attribute(kv);
             }
@@ -345,24 +617,49 @@ impl CallTrace {
         self.span.end();
     }
 
-    /// Starts the CLIENT span of the upstream request this call makes, its child.
-    pub fn client_span(&self, upstream: &str, tool: &str, stdio: bool) -> ClientSpan {
+    /// Starts the CLIENT span of an upstream request this request makes, its child; linked to
+    /// the pool work it waited on (and so is this span, when it ends).
+    pub fn client_span(&self, to: Upstreamed<'_>) -> ClientSpan {
         let cx = Context::new().with_remote_span_context(self.context.clone());
-        let mut attrs = vec![
-            KeyValue::new("mcp.method.name", "tools/call"),
-            KeyValue::new("gen_ai.tool.name", tool.to_string()),
-            KeyValue::new("gen_ai.operation.name", "execute_tool"),
-            KeyValue::new("network.transport", if stdio { "pipe" } else { "tcp" }),
-            KeyValue::new("gatehouse.upstream.name", upstream.to_string()),
-        ];
-        if !stdio {
-            attrs.push(KeyValue::new("network.protocol.name", "http"));
+        let mut attrs = vec![KeyValue::new("mcp.method.name", to.method)];
+        let name = match to.target {
+            Target::Tool(tool) => {
+                attrs.extend([
+                    KeyValue::new("gen_ai.tool.name", tool.to_string()),
+                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                ]);
+                format!("{} {tool}", to.method)
+            }
+            Target::Prompt(p) => {
+                attrs.push(KeyValue::new("gen_ai.prompt.name", p.to_string()));
+                format!("{} {p}", to.method)
+            }
+            Target::Resource(uri) => {
+                attrs.push(KeyValue::new("mcp.resource.uri", redacted_uri(uri)));
+                to.method.to_string()
+            }
+            Target::None => to.method.to_string(),
+        };
+        to.peer.attributes(&mut attrs);
+        attrs.push(KeyValue::new(
+            "gatehouse.upstream.name",
+            to.upstream.to_string(),
+        ));
+        let mut links = Vec::new();
+        for w in to.waited.into_iter().flatten() {
+            if let Some(l) = w.link_if_waited(self) {
+                crate::sync::lock(&self.waited).push(w.context.clone());
+                links.push(l);
+            }
         }
-        let builder = self
+        let mut builder = self
             .tracer
-            .span_builder(format!("tools/call {tool}"))
+            .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes(attrs);
+        if !links.is_empty() {
+            builder = builder.with_links(links);
+        }
         let span = self.tracer.build_with_context(builder, &cx);
         let sc = span.span_context();
         let state = sc.trace_state().header();
@@ -377,6 +674,17 @@ impl CallTrace {
         };
         ClientSpan { span, meta }
     }
+}
+
+/// An upstream request, as its CLIENT span says it.
+pub struct Upstreamed<'a> {
+    pub upstream: &'a str,
+    pub method: &'static str,
+    pub target: Target<'a>,
+    pub peer: Peer<'a>,
+    /// The pool work that made the connection (its spawn) and the upstream's catalog: linked
+    /// when it ended while this request was under way.
+    pub waited: [Option<&'a PoolWork>; 2],
 }
 
 /// The CLIENT span of one upstream request.
@@ -435,5 +743,67 @@ pub fn code_error_type(code: i64) -> &'static str {
         -32042 => "-32042",
         -32800 => "-32800",
         _ => "_OTHER",
+    }
+}
+
+/// The methods the gateway serves or sends, as a span name and a metric label may carry them
+/// (a closed set: anything else is `_OTHER`).
+pub fn method_name(method: &str) -> &'static str {
+    const KNOWN: &[&str] = &[
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "logging/setLevel",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "tasks/get",
+        "tasks/result",
+        "tasks/list",
+        "tasks/cancel",
+        "tasks/update",
+        "server/discover",
+        "subscriptions/listen",
+    ];
+    KNOWN
+        .iter()
+        .copied()
+        .find(|k| *k == method)
+        .unwrap_or("_OTHER")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_lose_userinfo_query_and_fragment() {
+        assert_eq!(redacted_uri("memo://greeting"), "memo://greeting");
+        assert_eq!(
+            redacted_uri("https://user:pw@host:8443/a/b?sig=x#f"),
+            "https://host:8443/a/b"
+        );
+        assert_eq!(redacted_uri("file:///tmp/a?b"), "file:///tmp/a");
+        assert_eq!(redacted_uri("urn:x@y"), "urn:x@y");
+        assert_eq!(redacted_uri(&"é".repeat(400)).len(), 512);
+    }
+
+    #[test]
+    fn captured_text_is_cut_on_a_character_boundary() {
+        assert_eq!(bounded_text("short".into()), "short");
+        let cut = bounded_text("é".repeat(IO_BOUND));
+        assert!(cut.ends_with('…') && cut.len() <= IO_BOUND + '…'.len_utf8());
+    }
+
+    #[test]
+    fn method_names_are_a_closed_set() {
+        assert_eq!(method_name("prompts/get"), "prompts/get");
+        assert_eq!(method_name("x/anything-the-client-sent"), "_OTHER");
     }
 }

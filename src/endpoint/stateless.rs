@@ -163,13 +163,14 @@ fn start(
         }
         Plan::Answered(response) => Either::Right(std::future::ready(Ok(response)).boxed()),
         Plan::Listen(ctx, id, params) => Either::Right(listen(ctx, id, params).boxed()),
-        Plan::Discover(ctx, id, method) => Either::Right(
+        Plan::Discover(ctx, id, method, params) => Either::Right(
             async move {
-                let result = discover(&ctx).await;
-                Ok(json_response(
-                    StatusCode::OK,
-                    &finish(jsonrpc::success(id, result), &method),
-                ))
+                // Observed as dispatched methods are (the metric; a SERVER span, tracing on).
+                let began = crate::mcp::dispatch::begin(&ctx, &id, &method, params.as_ref());
+                drop(params);
+                let reply = finish(jsonrpc::success(id, discover(&ctx).await), &method);
+                began.end(&ctx, Some(&reply));
+                Ok(json_response(StatusCode::OK, &reply))
             }
             .boxed(),
         ),
@@ -181,7 +182,7 @@ fn start(
 enum Plan {
     Answered(Response),
     Listen(RequestCtx, Value, Option<Value>),
-    Discover(RequestCtx, Value, String),
+    Discover(RequestCtx, Value, String, Option<Value>),
     Resume(Value, crate::mrtr::Held, ReplyOpts),
     Reply(RequestCtx, Value, String, Option<Value>, ReplyOpts),
 }
@@ -303,7 +304,7 @@ fn plan(
         return Ok(Plan::Listen(ctx, id, params));
     }
     if method == "server/discover" {
-        return Ok(Plan::Discover(ctx, id, method));
+        return Ok(Plan::Discover(ctx, id, method, params));
     }
     let opts = ReplyOpts {
         priming: false,
@@ -413,6 +414,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
             "resources/subscribe",
             Some(json!({ "uri": uri })),
             cancel.clone(),
+            None,
         )
         .await;
         if r.get("result").is_some() {

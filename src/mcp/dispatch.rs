@@ -54,9 +54,146 @@ pub async fn handle_request(
     if method == "tools/call" {
         return call::run(ctx, id, params, cancel).await;
     }
-    handle_other(ctx, id, method, params, cancel)
+    observed(ctx, id, method, params, cancel)
         .await
         .map(Reply::Value)
+}
+
+/// Every method but `tools/call`, observed: `mcp_server_operation_duration_seconds` by method
+/// and, with tracing on, a SERVER span (`call::run` does both for `tools/call`).
+async fn observed(
+    ctx: &RequestCtx,
+    id: Value,
+    method: &str,
+    params: Option<Value>,
+    cancel: CancellationToken,
+) -> Option<Value> {
+    let began = begin(ctx, &id, method, params.as_ref());
+    let reply = handle_other(ctx, id, method, params, cancel, began.trace()).await;
+    began.end(ctx, reply.as_ref());
+    reply
+}
+
+/// A request other than `tools/call` under way: when it began, and its SERVER span.
+pub(crate) struct Began {
+    started: std::time::Instant,
+    method: &'static str,
+    trace: Option<Box<crate::telemetry::CallTrace>>,
+}
+
+/// Begins observing a request other than `tools/call` (the stateless `server/discover` too).
+pub(crate) fn begin(ctx: &RequestCtx, id: &Value, method: &str, params: Option<&Value>) -> Began {
+    let method = crate::telemetry::method_name(method);
+    Began {
+        started: std::time::Instant::now(),
+        method,
+        trace: ctx
+            .hub
+            .telemetry()
+            .map(|t| request_span(t, ctx, id, method, params)),
+    }
+}
+
+impl Began {
+    pub(crate) fn trace(&self) -> Option<&crate::telemetry::CallTrace> {
+        self.trace.as_deref()
+    }
+
+    /// The request answered `reply` (`None`: cancelled, nothing sent): its duration in
+    /// `mcp_server_operation_duration_seconds`, its span ended.
+    pub(crate) fn end(self, ctx: &RequestCtx, reply: Option<&Value>) {
+        let error_type = match reply {
+            None => Some("cancelled"),
+            Some(r) => r
+                .get("error")
+                .and_then(|e| e.get("code"))
+                .and_then(Value::as_i64)
+                .map(crate::telemetry::code_error_type),
+        };
+        ctx.hub.metrics().observe_operation(
+            false,
+            self.method,
+            error_type,
+            "tcp",
+            self.started.elapsed(),
+        );
+        if let Some(t) = self.trace {
+            // No description: an error's message may echo what the client sent (a URI's query).
+            t.end(error_type, None, Vec::new());
+        }
+    }
+}
+
+/// The SERVER span of a request other than `tools/call` (tracing on): its parent from
+/// `_meta`, else the HTTP header; its target a prompt name or a resource URI (cut, never a
+/// value carrying the caller's token). Cold: requests pay for it only with tracing on.
+#[cold]
+fn request_span(
+    t: &crate::telemetry::Telemetry,
+    ctx: &RequestCtx,
+    id: &Value,
+    method: &'static str,
+    params: Option<&Value>,
+) -> Box<crate::telemetry::CallTrace> {
+    use crate::telemetry::{redacted_uri, Target};
+    let reg = &ctx.registration;
+    let clean = |s: &str| !reg.token_in(&Value::from(s));
+    let mut inbound = crate::telemetry::Inbound::default();
+    if let Some(Value::Object(p)) = params {
+        inbound = inbound.with_meta(p);
+    }
+    let mut inbound = inbound.with_headers(ctx.trace_headers.as_deref());
+    for v in [
+        &mut inbound.meta_state,
+        &mut inbound.meta_baggage,
+        &mut inbound.header_state,
+        &mut inbound.header_baggage,
+    ] {
+        if v.is_some_and(|s| !clean(s)) {
+            *v = None;
+        }
+    }
+    fn text<'v>(v: Option<&'v Value>, clean: &dyn Fn(&str) -> bool) -> Option<&'v str> {
+        v.and_then(Value::as_str).filter(|s| clean(s))
+    }
+    let param = |k: &str| params.and_then(|p| p.get(k));
+    let uri;
+    let target = match method {
+        "prompts/get" => text(param("name"), &clean)
+            .filter(|n| n.len() <= crate::audit::MAX_TOOL_NAME_BYTES)
+            .map_or(Target::None, Target::Prompt),
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+            uri = text(param("uri"), &clean).map(redacted_uri);
+            uri.as_deref().map_or(Target::None, Target::Resource)
+        }
+        "completion/complete" => {
+            let r = param("ref");
+            let prompt = text(r.and_then(|r| r.get("name")), &clean)
+                .filter(|n| n.len() <= crate::audit::MAX_TOOL_NAME_BYTES);
+            uri = text(r.and_then(|r| r.get("uri")), &clean).map(redacted_uri);
+            match (prompt, uri.as_deref()) {
+                (Some(p), _) => Target::Prompt(p),
+                (None, Some(u)) => Target::Resource(u),
+                (None, None) => Target::None,
+            }
+        }
+        _ => Target::None,
+    };
+    t.request_span(
+        inbound,
+        &crate::telemetry::RequestAbout {
+            method,
+            target,
+            common: crate::telemetry::Common {
+                request_id: id,
+                protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
+                session_id: ctx.session_id(),
+                agent_id: &reg.agent_id,
+                registration_id: &reg.id,
+                transport: ctx.transport.as_str(),
+            },
+        },
+    )
 }
 
 /// Every method but `tools/call` (whose reply may carry an upstream's result as written).
@@ -66,6 +203,7 @@ async fn handle_other(
     method: &str,
     params: Option<Value>,
     cancel: CancellationToken,
+    trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Value> {
     match method {
         "initialize" => {
@@ -90,10 +228,10 @@ async fn handle_other(
         "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
         "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
         m if crate::mcp::tasks::METHODS.contains(&m) => {
-            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel)).await
+            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel, trace)).await
         }
         m if crate::mcp::proxy::METHODS.contains(&m) => {
-            Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel)).await)
+            Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel, trace)).await)
         }
         _ => Some(
             RpcError::new(

@@ -19,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::jsonrpc::{self, RpcError};
 use crate::mcp::request::RequestCtx;
+use crate::telemetry::{CallTrace, Target};
+
+/// The request's SERVER span (tracing on): each upstream request gets a CLIENT span, its child.
+type Trace<'a> = Option<&'a CallTrace>;
 
 /// JSON-RPC code for an unknown resource.
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
@@ -117,7 +121,9 @@ fn err(id: Value, code: i64, msg: impl Into<String>) -> Value {
     RpcError::new(Some(id), code, msg).to_value()
 }
 
-/// One request to one upstream: the result, or the JSON-RPC reply to send instead.
+/// One request to one upstream: the result, or the JSON-RPC reply to send instead; observed
+/// in `mcp_client_operation_duration_seconds` (and a CLIENT span, with `trace`).
+#[allow(clippy::too_many_arguments)]
 async fn call(
     ctx: &RequestCtx,
     id: &Value,
@@ -125,7 +131,10 @@ async fn call(
     method: &str,
     params: Map<String, Value>,
     cancel: &CancellationToken,
+    trace: Trace<'_>,
+    target: Target<'_>,
 ) -> Result<Value, Value> {
+    let started = std::time::Instant::now();
     tracing::info!(
         registration = %ctx.registration.id,
         agent = %ctx.registration.agent_id,
@@ -133,7 +142,7 @@ async fn call(
         method,
         "proxied request"
     );
-    match ctx
+    let answered = ctx
         .hub
         .pool()
         .forward_request(
@@ -144,9 +153,30 @@ async fn call(
             cancel.clone(),
             ctx.session.clone(),
             ctx.notify.clone(),
+            trace.map(|t| (t, target)),
         )
-        .await
-    {
+        .await;
+    let error_type = match &answered {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(crate::telemetry::code_error_type(
+            e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+        )),
+        Err(crate::upstream::ForwardError::Cancelled) => Some("cancelled"),
+        Err(crate::upstream::ForwardError::Upstream(crate::upstream::UpstreamError::Timeout(
+            _,
+        ))) => Some("timeout"),
+        Err(_) => Some("_OTHER"),
+    };
+    if let Some(transport) = ctx.hub.pool().network_transport(upstream) {
+        ctx.hub.metrics().observe_operation(
+            true,
+            crate::telemetry::method_name(method),
+            error_type,
+            transport,
+            started.elapsed(),
+        );
+    }
+    match answered {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(mut e)) => {
             if let Some(m) = e.as_object_mut() {
@@ -170,6 +200,7 @@ async fn list_all(
     method: &str,
     key: &str,
     cancel: &CancellationToken,
+    trace: Trace<'_>,
 ) -> Result<Vec<Value>, Value> {
     let mut items = Vec::new();
     let mut cursor: Option<Value> = None;
@@ -178,7 +209,17 @@ async fn list_all(
         if let Some(c) = cursor.take() {
             params.insert("cursor".into(), c);
         }
-        let mut r = call(ctx, id, upstream, method, params, cancel).await?;
+        let mut r = call(
+            ctx,
+            id,
+            upstream,
+            method,
+            params,
+            cancel,
+            trace,
+            Target::None,
+        )
+        .await?;
         if let Some(Value::Array(page)) = r.get_mut(key).map(Value::take) {
             items.extend(page);
         }
@@ -196,9 +237,10 @@ async fn find_prompt(
     id: &Value,
     name: &str,
     cancel: &CancellationToken,
+    trace: Trace<'_>,
 ) -> Result<Option<(String, String)>, Value> {
     for (up, _) in upstreams_with(ctx, "prompts").await {
-        for p in list_all(ctx, id, &up, "prompts/list", "prompts", cancel).await? {
+        for p in list_all(ctx, id, &up, "prompts/list", "prompts", cancel, trace).await? {
             if let Some(own) = p.get("name").and_then(Value::as_str) {
                 if exposed_prompt(ctx, &up, own) == name {
                     return Ok(Some((up, own.to_string())));
@@ -215,10 +257,11 @@ async fn find_resource(
     id: &Value,
     uri: &str,
     cancel: &CancellationToken,
+    trace: Trace<'_>,
 ) -> Result<Option<String>, Value> {
     let ups = upstreams_with(ctx, "resources").await;
     for (up, _) in &ups {
-        let listed = list_all(ctx, id, up, "resources/list", "resources", cancel).await?;
+        let listed = list_all(ctx, id, up, "resources/list", "resources", cancel, trace).await?;
         if listed
             .iter()
             .any(|r| r.get("uri").and_then(Value::as_str) == Some(uri))
@@ -232,6 +275,7 @@ async fn find_resource(
             "resources/templates/list",
             "resourceTemplates",
             cancel,
+            trace,
         )
         .await?;
         if templates
@@ -261,8 +305,9 @@ pub async fn handle(
     method: &str,
     params: Option<Value>,
     cancel: CancellationToken,
+    trace: Trace<'_>,
 ) -> Value {
-    match serve(ctx, &id, method, params_obj(params), &cancel).await {
+    match serve(ctx, &id, method, params_obj(params), &cancel, trace).await {
         Ok(v) => jsonrpc::success(id, v),
         Err(e) => e,
     }
@@ -274,6 +319,7 @@ async fn serve(
     method: &str,
     mut params: Map<String, Value>,
     cancel: &CancellationToken,
+    trace: Trace<'_>,
 ) -> Result<Value, Value> {
     // Without a granted upstream offering the feature, the method does not exist here.
     let needs: &[&str] = match method {
@@ -301,7 +347,7 @@ async fn serve(
     if !cap.is_empty() {
         let mut all = Vec::new();
         for (up, _) in upstreams_with(ctx, cap).await {
-            let items = list_all(ctx, id, &up, method, key, cancel).await?;
+            let items = list_all(ctx, id, &up, method, key, cancel, trace).await?;
             for mut item in items {
                 if method == "prompts/list" {
                     let own = item.get("name").and_then(Value::as_str).map(str::to_string);
@@ -321,7 +367,7 @@ async fn serve(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            let Some((up, own)) = find_prompt(ctx, id, &name, cancel).await? else {
+            let Some((up, own)) = find_prompt(ctx, id, &name, cancel, trace).await? else {
                 return Err(err(
                     id.clone(),
                     jsonrpc::INVALID_PARAMS,
@@ -329,7 +375,17 @@ async fn serve(
                 ));
             };
             params.insert("name".into(), json!(own));
-            call(ctx, id, &up, method, params, cancel).await
+            call(
+                ctx,
+                id,
+                &up,
+                method,
+                params,
+                cancel,
+                trace,
+                Target::Prompt(&own),
+            )
+            .await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
             let uri = params
@@ -337,7 +393,7 @@ async fn serve(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            let Some(up) = find_resource(ctx, id, &uri, cancel).await? else {
+            let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
                 return Err(RpcError {
                     data: Some(json!({ "uri": uri })),
                     ..RpcError::new(
@@ -348,7 +404,13 @@ async fn serve(
                 }
                 .to_value());
             };
-            let r = call(ctx, id, &up, method, params, cancel).await;
+            let target = Target::Resource(&uri);
+            let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
+                Target::None
+            } else {
+                target
+            };
+            let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
             // The session hears `resources/updated` for what it subscribed to (and the
             // upstream accepted), and for nothing else.
             if let (Ok(_), Some(s)) = (&r, &ctx.session) {
@@ -370,7 +432,7 @@ async fn serve(
                         .get("name")
                         .and_then(Value::as_str)
                         .unwrap_or_default();
-                    match find_prompt(ctx, id, name, cancel).await? {
+                    match find_prompt(ctx, id, name, cancel, trace).await? {
                         Some((up, own)) => {
                             params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
                             Some(up)
@@ -380,7 +442,7 @@ async fn serve(
                 }
                 Some("ref/resource") => {
                     let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
-                    find_resource(ctx, id, uri, cancel).await?
+                    find_resource(ctx, id, uri, cancel, trace).await?
                 }
                 _ => None,
             };
@@ -391,7 +453,7 @@ async fn serve(
                     "completion/complete: ref names no prompt or resource of this registration",
                 ));
             };
-            call(ctx, id, &up, method, params, cancel).await
+            call(ctx, id, &up, method, params, cancel, trace, Target::None).await
         }
         _ => Err(err(
             id.clone(),

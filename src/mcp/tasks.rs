@@ -214,7 +214,7 @@ pub async fn run_for_call(
     task: &Arc<Task>,
     cancel: &CancellationToken,
 ) -> Option<Arc<Final>> {
-    match wait_final(ctx, task, cancel).await {
+    match wait_final(ctx, task, cancel, None).await {
         Some(f) => Some(f),
         None => {
             if !task.is_settled() {
@@ -276,6 +276,7 @@ pub async fn handle(
     method: &str,
     params: Option<Value>,
     cancel: CancellationToken,
+    trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Value> {
     if ctx.session.is_none() {
         return Some(stateless(id, method, params.as_ref()));
@@ -302,12 +303,12 @@ pub async fn handle(
     match method {
         "tasks/get" => {
             if !task.is_settled() && !task.polled_lately() {
-                refresh(hub, &task).await;
+                refresh(hub, &task, trace).await;
             }
             Some(jsonrpc::success(id, task.view()))
         }
-        "tasks/result" => result(ctx, id, &task, cancel).await,
-        _ => Some(cancel_task(hub, id, &task).await),
+        "tasks/result" => result(ctx, id, &task, cancel, trace).await,
+        _ => Some(cancel_task(hub, id, &task, trace).await),
     }
 }
 
@@ -381,8 +382,9 @@ async fn result(
     id: Value,
     task: &Arc<Task>,
     cancel: CancellationToken,
+    trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Value> {
-    let f = wait_final(ctx, task, &cancel).await?;
+    let f = wait_final(ctx, task, &cancel, trace).await?;
     Some(answer(id, task, &f))
 }
 
@@ -393,6 +395,7 @@ async fn wait_final(
     ctx: &RequestCtx,
     task: &Arc<Task>,
     cancel: &CancellationToken,
+    trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Arc<Final>> {
     if let Some(f) = task.final_answer() {
         return Some(f);
@@ -415,6 +418,7 @@ async fn wait_final(
                 asked.clone(),
                 None,
                 ctx.session.clone(),
+                trace,
             )
             .await;
         match r {
@@ -435,7 +439,7 @@ async fn wait_final(
                 let code = e.get("code").and_then(Value::as_i64);
                 if code == Some(jsonrpc::INVALID_PARAMS) {
                     // The upstream no longer knows it (or it was cancelled meanwhile).
-                    refresh(hub, task).await;
+                    refresh(hub, task, trace).await;
                     if !task.is_settled() {
                         lose(hub, task, "the upstream no longer knows the task").await;
                     }
@@ -496,7 +500,12 @@ fn answer(id: Value, task: &Task, f: &Final) -> Value {
     }
 }
 
-async fn cancel_task(hub: &Arc<Hub>, id: Value, task: &Arc<Task>) -> Value {
+async fn cancel_task(
+    hub: &Arc<Hub>,
+    id: Value,
+    task: &Arc<Task>,
+    trace: Option<&crate::telemetry::CallTrace>,
+) -> Value {
     let terminal = || {
         RpcError::new(
             Some(id.clone()),
@@ -519,6 +528,7 @@ async fn cancel_task(hub: &Arc<Hub>, id: Value, task: &Arc<Task>) -> Value {
             task.stop.clone(),
             None,
             None,
+            trace,
         )
         .await;
     match r {
@@ -542,7 +552,7 @@ async fn cancel_task(hub: &Arc<Hub>, id: Value, task: &Arc<Task>) -> Value {
         }
         Ok(Some(Err(_))) => {
             // Terminal upstream already (or forgotten): see which, then refuse.
-            refresh(hub, task).await;
+            refresh(hub, task, trace).await;
             terminal()
         }
         Ok(None) => {
@@ -575,7 +585,8 @@ fn is_error(result: &Value) -> bool {
 
 /// Asks the upstream about a live task (`tasks/get`) and takes the answer; at a terminal
 /// status reads its result once (`tasks/result`, which answers at once then) and settles it.
-async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>) {
+/// `trace`: the SERVER span of the client's request that asked (none for the poller).
+async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemetry::CallTrace>) {
     let r = hub
         .pool()
         .forward_task(
@@ -587,6 +598,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>) {
             task.stop.clone(),
             None,
             None,
+            trace,
         )
         .await;
     match r {
@@ -632,6 +644,7 @@ async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
             "tasks/result",
             upstream_params(task),
             task.stop.clone(),
+            None,
             None,
             None,
         )
@@ -735,6 +748,7 @@ async fn cancel_upstream_id(
         CancellationToken::new(),
         Some(CANCEL_TIMEOUT),
         None,
+        None,
     );
     matches!(
         tokio::time::timeout(CANCEL_TIMEOUT, fwd).await,
@@ -813,7 +827,7 @@ fn spawn_poller(hub: Arc<Hub>, task: Arc<Task>) {
                 () = tokio::time::sleep(every) => {}
             }
             if !task.is_settled() {
-                refresh(&hub, &task).await;
+                refresh(&hub, &task, None).await;
             }
         }
         if task.registration.is_released() {

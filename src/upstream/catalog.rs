@@ -18,9 +18,13 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Lists the connection's tools (every page) and keeps its capabilities.
-    pub(super) async fn fetch(conn: &Connection) -> Result<Catalog, UpstreamError> {
-        let tools = conn.list_tools().await?;
+    /// Lists the connection's tools (every page) and keeps its capabilities; `trace`: the
+    /// pool work's trace context (tracing on).
+    pub(super) async fn fetch(
+        conn: &Connection,
+        trace: Option<&crate::telemetry::TraceMeta>,
+    ) -> Result<Catalog, UpstreamError> {
+        let tools = conn.list_tools_traced(trace).await?;
         let capabilities = conn
             .initialize_result()
             .get("capabilities")

@@ -191,15 +191,14 @@ impl Connection {
     }
 
     async fn handshake(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
-        let params = json!({
+        let mut params = json!({
             "protocolVersion": opts.protocol_version,
             "capabilities": opts.client_capabilities,
             "clientInfo": opts.client_info,
         });
+        let request = traced(&mut params, opts.trace.as_ref());
         // `initialize` must not be cancelled (MCP lifecycle), so it is sent non-cancellable.
-        let response = self
-            .call("initialize", params, RequestOptions::default(), false)
-            .await?;
+        let response = self.call("initialize", params, request, false).await?;
         let result = response
             .outcome
             .map(Answer::into_value)
@@ -285,16 +284,24 @@ impl Connection {
 
     /// Fetches all tools, following `nextCursor` until the last page.
     pub async fn list_tools(&self) -> Result<Vec<Value>, UpstreamError> {
+        self.list_tools_traced(None).await
+    }
+
+    /// [`Connection::list_tools`]; `trace`: the pool work's trace context, sent with each page
+    /// (tracing on).
+    pub async fn list_tools_traced(
+        &self,
+        trace: Option<&crate::telemetry::TraceMeta>,
+    ) -> Result<Vec<Value>, UpstreamError> {
         let mut tools = Vec::new();
         let mut cursor: Option<Value> = None;
         for _ in 0..MAX_LIST_PAGES {
-            let params = match &cursor {
+            let mut params = match &cursor {
                 Some(cursor) => json!({ "cursor": cursor }),
                 None => json!({}),
             };
-            let response = self
-                .request("tools/list", params, RequestOptions::default())
-                .await?;
+            let request = traced(&mut params, trace);
+            let response = self.request("tools/list", params, request).await?;
             let mut result = response
                 .outcome
                 .map_err(|error| UpstreamError::from_rpc_error(&error))?;
@@ -597,6 +604,31 @@ fn cancelled_notification(id: u64, reason: &str) -> Value {
         "method": "notifications/cancelled",
         "params": { "requestId": id, "reason": reason },
     })
+}
+
+/// A pool request's options, with `trace` (tracing on) written into its `_meta` and headers.
+fn traced(params: &mut Value, trace: Option<&crate::telemetry::TraceMeta>) -> RequestOptions {
+    let Some(t) = trace else {
+        return RequestOptions::default();
+    };
+    if let Some(p) = params.as_object_mut() {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            crate::telemetry::TRACEPARENT.into(),
+            Value::String(t.traceparent.clone()),
+        );
+        if let Some(s) = &t.tracestate {
+            meta.insert(
+                crate::telemetry::TRACESTATE.into(),
+                Value::String(s.clone()),
+            );
+        }
+        p.insert("_meta".into(), Value::Object(meta));
+    }
+    RequestOptions {
+        trace: Some(Box::new(t.clone())),
+        ..RequestOptions::default()
+    }
 }
 
 #[cfg(test)]

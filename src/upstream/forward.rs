@@ -151,9 +151,16 @@ impl Pool {
         // In their places, found without hashing the keys.
         jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
         jsonrpc::set_member(&mut params, "arguments", call.arguments);
-        fwd.client_span = call
-            .trace
-            .map(|t| Box::new(t.client_span(call.upstream, call.tool, stdio)));
+        fwd.client_span = call.trace.map(|t| {
+            let [spawned, catalog] = slot.pool_work();
+            Box::new(t.client_span(crate::telemetry::Upstreamed {
+                upstream: call.upstream,
+                method: "tools/call",
+                target: crate::telemetry::Target::Tool(call.tool),
+                peer: slot.spec.peer(),
+                waited: [spawned.as_ref(), catalog.as_ref()],
+            }))
+        });
         upstream_meta(
             &mut params,
             call.registration,
@@ -255,7 +262,9 @@ impl Pool {
     /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
     /// as [`Pool::forward`]; no progress or log routing. Server → client requests it causes go
     /// to `session` / `notify` as a call's do. `Ok(Ok(result))`, `Ok(Err(error object))` as the
-    /// upstream sent it, or why the upstream could not answer.
+    /// upstream sent it, or why the upstream could not answer. With `trace` (tracing on), the
+    /// request has a CLIENT span, the child of the request's SERVER span, whose context goes
+    /// into `_meta` (and headers, to HTTP upstreams).
     #[allow(clippy::too_many_arguments)]
     pub async fn forward_request(
         &self,
@@ -266,15 +275,17 @@ impl Pool {
         cancel: CancellationToken,
         session: Option<Arc<Session>>,
         notify: Option<mpsc::Sender<Value>>,
+        trace: Option<(&crate::telemetry::CallTrace, crate::telemetry::Target<'_>)>,
     ) -> Result<Result<Value, Value>, ForwardError> {
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
+        let span = trace.map(|(t, target)| client_span(t, slot, upstream, method, target));
         let mut params = params;
         upstream_meta(
             &mut params,
             registration,
             lease_of(slot, registration),
-            None,
+            span.as_ref().map(|s| s.meta()),
         );
         let owner = CallOwner {
             registration_id: registration.id.clone(),
@@ -285,9 +296,14 @@ impl Pool {
             timeout: Some(in_use.remaining()),
             cancel,
             tag: Some(owner.tag()),
+            trace: span.as_ref().map(|s| Box::new(s.meta().clone())),
             ..RequestOptions::default()
         };
-        match conn.request(method, Value::Object(params), opts).await {
+        let answered = conn.request(method, Value::Object(params), opts).await;
+        if let Some(span) = span {
+            end_client_span(span, &answered);
+        }
+        match answered {
             Ok(resp) => {
                 slot.answered();
                 Ok(resp.outcome)
@@ -311,18 +327,21 @@ impl Pool {
         cancel: CancellationToken,
         timeout: Option<Duration>,
         session: Option<Arc<Session>>,
+        trace: Option<&crate::telemetry::CallTrace>,
     ) -> Result<Option<Result<Value, Value>>, ForwardError> {
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         if conn.epoch() != epoch {
             return Ok(None);
         }
+        let span =
+            trace.map(|t| client_span(t, slot, upstream, method, crate::telemetry::Target::None));
         let mut params = params;
         upstream_meta(
             &mut params,
             registration,
             lease_of(slot, registration),
-            None,
+            span.as_ref().map(|s| s.meta()),
         );
         let owner = CallOwner {
             registration_id: registration.id.clone(),
@@ -333,9 +352,14 @@ impl Pool {
             timeout: Some(timeout.unwrap_or_else(|| in_use.remaining())),
             cancel,
             tag: Some(owner.tag()),
+            trace: span.as_ref().map(|s| Box::new(s.meta().clone())),
             ..RequestOptions::default()
         };
-        match conn.request(method, Value::Object(params), opts).await {
+        let answered = conn.request(method, Value::Object(params), opts).await;
+        if let Some(span) = span {
+            end_client_span(span, &answered);
+        }
+        match answered {
             Ok(resp) => {
                 slot.answered();
                 Ok(Some(resp.outcome))
@@ -404,6 +428,45 @@ impl Pool {
             _busy: busy,
         })
     }
+}
+
+/// The CLIENT span of a proxied or task request on `slot` (tracing on), the child of `trace`.
+fn client_span(
+    trace: &crate::telemetry::CallTrace,
+    slot: &Slot,
+    upstream: &str,
+    method: &str,
+    target: crate::telemetry::Target<'_>,
+) -> crate::telemetry::ClientSpan {
+    let [spawned, catalog] = slot.pool_work();
+    trace.client_span(crate::telemetry::Upstreamed {
+        upstream,
+        method: crate::telemetry::method_name(method),
+        target,
+        peer: slot.spec.peer(),
+        waited: [spawned.as_ref(), catalog.as_ref()],
+    })
+}
+
+/// Ends a CLIENT span from how its request ended.
+fn end_client_span(
+    span: crate::telemetry::ClientSpan,
+    answered: &Result<super::Response, UpstreamError>,
+) {
+    let (id, error_type) = match answered {
+        Ok(resp) => (
+            Some(resp.upstream_id),
+            resp.outcome.as_ref().err().map(|e| {
+                crate::telemetry::code_error_type(
+                    e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+                )
+            }),
+        ),
+        Err(UpstreamError::Timeout(_)) => (None, Some("timeout")),
+        Err(UpstreamError::Cancelled) => (None, Some("cancelled")),
+        Err(_) => (None, Some("_OTHER")),
+    };
+    span.end(id, error_type, None);
 }
 
 /// The registration's lease on a leased slot (minted on first use); none otherwise.

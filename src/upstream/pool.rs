@@ -52,6 +52,8 @@ pub(super) struct PoolInner {
     downstream: OnceLock<Weak<dyn Downstream>>,
     reaper_started: AtomicBool,
     client_requests: ClientRequests,
+    /// The tracer, when tracing is on (pool work gets traces of its own).
+    telemetry: OnceLock<Arc<crate::telemetry::Telemetry>>,
 }
 
 pub(super) struct Upstream {
@@ -63,12 +65,7 @@ pub(super) struct Upstream {
 
 fn upstream_of(config: UpstreamConfig, transport: Transport) -> Arc<Upstream> {
     Arc::new(Upstream {
-        spec: Arc::new(Spec {
-            id: config.id.clone(),
-            config,
-            transport,
-            refused: Default::default(),
-        }),
+        spec: Arc::new(Spec::new(config, transport)),
         catalog: tokio::sync::Mutex::new(None),
         slots: Mutex::new(Slots::default()),
     })
@@ -146,6 +143,7 @@ impl Pool {
                 downstream: OnceLock::new(),
                 reaper_started: AtomicBool::new(false),
                 client_requests: ClientRequests::default(),
+                telemetry: OnceLock::new(),
             }),
         }
     }
@@ -224,6 +222,18 @@ impl Pool {
     }
 
     /// Wires the pool to what routes `list_changed` and server → client requests.
+    /// Traces pool work (spawn, `initialize`, catalog fetch and refresh) with `telemetry`.
+    pub(crate) fn trace_with(&self, telemetry: Arc<crate::telemetry::Telemetry>) {
+        let _ = self.inner.telemetry.set(telemetry);
+    }
+
+    /// `network.transport` of an upstream's requests (`pipe`, `tcp`), if it is configured.
+    pub fn network_transport(&self, upstream_id: &str) -> Option<&'static str> {
+        self.inner
+            .up(upstream_id)
+            .map(|u| u.spec.peer().transport())
+    }
+
     pub(crate) fn attach(&self, downstream: Weak<dyn Downstream>) {
         let _ = self.inner.downstream.set(downstream);
     }
@@ -261,9 +271,23 @@ impl Pool {
         }
         // (`leased` is decided below, once the server's capabilities are known.)
         let probe = self.new_slot(&up.spec, false, None);
-        let conn = probe.connection().await?;
-        let catalog = match Catalog::fetch(&conn).await {
-            Ok(c) => Arc::new(c),
+        let span = self
+            .inner
+            .telemetry
+            .get()
+            .map(|t| t.pool_span("catalog", &up.spec.id, up.spec.peer()));
+        let fetched = match probe.connection().await {
+            Ok(conn) => Catalog::fetch(&conn, span.as_ref().map(|s| s.meta()))
+                .await
+                .map(|c| (conn, c)),
+            Err(e) => Err(e),
+        };
+        if let Some(span) = span {
+            let error = fetched.as_ref().err().map(|_| "catalog fetch failed");
+            *lock(&up.spec.catalog_work) = span.end(None, error);
+        }
+        let (conn, catalog) = match fetched {
+            Ok((conn, c)) => (conn, Arc::new(c)),
             Err(e) => {
                 probe.close("catalog fetch failed").await;
                 return Err(e);
@@ -319,7 +343,12 @@ impl Pool {
     /// serves (connection-wide notifications go to its sessions).
     fn new_slot(&self, spec: &Arc<Spec>, leased: bool, owner: Option<&str>) -> Arc<Slot> {
         self.start_reaper();
-        let (slot, rx) = Slot::new(spec, self.inner.audit.clone(), leased);
+        let (slot, rx) = Slot::new(
+            spec,
+            self.inner.audit.clone(),
+            leased,
+            self.inner.telemetry.get().cloned(),
+        );
         self.inner.tasks.spawn(run_events(
             Arc::downgrade(&self.inner),
             Arc::downgrade(&slot),
@@ -788,7 +817,19 @@ fn refresh_coalesced(pool: &Arc<PoolInner>, slot: &Arc<Slot>, epoch: u64) {
 async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
     let conn = slot.current_of(epoch);
     if let (Some(conn), Some(up)) = (conn, pool.up(&slot.spec.id)) {
-        match Catalog::fetch(&conn).await {
+        // Pool work with a trace of its own; no call waits on a refresh, so none links it.
+        let span = pool
+            .telemetry
+            .get()
+            .map(|t| t.pool_span("catalog_refresh", &slot.spec.id, slot.spec.peer()));
+        let fetched = Catalog::fetch(&conn, span.as_ref().map(|s| s.meta())).await;
+        if let Some(span) = span {
+            span.end(
+                Some(epoch),
+                fetched.as_ref().err().map(|_| "catalog refresh failed"),
+            );
+        }
+        match fetched {
             Ok(c) => {
                 *up.catalog.lock().await = Some(Arc::new(c));
                 tracing::info!(upstream = %slot.spec.id, "tool catalog refreshed");

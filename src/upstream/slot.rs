@@ -29,6 +29,43 @@ pub(super) struct Spec {
     pub transport: Transport,
     /// Call notifications this upstream's connections could not deliver (metrics).
     pub refused: super::NotificationsRefused,
+    /// An HTTP upstream's host and port (`server.address`/`.port` of CLIENT spans; never
+    /// the URL's path or query); `None` for stdio.
+    pub server: Option<(String, u16)>,
+    /// The catalog fetch at the upstream's first use, as calls that waited on it link to it
+    /// (tracing on).
+    pub catalog_work: Mutex<Option<crate::telemetry::PoolWork>>,
+}
+
+impl Spec {
+    pub fn new(config: UpstreamConfig, transport: Transport) -> Spec {
+        let server = match &transport {
+            Transport::Http { url, .. } => reqwest::Url::parse(url).ok().and_then(|u| {
+                let port = u.port_or_known_default()?;
+                Some((u.host_str()?.to_string(), port))
+            }),
+            Transport::Stdio { .. } => None,
+        };
+        Spec {
+            id: config.id.clone(),
+            config,
+            transport,
+            refused: Default::default(),
+            server,
+            catalog_work: Mutex::new(None),
+        }
+    }
+
+    /// Where this upstream's requests go, as spans say it.
+    pub fn peer(&self) -> crate::telemetry::Peer<'_> {
+        match &self.server {
+            Some((address, port)) => crate::telemetry::Peer::Tcp {
+                address,
+                port: *port,
+            },
+            None => crate::telemetry::Peer::Pipe,
+        }
+    }
 }
 
 /// The sharing in effect once the server is known: `leased` without the lease extension
@@ -106,6 +143,10 @@ pub(super) struct Slot {
     last_used: Mutex<Instant>,
     pub leases: Leases,
     pub stop: CancellationToken,
+    /// The tracer (tracing on): spawns are pool work with a trace of their own.
+    telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// The spawn of the live connection, as calls that waited on it link to it.
+    spawn_work: Mutex<Option<crate::telemetry::PoolWork>>,
 }
 
 impl Drop for Slot {
@@ -116,7 +157,12 @@ impl Drop for Slot {
 
 impl Slot {
     /// A slot with no connection yet, and the receiver of its connections' events.
-    pub fn new(spec: &Arc<Spec>, audit: Audit, leased: bool) -> (Arc<Slot>, EventReceiver) {
+    pub fn new(
+        spec: &Arc<Spec>,
+        audit: Audit,
+        leased: bool,
+        telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    ) -> (Arc<Slot>, EventReceiver) {
         // Bounded and rate-limited per connection (events.rs).
         let (tx, rx) = super::events::channel(&spec.id, spec.refused.clone());
         let slot = Arc::new(Slot {
@@ -138,6 +184,8 @@ impl Slot {
             last_used: Mutex::new(Instant::now()),
             leases: Leases::default(),
             stop: CancellationToken::new(),
+            telemetry,
+            spawn_work: Mutex::new(None),
         });
         (slot, rx)
     }
@@ -185,9 +233,25 @@ impl Slot {
         opts.notify_grace = Duration::from_millis(self.spec.config.notify_grace_ms.max(1));
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
         opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
+        // Pool work: a trace of its own (tracing on), linked from the calls that waited; the
+        // upstream's span of `initialize` joins it.
+        let span = self
+            .telemetry
+            .as_ref()
+            .map(|t| t.pool_span("spawn", &self.spec.id, self.spec.peer()));
+        opts.trace = span.as_ref().map(|s| s.meta().clone());
         // Boxed: spawning is the rare path; inline, its future would make every forwarded
         // call's future (which awaits this one) as large as the handshake's (issue 19).
-        match Box::pin(Connection::connect(opts, self.events_tx.clone())).await {
+        let connected = Box::pin(Connection::connect(opts, self.events_tx.clone())).await;
+        if let Some(span) = span {
+            // Never the error's text: it may name the command.
+            let error = connected
+                .as_ref()
+                .err()
+                .map(|_| "spawn or initialize failed");
+            *lock(&self.spawn_work) = span.end(Some(epoch), error);
+        }
+        match connected {
             Ok(c) => {
                 tracing::info!(upstream = %self.spec.id, epoch, pid = ?c.pid(), lease = c.supports_lease(), "upstream connected");
                 self.record("upstream_spawned", epoch, c.pid(), None);
@@ -201,6 +265,14 @@ impl Slot {
                 Err(e)
             }
         }
+    }
+
+    /// The pool work behind this slot's connection and its upstream's catalog (tracing on).
+    pub fn pool_work(&self) -> [Option<crate::telemetry::PoolWork>; 2] {
+        [
+            lock(&self.spawn_work).clone(),
+            lock(&self.spec.catalog_work).clone(),
+        ]
     }
 
     /// A request was answered: the connection works, the backoff starts over.

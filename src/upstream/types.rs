@@ -97,6 +97,9 @@ pub struct ConnectOptions {
     /// How long the reader waits for a call's consumer to take a notification before it
     /// refuses that call's notifications ([`NOTIFY_GRACE`] by default).
     pub notify_grace: Duration,
+    /// The pool work's trace context (tracing on), sent with `initialize` (`_meta`, and
+    /// headers to HTTP upstreams) so the upstream's span of it joins that trace.
+    pub trace: Option<crate::telemetry::TraceMeta>,
 }
 
 impl ConnectOptions {
@@ -118,6 +121,7 @@ impl ConnectOptions {
             shutdown_grace: Duration::from_secs(2),
             notifications_refused: NotificationsRefused::default(),
             notify_grace: NOTIFY_GRACE,
+            trace: None,
         }
     }
 }

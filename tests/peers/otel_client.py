@@ -5,10 +5,14 @@
 to `OTEL_EXPORTER_OTLP_ENDPOINT` over OTLP/HTTP (the OpenTelemetry Python SDK).
 
 Usage: otel_client.py --url URL --token TOKEN --tool NAME [--args JSON] [--unsampled]
-                      [--header-traceparent VALUE] [--calls N]
+                      [--header-traceparent VALUE] [--calls N] [--prompt NAME]
+                      [--resource URI]...
 --unsampled: the root span is not sampled (sampler ALWAYS_OFF): flags 00 on the wire.
 --header-traceparent: also sends this `traceparent` HTTP header on every request.
-Prints one JSON object: {"trace_id", "root_span_id", "results": [{"text", "isError"}]}.
+--prompt: also gets this prompt; --resource: also reads this resource (each in the same root
+span, after the tool calls).
+Prints one JSON object: {"trace_id", "root_span_id", "results": [{"text", "isError"}],
+"prompt": text of its first message, "resources": [text or {"error": message}]}.
 """
 
 from __future__ import annotations
@@ -51,6 +55,16 @@ async def run(args) -> dict:
                         r = await session.call_tool(args.tool, json.loads(args.args))
                         text = "".join(c.text for c in r.content if getattr(c, "type", "") == "text")
                         out["results"].append({"text": text, "isError": bool(r.is_error)})
+                    if args.prompt:
+                        p = await session.get_prompt(args.prompt, {"who": "gatehouse"})
+                        out["prompt"] = getattr(p.messages[0].content, "text", "")
+                    out["resources"] = []
+                    for uri in args.resource:
+                        try:
+                            r = await session.read_resource(uri)
+                            out["resources"].append("".join(getattr(c, "text", "") for c in r.contents))
+                        except Exception as e:  # noqa: BLE001
+                            out["resources"].append({"error": str(e)})
     return out
 
 
@@ -63,6 +77,8 @@ def main() -> None:
     p.add_argument("--unsampled", action="store_true")
     p.add_argument("--header-traceparent")
     p.add_argument("--calls", type=int, default=1)
+    p.add_argument("--prompt")
+    p.add_argument("--resource", action="append", default=[])
     args = p.parse_args()
     provider = TracerProvider(
         sampler=ALWAYS_OFF if args.unsampled else ALWAYS_ON,

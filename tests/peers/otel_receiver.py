@@ -10,7 +10,7 @@ Listens on 127.0.0.1 (an ephemeral port) and prints, one JSON object per line on
     {"span": {"trace_id", "span_id", "parent_span_id", "name", "kind", "flags", "trace_state",
               "attributes": {k: v}, "links": [{"trace_id","span_id"}],
               "status": {"code", "message"}, "resource": {k: v}, "scope": name}}   per span
-Spans are printed only for requests answered 200.
+Spans are printed only for requests answered 200. A gzip `Content-Encoding` is decoded first.
 
 Its mode is set by `POST /mode` with a body of `ok` (answer 200, the default), `503` (answer
 503 to every export) or `stall` (hold every export 30 s, then 503). `GET /healthz` answers 200.
@@ -18,6 +18,7 @@ Its mode is set by `POST /mode` with a body of `ok` (answer 200, the default), `
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import threading
@@ -79,6 +80,9 @@ class Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         req = trace_service_pb2.ExportTraceServiceRequest()
         try:
+            # A collector in front (Rotel) posts gzip-compressed protobuf.
+            if headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
             req.ParseFromString(body)
         except Exception as e:  # noqa: BLE001
             emit({"request": {"path": self.path, "error": str(e), "headers": headers}})

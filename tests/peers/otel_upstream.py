@@ -5,7 +5,7 @@ HTTP (`--http PORT`, path /mcp), that exports its own spans
 `_meta.traceparent`) over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`, with the OpenTelemetry
 Python SDK. Tools: `echo` (text; its structured content is the request's `_meta` as the
 upstream received it, and over HTTP the trace headers and whether an Authorization header came)
-and `fail` (an `isError` result).
+and `fail` (an `isError` result); a resource `memo://greeting` and a prompt `greet`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def echo(text: str, ctx: Context) -> types.CallToolResult:
 @mcp.tool(description="Always an isError result")
 def fail() -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text="it failed")], isError=True)
+
+
+@mcp.resource("memo://greeting", description="A fixed greeting")
+def greeting() -> str:
+    return "hello from the traced upstream"
+
+
+@mcp.prompt(description="A greeting prompt")
+def greet(who: str = "world") -> str:
+    return f"Greet {who}."
 
 
 if __name__ == "__main__":

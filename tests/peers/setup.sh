@@ -74,7 +74,7 @@ venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
 # The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
 # and run the Python package's tests (tests/python) in the same venv.
 venv_install .venv "requirements.txt requirements-python.txt" \
-  'import mcp, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
+  'import mcp, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2, rotel; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
 # The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
 venv_install .venv-mcp1 requirements-mcp1.txt \
   'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
