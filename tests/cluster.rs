@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
+use common::nginx::Nginx;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -248,6 +249,18 @@ fn node_cfg(
     top: &str,
     store_extra: &str,
 ) -> Daemon {
+    node_env(name, endpoints, budget_block, top, store_extra, &[])
+}
+
+/// [`node_cfg`] with environment variables (a shared `GATEHOUSE_ADMIN_TOKEN`).
+fn node_env(
+    name: &str,
+    endpoints: &[String],
+    budget_block: u64,
+    top: &str,
+    store_extra: &str,
+    env: &[(&str, &str)],
+) -> Daemon {
     let list = endpoints
         .iter()
         .map(|e| format!("{e:?}"))
@@ -260,7 +273,7 @@ fn node_cfg(
         ),
         "",
         "gatehouse=info",
-        &[],
+        env,
     )
 }
 
@@ -1080,116 +1093,33 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
     wait_status(&http, &b, &id, &token, 404, BOUND).await;
 }
 
-fn nginx_bin() -> std::path::PathBuf {
-    ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
-        .map(std::path::PathBuf::from)
-        .into_iter()
-        .find(|p| p.is_file())
-        .expect("nginx is not installed: run `bash tests/peers/setup.sh` (installs nginx-light)")
-}
-
-/// nginx in the foreground running the shipped deploy/nginx-cluster.conf, its addresses
-/// rewritten to the three nodes (n1, n2, n3) and its two listeners to loopback ports.
-struct Nginx {
-    child: Child,
-    _dir: tempfile::TempDir,
-    data: String,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Nginx {
-    fn start(nodes: &[&Daemon; 3]) -> Nginx {
-        let hostport = |url: &str| url.trim_start_matches("http://").to_string();
-        let shipped =
-            std::fs::read_to_string(common::repo_root().join("deploy/nginx-cluster.conf")).unwrap();
-        let (data_port, admin_port) = (free_port(), free_port());
-        let mut conf = shipped
-            .replace("listen 80;", &format!("listen 127.0.0.1:{data_port};"))
-            .replace(
-                "listen 10.0.0.10:8788;",
-                &format!("listen 127.0.0.1:{admin_port};"),
-            );
-        for (i, n) in nodes.iter().enumerate() {
-            conf = conf
-                .replace(&format!("10.0.0.1{}:8787", i + 1), &hostport(&n.data))
-                .replace(&format!("10.0.0.1{}:8788", i + 1), &hostport(&n.admin));
-        }
-        assert!(
-            !conf
-                .lines()
-                .any(|l| !l.trim_start().starts_with('#') && l.contains("10.0.0.")),
-            "an address is left:\n{conf}"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().display().to_string();
-        std::fs::write(dir.path().join("gatehouse.conf"), conf).unwrap();
-        let root = std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-        std::fs::write(
-            dir.path().join("nginx.conf"),
-            format!(
-                "{}pid {d}/nginx.pid;\nerror_log {d}/error.log info;\nevents {{ worker_connections 512; }}\n\
-                 http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/client_body;\n  \
-                 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  \
-                 scgi_temp_path {d}/scgi;\n  include {d}/gatehouse.conf;\n}}\n",
-                if root { "user root;\n" } else { "" }
-            ),
-        )
-        .unwrap();
-        let child = Command::new(nginx_bin())
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(dir.path().join("nginx.conf"))
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .args(["-g", "daemon off;"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let data = format!("http://127.0.0.1:{data_port}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", data_port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nginx did not listen: {:?}",
-                std::fs::read_to_string(dir.path().join("error.log"))
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nginx {
-            child,
-            _dir: dir,
-            data,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_sessions_node() {
     let _serial = SERIAL.lock().await;
     let etcd = Etcd::start().await;
     let eps = etcd.endpoints();
+    // One admin token on every node: the proxy's admin section sends a call to any node.
+    let shared = [("GATEHOUSE_ADMIN_TOKEN", ADMIN_TOKEN)];
     let mut nodes = [
-        node("n1", &eps, 16),
-        node("n2", &eps, 16),
-        node("n3", &eps, 16),
+        node_env("n1", &eps, 16, "", "", &shared),
+        node_env("n2", &eps, 16, "", "", &shared),
+        node_env("n3", &eps, 16, "", "", &shared),
     ];
-    let nginx = Nginx::start(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let nginx = Nginx::start(&[
+        (&nodes[0].data, &nodes[0].admin),
+        (&nodes[1].data, &nodes[1].admin),
+        (&nodes[2].data, &nodes[2].admin),
+    ]);
     let http = common::http();
-    let r = nodes[0]
-        .register(json!({"agent_id": "agent-py", "tools": ["demo.*"]}))
-        .await;
+    // Created through the proxy's admin section (any node); served by every node.
+    let (s, r) = admin_via(
+        &http,
+        reqwest::Method::POST,
+        &format!("{}/v1/registrations", nginx.admin),
+        Some(json!({"agent_id": "agent-py", "tools": ["demo.*"]})),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
     let (id, token) = (
         r["id"].as_str().unwrap().to_string(),
         r["token"].as_str().unwrap().to_string(),
@@ -1197,6 +1127,20 @@ async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_
     for n in &nodes {
         wait_served(&http, n, &id, &token, BOUND).await;
     }
+    // Read and renewed through the proxy (any node answers for any registration).
+    let reg_url = format!("{}/v1/registrations/{id}", nginx.admin);
+    for _ in 0..3 {
+        let (s, v) = admin_via(&http, reqwest::Method::GET, &reg_url, None).await;
+        assert_eq!((s, v["id"].as_str()), (200, Some(id.as_str())), "{v}");
+    }
+    let (s, v) = admin_via(
+        &http,
+        reqwest::Method::POST,
+        &format!("{reg_url}/renew"),
+        Some(json!({"ttl_s": 600})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
     // Stateless requests through the proxy land on any node.
     let (s, v) = call_url(
         &http,
@@ -1316,6 +1260,64 @@ async fn behind_the_shipped_nginx_a_python_sdk_client_outlives_the_kill9_of_its_
         slowest < 5000.0,
         "no call hangs (each fails or is answered)"
     );
+    // Released through the proxy's admin section: every live node acknowledged (the killed
+    // one's heartbeat lease may still be running: then it is named fenced), and the
+    // registration answers 404 through the proxy.
+    let (s, v) = admin_via(&http, reqwest::Method::DELETE, &reg_url, None).await;
+    assert_eq!(s, 200, "{v}");
+    let acked: Vec<&str> = v["acked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for n in ["n1", "n2", "n3"].iter().filter(|n| **n != dead) {
+        assert!(acked.contains(n), "{n} acknowledged the release: {v}");
+    }
+    let (s, _) = call_url(
+        &http,
+        &nginx.data,
+        &id,
+        &token,
+        "demo.echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert_eq!(s, 404, "released, through the proxy");
+    let (s, _) = admin_via(&http, reqwest::Method::GET, &reg_url, None).await;
+    assert_eq!(s, 404);
+    // The list is per node without a shared store: the proxy refuses it.
+    let (s, _) = admin_via(
+        &http,
+        reqwest::Method::GET,
+        &format!("{}/v1/registrations", nginx.admin),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403);
+}
+
+/// The admin token every node of the nginx test shares.
+const ADMIN_TOKEN: &str = "cluster-admin-token-for-tests-only-0123456789";
+
+/// One admin call with the shared token: (status, JSON body or the text as a string).
+async fn admin_via(
+    http: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = http.request(method, url).bearer_auth(ADMIN_TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod mcp_remote;
+pub mod nginx;
 pub mod peers;
 
 use std::path::PathBuf;
