@@ -1549,3 +1549,232 @@ async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
     assert_eq!(v["acked"], json!(["a", "b"]), "{v}");
     wait_status(&http, &b, &id, &token, 404, BOUND).await;
 }
+
+/// An embedded gateway (the library's `Gateway::new`, as an application or the Python
+/// binding builds it) on the cluster: node `name`, the in-process tool `echo` in its catalog.
+fn embedded(name: &str, endpoints: &[String]) -> common::TestGateway {
+    let g = common::TestGateway::with(|c| {
+        c.node_id = Some(name.to_string());
+        c.store.backend = Some(gatehouse::config::StoreBackend::Etcd);
+        c.store.endpoints = endpoints.to_vec();
+        c.store.timeout_ms = 1000;
+        c.cluster.release_bound_ms = BOUND.as_millis() as u64;
+        c.cluster.heartbeat_ms = 100;
+    });
+    g.gateway.add_tool(common::echo_tool("echo", "e"));
+    g
+}
+
+/// One stateless `tools/call` of `echo` on an embedded gateway's data listener (0: none yet).
+async fn call_embedded(
+    http: &reqwest::Client,
+    g: &common::TestGateway,
+    id: &str,
+    token: &str,
+) -> u16 {
+    let Some(addr) = g.gateway.local_addr() else {
+        return 0;
+    };
+    let (s, v) = call_url(
+        http,
+        &format!("http://{addr}"),
+        id,
+        token,
+        "echo",
+        json!({"text":"x"}),
+    )
+    .await;
+    assert!(
+        s != 200 || v["result"]["content"][0]["text"] == "e:x",
+        "{v}"
+    );
+    s
+}
+
+async fn wait_embedded(
+    http: &reqwest::Client,
+    g: &common::TestGateway,
+    id: &str,
+    token: &str,
+    status: u16,
+    within: Duration,
+) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        if call_embedded(http, g, id, token).await == status {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{id}: not {status} on the other embedded gateway within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_gateways_on_etcd_replicate_and_fence_like_daemons() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let http = common::http();
+    // Two gateways of this process, as two application processes would embed them: each
+    // replicates the store itself (no `gatehouse serve`).
+    let e1 = embedded("e1", &eps);
+    let e2 = embedded("e2", &eps);
+
+    // Made on e1 (by the library call), served by e2 with the same id and token.
+    let reg = e1
+        .gateway
+        .register(gatehouse::RegistrationSpec::new("agent-emb").grant("echo"))
+        .await
+        .unwrap();
+    let (id, token) = (reg.id().to_string(), reg.token().to_string());
+    let t = wait_embedded(&http, &e2, &id, &token, 200, Duration::from_secs(10)).await;
+    println!(
+        "embedded: served by the other gateway {:.1} ms after its creation",
+        t.as_secs_f64() * 1e3
+    );
+    // ...and a registration made on e2 is served by e1.
+    let reg2 = e2
+        .gateway
+        .register(gatehouse::RegistrationSpec::new("agent-emb2").grant("echo"))
+        .await
+        .unwrap();
+    wait_embedded(&http, &e1, reg2.id(), reg2.token(), 200, BOUND).await;
+
+    // Released on e1: 404 on e2 within B.
+    let t0 = Instant::now();
+    reg.release().await;
+    wait_embedded(&http, &e2, &id, &token, 404, BOUND).await;
+    let took = t0.elapsed();
+    assert!(took < BOUND, "{took:?}");
+    // e2's record of it names it a release made elsewhere, with the delete's revision.
+    let rec = e2
+        .audit()
+        .into_iter()
+        .find(|r| {
+            r.event == "registration_released" && r.registration_id.as_deref() == Some(id.as_str())
+        })
+        .unwrap_or_else(|| panic!("e2 audited the release: {:?}", e2.audit()));
+    assert!(rec.store_revision.unwrap_or(0) > 0, "{rec:?}");
+
+    // The fence is the gateway's too: etcd gone (every member killed) → 503 within B.
+    let (id2, tok2) = (reg2.id().to_string(), reg2.token().to_string());
+    let mut etcd = etcd;
+    let t0 = Instant::now();
+    for m in &mut etcd.members {
+        m.kill9();
+    }
+    let fenced = wait_embedded(&http, &e1, &id2, &tok2, 503, BOUND * 2).await;
+    println!(
+        "embedded: fenced {:.0} ms after etcd was killed",
+        fenced.as_secs_f64() * 1e3
+    );
+    assert!(
+        t0.elapsed() < BOUND + SLACK,
+        "fenced within B: {:?}",
+        t0.elapsed()
+    );
+    drop(reg2);
+    e1.gateway.shutdown().await;
+    e2.gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_carry_the_store_revision_their_decision_used() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let (a, b) = (node("a", &eps, 16), node("b", &eps, 16));
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-rev", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &b, &id, &token, BOUND).await;
+    // A slow call admitted on b before the release.
+    let slow = {
+        let (url, id, token) = (b.data.clone(), id.clone(), token.clone());
+        tokio::spawn(async move {
+            call_url(
+                &common::http(),
+                &url,
+                &id,
+                &token,
+                "demo.slow",
+                json!({"ms": 20000}),
+            )
+            .await
+        })
+    };
+    b.wait_in_flight(&id, 1).await;
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let release = v["revision"].as_u64().unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), slow).await;
+    let of = |d: &Daemon, event: &str| {
+        d.audit()
+            .into_iter()
+            .filter(|r| r.event == event && r.registration_id.as_deref() == Some(id.as_str()))
+            .collect::<Vec<_>>()
+    };
+    b.wait_audit(5, |recs| {
+        recs.iter().any(|r| {
+            r.event == "registration_released" && r.registration_id.as_deref() == Some(id.as_str())
+        })
+    })
+    .await;
+    // The creation: its commit revision, below the release's.
+    let created = of(&a, "registration_created");
+    let c = created[0].store_revision.unwrap();
+    assert!(
+        0 < c && c < release,
+        "created at {c}, released at {release}"
+    );
+    // The calls b admitted (the probes and the slow one) were decided against a revision that
+    // held the creation and not the release; the slow one was cancelled by it.
+    let calls = of(&b, "governed_mcp_call");
+    assert!(!calls.is_empty());
+    for call in &calls {
+        let r = call.store_revision.unwrap();
+        assert!(
+            c <= r && r < release,
+            "call admitted at {r}: created {c}, released {release}: {call:?}"
+        );
+    }
+    assert!(
+        calls.iter().any(|c| c.tool.as_deref() == Some("demo.slow")),
+        "{calls:?}"
+    );
+    // The release record on both nodes carries R; a's is its own release (no reason), b's
+    // says it came from elsewhere.
+    let on_a = of(&a, "registration_released");
+    assert_eq!(on_a.len(), 1, "{on_a:?}");
+    assert_eq!(on_a[0].store_revision, Some(release), "{on_a:?}");
+    assert!(on_a[0].reason.is_none(), "a's own release: {on_a:?}");
+    let on_b = of(&b, "registration_released");
+    assert_eq!(on_b[0].store_revision, Some(release), "{on_b:?}");
+    assert!(
+        on_b[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("another node")),
+        "{on_b:?}"
+    );
+    let now = etcd.client().await.get("/", None).await.unwrap();
+    println!(
+        "revisions: created {c}, calls on b {:?}, released {release}, etcd now {:?}",
+        calls.iter().map(|c| c.store_revision).collect::<Vec<_>>(),
+        now.header().map(|h| h.revision())
+    );
+}
