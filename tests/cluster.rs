@@ -12,11 +12,14 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cluster::{
+    call, call_url, echo_ok, free_port, releases_under_load, wait_served, wait_status, Etcd, Member,
+};
 use common::daemon::Daemon;
 use common::nginx::Nginx;
 use serde_json::{json, Value};
@@ -29,145 +32,6 @@ const SLACK: Duration = Duration::from_millis(150);
 
 /// The scenarios run one at a time (each starts 3 etcd members and 2-3 nodes).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One etcd member (killed on drop).
-struct Member {
-    name: String,
-    client: u16,
-    args: Vec<String>,
-    child: Option<Child>,
-}
-
-impl Member {
-    fn spawn(&mut self) {
-        let child = Command::new("etcd")
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd (Debian etcd-server) must be installed: apt-get install etcd-server");
-        self.child = Some(child);
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// A 3-member etcd cluster on 127.0.0.1, data dirs in a temporary directory.
-struct Etcd {
-    members: Vec<Member>,
-    _dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    async fn start() -> Etcd {
-        let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-        let initial = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, p))| format!("e{i}=http://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut members = Vec::new();
-        for (i, (c, p)) in ports.iter().enumerate() {
-            let name = format!("e{i}");
-            let args = vec![
-                "--name".into(),
-                name.clone(),
-                "--data-dir".into(),
-                dir.path().join(&name).display().to_string(),
-                "--listen-client-urls".into(),
-                format!("http://127.0.0.1:{c}"),
-                "--advertise-client-urls".into(),
-                format!("http://127.0.0.1:{c}"),
-                "--listen-peer-urls".into(),
-                format!("http://127.0.0.1:{p}"),
-                "--initial-advertise-peer-urls".into(),
-                format!("http://127.0.0.1:{p}"),
-                "--initial-cluster".into(),
-                initial.clone(),
-                "--initial-cluster-state".into(),
-                "new".into(),
-                "--initial-cluster-token".into(),
-                "gatehouse-test".into(),
-                "--heartbeat-interval".into(),
-                "100".into(),
-                "--election-timeout".into(),
-                "1000".into(),
-            ];
-            let mut m = Member {
-                name,
-                client: *c,
-                args,
-                child: None,
-            };
-            m.spawn();
-            members.push(m);
-        }
-        let etcd = Etcd { members, _dir: dir };
-        etcd.wait_writable(Duration::from_secs(30)).await;
-        etcd
-    }
-
-    fn endpoints(&self) -> Vec<String> {
-        self.members
-            .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
-            .collect()
-    }
-
-    async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect(
-            self.endpoints(),
-            Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2))),
-        )
-        .await
-        .unwrap()
-    }
-
-    /// Waits until a write commits (the cluster has a leader and quorum).
-    async fn wait_writable(&self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(mut c) = etcd_client::Client::connect(
-                self.endpoints(),
-                Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
-            )
-            .await
-            {
-                if c.put("/test/alive", "1", None).await.is_ok() {
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd cluster not writable in {within:?}: {:?}",
-                self.members.iter().map(|m| &m.name).collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
 
 /// A TCP relay to one etcd member that the test can cut (every connection closed, new ones
 /// refused) and heal: a node's link to the store, cut without root.
@@ -277,76 +141,6 @@ fn node_env(
     )
 }
 
-/// One stateless (2026-07-28) `tools/call` on `node`: (status, body).
-async fn call(
-    http: &reqwest::Client,
-    node: &Daemon,
-    id: &str,
-    token: &str,
-    tool: &str,
-    args: Value,
-) -> (u16, Value) {
-    call_url(http, &node.data, id, token, tool, args).await
-}
-
-fn echo_ok(v: &Value) -> bool {
-    v["result"]["content"][0]["text"]
-        .as_str()
-        .is_some_and(|t| t.ends_with(":x"))
-}
-
-/// Waits until `id` answers 200 on `node` (replicated), `within` at most.
-async fn wait_served(
-    http: &reqwest::Client,
-    node: &Daemon,
-    id: &str,
-    token: &str,
-    within: Duration,
-) {
-    let deadline = Instant::now() + within;
-    loop {
-        let (s, v) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
-        if s == 200 && echo_ok(&v) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{id} not served by {} in {within:?}: {s} {v}",
-            node.data
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Waits until `node` answers `status` to a call of a live registration; returns how long.
-async fn wait_status(
-    http: &reqwest::Client,
-    node: &Daemon,
-    id: &str,
-    token: &str,
-    status: u16,
-    within: Duration,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let (s, _) = call(http, node, id, token, "demo.echo", json!({"text":"x"})).await;
-        if s == status {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "{} did not answer {status} in {within:?} (last {s})",
-            node.data
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn any_node_serves_any_registration_and_a_release_holds_on_all_within_the_bound() {
     let _serial = SERIAL.lock().await;
@@ -388,94 +182,23 @@ async fn any_node_serves_any_registration_and_a_release_holds_on_all_within_the_
         assert_eq!(s, 401);
     }
 
-    // Load: every node serves calls of a long-lived registration throughout.
-    let stop = Arc::new(AtomicBool::new(false));
-    let served = Arc::new(AtomicU64::new(0));
-    let mut load = Vec::new();
-    for n in &nodes {
-        for _ in 0..2 {
-            let (url, id, token, stop, served) = (
-                n.data.clone(),
-                id.clone(),
-                token.clone(),
-                stop.clone(),
-                served.clone(),
-            );
-            load.push(tokio::spawn(async move {
-                let http = common::http();
-                while !stop.load(Ordering::Relaxed) {
-                    let (s, v) =
-                        call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
-                    assert!(s == 200 && echo_ok(&v), "load call failed: {s} {v}");
-                    served.fetch_add(1, Ordering::Relaxed);
-                }
-            }));
-        }
-    }
-
-    // ≥ 200 releases, each made on one node while the others are probed until their 404.
+    // ≥ 200 releases, each made on one node while the others are probed until their 404,
+    // two callers per node throughout (the measurement benches/cluster.rs runs too).
     const RELEASES: usize = 200;
-    let mut propagation = Vec::with_capacity(RELEASES);
-    let mut acked_all = 0;
-    for i in 0..RELEASES {
-        let at = i % 3;
-        let r = nodes[(at + 1) % 3]
-            .register(json!({"agent_id": format!("agent-{i}"), "tools": ["demo.*"]}))
-            .await;
-        let (rid, rtok) = (
-            r["id"].as_str().unwrap().to_string(),
-            r["token"].as_str().unwrap().to_string(),
-        );
-        for n in &nodes {
-            wait_served(&http, n, &rid, &rtok, BOUND).await;
-        }
-        let t0 = Instant::now();
-        let (s, v) = nodes[at]
-            .admin_call(
-                reqwest::Method::DELETE,
-                &format!("/v1/registrations/{rid}"),
-                None,
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(
-            v["fenced"],
-            json!([]),
-            "no node fenced on a healthy cluster: {v}"
-        );
-        if v["acked"].as_array().map_or(0, Vec::len) == 3 {
-            acked_all += 1;
-        }
-        // Every node answers 404 (probed in turn: the time is an upper bound for the last).
-        for n in &nodes {
-            wait_status(&http, n, &rid, &rtok, 404, BOUND * 2).await;
-        }
-        propagation.push(t0.elapsed());
-    }
-    stop.store(true, Ordering::Relaxed);
-    for l in load {
-        l.await.unwrap();
-    }
-    propagation.sort();
-    let (p50, p99, max) = (
-        pct(&propagation, 0.5),
-        pct(&propagation, 0.99),
-        propagation[RELEASES - 1],
-    );
+    let p = releases_under_load(&[&nodes[0], &nodes[1], &nodes[2]], RELEASES, 2, BOUND).await;
     println!(
-        "release propagation over {RELEASES} releases (3 nodes, {} load calls served meanwhile): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (bound {} ms); acked by all 3: {acked_all}",
-        served.load(Ordering::Relaxed),
-        p50.as_secs_f64() * 1e3,
-        p99.as_secs_f64() * 1e3,
-        max.as_secs_f64() * 1e3,
-        BOUND.as_millis()
+        "release propagation (3 nodes): {} (bound {} ms); acked by all 3: {}",
+        p.line(),
+        BOUND.as_millis(),
+        p.acked_all
     );
     assert!(
-        max < BOUND,
-        "a release took {max:?} to hold on every node (bound {BOUND:?})"
+        p.max() < BOUND,
+        "a release took {:?} to hold on every node (bound {BOUND:?})",
+        p.max()
     );
     assert_eq!(
-        acked_all, RELEASES,
+        p.acked_all, RELEASES,
         "every release acknowledged by all 3 nodes"
     );
     let m = nodes[0].metrics().await;
@@ -483,38 +206,6 @@ async fn any_node_serves_any_registration_and_a_release_holds_on_all_within_the_
         m.contains("gatehouse_release_propagation_seconds_count"),
         "{m}"
     );
-}
-
-async fn call_url(
-    http: &reqwest::Client,
-    data: &str,
-    id: &str,
-    token: &str,
-    tool: &str,
-    args: Value,
-) -> (u16, Value) {
-    let params = json!({
-        "name": tool,
-        "arguments": args,
-        "_meta": {"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
-    });
-    let r = http
-        .post(format!("{data}/gw/{id}/mcp"))
-        .bearer_auth(token)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", tool)
-        .json(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":params}))
-        .send()
-        .await;
-    match r {
-        Ok(r) => {
-            let s = r.status().as_u16();
-            (s, r.json().await.unwrap_or(Value::Null))
-        }
-        Err(e) => (0, json!(e.to_string())),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,6 +2,8 @@
 //! legacy-SSE client that shows every byte the gateway sends.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod daemon;
 pub mod mcp_remote;
 pub mod nginx;
