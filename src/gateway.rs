@@ -699,7 +699,7 @@ impl Gateway {
         #[cfg(feature = "cluster")]
         if self.hub().fence().enabled() && self.registry().get(id).is_some() {
             lock(&self.inner.releasing).insert(id.to_string());
-            let committed = self.commit_release(id).await;
+            let committed = self.store().release(id).await;
             lock(&self.inner.releasing).remove(id);
             committed?;
             if let Some(state) = self.close_registration(id, reason) {

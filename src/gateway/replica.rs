@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Gateway, GatewayError, ReleaseReason, Replica};
-use crate::store::{StoreError, StoredRegistration};
+use crate::store::StoredRegistration;
 use crate::sync::lock;
 
 impl Gateway {
@@ -60,26 +60,6 @@ impl Gateway {
                     .finish_release_from(&state, ReleaseReason::Released, replica)
                     .await;
             });
-        }
-    }
-
-    /// A release made here, committed to the store first. A delete whose answer was lost
-    /// (a timeout) may still have gone through: the key is read back, and if it is gone the
-    /// release is done; if that read fails too, the outcome is unknown (`StoreError::Unknown`,
-    /// never "nothing changed").
-    pub(crate) async fn commit_release(&self, id: &str) -> Result<(), StoreError> {
-        let Err(e) = self.store().release(id).await else {
-            return Ok(());
-        };
-        let Some(etcd) = self.etcd() else {
-            return Err(e);
-        };
-        match etcd.gone_at(id).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(e),
-            Err(again) => Err(StoreError::Unknown(format!(
-                "the delete's answer was lost ({e}) and the key could not be read back ({again})"
-            ))),
         }
     }
 

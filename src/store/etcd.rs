@@ -145,6 +145,26 @@ fn recall(list: &Mutex<std::collections::VecDeque<(String, i64)>>, id: &str) -> 
         .map(|(_, r)| *r)
 }
 
+/// An error that says the request was not applied: refused before it reached the log (no
+/// leader, no connection to send it on (refused), a bad or unauthorized request). Anything else (a
+/// timeout, a stream broken after sending) leaves the outcome open.
+fn not_committed(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    // gRPC codes: 3 InvalidArgument, 7 PermissionDenied, 9 FailedPrecondition, 16
+    // Unauthenticated.
+    if matches!(s.code() as i32, 3 | 7 | 9 | 16) {
+        return true;
+    }
+    let m = s.message();
+    // A connection that could not be made: nothing was sent.
+    m.contains("connect error")
+        || m.contains("no leader")
+        || m.contains("there is no address available")
+        || m.contains("there is no connection available")
+}
+
 fn failed(e: impl std::fmt::Display) -> StoreError {
     StoreError::Failed(format!("etcd: {e}"))
 }
@@ -253,7 +273,7 @@ impl EtcdStore {
     /// the read)` if it is (the delete went through, or the registration ended otherwise:
     /// either way it is released, at a revision no later than the read's), `None` if it is
     /// still there. An error: the store did not answer (the outcome is unknown).
-    pub async fn gone_at(&self, id: &str) -> Result<Option<i64>, StoreError> {
+    async fn gone_at(&self, id: &str) -> Result<Option<i64>, StoreError> {
         let mut c = self.client().await?;
         let resp = c.get(self.reg_key(id), None).await.map_err(failed)?;
         let rev = resp.header().map_or(0, |h| h.revision());
@@ -370,7 +390,25 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
             .and_then([TxnOp::delete(key, None)]);
-        let resp = c.txn(txn).await.map_err(failed)?;
+        let resp = match c.txn(txn).await {
+            Ok(r) => r,
+            Err(e) if not_committed(&e) => return Err(failed(e)),
+            // The answer was lost (a timeout, a broken stream): the delete may have gone
+            // through. Read the key back: gone, it is released (at a revision no later than
+            // the read's); still there, nothing changed; unreadable, the outcome is unknown.
+            Err(e) => {
+                return match self.gone_at(id).await {
+                    Ok(Some(_)) => {
+                        self.commits.fetch_add(1, Ordering::Relaxed);
+                        Ok(true)
+                    }
+                    Ok(None) => Err(failed(e)),
+                    Err(again) => Err(StoreError::Unknown(format!(
+                        "etcd: the delete's answer was lost ({e}) and the key could not be read back ({again})"
+                    ))),
+                };
+            }
+        };
         if !resp.succeeded() {
             return Ok(false);
         }
