@@ -1,5 +1,5 @@
 //! The freshness fence of a cluster node (issue 36, CLUSTER.md §5.4), and what the node knows
-//! of its peers' applied revisions. `crate::cluster` drives it; the data listener asks it.
+//! of its peers' applied revisions. `gateway::cluster` drives it; the data listener asks it.
 //!
 //! A node serves MCP paths only while it is fresh: while it has seen, within the bound B, its
 //! own heartbeat write come back through its watch (or a linearizable range read complete).
@@ -11,7 +11,7 @@
 //! Invariant: outside a cluster (`enabled` false) the fence is never closed and costs one
 //! atomic load per request (tests/cluster.rs tests it closed).
 
-// Driven by `crate::cluster` (feature `cluster`); without it only `is_fenced`/`token` are
+// Driven by `gateway::cluster` (feature `cluster`); without it only `is_fenced`/`token` are
 // asked (and always answer "open").
 #![cfg_attr(not(feature = "cluster"), allow(dead_code))]
 

@@ -118,7 +118,7 @@ pub(crate) struct Inner {
     /// comes first, is this node's own release, not one made elsewhere.
     #[cfg(feature = "cluster")]
     releasing: Mutex<std::collections::HashSet<String>>,
-    /// The `etcd` store, when the node is one of a cluster (`crate::cluster`).
+    /// The `etcd` store, when the node is one of a cluster (`gateway::cluster`).
     #[cfg(feature = "cluster")]
     etcd: Option<Arc<crate::store::etcd::EtcdStore>>,
 }

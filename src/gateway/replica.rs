@@ -1,4 +1,4 @@
-//! A cluster node's replica of the shared store (issue 36): what `crate::cluster` applies
+//! A cluster node's replica of the shared store (issue 36): what `gateway::cluster` applies
 //! from the store's watch. A registration created on another node is adopted (served here
 //! under the same id and token digest); one released elsewhere, or whose etcd lease ended, is
 //! closed here as a release is (calls cancelled, sessions closed), without a store write.

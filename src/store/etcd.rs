@@ -6,7 +6,7 @@
 //!
 //! The client connects on first use (the store is opened before the runtime's first await);
 //! every operation is bounded by the client's request timeout. Replication (the range read,
-//! the watch, the heartbeats) is `crate::cluster`'s; this file is the key layout and the
+//! the watch, the heartbeats) is `gateway::cluster`'s; this file is the key layout and the
 //! single-key transactions.
 
 use std::path::Path;
