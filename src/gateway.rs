@@ -700,9 +700,13 @@ impl Gateway {
         if self.hub().fence().enabled() && self.registry().get(id).is_some() {
             lock(&self.inner.releasing).insert(id.to_string());
             let committed = self.store().release(id).await;
+            let closed = committed
+                .is_ok()
+                .then(|| self.close_registration(id, reason))
+                .flatten();
             lock(&self.inner.releasing).remove(id);
             committed?;
-            if let Some(state) = self.close_registration(id, reason) {
+            if let Some(state) = closed {
                 self.finish_release(&state, reason).await?;
             }
             return Ok(true);
