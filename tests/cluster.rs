@@ -38,6 +38,9 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 struct Relay {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// While set, what the member sends back is read and dropped (requests still arrive):
+    /// answers lost on the way.
+    mute: Arc<AtomicBool>,
     epoch: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -53,8 +56,9 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
+        let mute = Arc::new(AtomicBool::new(false));
         let (epoch, _) = tokio::sync::watch::channel(0u64);
-        let (c, e) = (cut.clone(), epoch.clone());
+        let (c, e, mu) = (cut.clone(), epoch.clone(), mute.clone());
         let task = tokio::spawn(async move {
             let conns = tokio_util::task::TaskTracker::new();
             loop {
@@ -66,12 +70,32 @@ impl Relay {
                     continue;
                 }
                 let mut changed = e.subscribe();
+                let mute = mu.clone();
                 conns.spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
                         return;
                     };
+                    let (mut ir, mut iw) = inbound.into_split();
+                    let (mut or, mut ow) = outbound.into_split();
+                    let down = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match or.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if mute.load(Ordering::SeqCst) {
+                                continue;
+                            }
+                            if iw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = tokio::io::copy(&mut ir, &mut ow) => {}
+                        _ = down => {}
                         _ = changed.changed() => {}
                     }
                 });
@@ -80,6 +104,7 @@ impl Relay {
         Relay {
             addr,
             cut,
+            mute,
             epoch,
             task,
         }
@@ -92,6 +117,15 @@ impl Relay {
 
     fn heal(&self) {
         self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Answers lost from now on (requests still reach the member), until `unmute`.
+    fn mute(&self) {
+        self.mute.store(true, Ordering::SeqCst);
+    }
+
+    fn unmute(&self) {
+        self.mute.store(false, Ordering::SeqCst);
     }
 }
 
@@ -1474,5 +1508,67 @@ async fn records_carry_the_store_revision_their_decision_used() {
         "revisions: created {c}, calls on b {:?}, released {release}, etcd now {:?}",
         calls.iter().map(|c| c.store_revision).collect::<Vec<_>>(),
         now.header().map(|h| h.revision())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_whose_answer_is_lost_is_never_answered_as_unchanged() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut relays = Vec::new();
+    for m in &etcd.members {
+        relays.push(Relay::to(m.client).await);
+    }
+    let muted_eps: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let (a, c) = (node("a", &eps, 16), node("c", &muted_eps, 16));
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-lost", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &c, &id, &token, BOUND).await;
+    // c's delete reaches etcd, its answer does not (nor the read-back's).
+    for r in &relays {
+        r.mute();
+    }
+    let t0 = Instant::now();
+    let (s, v) = c
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    println!(
+        "lost answer: DELETE answered {s} after {:.0} ms: {v}",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(s, 503, "{v}");
+    assert!(
+        v.to_string().contains("outcome unknown"),
+        "a delete sent and unanswered is not 'nothing changed': {v}"
+    );
+    // It did go through: a, on etcd directly, no longer serves it.
+    wait_status(&http, &a, &id, &token, 404, BOUND * 2).await;
+    // Answers flow again (every muted connection closed, so c's client reconnects): c applies
+    // the delete from its watch and answers 404 too.
+    for r in &relays {
+        r.unmute();
+        r.cut();
+        r.heal();
+    }
+    wait_status(&http, &c, &id, &token, 404, Duration::from_secs(15)).await;
+    let recs = c.audit();
+    assert!(
+        recs.iter().any(|r| r.event == "registration_released"
+            && r.registration_id.as_deref() == Some(id.as_str())),
+        "c audited the release once it saw it"
     );
 }
