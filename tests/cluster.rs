@@ -62,7 +62,7 @@ impl Relay {
         let task = tokio::spawn(async move {
             let conns = tokio_util::task::TaskTracker::new();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok((inbound, _)) = listener.accept().await else {
                     continue;
                 };
                 if c.load(Ordering::SeqCst) {
@@ -1571,4 +1571,18 @@ async fn a_release_whose_answer_is_lost_is_never_answered_as_unchanged() {
             && r.registration_id.as_deref() == Some(id.as_str())),
         "c audited the release once it saw it"
     );
+}
+
+/// A gateway on the etcd store replicates it in tasks of its own: built outside a tokio
+/// runtime, it is refused with the reason (no etcd needed: the client connects on first use).
+#[test]
+fn a_gateway_on_etcd_outside_a_runtime_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = gatehouse::Config::default();
+    config.audit.path = dir.path().join("audit.jsonl");
+    config.node_id = Some("x".into());
+    config.store.backend = Some(gatehouse::config::StoreBackend::Etcd);
+    config.store.endpoints = vec!["http://127.0.0.1:9".into()];
+    let e = gatehouse::Gateway::new(config).err().expect("refused");
+    assert!(e.to_string().contains("tokio runtime"), "{e}");
 }

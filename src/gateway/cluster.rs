@@ -209,10 +209,10 @@ impl Gateway {
             return Ok(());
         };
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(GatewayError::InvalidSpec(
-                "a gateway on the etcd store replicates it in tasks: build it inside a tokio runtime"
+            return Err(GatewayError::Config(crate::config::ConfigError::Invalid(
+                "store.backend = \"etcd\": the gateway replicates the store in tasks of its own; build it inside a tokio runtime"
                     .into(),
-            ));
+            )));
         }
         let config = gw.config().clone();
         // `Config::validate` refused an etcd store without `node_id`.
