@@ -6,6 +6,8 @@
 #                           `cargo install`ed once into bench/.cargo-peers (git-ignored; it
 #                           builds for a long while on 2 cores), reused when its binary exists
 #   SKIP_EXTERNAL=1 bench/run.sh   skip every external peer
+# Not run here (needs etcd and the `cluster` feature): the cluster's release propagation,
+#   cargo bench --features cluster --bench cluster   (benches/cluster.rs; bench/NOTES.md "Cluster")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 QUICK=""

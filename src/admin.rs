@@ -194,6 +194,13 @@ async fn reload(State(st): State<AdminState>) -> Response {
 /// A store write that failed: nothing was committed, so nothing is answered as done.
 fn store_failed(e: GatewayError) -> Response {
     tracing::error!(error = %e, "registration store write failed");
+    if let GatewayError::Store(crate::store::StoreError::Unknown(_)) = e {
+        // A cluster's release whose answer was lost and could not be read back.
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{e}: retry the request"),
+        );
+    }
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("not stored, nothing changed: {e}"),

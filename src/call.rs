@@ -389,6 +389,8 @@ pub(crate) struct Summary<'a> {
     pub ended: Ended,
     /// The call's SERVER span (tracing on), ended by [`finish`].
     pub trace: Option<Box<CallTrace>>,
+    /// A cluster node: the store revision the call was admitted (or refused) against.
+    pub revision: Option<u64>,
 }
 
 /// Runs `tools/call`: the four steps. Returns the reply, or `None` when the call was
@@ -437,6 +439,9 @@ pub fn run<'c>(
             store: &**ctx.hub.store(),
             block: ctx.hub.config().store.budget_block,
         };
+        // A cluster node: the store revision the admission is decided against (everything
+        // up to it applied; `None` outside a cluster: one atomic load).
+        let revision = ctx.hub.fence().decided_at();
         let (tool, admission) = match admit(budget, reg, &name, ctx.hub.audit().is_healthy()).await
         {
             Ok(a) => a,
@@ -496,6 +501,7 @@ pub fn run<'c>(
             ids: Some(&ids),
             ended,
             trace,
+            revision,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.
@@ -658,6 +664,7 @@ fn refuse<'c>(
             ids: None,
             ended: r.ended,
             trace,
+            revision: ctx.hub.fence().decided_at(),
         },
     )
 }
@@ -1026,6 +1033,7 @@ pub(crate) fn finish<'c>(
     rec.upstream = summary.upstream.map(Cow::Borrowed);
     rec.args_digest = summary.digest.map(Cow::Borrowed);
     rec.arguments = summary.arguments;
+    rec.store_revision = summary.revision;
     if let Some(ids) = summary.ids {
         rec.upstream_request_id = ids.request_id();
         rec.epoch = ids.epoch();

@@ -78,7 +78,7 @@ pub struct Config {
     /// MCP tasks the gateway owns per registration (`tasks`).
     pub tasks: TasksConfig,
     pub store: StoreConfig,
-    /// Several nodes on one etcd store (`[store] backend = "etcd"`; `crate::cluster`).
+    /// Several nodes on one etcd store (`[store] backend = "etcd"`; `gateway::cluster`).
     pub cluster: ClusterConfig,
     /// OpenTelemetry traces (issue 38): off unless an OTLP endpoint is set here or by the
     /// `OTEL_*` variables (which override this section in the daemon).
@@ -459,7 +459,7 @@ pub enum StoreBackend {
     Memory,
     /// A SQLite file written through before each answer (`gatehouse serve`'s default).
     Sqlite,
-    /// etcd v3 shared by several nodes (`crate::cluster`; a build with the `cluster` feature).
+    /// etcd v3 shared by several nodes (`gateway::cluster`; a build with the `cluster` feature).
     Etcd,
 }
 

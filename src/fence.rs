@@ -1,5 +1,5 @@
 //! The freshness fence of a cluster node (issue 36, CLUSTER.md §5.4), and what the node knows
-//! of its peers' applied revisions. `crate::cluster` drives it; the data listener asks it.
+//! of its peers' applied revisions. `gateway::cluster` drives it; the data listener asks it.
 //!
 //! A node serves MCP paths only while it is fresh: while it has seen, within the bound B, its
 //! own heartbeat write come back through its watch (or a linearizable range read complete).
@@ -11,12 +11,12 @@
 //! Invariant: outside a cluster (`enabled` false) the fence is never closed and costs one
 //! atomic load per request (tests/cluster.rs tests it closed).
 
-// Driven by `crate::cluster` (feature `cluster`); without it only `is_fenced`/`token` are
+// Driven by `gateway::cluster` (feature `cluster`); without it only `is_fenced`/`token` are
 // asked (and always answer "open").
 #![cfg_attr(not(feature = "cluster"), allow(dead_code))]
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,8 @@ pub struct Fence {
     changed: tokio::sync::Notify,
     /// This node's id (its own entry in `peers`).
     own: Mutex<String>,
+    /// The store revision this node has applied (what a decision made now is made against).
+    applied: AtomicU64,
 }
 
 impl Default for Fence {
@@ -47,6 +49,7 @@ impl Default for Fence {
             peers: Mutex::new(BTreeMap::new()),
             changed: tokio::sync::Notify::new(),
             own: Mutex::new(String::new()),
+            applied: AtomicU64::new(0),
         }
     }
 }
@@ -95,6 +98,20 @@ impl Fence {
         }
         drop(token);
         self.fenced.swap(false, Ordering::AcqRel)
+    }
+
+    /// The store revision this node has applied (the cluster's replica sets it).
+    pub fn set_applied(&self, revision: u64) {
+        self.applied.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// The store revision a decision made now uses (a call's admission; the audit record's
+    /// `store_revision`): `None` outside a cluster, where it costs one atomic load.
+    pub fn decided_at(&self) -> Option<u64> {
+        if !self.enabled() {
+            return None;
+        }
+        Some(self.applied.load(Ordering::Acquire))
     }
 
     /// The token a call stops on when the node fences (`None` outside a cluster).

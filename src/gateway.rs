@@ -5,6 +5,8 @@
 //! registration inserts happen under it too, so a registration arriving while the server is
 //! stopping is served, never lost.
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod reload;
 #[cfg(feature = "cluster")]
 mod replica;
@@ -112,7 +114,11 @@ pub(crate) struct Inner {
     /// Ids being created here (between the store's commit and the registry insert): the
     /// cluster's watch does not adopt them meanwhile.
     creating: Mutex<std::collections::HashSet<String>>,
-    /// The `etcd` store, when the node is one of a cluster (`crate::cluster`).
+    /// Ids whose release this node is committing to the store: the watch's delete, if it
+    /// comes first, is this node's own release, not one made elsewhere.
+    #[cfg(feature = "cluster")]
+    releasing: Mutex<std::collections::HashSet<String>>,
+    /// The `etcd` store, when the node is one of a cluster (`gateway::cluster`).
     #[cfg(feature = "cluster")]
     etcd: Option<Arc<crate::store::etcd::EtcdStore>>,
 }
@@ -158,7 +164,7 @@ impl Gateway {
         let telemetry =
             crate::telemetry::Telemetry::start(&config.telemetry, config.node_id.as_deref())
                 .map_err(|e| GatewayError::Config(crate::config::ConfigError::Invalid(e)))?;
-        Ok(Gateway {
+        let gw = Gateway {
             inner: Arc::new(Inner {
                 hub: Hub::new(config, audit, pool, store, telemetry),
                 catalog: Mutex::new(BTreeMap::new()),
@@ -170,9 +176,16 @@ impl Gateway {
                 config_path: Mutex::new(None),
                 creating: Mutex::new(std::collections::HashSet::new()),
                 #[cfg(feature = "cluster")]
+                releasing: Mutex::new(std::collections::HashSet::new()),
+                #[cfg(feature = "cluster")]
                 etcd,
             }),
-        })
+        };
+        // A cluster node replicates the store wherever its gateway is built (the daemon, an
+        // embedded Rust or Python gateway): the gateway owns the tasks.
+        #[cfg(feature = "cluster")]
+        gw.start_cluster()?;
+        Ok(gw)
     }
 
     /// The shared handles.
@@ -373,6 +386,8 @@ impl Gateway {
         }
         let mut rec = lifecycle_record("registration_created", &state);
         rec.tools = Some(state.tools.names());
+        // A cluster node: the revision the store committed the creation at.
+        rec.store_revision = self.create_revision(&state.id);
         if let Err(e) = self.inner.hub.audit().record(rec).await {
             self.close_registration(&state.id, ReleaseReason::Released);
             let _ = store.release(&state.id).await;
@@ -679,10 +694,19 @@ impl Gateway {
         // A cluster node commits the release to the store before closing anything: a store
         // without quorum (or out of reach) fails it, and then nothing changed, here or on
         // any node. Once committed, it closes here at once (the watch's delete, if it comes
-        // first, closes it instead) and the finish's own store delete finds nothing left.
+        // first, closes it instead, as this node's release) and the finish's own store
+        // delete finds nothing left.
+        #[cfg(feature = "cluster")]
         if self.hub().fence().enabled() && self.registry().get(id).is_some() {
-            self.store().release(id).await?;
-            if let Some(state) = self.close_registration(id, reason) {
+            lock(&self.inner.releasing).insert(id.to_string());
+            let committed = self.store().release(id).await;
+            let closed = committed
+                .is_ok()
+                .then(|| self.close_registration(id, reason))
+                .flatten();
+            lock(&self.inner.releasing).remove(id);
+            committed?;
+            if let Some(state) = closed {
                 self.finish_release(&state, reason).await?;
             }
             return Ok(true);
@@ -703,27 +727,32 @@ impl Gateway {
         state: &Arc<RegistrationState>,
         reason: ReleaseReason,
     ) -> Result<(), crate::store::StoreError> {
-        self.finish_release_from(state, reason, None).await
+        self.finish_release_from(state, reason, Replica::No).await
     }
 
-    /// [`Gateway::finish_release`]; `elsewhere`: the release was made by another node (the
-    /// store has no row left to delete; the audit record says where it came from).
+    /// [`Gateway::finish_release`]; `replica`: the store's delete was seen in its watch (a
+    /// cluster node): there is no row left to delete, and the audit record says where the
+    /// release came from and carries its revision.
     async fn finish_release_from(
         &self,
         state: &Arc<RegistrationState>,
         reason: ReleaseReason,
-        elsewhere: Option<&str>,
+        replica: Replica,
     ) -> Result<(), crate::store::StoreError> {
         // The children closed with it end first (their store rows, calls, leases and records).
         let children = std::mem::take(&mut *lock(&state.family.closed_children));
         for child in children {
-            if let Err(e) = Box::pin(self.finish_release_from(&child, reason, elsewhere)).await {
+            if let Err(e) = Box::pin(self.finish_release_from(&child, reason, replica)).await {
                 tracing::error!(registration = %child.id, error = %e, "a child's release not stored");
             }
         }
-        let stored = match elsewhere {
-            None => self.store().release(&state.id).await.map(|_| ()),
-            Some(_) => Ok(()),
+        let (stored, elsewhere, revision) = match replica {
+            Replica::No => (
+                self.store().release(&state.id).await.map(|_| ()),
+                None,
+                self.release_revision(&state.id),
+            ),
+            Replica::Deleted { why, revision } => (Ok(()), why, revision),
         };
         // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
         // `notifications/cancelled` before its task ends), then release leases and connections.
@@ -743,8 +772,10 @@ impl Gateway {
             rec.reason = Some("shutdown".into());
         }
         if let Some(why) = elsewhere {
-            rec.reason = Some(why.to_string().into());
+            rec.reason = Some(why.into());
         }
+        // A cluster node: the revision of the store's delete (R), the release's decision.
+        rec.store_revision = revision;
         let cascade;
         if let Some(parent) = state.family.parent.as_ref().filter(|p| p.is_released()) {
             cascade = format!("with its parent {}", parent.id);
@@ -1094,6 +1125,32 @@ async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: Ca
             gw.release_id(&id, ReleaseReason::Expired).await;
         }
     }
+}
+
+#[cfg(not(feature = "cluster"))]
+impl Gateway {
+    /// Outside a cluster a record carries no store revision.
+    fn release_revision(&self, _id: &str) -> Option<u64> {
+        None
+    }
+
+    fn create_revision(&self, _id: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// Where a release's end comes from: this node's own release (it deletes the store's row),
+/// or a delete a cluster node saw in the store's watch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Replica {
+    No,
+    /// `why`: the record's reason (`None`: the delete was this node's own release, seen
+    /// before its request finished); `revision`: the delete's.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Deleted {
+        why: Option<&'static str>,
+        revision: Option<u64>,
+    },
 }
 
 fn lifecycle_record<'a>(event: &'a str, state: &'a RegistrationState) -> Record<'a> {

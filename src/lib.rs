@@ -16,8 +16,6 @@ mod audit;
 mod call;
 #[doc(hidden)]
 pub mod cli;
-#[cfg(feature = "cluster")]
-mod cluster;
 pub mod config;
 mod config_load;
 mod connections;

@@ -2,7 +2,7 @@
 //! Requests are served from the in-memory table (`registry`); the store is written through,
 //! and the gateway answers a create, renew or release only once the store has committed it.
 //!
-//! A third, `etcd` (cargo feature `cluster`), is shared by several nodes (`crate::cluster`).
+//! A third, `etcd` (cargo feature `cluster`), is shared by several nodes (`gateway::cluster`).
 //!
 //! Two backends behind one small trait: `memory` (the embedded gateways' default: the
 //! registrations live and die with their harness) and `sqlite` (`gatehouse serve`'s default:

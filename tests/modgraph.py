@@ -41,7 +41,7 @@ RULES = [
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
 # module that matches none fails the check (every module is placed on purpose).
 LAYERS = [
-    (10, ["cli", "admin", "console", "cluster"]),
+    (10, ["cli", "admin", "console"]),
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),

@@ -17,11 +17,12 @@ mod common;
 use common::peers::python;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::nginx::{free_port, Nginx};
 use common::*;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -98,10 +99,6 @@ impl Node {
         }
     }
 
-    fn hostport(url: &str) -> &str {
-        url.strip_prefix("http://").unwrap()
-    }
-
     /// SIGTERM, then waits (15 s at most) for a clean exit.
     fn stop(&mut self) -> Duration {
         let t0 = Instant::now();
@@ -130,236 +127,6 @@ impl Node {
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
             .collect()
     }
-}
-
-/// The nginx binary (installed by tests/peers/setup.sh); the test fails without it.
-fn nginx_bin() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("nginx"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain(["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"].map(PathBuf::from))
-        .find(|p| p.is_file())
-        .expect("nginx is not installed: run `bash tests/peers/setup.sh` (installs the Debian package nginx-light)")
-}
-
-/// A free loopback port (bound, read back, released for nginx to bind).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// Replaces every `from` in the directives of `text` (comments stay as shipped); the shipped
-/// file must hold it `n` times (so a change there that this test does not follow fails here,
-/// not later in a confusing way).
-fn rewrite(text: &str, from: &str, to: &str, n: usize) -> String {
-    let directive = |l: &str| !l.trim_start().starts_with('#');
-    let found: usize = text
-        .lines()
-        .filter(|l| directive(l))
-        .map(|l| l.matches(from).count())
-        .sum();
-    assert_eq!(found, n, "deploy/nginx.conf: expected {n}× {from:?}");
-    text.lines()
-        .map(|l| {
-            if directive(l) {
-                l.replace(from, to)
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// nginx in the foreground on two loopback ports with deploy/nginx.conf in front of `n1` and
-/// `n2`; unprivileged (when the test runs as root, nginx runs as `nobody`). Killed on drop.
-struct Nginx {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-impl Nginx {
-    /// SIGTERM to the master, which stops its workers and waits for them; SIGKILL alone would
-    /// leave the workers running (and listening) as orphans. Bounded: after 5 s the workers
-    /// and the master are killed.
-    fn shutdown(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        let workers = self.workers();
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for w in workers {
-            let _ = kill(Pid::from_raw(w as i32), Signal::SIGKILL);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Nginx {
-    fn start(data_port: u16, admin_port: u16, n1: &Node, n2: &Node) -> Nginx {
-        let shipped = std::fs::read_to_string(repo_root().join("deploy/nginx.conf")).unwrap();
-        let mut conf = rewrite(
-            &shipped,
-            "listen 80;",
-            &format!("listen 127.0.0.1:{data_port};"),
-            1,
-        );
-        conf = rewrite(
-            &conf,
-            "listen 10.0.0.10:8788;",
-            &format!("listen 127.0.0.1:{admin_port};"),
-            1,
-        );
-        conf = rewrite(&conf, "10.0.0.11:8787", Node::hostport(&n1.data), 1);
-        conf = rewrite(&conf, "10.0.0.12:8787", Node::hostport(&n2.data), 1);
-        // The node's own group and the any-node group.
-        conf = rewrite(&conf, "10.0.0.11:8788", Node::hostport(&n1.admin), 2);
-        conf = rewrite(&conf, "10.0.0.12:8788", Node::hostport(&n2.admin), 2);
-        assert!(
-            !conf
-                .lines()
-                .any(|l| !l.trim_start().starts_with('#') && l.contains("10.0.0.")),
-            "an address is left:\n{conf}"
-        );
-
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().display().to_string();
-        std::fs::write(dir.path().join("gatehouse.conf"), conf).unwrap();
-        // The main context a distribution's nginx.conf gives; paths inside the prefix.
-        std::fs::write(
-            dir.path().join("nginx.conf"),
-            format!(
-                "pid {d}/nginx.pid;\nerror_log {d}/error.log info;\nevents {{ worker_connections 512; }}\n\
-                 http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/client_body;\n  \
-                 proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  \
-                 scgi_temp_path {d}/scgi;\n  include {d}/gatehouse.conf;\n}}\n"
-            ),
-        )
-        .unwrap();
-        let stderr = std::fs::File::create(dir.path().join("stderr.log")).unwrap();
-        let mut cmd = Command::new(nginx_bin());
-        cmd.arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(dir.path().join("nginx.conf"))
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .args(["-g", "daemon off;"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
-        if let Some((uid, gid)) = nobody_if_root() {
-            use std::os::unix::process::CommandExt;
-            for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
-                std::os::unix::fs::chown(e.path(), Some(uid), Some(gid)).unwrap();
-            }
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
-            cmd.uid(uid).gid(gid);
-        }
-        let mut nginx = Nginx {
-            child: cmd.spawn().unwrap(),
-            dir,
-        };
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = nginx.child.try_wait().unwrap() {
-                panic!("nginx exited ({st}):\n{}", nginx.logs());
-            }
-            let up = |p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
-            if up(data_port) && up(admin_port) {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "nginx did not listen within 10 s:\n{}",
-                nginx.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        nginx
-    }
-
-    /// The master's children (its workers), from /proc.
-    fn workers(&self) -> Vec<u32> {
-        let master = self.child.id();
-        let ppid_of = |pid: &str| -> Option<u32> {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-            stat.rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()
-        };
-        std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().to_string();
-                let pid: u32 = name.parse().ok()?;
-                (ppid_of(&name)? == master).then_some(pid)
-            })
-            .collect()
-    }
-
-    /// Stops nginx as Drop does, and checks that it and every worker are gone.
-    fn stop(mut self) {
-        let workers = self.workers();
-        assert!(!workers.is_empty(), "nginx has no worker");
-        self.shutdown();
-        let exited = self.child.try_wait().unwrap();
-        assert!(exited.is_some(), "nginx master still running");
-        for w in workers {
-            let state = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap_or_default();
-            let running = state
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|st| st != "Z");
-            assert!(!running, "nginx worker {w} outlived its master");
-        }
-    }
-
-    fn logs(&self) -> String {
-        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
-        format!("{}{}", read("stderr.log"), read("error.log"))
-    }
-}
-
-/// (uid, gid) of `nobody` when this process is root (nginx is then run as it), else None.
-fn nobody_if_root() -> Option<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::metadata("/proc/self").ok()?.uid() != 0 {
-        return None;
-    }
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let ids = passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && f[0] == "nobody")
-        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)));
-    Some(ids.unwrap_or((65534, 65534)))
 }
 
 /// One admin call with the fleet's token: (status, JSON body or the text as a string).
@@ -512,7 +279,11 @@ async fn two_nodes_behind_nginx() {
     let n2 = Node::start("n2", true, &proxy);
     figures.push(("two nodes ready".into(), ms(t.elapsed())));
     let t = Instant::now();
-    let nginx = Nginx::start(data_port, admin_port, &n1, &n2);
+    let nginx = Nginx::start_on(
+        data_port,
+        admin_port,
+        &[(&n1.data, &n1.admin), (&n2.data, &n2.admin)],
+    );
     figures.push(("nginx listening".into(), ms(t.elapsed())));
 
     // --- Creation spreads over both nodes; each id names the node that holds it.
@@ -747,8 +518,9 @@ async fn two_nodes_behind_nginx() {
     // --- n1 stops: n2's registrations are still served, new registrations land on n2.
     let took = n1.stop();
     figures.push(("n1 graceful stop (SIGTERM)".into(), ms(took)));
-    // n1's registrations ended with it (`release_on_exit`; the harness registers again): 502.
-    assert_eq!(initialize(&a.mcp_url, &a.token, None).await, 502);
+    // n1's registrations ended with it (`release_on_exit`; the harness registers again): its
+    // requests go to a backup node, which does not hold them: 404.
+    assert_eq!(initialize(&a.mcp_url, &a.token, None).await, 404);
     let t = Instant::now();
     let first = create(&proxy_admin, "after-stop-0").await;
     figures.push((

@@ -130,19 +130,18 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
     let (kind, store_path) = gw.store_location();
     #[cfg(feature = "cluster")]
     let cluster = if kind == "etcd" {
-        // A cluster node: the replica (range read + watch) loads the registrations.
-        match crate::cluster::start(&gw, Duration::from_secs(10)).await {
-            Ok((live, fresh)) => Some(format!(
-                "registration store etcd: node {} serving {live} registration(s){}",
-                gw.config().node_id.as_deref().unwrap_or(""),
-                if fresh {
-                    ""
-                } else {
-                    "; fenced until the store answers"
-                }
-            )),
-            Err(e) => return fail(e),
-        }
+        // A cluster node: the replica (range read + watch, started with the gateway) loads
+        // the registrations.
+        let (live, fresh) = gw.cluster_ready(Duration::from_secs(10)).await;
+        Some(format!(
+            "registration store etcd: node {} serving {live} registration(s){}",
+            gw.config().node_id.as_deref().unwrap_or(""),
+            if fresh {
+                ""
+            } else {
+                "; fenced until the store answers"
+            }
+        ))
     } else {
         None
     };

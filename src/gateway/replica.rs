@@ -1,4 +1,4 @@
-//! A cluster node's replica of the shared store (issue 36): what `crate::cluster` applies
+//! A cluster node's replica of the shared store (issue 36): what `gateway::cluster` applies
 //! from the store's watch. A registration created on another node is adopted (served here
 //! under the same id and token digest); one released elsewhere, or whose etcd lease ended, is
 //! closed here as a release is (calls cancelled, sessions closed), without a store write.
@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Gateway, GatewayError, ReleaseReason};
+use super::{Gateway, GatewayError, ReleaseReason, Replica};
 use crate::store::StoredRegistration;
 use crate::sync::lock;
 
@@ -44,21 +44,47 @@ impl Gateway {
     }
 
     /// Closes a registration the store no longer has (released on another node, or its
-    /// lease ended): as a release, without a store write.
-    pub(crate) fn drop_replica(&self, id: &str, why: &'static str) {
+    /// lease ended; `revision`: the delete's): as a release, without a store write. A delete
+    /// this node is committing itself (its watch was faster than the request) closes it as
+    /// this node's release.
+    pub(crate) fn drop_replica(&self, id: &str, why: &'static str, revision: Option<u64>) {
+        let mine = lock(&self.inner.releasing).contains(id);
         if let Some(state) = self.close_registration(id, ReleaseReason::Released) {
             let gw = self.clone();
+            let replica = Replica::Deleted {
+                why: (!mine).then_some(why),
+                revision,
+            };
             self.inner.tasks.spawn(async move {
                 let _ = gw
-                    .finish_release_from(&state, ReleaseReason::Released, Some(why))
+                    .finish_release_from(&state, ReleaseReason::Released, replica)
                     .await;
             });
         }
     }
 
+    /// The revision of this node's release of `id` (the record's `store_revision`).
+    pub(crate) fn release_revision(&self, id: &str) -> Option<u64> {
+        self.etcd()?
+            .release_revision(id)
+            .and_then(|r| u64::try_from(r).ok())
+    }
+
+    /// The revision of this node's creation of `id` (the record's `store_revision`).
+    pub(crate) fn create_revision(&self, id: &str) -> Option<u64> {
+        self.etcd()?
+            .create_revision(id)
+            .and_then(|r| u64::try_from(r).ok())
+    }
+
     /// After a full read of the store: adopts what it holds and closes each of `before` (the
     /// ids served here before the read began) that it no longer holds.
-    pub(crate) fn reconcile(&self, before: Vec<String>, all: Vec<StoredRegistration>) -> usize {
+    pub(crate) fn reconcile(
+        &self,
+        before: Vec<String>,
+        all: Vec<StoredRegistration>,
+        revision: Option<u64>,
+    ) -> usize {
         let present: std::collections::HashSet<String> = all.iter().map(|s| s.id.clone()).collect();
         // Parents before children.
         let mut all = all;
@@ -71,7 +97,11 @@ impl Gateway {
         }
         let mut dropped = 0;
         for id in before.iter().filter(|id| !present.contains(*id)) {
-            self.drop_replica(id, "gone from the store while this node was behind");
+            self.drop_replica(
+                id,
+                "gone from the store while this node was behind",
+                revision,
+            );
             dropped += 1;
         }
         dropped

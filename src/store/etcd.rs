@@ -6,7 +6,7 @@
 //!
 //! The client connects on first use (the store is opened before the runtime's first await);
 //! every operation is bounded by the client's request timeout. Replication (the range read,
-//! the watch, the heartbeats) is `crate::cluster`'s; this file is the key layout and the
+//! the watch, the heartbeats) is `gateway::cluster`'s; this file is the key layout and the
 //! single-key transactions.
 
 use std::path::Path;
@@ -26,7 +26,8 @@ use crate::sync::lock;
 
 /// Compare-and-set retries before a budget or renewal write gives up (contention only).
 const CAS_TRIES: usize = 64;
-/// Releases whose revision is kept for the release call's wait (oldest dropped first).
+/// Releases (and creations) whose revision is kept for the release call's wait and the
+/// records (oldest dropped first).
 const RECENT_RELEASES: usize = 1024;
 
 /// How to reach etcd (`[store] endpoints`, TLS, user).
@@ -123,6 +124,45 @@ pub struct EtcdStore {
     commits: AtomicU64,
     /// (id, revision of its release), newest last: what the release call waits for.
     releases: Mutex<std::collections::VecDeque<(String, i64)>>,
+    /// (id, revision of its creation), newest last: the creation record's `store_revision`.
+    creates: Mutex<std::collections::VecDeque<(String, i64)>>,
+}
+
+/// Keeps `(id, revision)` among the last [`RECENT_RELEASES`].
+fn remember(list: &Mutex<std::collections::VecDeque<(String, i64)>>, id: &str, rev: i64) {
+    let mut recent = lock(list);
+    if recent.len() >= RECENT_RELEASES {
+        recent.pop_front();
+    }
+    recent.push_back((id.to_string(), rev));
+}
+
+fn recall(list: &Mutex<std::collections::VecDeque<(String, i64)>>, id: &str) -> Option<i64> {
+    lock(list)
+        .iter()
+        .rev()
+        .find(|(i, _)| i == id)
+        .map(|(_, r)| *r)
+}
+
+/// An error that says the request was not applied: refused before it reached the log (no
+/// leader, no connection to send it on (refused), a bad or unauthorized request). Anything else (a
+/// timeout, a stream broken after sending) leaves the outcome open.
+fn not_committed(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    // gRPC codes: 3 InvalidArgument, 7 PermissionDenied, 9 FailedPrecondition, 16
+    // Unauthenticated.
+    if matches!(s.code() as i32, 3 | 7 | 9 | 16) {
+        return true;
+    }
+    let m = s.message();
+    // A connection that could not be made: nothing was sent.
+    m.contains("connect error")
+        || m.contains("no leader")
+        || m.contains("there is no address available")
+        || m.contains("there is no connection available")
 }
 
 fn failed(e: impl std::fmt::Display) -> StoreError {
@@ -150,6 +190,7 @@ impl EtcdStore {
             ops: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             releases: Mutex::new(std::collections::VecDeque::new()),
+            creates: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 
@@ -220,11 +261,28 @@ impl EtcdStore {
 
     /// The revision at which `id` was released by this node, if it was lately.
     pub fn release_revision(&self, id: &str) -> Option<i64> {
-        lock(&self.releases)
-            .iter()
-            .rev()
-            .find(|(i, _)| i == id)
-            .map(|(_, r)| *r)
+        recall(&self.releases, id)
+    }
+
+    /// The revision at which `id` was created by this node, if it was lately.
+    pub fn create_revision(&self, id: &str) -> Option<i64> {
+        recall(&self.creates, id)
+    }
+
+    /// After a release whose answer was lost (a timeout): is the key gone? `Some(revision of
+    /// the read)` if it is (the delete went through, or the registration ended otherwise:
+    /// either way it is released, at a revision no later than the read's), `None` if it is
+    /// still there. An error: the store did not answer (the outcome is unknown).
+    async fn gone_at(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        let mut c = self.client().await?;
+        let resp = c.get(self.reg_key(id), None).await.map_err(failed)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        if resp.kvs().is_empty() {
+            remember(&self.releases, id, rev);
+            Ok(Some(rev))
+        } else {
+            Ok(None)
+        }
     }
 
     async fn get(&self, c: &mut Client, id: &str) -> Result<Option<KeyValue>, StoreError> {
@@ -291,10 +349,16 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, value, Some(put))]);
-        if !c.txn(txn).await.map_err(failed)?.succeeded() {
+        let resp = c.txn(txn).await.map_err(failed)?;
+        if !resp.succeeded() {
             return Err(failed(format!("registration {}: id taken", reg.id)));
         }
         self.commits.fetch_add(1, Ordering::Relaxed);
+        remember(
+            &self.creates,
+            &reg.id,
+            resp.header().map_or(0, |h| h.revision()),
+        );
         Ok(())
     }
 
@@ -326,17 +390,34 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Greater, 0)])
             .and_then([TxnOp::delete(key, None)]);
-        let resp = c.txn(txn).await.map_err(failed)?;
+        let resp = match c.txn(txn).await {
+            Ok(r) => r,
+            Err(e) if not_committed(&e) => return Err(failed(e)),
+            // The answer was lost (a timeout, a broken stream): the delete may have gone
+            // through. Read the key back: gone, it is released (at a revision no later than
+            // the read's); still there, nothing changed; unreadable, the outcome is unknown.
+            Err(e) => {
+                return match self.gone_at(id).await {
+                    Ok(Some(_)) => {
+                        self.commits.fetch_add(1, Ordering::Relaxed);
+                        Ok(true)
+                    }
+                    Ok(None) => Err(failed(e)),
+                    Err(again) => Err(StoreError::Unknown(format!(
+                        "etcd: the delete's answer was lost ({e}) and the key could not be read back ({again})"
+                    ))),
+                };
+            }
+        };
         if !resp.succeeded() {
             return Ok(false);
         }
         self.commits.fetch_add(1, Ordering::Relaxed);
-        let rev = resp.header().map_or(0, |h| h.revision());
-        let mut recent = lock(&self.releases);
-        if recent.len() >= RECENT_RELEASES {
-            recent.pop_front();
-        }
-        recent.push_back((id.to_string(), rev));
+        remember(
+            &self.releases,
+            id,
+            resp.header().map_or(0, |h| h.revision()),
+        );
         Ok(true)
     }
 }

@@ -19,6 +19,10 @@ pub enum StoreError {
     /// A write or read failed.
     #[error("registration store: {0}")]
     Failed(String),
+    /// A write whose answer was lost and whose outcome could not be read back: it may have
+    /// been committed (retrying a release is safe).
+    #[error("registration store: outcome unknown ({0})")]
+    Unknown(String),
     /// The store was closed.
     #[error("registration store is closed")]
     Closed,

@@ -60,10 +60,7 @@ impl Daemon {
         let marker = gatehouse::testing::registry::new_registration_id();
         let wrap = wrap.map(str::to_string);
         let (child, output, data, admin) = spawn(dir.path(), log, &env, &marker, wrap.as_deref());
-        let token = std::fs::read_to_string(dir.path().join("admin.token"))
-            .unwrap()
-            .trim()
-            .to_string();
+        let token = admin_token(dir.path(), &env);
         Daemon {
             child,
             dir,
@@ -91,10 +88,19 @@ impl Daemon {
             self.wrap.as_deref(),
         );
         (self.child, self.output, self.data, self.admin) = (child, output, data, admin);
-        self.token = std::fs::read_to_string(self.dir.path().join("admin.token"))
+        self.token = admin_token(self.dir.path(), &self.env);
+    }
+}
+
+/// The daemon's admin token: `GATEHOUSE_ADMIN_TOKEN` when the test gave it (several nodes
+/// sharing one), else the file the daemon wrote.
+fn admin_token(dir: &Path, env: &[(String, String)]) -> String {
+    match env.iter().find(|(k, _)| k == "GATEHOUSE_ADMIN_TOKEN") {
+        Some((_, v)) => v.clone(),
+        None => std::fs::read_to_string(dir.join("admin.token"))
             .unwrap()
             .trim()
-            .to_string();
+            .to_string(),
     }
 }
 

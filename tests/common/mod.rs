@@ -2,8 +2,11 @@
 //! legacy-SSE client that shows every byte the gateway sends.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod daemon;
 pub mod mcp_remote;
+pub mod nginx;
 pub mod peers;
 
 use std::path::PathBuf;

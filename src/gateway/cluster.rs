@@ -1,6 +1,8 @@
 //! A cluster node on etcd (cargo feature `cluster`; issue 36, CLUSTER.md §5.3-5.5).
 //!
-//! Three tasks, owned by the gateway and ended by its shutdown:
+//! Started by every `Gateway` whose store is `etcd` (the daemon's and an embedded one alike:
+//! `Gateway::new` inside a tokio runtime). Three tasks, owned by the gateway (its task
+//! tracker; they hold it weakly) and ended by its shutdown:
 //! - **replicate**: a range read of the whole prefix (registrations and heartbeats) at a
 //!   revision R0, reconciled into the registry (`gateway::replica`), then a watch from R0+1
 //!   applied event by event. A compacted or cancelled watch, or a broken stream, goes back to
@@ -25,8 +27,9 @@ use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::{Gateway, GatewayError, Inner};
 use crate::audit::Record;
-use crate::gateway::Gateway;
+use crate::hub::Hub;
 use crate::store::etcd::{Doc, EtcdStore};
 use crate::sync::lock;
 
@@ -40,7 +43,9 @@ struct Beat {
 }
 
 struct Node {
-    gw: Gateway,
+    /// The gateway, held weakly: its last handle dropped ends these tasks.
+    gw: std::sync::Weak<Inner>,
+    hub: Arc<Hub>,
     store: Arc<EtcdStore>,
     id: String,
     bound: Duration,
@@ -58,6 +63,15 @@ struct Node {
 }
 
 impl Node {
+    fn gw(&self) -> Option<Gateway> {
+        self.gw.upgrade().map(|inner| Gateway { inner })
+    }
+
+    /// The gateway is gone (its last handle dropped without a shutdown).
+    fn orphaned(&self) -> bool {
+        self.gw.strong_count() == 0
+    }
+
     fn beat_key(&self, node: &str) -> String {
         format!("{}beat/{node}", self.store.prefix())
     }
@@ -65,10 +79,11 @@ impl Node {
     /// The applied revision, told to the fence (this node's own ack) and the audit.
     fn published(&self) {
         let applied = self.applied.load(Ordering::Acquire);
-        self.gw.hub().fence().peer_applied(&self.id, applied);
-        self.gw
-            .audit()
-            .set_store_revision(u64::try_from(applied).unwrap_or(0));
+        self.hub.fence().peer_applied(&self.id, applied);
+        let applied = u64::try_from(applied).unwrap_or(0);
+        // What a call admitted from now on records as its decision's revision.
+        self.hub.fence().set_applied(applied);
+        self.hub.audit().set_store_revision(applied);
     }
 
     fn proved(&self, at: Instant) {
@@ -109,23 +124,27 @@ impl Node {
         };
         let mut ended = false;
         if let Some(id) = rest.strip_prefix("reg/") {
+            let Some(gw) = self.gw() else { return false };
             match kind {
                 EventType::Put => match Doc::decode(value) {
                     Some(s) => {
-                        if let Err(e) = self.gw.adopt(s) {
+                        if let Err(e) = gw.adopt(s) {
                             tracing::error!(registration = %id, error = %e, "replicated registration not served");
                         }
                     }
                     None => tracing::warn!(registration = %id, "store value not understood"),
                 },
                 EventType::Delete => {
-                    self.gw
-                        .drop_replica(id, "released on another node, or its etcd lease ended");
+                    gw.drop_replica(
+                        id,
+                        "released on another node, or its etcd lease ended",
+                        u64::try_from(revision).ok(),
+                    );
                     ended = true;
                 }
             }
         } else if let Some(node) = rest.strip_prefix("beat/") {
-            let fence = self.gw.hub().fence();
+            let fence = self.hub.fence();
             match kind {
                 EventType::Put => {
                     if let Ok(b) = serde_json::from_slice::<Beat>(value) {
@@ -181,54 +200,73 @@ impl Node {
     }
 }
 
-/// Starts the node's tasks and waits (`wait` at most) for its first proof of freshness.
-/// Returns how many registrations it serves, and whether it is fresh.
-pub async fn start(gw: &Gateway, wait: Duration) -> Result<(usize, bool), String> {
-    let store = gw
-        .etcd()
-        .cloned()
-        .ok_or_else(|| "not an etcd store".to_string())?;
-    let config = gw.config().clone();
-    let id = config
-        .node_id
-        .clone()
-        .ok_or_else(|| "a cluster node needs node_id".to_string())?;
-    let node = Arc::new(Node {
-        gw: gw.clone(),
-        store,
-        id,
-        bound: Duration::from_millis(config.cluster.release_bound_ms),
-        beat_every: Duration::from_millis(config.cluster.heartbeat_ms),
-        applied: AtomicI64::new(0),
-        fresh_until: Mutex::new(None),
-        pending: Mutex::new(VecDeque::new()),
-        beat_now: tokio::sync::Notify::new(),
-        first_beat: tokio::sync::Notify::new(),
-    });
-    gw.hub().fence().enable(&node.id);
-    gw.hub().metrics().set_fenced(true);
-    let stop = gw.shutdown_token();
-    let deadline = Instant::now() + wait;
-    // The node's heartbeat key exists before it first reads the store: a release committed
-    // after that read is waited for by its releaser (who sees this node among the live ones
-    // once it has applied the release's revision), and one committed before it is in the read.
-    gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
-    let _ = tokio::time::timeout(wait, node.first_beat.notified()).await;
-    gw.spawn_owned(replicate(node.clone(), stop.clone()));
-    gw.spawn_owned(fence_keeper(node.clone(), stop));
-    while gw.hub().fence().is_fenced() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+impl Gateway {
+    /// Starts the node's tasks (a `Gateway` with the `etcd` store, as it is built; inside a
+    /// tokio runtime). The node is fenced until its first proof of freshness.
+    pub(super) fn start_cluster(&self) -> Result<(), GatewayError> {
+        let gw = self;
+        let Some(store) = gw.etcd().cloned() else {
+            return Ok(());
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(GatewayError::Config(crate::config::ConfigError::Invalid(
+                "store.backend = \"etcd\": the gateway replicates the store in tasks of its own; build it inside a tokio runtime"
+                    .into(),
+            )));
+        }
+        let config = gw.config().clone();
+        // `Config::validate` refused an etcd store without `node_id`.
+        let id = config.node_id.clone().unwrap_or_default();
+        let node = Arc::new(Node {
+            gw: Arc::downgrade(&gw.inner),
+            hub: gw.hub().clone(),
+            store,
+            id,
+            bound: Duration::from_millis(config.cluster.release_bound_ms),
+            beat_every: Duration::from_millis(config.cluster.heartbeat_ms),
+            applied: AtomicI64::new(0),
+            fresh_until: Mutex::new(None),
+            pending: Mutex::new(VecDeque::new()),
+            beat_now: tokio::sync::Notify::new(),
+            first_beat: tokio::sync::Notify::new(),
+        });
+        gw.hub().fence().enable(&node.id);
+        gw.hub().metrics().set_fenced(true);
+        let stop = gw.shutdown_token();
+        gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
+        gw.spawn_owned(replicate(node.clone(), stop.clone()));
+        gw.spawn_owned(fence_keeper(node, stop));
+        Ok(())
     }
-    Ok((gw.registry().len(), !gw.hub().fence().is_fenced()))
+}
+
+impl Gateway {
+    /// A cluster node: waits (`wait` at most) for its first proof of freshness. Returns how
+    /// many registrations it serves, and whether it is fresh.
+    pub(crate) async fn cluster_ready(&self, wait: Duration) -> (usize, bool) {
+        let deadline = Instant::now() + wait;
+        while self.hub().fence().is_fenced() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        (self.registry().len(), !self.hub().fence().is_fenced())
+    }
 }
 
 async fn replicate(node: Arc<Node>, stop: CancellationToken) {
+    // The node's heartbeat key exists before it first reads the store: a release committed
+    // after that read is waited for by its releaser (who sees this node among the live ones
+    // once it has applied the release's revision), and one committed before it is in the read.
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = tokio::time::timeout(Duration::from_secs(10), node.first_beat.notified()) => {}
+    }
     let mut failing = false;
     loop {
         if stop.is_cancelled() {
             return;
         }
-        let before = node.gw.served_ids();
+        let Some(gw) = node.gw() else { return };
+        let before = gw.served_ids();
         let t0 = Instant::now();
         let (regs, peers, rev) = match node.full_read().await {
             Ok(r) => r,
@@ -243,8 +281,8 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
                 }
             }
         };
-        let dropped = node.gw.reconcile(before, regs);
-        node.gw.hub().fence().set_peers(peers);
+        let dropped = gw.reconcile(before, regs, u64::try_from(rev).ok());
+        node.hub.fence().set_peers(peers);
         node.applied.fetch_max(rev, Ordering::AcqRel);
         node.published();
         // A linearizable read that completed proves what a heartbeat proves.
@@ -252,12 +290,13 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
         if failing || dropped > 0 {
             tracing::info!(
                 revision = rev,
-                registrations = node.gw.registry().len(),
+                registrations = gw.registry().len(),
                 dropped,
                 "cluster: store read and reconciled"
             );
             failing = false;
         }
+        drop(gw);
         let mut c = match node.store.client().await {
             Ok(c) => c,
             Err(_) => continue,
@@ -340,6 +379,11 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
             }
         }
         first = false;
+        if node.orphaned() {
+            // Its gateway was dropped without a shutdown: the other tasks end with this.
+            stop.cancel();
+            break;
+        }
         let Ok(mut c) = node.store.client().await else {
             continue;
         };
@@ -427,17 +471,24 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
 }
 
 async fn fence_keeper(node: Arc<Node>, stop: CancellationToken) {
-    let fence = node.gw.hub().fence();
+    let fence = node.hub.fence();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_millis(10)) => {}
         }
+        if node.orphaned() {
+            return;
+        }
         if node.is_fresh() {
             if fence.open() {
-                node.gw.hub().metrics().set_fenced(false);
+                node.hub.metrics().set_fenced(false);
                 tracing::info!(node = %node.id, "cluster: fresh again; serving");
-                let _ = node.gw.audit().record(Record::event("node_unfenced")).await;
+                let _ = node
+                    .hub
+                    .audit()
+                    .record(Record::event("node_unfenced"))
+                    .await;
             }
         } else {
             let closed = fence.close();
@@ -445,11 +496,11 @@ async fn fence_keeper(node: Arc<Node>, stop: CancellationToken) {
             // streams (legacy SSE, a Streamable HTTP GET) close, and a client that reconnects
             // gets 503 until the node is fresh. Swept on every tick while fenced, so a session
             // a request made as the fence closed ends as well.
-            let sessions = node.gw.hub().sessions().close_all();
+            let sessions = node.hub.sessions().close_all();
             if !closed {
                 continue;
             }
-            node.gw.hub().metrics().set_fenced(true);
+            node.hub.metrics().set_fenced(true);
             tracing::warn!(node = %node.id, bound_ms = node.bound.as_millis() as u64, sessions, "cluster: no proof of freshness within the bound; fenced (503, calls cancelled, sessions closed)");
             let mut rec = Record::event("node_fenced");
             rec.reason = Some(
@@ -459,7 +510,7 @@ async fn fence_keeper(node: Arc<Node>, stop: CancellationToken) {
                 )
                 .into(),
             );
-            let _ = node.gw.audit().record(rec).await;
+            let _ = node.hub.audit().record(rec).await;
         }
     }
 }
