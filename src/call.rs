@@ -446,9 +446,11 @@ pub fn run<'c>(
             }
         };
         // A tool its upstream runs only as a task, called without one: the gateway asks for
-        // the task and waits for its end itself (`mcp::tasks::run_for_call`).
+        // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
+        // stateless client declared the 2026-07-28 tasks extension (it gets the task).
+        let mut modern = None;
         if !asks_task && crate::mcp::tasks::requires_task(tool) {
-            crate::mcp::tasks::ask_task(&mut params, max_ttl);
+            modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
         }
         let timeout = reg
             .limits
@@ -480,6 +482,7 @@ pub fn run<'c>(
                     epoch,
                     task,
                     for_client: asks_task,
+                    modern,
                 };
                 (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
             }
@@ -545,6 +548,9 @@ struct TaskMade<'a> {
     /// The client asked for it (`params.task`): it gets the task; else the call waits for
     /// the task's end and gets its result.
     for_client: bool,
+    /// A stateless client that declared the 2026-07-28 tasks extension: it gets the task in
+    /// that form (the capabilities it declared, `ClientCapability::bits_of`).
+    modern: Option<u8>,
 }
 
 /// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
@@ -556,7 +562,7 @@ async fn task_created(
     cancel: &CancellationToken,
 ) -> (Ended, Option<Cow<'static, str>>) {
     use crate::mcp::tasks::NotCreated;
-    let internal = !made.for_client;
+    let internal = !made.for_client && made.modern.is_none();
     let created = crate::mcp::tasks::created(
         ctx,
         made.name,
@@ -564,6 +570,7 @@ async fn task_created(
         made.epoch,
         made.task,
         internal,
+        made.modern,
     )
     .await;
     match created {
@@ -596,10 +603,11 @@ async fn task_created(
         }
         Ok(task) => {
             let why = format!("task created: {}", task.id);
-            (
-                Ended::Result(json!({"task": task.view()}), Outcome::Ok),
-                Some(why.into()),
-            )
+            let result = match made.modern {
+                Some(_) => crate::mcp::tasks::modern_created(&task),
+                None => json!({"task": task.view()}),
+            };
+            (Ended::Result(result, Outcome::Ok), Some(why.into()))
         }
         Err(NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");

@@ -33,6 +33,9 @@ pub const ID_PREFIX: &str = "gtask_";
 /// Settled tasks kept per registration, per live task allowed (`max_live_per_registration`).
 pub const KEPT_PER_LIVE: usize = 4;
 
+/// Input requests a 2026 task holds pending at once (more are refused upstream).
+pub const MAX_INPUTS: usize = 16;
+
 /// The `_meta` key naming the task a message relates to (2025-11-25).
 pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
@@ -141,6 +144,13 @@ pub struct Task {
     /// for the end): never listed nor looked up, and it holds no slot of its own (the call
     /// holds one).
     pub internal: bool,
+    /// Handed to a stateless 2026-07-28 client (the `io.modelcontextprotocol/tasks`
+    /// extension): the client capabilities its creating request declared
+    /// (`ClientCapability::bits_of`), which bound what its `inputRequests` may ask.
+    pub modern: Option<u8>,
+    /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
+    /// requests as `inputRequests`): at most one at a time.
+    pub asking: AtomicBool,
     pub created: Instant,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -166,6 +176,9 @@ struct State {
     /// When the upstream was last asked about the task.
     polled: Instant,
     outcome: Option<TaskOutcome>,
+    /// A 2026 task's pending input requests (`inputRequests`), by the key the gateway minted
+    /// (the id the routing layer gave the upstream's side-channel request).
+    inputs: serde_json::Map<String, Value>,
 }
 
 /// What a new task is made of.
@@ -176,6 +189,7 @@ pub struct NewTask {
     pub upstream_id: String,
     pub tool: String,
     pub internal: bool,
+    pub modern: Option<u8>,
     pub ttl: Duration,
     pub poll_interval: Duration,
     /// The upstream's `Task` object (its id is replaced here).
@@ -236,6 +250,26 @@ impl Task {
         }
     }
 
+    /// Parks an input request (2026 tasks) under `key`; bounded by `MAX_INPUTS`.
+    pub fn park_input(&self, key: String, request: Value) -> bool {
+        let mut st = lock(&self.state);
+        if st.inputs.len() >= MAX_INPUTS {
+            return false;
+        }
+        st.inputs.insert(key, request);
+        true
+    }
+
+    /// The pending input requests (2026 tasks).
+    pub fn inputs(&self) -> serde_json::Map<String, Value> {
+        lock(&self.state).inputs.clone()
+    }
+
+    /// Takes the pending input request `key`, if there is one.
+    pub fn take_input(&self, key: &str) -> Option<Value> {
+        lock(&self.state).inputs.remove(key)
+    }
+
     /// Whether the outcome is settled.
     pub fn is_settled(&self) -> bool {
         self.settled.load(Ordering::Acquire)
@@ -261,6 +295,7 @@ impl Task {
         {
             let mut st = lock(&self.state);
             st.outcome = Some(outcome);
+            st.inputs.clear();
             if let Some(m) = st.view.as_object_mut() {
                 m.insert("status".into(), Value::String(status.as_str().into()));
                 match message {
@@ -411,6 +446,8 @@ impl TaskTable {
             upstream_id: new.upstream_id,
             tool: new.tool,
             internal: new.internal,
+            modern: new.modern,
+            asking: AtomicBool::new(false),
             created: Instant::now(),
             ttl: new.ttl,
             poll_interval: new.poll_interval,
@@ -420,6 +457,7 @@ impl TaskTable {
                 view: Value::Null,
                 polled: Instant::now(),
                 outcome: None,
+                inputs: serde_json::Map::new(),
             }),
             finished,
             settled: AtomicBool::new(false),
@@ -533,6 +571,7 @@ mod tests {
             upstream_id: up_id.into(),
             tool: "everything.simulate-research-query".into(),
             internal: false,
+            modern: None,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             view: json!({"taskId": up_id, "status": "working", "ttl": null}),

@@ -887,8 +887,12 @@ async fn stateless_2026_requests_get_the_extensions_errors_and_plain_results() {
         let r = stateless_task(&reg, m, &legacy, &legacy, declared.clone()).await;
         assert_eq!(r["error"]["code"], -32601, "{m}: {r}");
     }
-    // Declared: no task of the 2026 form exists here, so every id is unknown (-32602).
+    // Declared: the registration's 2025-form task is shown in the 2026 form (the extension
+    // allows get and cancel on legacy tasks); an unknown id is -32602.
     let r = stateless_task(&reg, "tasks/get", &legacy, &legacy, declared.clone()).await;
+    assert_eq!(r["result"]["taskId"], legacy.as_str(), "{r}");
+    let unknown = "gtask_AAAAAAAAAAAAAAAAAAAAAA";
+    let r = stateless_task(&reg, "tasks/get", unknown, unknown, declared.clone()).await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
     // `Mcp-Name` must carry the task id: -32020 otherwise.
     let r = stateless_task(&reg, "tasks/cancel", &legacy, "gtask_other", declared).await;
@@ -944,4 +948,211 @@ fn the_tasks_section_is_read_and_validated() {
     ] {
         assert!(gatehouse::Config::from_toml_str(bad).is_err(), "{bad}");
     }
+}
+
+/// The capabilities of a 2026-07-28 client that declares the tasks extension.
+fn modern_caps(extra: Value) -> Value {
+    let mut caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    if let (Some(c), Some(e)) = (caps.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    caps
+}
+
+/// A stateless (2026-07-28) request with the client capabilities `caps` in `_meta`, its
+/// `Mcp-Name` the body's name (`tools/call`) or `taskId` (`tasks/*`), or `name` if given.
+async fn modern(
+    reg: &Registration,
+    method: &str,
+    params: Value,
+    caps: &Value,
+    name: Option<&str>,
+) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                             "io.modelcontextprotocol/clientCapabilities": caps});
+    let mut b = reqwest::Client::new()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    let body_name = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(n) = name.map(str::to_string).or(body_name) {
+        b = b.header("mcp-name", n);
+    }
+    let r = b
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = r.text().await.unwrap();
+    if ct.starts_with("text/event-stream") {
+        // The response is the stream's last `data:` line.
+        let last = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .last()
+            .unwrap_or_else(|| panic!("no data in {text}"));
+        return serde_json::from_str(last).unwrap();
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// `tasks/get` (2026) until the task leaves `working` (within 20 s).
+async fn modern_until_not_working(reg: &Registration, id: &str, caps: &Value) -> Value {
+    for _ in 0..100 {
+        let r = modern(reg, "tasks/get", json!({"taskId": id}), caps, None).await;
+        if r["result"]["status"] != "working" {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("task {id} still working after 20 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_gets_the_extensions_task_and_polls_gets_and_cancels_it() {
+    let tg = gateway();
+    let (a, b) = (
+        register(&tg, "modern-a", Limits::default()).await,
+        register(&tg, "modern-b", Limits::default()).await,
+    );
+    let caps = modern_caps(json!({}));
+    // server/discover lists the extension (a granted upstream runs tool calls as tasks).
+    let d = modern(&a, "server/discover", json!({}), &caps, None).await;
+    assert_eq!(
+        d["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({}),
+        "{d}"
+    );
+    assert!(d["result"]["capabilities"].get("tasks").is_none(), "{d}");
+
+    // The server decides: a task-required tool becomes a task, in the 2026 form.
+    let r = modern(
+        &a,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "glaciers"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let created = &r["result"];
+    assert_eq!(created["resultType"], "task", "{r}");
+    let id = created["taskId"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(id.starts_with("gtask_") && id.len() == 28, "{r}");
+    assert_eq!(created["status"], "working", "{r}");
+    assert_eq!(
+        created["ttlMs"], 120_000,
+        "TTL capped by tasks.max_ttl_s: {r}"
+    );
+    assert!(created["pollIntervalMs"].as_u64().is_some(), "{r}");
+    for legacy in ["task", "ttl", "pollInterval"] {
+        assert!(created.get(legacy).is_none(), "no 2025 field {legacy}: {r}");
+    }
+    assert!(created["createdAt"].is_string() && created["lastUpdatedAt"].is_string());
+
+    // Mcp-Name must name the task (-32020); another registration's id and an unknown one
+    // are the same -32602; an undeclared extension is -32021.
+    let r = modern(
+        &a,
+        "tasks/get",
+        json!({"taskId": id}),
+        &caps,
+        Some("gtask_x"),
+    )
+    .await;
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    let theirs = modern(&b, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    let unknown = modern(
+        &b,
+        "tasks/get",
+        json!({"taskId": "gtask_AAAAAAAAAAAAAAAAAAAAAA"}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(theirs["error"], unknown["error"], "{theirs} vs {unknown}");
+    assert_eq!(theirs["error"]["code"], -32602, "{theirs}");
+    for m in ["tasks/cancel", "tasks/update"] {
+        let r = modern(
+            &b,
+            m,
+            json!({"taskId": id, "inputResponses": {}}),
+            &caps,
+            None,
+        )
+        .await;
+        assert_eq!(r["error"]["code"], -32602, "{m}: {r}");
+    }
+    let r = modern(&a, "tasks/get", json!({"taskId": id}), &json!({}), None).await;
+    assert_eq!(r["error"]["code"], -32021, "{r}");
+
+    // Polled while it runs, then its result inline (2026: no tasks/result).
+    let r = modern(&a, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(r["result"]["taskId"], id, "{r}");
+    let done = modern_until_not_working(&a, id, &caps).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{done}"));
+    assert!(text.contains("Research Report: glaciers"), "{done}");
+    assert!(
+        !done.to_string().contains("related-task"),
+        "no upstream task id: {done}"
+    );
+    // A cancel of an ended task is acknowledged (empty), and it stays completed.
+    let r = modern(&a, "tasks/cancel", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert!(r["result"].get("status").is_none(), "an empty ack: {r}");
+    let again = modern(&a, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(again["result"]["status"], "completed", "{again}");
+
+    // A cancelled one: acknowledged, cancelled upstream (tasks/cancel), shown cancelled.
+    let r = modern(
+        &a,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "storms"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let second = r["result"]["taskId"].as_str().unwrap().to_string();
+    let r = modern(&a, "tasks/cancel", json!({"taskId": second}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    let r = modern(&a, "tasks/get", json!({"taskId": second}), &caps, None).await;
+    assert_eq!(r["result"]["status"], "cancelled", "{r}");
+    assert!(r["result"].get("error").is_none(), "{r}");
+
+    // A 2025-11-25 session's task of the same registration is readable in the 2026 form too.
+    let mut c = session(&a).await;
+    let legacy = create(&mut c, "legacy").await;
+    let r = modern(&a, "tasks/get", json!({"taskId": legacy}), &caps, None).await;
+    assert_eq!(r["result"]["taskId"], legacy.as_str(), "{r}");
+    assert!(r["result"]["ttlMs"].is_number(), "{r}");
+
+    // Audit: each 2026 task created and ended once.
+    let outcomes = records(&tg, "task_outcome", 2).await;
+    let of = |t: &str| {
+        outcomes
+            .iter()
+            .filter(|r| r.rare().task_id.as_deref() == Some(t))
+            .map(|r| r.outcome.as_deref().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(id), vec!["completed"]);
+    assert_eq!(of(&second), vec!["cancelled"]);
 }
