@@ -347,6 +347,19 @@ impl Downstream for Hub {
         })
     }
 
+    fn task_inputs(
+        &self,
+        upstream_id: &str,
+        epoch: u64,
+        upstream_task_id: &str,
+    ) -> Option<(String, tokio::sync::mpsc::Sender<Value>)> {
+        let task = self
+            .tasks
+            .by_upstream(upstream_id, epoch, upstream_task_id)?;
+        let sink = task.input_sink()?;
+        Some((task.registration.id.clone(), sink))
+    }
+
     fn task_status<'a>(
         &'a self,
         upstream_id: &'a str,
@@ -365,8 +378,9 @@ impl Downstream for Hub {
             // The table's view (the upstream's status unless the task is settled), our id in it.
             task.observe(params);
             task.wake.notify_one();
-            if task.internal {
-                // Run for a client that asked for no task: it is shown none.
+            if task.internal || task.modern.is_some() {
+                // Run for a client that asked for no task: it is shown none. A 2026-form
+                // task's client polls (its pushes go on `subscriptions/listen` streams only).
                 return 1;
             }
             let msg = jsonrpc::notification("notifications/tasks/status", Some(task.view()));

@@ -151,6 +151,8 @@ pub struct Task {
     /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
     /// requests as `inputRequests`): at most one at a time.
     pub asking: AtomicBool,
+    /// While `asking`: where the upstream's side-channel requests for the task go.
+    inputs_sink: Mutex<Option<tokio::sync::mpsc::Sender<Value>>>,
     pub created: Instant,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -258,6 +260,16 @@ impl Task {
         }
         st.inputs.insert(key, request);
         true
+    }
+
+    /// Sets (or clears) where the upstream's side-channel requests for this task go.
+    pub fn set_input_sink(&self, sink: Option<tokio::sync::mpsc::Sender<Value>>) {
+        *lock(&self.inputs_sink) = sink;
+    }
+
+    /// Where the upstream's side-channel requests for this task go, while one is open.
+    pub fn input_sink(&self) -> Option<tokio::sync::mpsc::Sender<Value>> {
+        lock(&self.inputs_sink).clone()
     }
 
     /// The pending input requests (2026 tasks).
@@ -448,6 +460,7 @@ impl TaskTable {
             internal: new.internal,
             modern: new.modern,
             asking: AtomicBool::new(false),
+            inputs_sink: Mutex::new(None),
             created: Instant::now(),
             ttl: new.ttl,
             poll_interval: new.poll_interval,

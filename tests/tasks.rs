@@ -1156,3 +1156,84 @@ async fn a_2026_client_gets_the_extensions_task_and_polls_gets_and_cancels_it() 
     assert_eq!(of(id), vec!["completed"]);
     assert_eq!(of(&second), vec!["cancelled"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_clients_task_asks_through_input_requests_answered_by_tasks_update() {
+    // per_registration: the connection is the registration's, so it declares elicitation
+    // upstream; server-everything asks on its side channel (2025-11-25, related-task _meta)
+    // while a tasks/result is open: the gateway opens one and shows the request as one of
+    // the task's inputRequests.
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![everything("everything", "per_registration", 30, "")];
+    });
+    let reg = register(&tg, "modern-asker", Limits::default()).await;
+    let caps = modern_caps(json!({"elicitation": {}}));
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "python", "ambiguous": true}}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    let id = r["result"]["taskId"].as_str().unwrap().to_string();
+    let asked = modern_until_not_working(&reg, &id, &caps).await;
+    assert_eq!(asked["result"]["status"], "input_required", "{asked}");
+    // The request may be parked a moment after the status is seen.
+    let mut requests = asked["result"]["inputRequests"].clone();
+    for _ in 0..50 {
+        if requests.as_object().is_some_and(|m| !m.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = modern(&reg, "tasks/get", json!({"taskId": id}), &caps, None).await;
+        requests = r["result"]["inputRequests"].clone();
+    }
+    let (key, request) = requests
+        .as_object()
+        .and_then(|m| m.iter().next())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap_or_else(|| panic!("no inputRequests: {requests}"));
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert!(
+        !request.to_string().contains("related-task"),
+        "the upstream's task id stays inside: {request}"
+    );
+    let choice = request["params"]["requestedSchema"]["properties"]["interpretation"]["oneOf"][0]
+        ["const"]
+        .as_str()
+        .unwrap_or("the first")
+        .to_string();
+    let mut responses = serde_json::Map::new();
+    responses.insert(
+        key,
+        json!({"action": "accept", "content": {"interpretation": choice}}),
+    );
+    let r = modern(
+        &reg,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": responses}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    let mut done = Value::Null;
+    for _ in 0..100 {
+        done = modern(&reg, "tasks/get", json!({"taskId": id}), &caps, None).await;
+        if done["result"]["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains(&choice),
+        "the answer reached the upstream: {done}"
+    );
+}

@@ -629,6 +629,7 @@ fn ask_inputs(hub: &Arc<Hub>, task: &Arc<Task>) {
     reg.calls.spawn(async move {
         let declared = task.modern.unwrap_or(0);
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(crate::tasks::MAX_INPUTS);
+        task.set_input_sink(Some(tx.clone()));
         let to = crate::upstream::TaskOwner {
             session: None,
             notify: Some(tx),
@@ -650,6 +651,7 @@ fn ask_inputs(hub: &Arc<Hub>, task: &Arc<Task>) {
                 Some(msg) = rx.recv() => park(&hub, &task, declared, msg),
             }
         };
+        task.set_input_sink(None);
         take_result(&hub, &task, r).await;
         task.asking
             .store(false, std::sync::atomic::Ordering::Release);
