@@ -1237,3 +1237,164 @@ async fn a_2026_clients_task_asks_through_input_requests_answered_by_tasks_updat
         "the answer reached the upstream: {done}"
     );
 }
+
+/// A gateway in front of tests/fixtures/task_server.py (Python SDK 1.x `enable_tasks()`,
+/// stdio, shared) as upstream `jobs`.
+fn jobs_gateway() -> TestGateway {
+    let python = peers::peer(".venv-mcp1/bin/python");
+    let script = repo_root().join("tests/fixtures/task_server.py");
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = \"jobs\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n",
+        python.display().to_string(),
+        script.display().to_string()
+    ))
+    .unwrap();
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![up];
+    })
+}
+
+async fn register_jobs(tg: &TestGateway, agent: &str) -> Registration {
+    tg.gateway
+        .register(RegistrationSpec::new(agent).grant("jobs.*"))
+        .await
+        .unwrap()
+}
+
+/// How many `tasks/get` the fixture answered so far.
+async fn upstream_gets(c: &mut SseClient) -> u64 {
+    let r = c.call("jobs.gets", json!({})).await;
+    r["result"]["structuredContent"]["gets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_and_tool_error_tasks_are_told_apart_in_both_forms_and_audited_once() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "jobs").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let mut create_2025 = async |tool: &str| {
+        let r = c
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": {"seconds": 0.5}, "task": {}}),
+            )
+            .await;
+        r["result"]["task"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let failing = create_2025("jobs.fail_job").await;
+    let erring = create_2025("jobs.error_job").await;
+    // 2025-11-25: a failure is a JSON-RPC error from tasks/result, a tool error a `failed`
+    // task whose result is the tool's (isError).
+    let r = c.request("tasks/result", json!({"taskId": failing})).await;
+    let (code, message) = error_of(&r);
+    assert_eq!(code, -32603, "{r}");
+    assert!(message.contains("disk on fire"), "{r}");
+    let r = c.request("tasks/get", json!({"taskId": failing})).await;
+    assert_eq!(r["result"]["status"], "failed", "{r}");
+    let r = c.request("tasks/result", json!({"taskId": erring})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert_eq!(r["result"]["content"][0]["text"], "the job broke", "{r}");
+    let r = c.request("tasks/get", json!({"taskId": erring})).await;
+    assert_eq!(
+        r["result"]["status"], "failed",
+        "isError is failed in 2025: {r}"
+    );
+
+    // 2026-07-28: the same outcomes inline: failed with error, completed with the isError
+    // result.
+    let caps = modern_caps(json!({}));
+    let mut modern_ids = Vec::new();
+    for tool in ["jobs.fail_job", "jobs.error_job"] {
+        let r = modern(
+            &reg,
+            "tools/call",
+            json!({"name": tool, "arguments": {"seconds": 0.5}}),
+            &caps,
+            None,
+        )
+        .await;
+        assert_eq!(r["result"]["resultType"], "task", "{r}");
+        modern_ids.push(r["result"]["taskId"].as_str().unwrap().to_string());
+    }
+    let failed = modern_until_not_working(&reg, &modern_ids[0], &caps).await;
+    assert_eq!(failed["result"]["status"], "failed", "{failed}");
+    assert_eq!(failed["result"]["error"]["code"], -32603, "{failed}");
+    assert!(failed["result"].get("result").is_none(), "{failed}");
+    let erred = modern_until_not_working(&reg, &modern_ids[1], &caps).await;
+    assert_eq!(erred["result"]["status"], "completed", "{erred}");
+    assert_eq!(erred["result"]["result"]["isError"], true, "{erred}");
+
+    // One outcome each: failed (with its code) and tool_error.
+    let outcomes = records(&tg, "task_outcome", 4).await;
+    for (ids, want) in [
+        ([&failing, &modern_ids[0]], "failed"),
+        ([&erring, &modern_ids[1]], "tool_error"),
+    ] {
+        for id in ids {
+            let mine: Vec<_> = outcomes
+                .iter()
+                .filter(|r| r.rare().task_id.as_deref() == Some(id.as_str()))
+                .collect();
+            assert_eq!(mine.len(), 1, "{id}: {mine:?}");
+            assert_eq!(mine[0].outcome.as_deref(), Some(want), "{id}: {mine:?}");
+            if want == "failed" {
+                assert_eq!(mine[0].error_code, Some(-32603), "{mine:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_faster_than_the_poll_interval_are_answered_from_the_table() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "poller").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let before = upstream_gets(&mut c).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "jobs.error_job", "arguments": {"seconds": 2.0}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    // The fixture's poll interval is 500 ms (the gateway's floor too): 40 polls in 2 s,
+    // every 50 ms, are answered from the table but for about one per interval.
+    let started = std::time::Instant::now();
+    let mut polls = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let r = c.request("tasks/get", json!({"taskId": id})).await;
+        assert_eq!(r["result"]["taskId"], id.as_str(), "{r}");
+        polls += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = upstream_gets(&mut c).await - before;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("{polls} client polls in {secs:.1} s: {asked} upstream tasks/get");
+    assert!(polls >= 20, "{polls}");
+    // Client polls and the poller together: at most one per 500 ms interval, plus one.
+    assert!(
+        asked as f64 <= secs / 0.5 + 2.0,
+        "{asked} upstream tasks/get for {polls} client polls in {secs:.1} s"
+    );
+}

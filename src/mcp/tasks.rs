@@ -45,6 +45,10 @@ const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 /// The poller never asks an upstream about one task more often than this.
 const POLL_FLOOR: Duration = Duration::from_millis(100);
 
+/// How long an upstream `tasks/result` still open when its task settled otherwise is given to
+/// answer before it is abandoned.
+const SETTLED_ASK_GRACE: Duration = Duration::from_secs(2);
+
 /// How long a cancel sent on the gateway's behalf (release, TTL) may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -540,28 +544,35 @@ async fn wait_final(
     // The upstream's blocking `tasks/result` holds one of the connection's permits: it is
     // given the upstream's `call_timeout_s` (what a call may hold one for), never the task's
     // TTL; past it the task's end is waited for from the poller.
-    let upstream = async {
-        let r = hub
-            .pool()
-            .forward_task(
-                &task.registration,
-                &task.upstream,
-                task.epoch,
-                "tasks/result",
-                upstream_params(task),
-                asked.clone(),
-                None,
-                ctx.session.clone(),
-            )
-            .await;
-        take_result(hub, task, r).await;
-        std::future::pending::<()>().await;
+    let ask = hub.pool().forward_task(
+        &task.registration,
+        &task.upstream,
+        task.epoch,
+        "tasks/result",
+        upstream_params(task),
+        asked.clone(),
+        None,
+        ctx.session.clone(),
+    );
+    tokio::pin!(ask);
+    let r = tokio::select! {
+        biased;
+        () = cancel.cancelled() => return None,
+        f = task.finished() => {
+            // Settled by another sighting: the task is terminal, so the upstream's
+            // `tasks/result` answers at once; it is given a moment rather than abandoned
+            // (`notifications/cancelled` for a blocking `tasks/result` ends a Python SDK 1.x
+            // server: tests/fixtures/task_server.py showed it).
+            let _ = tokio::time::timeout(SETTLED_ASK_GRACE, &mut ask).await;
+            return Some(f);
+        }
+        r = &mut ask => r,
     };
+    take_result(hub, task, r).await;
     tokio::select! {
         biased;
         () = cancel.cancelled() => None,
         f = task.finished() => Some(f),
-        () = upstream => None,
     }
 }
 
@@ -574,6 +585,14 @@ async fn take_result(
 ) {
     match r {
         Ok(Some(Ok(result))) => {
+            if result.get("content").is_none() && !is_error(&result) {
+                // Not a tool result (the Python SDK 1.x answers a failed task's
+                // `tasks/result` with `_meta` only): its status says how it ended.
+                refresh(hub, task).await;
+                if task.is_settled() {
+                    return;
+                }
+            }
             let outcome = if is_error(&result) {
                 TaskOutcome::ToolError
             } else {
@@ -640,19 +659,27 @@ fn ask_inputs(hub: &Arc<Hub>, task: &Arc<Task>) {
             task.epoch,
             "tasks/result",
             upstream_params(&task),
-            task.stop.clone(),
+            task.registration.cancel.child_token(),
             None,
             to,
         );
         tokio::pin!(ask);
         let r = loop {
             tokio::select! {
-                r = &mut ask => break r,
+                r = &mut ask => break Some(r),
                 Some(msg) = rx.recv() => park(&hub, &task, declared, msg),
+                () = task.stop.cancelled() => {
+                    // Settled otherwise: given a moment rather than abandoned (as in
+                    // `wait_final`).
+                    let _ = tokio::time::timeout(SETTLED_ASK_GRACE, &mut ask).await;
+                    break None;
+                }
             }
         };
         task.set_input_sink(None);
-        take_result(&hub, &task, r).await;
+        if let Some(r) = r {
+            take_result(&hub, &task, r).await;
+        }
         task.asking
             .store(false, std::sync::atomic::Ordering::Release);
     });
@@ -865,17 +892,37 @@ async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
             task.epoch,
             "tasks/result",
             upstream_params(task),
-            task.stop.clone(),
+            // Not the task's `stop`: the task is terminal upstream, so this answers at once; were
+            // it cancelled when another sighting settles the task first, the upstream would be
+            // sent `notifications/cancelled` for a blocking `tasks/result`, which ends a Python
+            // SDK 1.x server (tests/fixtures/task_server.py showed it).
+            CancellationToken::new(),
             None,
             None,
         )
         .await;
     match r {
+        Ok(Some(Ok(result))) if status == Status::Failed && !is_error(&result) => {
+            // Failed without a tool result (the Python SDK 1.x: an exception in the work):
+            // a JSON-RPC error carrying its status message.
+            let why = task
+                .view()
+                .get("statusMessage")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+                .to_string();
+            let err =
+                json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task failed: {why}")});
+            let code = Some(jsonrpc::INTERNAL_ERROR);
+            settle(hub, task, status, None, Err(err), TaskOutcome::Failed, code).await;
+        }
         Ok(Some(Ok(result))) => {
-            let outcome = if is_error(&result) {
-                TaskOutcome::ToolError
+            // A tool error is `failed` in 2025-11-25 (whatever the upstream said; a 2026
+            // client is shown `completed` with the result).
+            let (status, outcome) = if is_error(&result) {
+                (Status::Failed, TaskOutcome::ToolError)
             } else {
-                TaskOutcome::Completed
+                (status, TaskOutcome::Completed)
             };
             settle(hub, task, status, None, Ok(result), outcome, None).await;
         }
