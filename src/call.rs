@@ -448,9 +448,13 @@ pub fn run<'c>(
         // A tool its upstream runs only as a task, called without one: the gateway asks for
         // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
         // stateless client declared the 2026-07-28 tasks extension (it gets the task).
-        let mut modern = None;
+        let (mut modern, mut task_progress) = (None, None);
         if !asks_task && crate::mcp::tasks::requires_task(tool) {
             modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+            task_progress = progress_token.clone();
+        } else if asks_task {
+            // Kept routable until the task ends (`mcp::tasks::created`).
+            task_progress = progress_token.clone();
         }
         let timeout = reg
             .limits
@@ -483,6 +487,7 @@ pub fn run<'c>(
                     task,
                     for_client: asks_task,
                     modern,
+                    progress: task_progress.zip(ids.request_id()),
                 };
                 (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
             }
@@ -551,6 +556,8 @@ struct TaskMade<'a> {
     /// A stateless client that declared the 2026-07-28 tasks extension: it gets the task in
     /// that form (the capabilities it declared, `ClientCapability::bits_of`).
     modern: Option<u8>,
+    /// The client's progress token and the call's upstream request id.
+    progress: Option<(Value, u64)>,
 }
 
 /// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
@@ -571,6 +578,7 @@ async fn task_created(
         made.task,
         internal,
         made.modern,
+        made.progress,
     )
     .await;
     match created {

@@ -92,6 +92,25 @@ impl Status {
     }
 }
 
+/// Where a task's progress goes after its creating call ended (2025-11-25: the token stays
+/// valid until the task ends).
+#[derive(Debug)]
+pub struct TaskProgress {
+    /// The token the gateway sent upstream (`upstream::progress_token`).
+    pub upstream_token: String,
+    /// The client's token, restored in what it is sent.
+    pub client_token: Value,
+    pub to: ProgressTo,
+}
+
+#[derive(Debug)]
+pub enum ProgressTo {
+    /// The session that created the task (on its server-to-client stream).
+    Session(std::sync::Weak<crate::session::Session>),
+    /// The plain call a task runs for (its own stream, as the call's progress went).
+    Call(tokio::sync::mpsc::Sender<Value>),
+}
+
 /// How a task ended, as audited (`task_outcome`), exactly once per task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskOutcome {
@@ -151,6 +170,7 @@ pub struct Task {
     /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
     /// requests as `inputRequests`): at most one at a time.
     pub asking: AtomicBool,
+    pub progress: Option<TaskProgress>,
     /// While `asking`: where the upstream's side-channel requests for the task go.
     inputs_sink: Mutex<Option<tokio::sync::mpsc::Sender<Value>>>,
     pub created: Instant,
@@ -192,6 +212,7 @@ pub struct NewTask {
     pub tool: String,
     pub internal: bool,
     pub modern: Option<u8>,
+    pub progress: Option<TaskProgress>,
     pub ttl: Duration,
     pub poll_interval: Duration,
     /// The upstream's `Task` object (its id is replaced here).
@@ -396,6 +417,8 @@ struct Inner {
     by_registration: HashMap<String, std::collections::BTreeMap<u64, String>>,
     /// (upstream, epoch, upstream task id) → gateway id.
     by_upstream: HashMap<(String, u64, String), String>,
+    /// (upstream, the progress token sent upstream) → gateway id.
+    by_progress: HashMap<(String, String), String>,
 }
 
 impl TaskTable {
@@ -460,6 +483,7 @@ impl TaskTable {
             internal: new.internal,
             modern: new.modern,
             asking: AtomicBool::new(false),
+            progress: new.progress,
             inputs_sink: Mutex::new(None),
             created: Instant::now(),
             ttl: new.ttl,
@@ -486,6 +510,12 @@ impl TaskTable {
             .entry(task.registration.id.clone())
             .or_default()
             .insert(seq, id.clone());
+        if let Some(p) = &task.progress {
+            inner.by_progress.insert(
+                (task.upstream.clone(), p.upstream_token.clone()),
+                id.clone(),
+            );
+        }
         inner.by_upstream.insert(
             (task.upstream.clone(), task.epoch, task.upstream_id.clone()),
             id,
@@ -539,6 +569,15 @@ impl TaskTable {
         inner.by_id.get(id).cloned()
     }
 
+    /// The task whose creating call sent `token` upstream as its progress token.
+    pub fn by_progress(&self, upstream: &str, token: &str) -> Option<Arc<Task>> {
+        let inner = lock(&self.inner);
+        let id = inner
+            .by_progress
+            .get(&(upstream.to_string(), token.to_string()))?;
+        inner.by_id.get(id).cloned()
+    }
+
     /// Forgets a task (its TTL ran out, or its registration was released): unknown afterwards.
     pub fn remove(&self, task: &Task) {
         Self::forget(&mut lock(&self.inner), task);
@@ -558,6 +597,11 @@ impl TaskTable {
         inner
             .by_upstream
             .remove(&(task.upstream.clone(), task.epoch, task.upstream_id.clone()));
+        if let Some(p) = &task.progress {
+            inner
+                .by_progress
+                .remove(&(task.upstream.clone(), p.upstream_token.clone()));
+        }
     }
 }
 
@@ -585,6 +629,7 @@ mod tests {
             tool: "everything.simulate-research-query".into(),
             internal: false,
             modern: None,
+            progress: None,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             view: json!({"taskId": up_id, "status": "working", "ttl": null}),

@@ -1398,3 +1398,82 @@ async fn polls_faster_than_the_poll_interval_are_answered_from_the_table() {
         "{asked} upstream tasks/get for {polls} client polls in {secs:.1} s"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_progress_reaches_its_client_after_the_creating_call_answered() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "progress").await;
+    let other = register_jobs(&tg, "bystander").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let mut o = SseClient::connect(&other.sse_url(), other.token()).await;
+    for s in [&mut c, &mut o] {
+        s.request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}),
+        )
+        .await;
+        s.notify("notifications/initialized", json!({})).await;
+    }
+    // A task asked for: the call answers at once (CreateTaskResult); the fixture sends
+    // progress every 200 ms for 1 s after that, with the call's token.
+    let resp = c
+        .post(
+            json!({"jsonrpc": "2.0", "id": 31, "method": "tools/call", "params": {
+            "name": "jobs.slow_job", "arguments": {"seconds": 1.0}, "task": {},
+            "_meta": {"progressToken": "tok-task"}}}),
+        )
+        .await;
+    assert!(resp.status().is_success());
+    let mut created = None;
+    let mut progress = Vec::new();
+    while let Some(m) = c.next_message(3).await {
+        if m["id"] == 31 {
+            assert!(progress.is_empty(), "the call answered first: {progress:?}");
+            created = Some(m);
+        } else if m["method"] == "notifications/progress" {
+            progress.push(m["params"].clone());
+        }
+        if progress.len() >= 5 {
+            break;
+        }
+    }
+    let created = created.unwrap_or_else(|| panic!("no CreateTaskResult; progress {progress:?}"));
+    assert!(created["result"]["task"]["taskId"].is_string(), "{created}");
+    assert_eq!(progress.len(), 5, "{progress:?}");
+    for (i, p) in progress.iter().enumerate() {
+        assert_eq!(
+            p["progressToken"], "tok-task",
+            "the client's own token: {p}"
+        );
+        assert_eq!(p["progress"], (i + 1) as f64, "{p}");
+    }
+    // The same tool called plainly (the gateway runs the task): its progress comes before
+    // its result, on the call's stream.
+    let resp = c
+        .post(
+            json!({"jsonrpc": "2.0", "id": 32, "method": "tools/call", "params": {
+            "name": "jobs.slow_job", "arguments": {"seconds": 1.0},
+            "_meta": {"progressToken": "tok-plain"}}}),
+        )
+        .await;
+    assert!(resp.status().is_success());
+    let mut plain = Vec::new();
+    let result = loop {
+        let m = c.next_message(10).await.expect("the plain call answers");
+        if m["id"] == 32 {
+            break m;
+        }
+        if m["method"] == "notifications/progress" {
+            plain.push(m["params"].clone());
+        }
+    };
+    assert_eq!(text_of(&result), "slow done", "{result}");
+    assert_eq!(plain.len(), 5, "{plain:?}");
+    assert!(
+        plain.iter().all(|p| p["progressToken"] == "tok-plain"),
+        "{plain:?}"
+    );
+    // Nobody else heard any of it.
+    assert!(o.next_message(1).await.is_none());
+}

@@ -175,6 +175,7 @@ pub async fn created(
     upstream_task: Value,
     internal: bool,
     modern: Option<u8>,
+    progress: Option<(Value, u64)>,
 ) -> Result<Arc<Task>, NotCreated> {
     let hub = &ctx.hub;
     let cfg = &hub.config().tasks;
@@ -202,6 +203,7 @@ pub async fn created(
         tool: tool.to_string(),
         internal,
         modern,
+        progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
         ttl,
         poll_interval: Duration::from_millis(poll),
         view: upstream_task,
@@ -231,6 +233,32 @@ pub async fn created(
     }
     spawn_poller(hub.clone(), task.clone());
     Ok(task)
+}
+
+/// Where a task's progress goes once its creating call ended: the client's token and the
+/// call's upstream request id given, a plain call's own stream (the gateway runs the task for
+/// it) or the creating session (2025-11-25); none for a 2026 task (the extension has no
+/// progress for tasks).
+fn progress_route(
+    ctx: &RequestCtx,
+    epoch: u64,
+    progress: Option<(Value, u64)>,
+    internal: bool,
+    modern: bool,
+) -> Option<crate::tasks::TaskProgress> {
+    let (client_token, request_id) = progress?;
+    let to = if internal {
+        crate::tasks::ProgressTo::Call(ctx.notify.clone()?)
+    } else if modern {
+        return None;
+    } else {
+        crate::tasks::ProgressTo::Session(Arc::downgrade(ctx.session.as_ref()?))
+    };
+    Some(crate::tasks::TaskProgress {
+        upstream_token: crate::upstream::progress_token(epoch, request_id),
+        client_token,
+        to,
+    })
 }
 
 /// Runs a task for a `tools/call` that did not ask for one (the upstream requires a task for

@@ -38,6 +38,7 @@ mod stdio;
 mod types;
 
 pub use connection::Connection;
+pub(crate) use core::progress_token;
 pub use events::{
     channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
 };
