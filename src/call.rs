@@ -475,10 +475,15 @@ pub fn run<'c>(
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
         let mut reason = None;
         if let Ended::Raw(raw, Outcome::Ok) = &ended {
-            let created = tool
-                .upstream()
-                .zip(ids.epoch())
-                .zip(crate::mcp::tasks::create_task_result(raw.get()));
+            // Scanned only where a task may be the answer (not a `taskSupport`-less tool's
+            // result: most calls).
+            let created = if crate::mcp::tasks::may_answer_task(tool, asks_task) {
+                tool.upstream()
+                    .zip(ids.epoch())
+                    .zip(crate::mcp::tasks::create_task_result(raw.get()))
+            } else {
+                None
+            };
             if let Some(((upstream, epoch), task)) = created {
                 let made = TaskMade {
                     name: &name,

@@ -93,10 +93,26 @@ pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
     matches!(
         tool.backend,
         crate::tools::Backend::Upstream {
-            task_required: true,
+            task_support: crate::tools::TaskSupport::Required,
             ..
         }
     )
+}
+
+/// Whether an upstream's answer to a call of `tool` may be a `CreateTaskResult`: the call
+/// asked for a task (the client or the gateway), or the tool's descriptor says its upstream
+/// runs it as a task (`optional`: it may answer one unasked). A tool without `taskSupport`
+/// (forbidden) is not answered with a task (2025-11-25), so its result is not scanned.
+pub fn may_answer_task(tool: &crate::tools::GrantedTool, asked: bool) -> bool {
+    asked
+        || matches!(
+            tool.backend,
+            crate::tools::Backend::Upstream {
+                task_support: crate::tools::TaskSupport::Optional
+                    | crate::tools::TaskSupport::Required,
+                ..
+            }
+        )
 }
 
 /// Asks the upstream for a task on a call whose client did not (`params.task`, the TTL cap).
