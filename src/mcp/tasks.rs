@@ -402,7 +402,15 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
     let hub = &ctx.hub;
     match method {
         "tasks/get" => {
-            if !task.is_settled() && !task.polled_lately() {
+            // A terminal status heard (a status notification) but not settled yet: settled
+            // now, as the 2026 form inlines the outcome with the status.
+            let heard_end = task
+                .view()
+                .get("status")
+                .and_then(Value::as_str)
+                .and_then(Status::parse)
+                .is_some_and(Status::is_terminal);
+            if !task.is_settled() && (heard_end || !task.polled_lately()) {
                 refresh(hub, &task).await;
             }
             jsonrpc::success(id, detailed(&task))
@@ -497,6 +505,14 @@ fn detailed(task: &Task) -> Value {
             }
         }
         None => {
+            let status = m
+                .get("status")
+                .and_then(Value::as_str)
+                .and_then(Status::parse);
+            if status.is_some_and(Status::is_terminal) {
+                // Its outcome is not read yet (the upstream did not answer): still working.
+                m.insert("status".into(), json!("working"));
+            }
             if m.get("status") == Some(&json!("input_required")) {
                 m.insert("inputRequests".into(), Value::Object(task.inputs()));
             }
