@@ -448,13 +448,18 @@ pub fn run<'c>(
         // A tool its upstream runs only as a task, called without one: the gateway asks for
         // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
         // stateless client declared the 2026-07-28 tasks extension (it gets the task).
-        let (mut modern, mut task_progress) = (None, None);
+        // What a task call keeps for its task (boxed: the call's future grows by one pointer).
+        let mut task_call: Option<Box<TaskCall>> = None;
         if !asks_task && crate::mcp::tasks::requires_task(tool) {
-            modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
-            task_progress = progress_token.clone();
+            let modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+            let progress = progress_token.clone();
+            task_call = Some(Box::new(TaskCall { modern, progress }));
         } else if asks_task {
-            // Kept routable until the task ends (`mcp::tasks::created`).
-            task_progress = progress_token.clone();
+            let progress = progress_token.clone();
+            task_call = Some(Box::new(TaskCall {
+                modern: None,
+                progress,
+            }));
         }
         let timeout = reg
             .limits
@@ -491,8 +496,8 @@ pub fn run<'c>(
                     epoch,
                     task,
                     for_client: asks_task,
-                    modern,
-                    progress: task_progress.zip(ids.request_id()),
+                    modern: task_call.as_ref().and_then(|t| t.modern),
+                    progress: task_call.and_then(|t| t.progress).zip(ids.request_id()),
                 };
                 (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
             }
@@ -549,6 +554,16 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
+/// What a call that asks for a task (its client, or the gateway for a `required` tool) keeps
+/// for it until the upstream answers.
+struct TaskCall {
+    /// A stateless client that declared the 2026-07-28 tasks extension (the capabilities it
+    /// declared).
+    modern: Option<u8>,
+    /// The client's progress token: routable until the task ends.
+    progress: Option<Value>,
+}
+
 /// A task an upstream created for a call.
 struct TaskMade<'a> {
     name: &'a str,

@@ -1003,8 +1003,7 @@ async fn modern(
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .last()
+            .rfind(|d| !d.is_empty())
             .unwrap_or_else(|| panic!("no data in {text}"));
         return serde_json::from_str(last).unwrap();
     }

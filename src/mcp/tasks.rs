@@ -183,6 +183,7 @@ pub enum NotCreated {
 /// Takes a task the upstream created for a call into the table: audits `task_created`,
 /// starts its poller, and returns the `CreateTaskResult` for the client (the gateway's id in
 /// it). A task created after its registration was released is cancelled upstream at once.
+#[allow(clippy::too_many_arguments)] // what the creating call knew, read once here
 pub async fn created(
     ctx: &RequestCtx,
     tool: &str,
