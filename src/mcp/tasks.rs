@@ -514,8 +514,14 @@ fn detailed(task: &Task) -> Value {
                 // Its outcome is not read yet (the upstream did not answer): still working.
                 m.insert("status".into(), json!("working"));
             }
+            // A task waits on its client while any parked request is unanswered (the
+            // upstream may say `working` again once one of several is answered).
+            let inputs = task.inputs();
+            if !inputs.is_empty() {
+                m.insert("status".into(), json!("input_required"));
+            }
             if m.get("status") == Some(&json!("input_required")) {
-                m.insert("inputRequests".into(), Value::Object(task.inputs()));
+                m.insert("inputRequests".into(), Value::Object(inputs));
             }
         }
     }
