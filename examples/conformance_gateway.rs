@@ -6,6 +6,7 @@
 //! `{"mcp_url": ..., "sse_url": ..., "token": ...}`, then serves until stdin closes.
 //!
 //! `cargo run --example conformance_gateway -- python3 tests/peers/conformance_server.py stdio`
+//! (`--declare elicitation` first: what the upstream connection declares)
 
 use std::process::ExitCode;
 
@@ -24,6 +25,14 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    // `--declare CAPS`: the client capabilities the upstream connection declares (it is then
+    // the registration's own, `per_registration`),
+    // comma-separated (tests/fixtures/task_server.py's askers need `elicitation`).
+    let mut declare: Option<Vec<String>> = None;
+    if argv.first().map(String::as_str) == Some("--declare") && argv.len() > 1 {
+        declare = Some(argv[1].split(',').map(str::to_string).collect());
+        argv.drain(..2);
+    }
     if argv.first().map(String::as_str) == Some("--") {
         argv.remove(0);
     }
@@ -36,9 +45,12 @@ async fn main() -> ExitCode {
         "id": "conformance",
         "command": command,
         "args": argv,
-        "sharing": "shared",
+        // One registration either way; a connection that declares client capabilities is
+        // the registration's own.
+        "sharing": if declare.is_some() { "per_registration" } else { "shared" },
         "bare_names": true,
         "call_timeout_s": 60,
+        "client_capabilities": declare,
     })) {
         Ok(u) => u,
         Err(e) => {

@@ -453,9 +453,20 @@ pub fn run<'c>(
             }
         };
         // A tool its upstream runs only as a task, called without one: the gateway asks for
-        // the task and waits for its end itself (`mcp::tasks::run_for_call`).
+        // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
+        // stateless client declared the 2026-07-28 tasks extension (it gets the task).
+        // What a task call keeps for its task (boxed: the call's future grows by one pointer).
+        let mut task_call: Option<Box<TaskCall>> = None;
         if !asks_task && crate::mcp::tasks::requires_task(tool) {
-            crate::mcp::tasks::ask_task(&mut params, max_ttl);
+            let modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+            let progress = progress_token.clone();
+            task_call = Some(Box::new(TaskCall { modern, progress }));
+        } else if asks_task {
+            let progress = progress_token.clone();
+            task_call = Some(Box::new(TaskCall {
+                modern: None,
+                progress,
+            }));
         }
         let timeout = reg
             .limits
@@ -476,10 +487,15 @@ pub fn run<'c>(
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
         let mut reason = None;
         if let Ended::Raw(raw, Outcome::Ok) = &ended {
-            let created = tool
-                .upstream()
-                .zip(ids.epoch())
-                .zip(crate::mcp::tasks::create_task_result(raw.get()));
+            // Scanned only where a task may be the answer (not a `taskSupport`-less tool's
+            // result: most calls).
+            let created = if crate::mcp::tasks::may_answer_task(tool, asks_task) {
+                tool.upstream()
+                    .zip(ids.epoch())
+                    .zip(crate::mcp::tasks::create_task_result(raw.get()))
+            } else {
+                None
+            };
             if let Some(((upstream, epoch), task)) = created {
                 let made = TaskMade {
                     name: &name,
@@ -487,6 +503,8 @@ pub fn run<'c>(
                     epoch,
                     task,
                     for_client: asks_task,
+                    modern: task_call.as_ref().and_then(|t| t.modern),
+                    progress: task_call.and_then(|t| t.progress).zip(ids.request_id()),
                 };
                 (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
             }
@@ -558,6 +576,16 @@ fn server_span(t: &Telemetry, ctx: &RequestCtx, id: &Value, call: &ToolCall) -> 
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
+/// What a call that asks for a task (its client, or the gateway for a `required` tool) keeps
+/// for it until the upstream answers.
+struct TaskCall {
+    /// A stateless client that declared the 2026-07-28 tasks extension (the capabilities it
+    /// declared).
+    modern: Option<u8>,
+    /// The client's progress token: routable until the task ends.
+    progress: Option<Value>,
+}
+
 /// A task an upstream created for a call.
 struct TaskMade<'a> {
     name: &'a str,
@@ -567,6 +595,11 @@ struct TaskMade<'a> {
     /// The client asked for it (`params.task`): it gets the task; else the call waits for
     /// the task's end and gets its result.
     for_client: bool,
+    /// A stateless client that declared the 2026-07-28 tasks extension: it gets the task in
+    /// that form (the capabilities it declared, `ClientCapability::bits_of`).
+    modern: Option<u8>,
+    /// The client's progress token and the call's upstream request id.
+    progress: Option<(Value, u64)>,
 }
 
 /// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
@@ -578,7 +611,7 @@ async fn task_created(
     cancel: &CancellationToken,
 ) -> (Ended, Option<Cow<'static, str>>) {
     use crate::mcp::tasks::NotCreated;
-    let internal = !made.for_client;
+    let internal = !made.for_client && made.modern.is_none();
     let created = crate::mcp::tasks::created(
         ctx,
         made.name,
@@ -586,6 +619,8 @@ async fn task_created(
         made.epoch,
         made.task,
         internal,
+        made.modern,
+        made.progress,
     )
     .await;
     match created {
@@ -618,10 +653,11 @@ async fn task_created(
         }
         Ok(task) => {
             let why = format!("task created: {}", task.id);
-            (
-                Ended::Result(json!({"task": task.view()}), Outcome::Ok),
-                Some(why.into()),
-            )
+            let result = match made.modern {
+                Some(_) => crate::mcp::tasks::modern_created(&task),
+                None => json!({"task": task.view()}),
+            };
+            (Ended::Result(result, Outcome::Ok), Some(why.into()))
         }
         Err(NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");

@@ -1087,7 +1087,7 @@ fn restored_tools(stored: &[StoredTool], catalog: &BTreeMap<String, InProcessToo
                         upstream: upstream.clone(),
                         tool: tool.clone(),
                         grant_name: grant_name.clone(),
-                        task_required: crate::tools::task_required(descriptor),
+                        task_support: crate::tools::task_support(descriptor),
                     },
                 })
             }

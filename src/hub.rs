@@ -350,6 +350,55 @@ impl Downstream for Hub {
         })
     }
 
+    fn task_inputs(
+        &self,
+        upstream_id: &str,
+        epoch: u64,
+        upstream_task_id: &str,
+    ) -> Option<(String, tokio::sync::mpsc::Sender<Value>)> {
+        let task = self
+            .tasks
+            .by_upstream(upstream_id, epoch, upstream_task_id)?;
+        let sink = task.input_sink()?;
+        Some((task.registration.id.clone(), sink))
+    }
+
+    fn task_progress<'a>(
+        &'a self,
+        upstream_id: &'a str,
+        _epoch: u64,
+        params: Value,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let mut params = params;
+            let task = params
+                .get("progressToken")
+                .and_then(Value::as_str)
+                .and_then(|t| self.tasks.by_progress(upstream_id, t))
+                .filter(|t| !t.is_settled());
+            let Some(task) = task else {
+                tracing::debug!(upstream = %upstream_id, "progress for a request that is no longer pending (no live task): dropped");
+                return;
+            };
+            let Some(p) = &task.progress else { return };
+            params["progressToken"] = p.client_token.clone();
+            let msg = jsonrpc::notification("notifications/progress", Some(params));
+            match &p.to {
+                crate::tasks::ProgressTo::Session(s) => {
+                    if let Some(s) = s.upgrade().filter(|s| !s.cancel.is_cancelled()) {
+                        self.deliver(&s, msg).await;
+                    }
+                }
+                crate::tasks::ProgressTo::Call(sink) => {
+                    // Bounded: a call that does not take it in time loses this one.
+                    let _ = sink
+                        .send_timeout(msg, std::time::Duration::from_millis(100))
+                        .await;
+                }
+            }
+        })
+    }
+
     fn task_status<'a>(
         &'a self,
         upstream_id: &'a str,
@@ -368,8 +417,9 @@ impl Downstream for Hub {
             // The table's view (the upstream's status unless the task is settled), our id in it.
             task.observe(params);
             task.wake.notify_one();
-            if task.internal {
-                // Run for a client that asked for no task: it is shown none.
+            if task.internal || task.modern.is_some() {
+                // Run for a client that asked for no task: it is shown none. A 2026-form
+                // task's client polls (its pushes go on `subscriptions/listen` streams only).
                 return 1;
             }
             let msg = jsonrpc::notification("notifications/tasks/status", Some(task.view()));

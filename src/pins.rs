@@ -242,7 +242,7 @@ mod tests {
                 upstream: "up".into(),
                 tool: name.into(),
                 grant_name: format!("up.{name}"),
-                task_required: false,
+                task_support: crate::tools::TaskSupport::Forbidden,
             },
         }
     }

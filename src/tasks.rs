@@ -33,6 +33,9 @@ pub const ID_PREFIX: &str = "gtask_";
 /// Settled tasks kept per registration, per live task allowed (`max_live_per_registration`).
 pub const KEPT_PER_LIVE: usize = 4;
 
+/// Input requests a 2026 task holds pending at once (more are refused upstream).
+pub const MAX_INPUTS: usize = 16;
+
 /// The `_meta` key naming the task a message relates to (2025-11-25).
 pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
@@ -89,6 +92,25 @@ impl Status {
     }
 }
 
+/// Where a task's progress goes after its creating call ended (2025-11-25: the token stays
+/// valid until the task ends).
+#[derive(Debug)]
+pub struct TaskProgress {
+    /// The token the gateway sent upstream (`upstream::progress_token`).
+    pub upstream_token: String,
+    /// The client's token, restored in what it is sent.
+    pub client_token: Value,
+    pub to: ProgressTo,
+}
+
+#[derive(Debug)]
+pub enum ProgressTo {
+    /// The session that created the task (on its server-to-client stream).
+    Session(std::sync::Weak<crate::session::Session>),
+    /// The plain call a task runs for (its own stream, as the call's progress went).
+    Call(tokio::sync::mpsc::Sender<Value>),
+}
+
 /// How a task ended, as audited (`task_outcome`), exactly once per task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskOutcome {
@@ -141,6 +163,16 @@ pub struct Task {
     /// for the end): never listed nor looked up, and it holds no slot of its own (the call
     /// holds one).
     pub internal: bool,
+    /// Handed to a stateless 2026-07-28 client (the `io.modelcontextprotocol/tasks`
+    /// extension): the client capabilities its creating request declared
+    /// (`ClientCapability::bits_of`), which bound what its `inputRequests` may ask.
+    pub modern: Option<u8>,
+    /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
+    /// requests as `inputRequests`): at most one at a time.
+    pub asking: AtomicBool,
+    pub progress: Option<TaskProgress>,
+    /// While `asking`: where the upstream's side-channel requests for the task go.
+    inputs_sink: Mutex<Option<tokio::sync::mpsc::Sender<Value>>>,
     pub created: Instant,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -166,6 +198,9 @@ struct State {
     /// When the upstream was last asked about the task.
     polled: Instant,
     outcome: Option<TaskOutcome>,
+    /// A 2026 task's pending input requests (`inputRequests`), by the key the gateway minted
+    /// (the id the routing layer gave the upstream's side-channel request).
+    inputs: serde_json::Map<String, Value>,
 }
 
 /// What a new task is made of.
@@ -176,6 +211,8 @@ pub struct NewTask {
     pub upstream_id: String,
     pub tool: String,
     pub internal: bool,
+    pub modern: Option<u8>,
+    pub progress: Option<TaskProgress>,
     pub ttl: Duration,
     pub poll_interval: Duration,
     /// The upstream's `Task` object (its id is replaced here).
@@ -236,6 +273,36 @@ impl Task {
         }
     }
 
+    /// Parks an input request (2026 tasks) under `key`; bounded by `MAX_INPUTS`.
+    pub fn park_input(&self, key: String, request: Value) -> bool {
+        let mut st = lock(&self.state);
+        if st.inputs.len() >= MAX_INPUTS {
+            return false;
+        }
+        st.inputs.insert(key, request);
+        true
+    }
+
+    /// Sets (or clears) where the upstream's side-channel requests for this task go.
+    pub fn set_input_sink(&self, sink: Option<tokio::sync::mpsc::Sender<Value>>) {
+        *lock(&self.inputs_sink) = sink;
+    }
+
+    /// Where the upstream's side-channel requests for this task go, while one is open.
+    pub fn input_sink(&self) -> Option<tokio::sync::mpsc::Sender<Value>> {
+        lock(&self.inputs_sink).clone()
+    }
+
+    /// The pending input requests (2026 tasks).
+    pub fn inputs(&self) -> serde_json::Map<String, Value> {
+        lock(&self.state).inputs.clone()
+    }
+
+    /// Takes the pending input request `key`, if there is one.
+    pub fn take_input(&self, key: &str) -> Option<Value> {
+        lock(&self.state).inputs.remove(key)
+    }
+
     /// Whether the outcome is settled.
     pub fn is_settled(&self) -> bool {
         self.settled.load(Ordering::Acquire)
@@ -261,6 +328,7 @@ impl Task {
         {
             let mut st = lock(&self.state);
             st.outcome = Some(outcome);
+            st.inputs.clear();
             if let Some(m) = st.view.as_object_mut() {
                 m.insert("status".into(), Value::String(status.as_str().into()));
                 match message {
@@ -349,6 +417,8 @@ struct Inner {
     by_registration: HashMap<String, std::collections::BTreeMap<u64, String>>,
     /// (upstream, epoch, upstream task id) → gateway id.
     by_upstream: HashMap<(String, u64, String), String>,
+    /// (upstream, the progress token sent upstream) → gateway id.
+    by_progress: HashMap<(String, String), String>,
 }
 
 impl TaskTable {
@@ -411,6 +481,10 @@ impl TaskTable {
             upstream_id: new.upstream_id,
             tool: new.tool,
             internal: new.internal,
+            modern: new.modern,
+            asking: AtomicBool::new(false),
+            progress: new.progress,
+            inputs_sink: Mutex::new(None),
             created: Instant::now(),
             ttl: new.ttl,
             poll_interval: new.poll_interval,
@@ -420,6 +494,7 @@ impl TaskTable {
                 view: Value::Null,
                 polled: Instant::now(),
                 outcome: None,
+                inputs: serde_json::Map::new(),
             }),
             finished,
             settled: AtomicBool::new(false),
@@ -435,6 +510,12 @@ impl TaskTable {
             .entry(task.registration.id.clone())
             .or_default()
             .insert(seq, id.clone());
+        if let Some(p) = &task.progress {
+            inner.by_progress.insert(
+                (task.upstream.clone(), p.upstream_token.clone()),
+                id.clone(),
+            );
+        }
         inner.by_upstream.insert(
             (task.upstream.clone(), task.epoch, task.upstream_id.clone()),
             id,
@@ -488,6 +569,15 @@ impl TaskTable {
         inner.by_id.get(id).cloned()
     }
 
+    /// The task whose creating call sent `token` upstream as its progress token.
+    pub fn by_progress(&self, upstream: &str, token: &str) -> Option<Arc<Task>> {
+        let inner = lock(&self.inner);
+        let id = inner
+            .by_progress
+            .get(&(upstream.to_string(), token.to_string()))?;
+        inner.by_id.get(id).cloned()
+    }
+
     /// Forgets a task (its TTL ran out, or its registration was released): unknown afterwards.
     pub fn remove(&self, task: &Task) {
         Self::forget(&mut lock(&self.inner), task);
@@ -507,6 +597,11 @@ impl TaskTable {
         inner
             .by_upstream
             .remove(&(task.upstream.clone(), task.epoch, task.upstream_id.clone()));
+        if let Some(p) = &task.progress {
+            inner
+                .by_progress
+                .remove(&(task.upstream.clone(), p.upstream_token.clone()));
+        }
     }
 }
 
@@ -533,6 +628,8 @@ mod tests {
             upstream_id: up_id.into(),
             tool: "everything.simulate-research-query".into(),
             internal: false,
+            modern: None,
+            progress: None,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             view: json!({"taskId": up_id, "status": "working", "ttl": null}),

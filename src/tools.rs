@@ -191,20 +191,31 @@ pub enum Backend {
         /// `<upstream>.<tool after rename>`: what grants match (`tool_name`), whatever the
         /// separator and length rule made of the exposed name.
         grant_name: String,
-        /// The upstream runs it only as a task (`execution.taskSupport: "required"`,
-        /// 2025-11-25): read once from the descriptor when granted, not at every call.
-        task_required: bool,
+        /// Whether the upstream runs it as a task (`execution.taskSupport`, 2025-11-25): read
+        /// once from the descriptor when granted, not at every call.
+        task_support: TaskSupport,
     },
 }
 
-/// Whether a tool's descriptor says its upstream runs it only as a task
-/// (`execution.taskSupport: "required"`).
-pub fn task_required(descriptor: &serde_json::Value) -> bool {
-    descriptor
+/// A tool's `execution.taskSupport` (2025-11-25; absent: `Forbidden`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskSupport {
+    Forbidden,
+    Optional,
+    Required,
+}
+
+/// A tool's `execution.taskSupport`, from its descriptor.
+pub fn task_support(descriptor: &serde_json::Value) -> TaskSupport {
+    match descriptor
         .get("execution")
         .and_then(|e| e.get("taskSupport"))
         .and_then(serde_json::Value::as_str)
-        == Some("required")
+    {
+        Some("required") => TaskSupport::Required,
+        Some("optional") => TaskSupport::Optional,
+        _ => TaskSupport::Forbidden,
+    }
 }
 
 /// One tool granted to a registration, under the name its agent sees.

@@ -887,8 +887,12 @@ async fn stateless_2026_requests_get_the_extensions_errors_and_plain_results() {
         let r = stateless_task(&reg, m, &legacy, &legacy, declared.clone()).await;
         assert_eq!(r["error"]["code"], -32601, "{m}: {r}");
     }
-    // Declared: no task of the 2026 form exists here, so every id is unknown (-32602).
+    // Declared: the registration's 2025-form task is shown in the 2026 form (the extension
+    // allows get and cancel on legacy tasks); an unknown id is -32602.
     let r = stateless_task(&reg, "tasks/get", &legacy, &legacy, declared.clone()).await;
+    assert_eq!(r["result"]["taskId"], legacy.as_str(), "{r}");
+    let unknown = "gtask_AAAAAAAAAAAAAAAAAAAAAA";
+    let r = stateless_task(&reg, "tasks/get", unknown, unknown, declared.clone()).await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
     // `Mcp-Name` must carry the task id: -32020 otherwise.
     let r = stateless_task(&reg, "tasks/cancel", &legacy, "gtask_other", declared).await;
@@ -944,4 +948,531 @@ fn the_tasks_section_is_read_and_validated() {
     ] {
         assert!(gatehouse::Config::from_toml_str(bad).is_err(), "{bad}");
     }
+}
+
+/// The capabilities of a 2026-07-28 client that declares the tasks extension.
+fn modern_caps(extra: Value) -> Value {
+    let mut caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    if let (Some(c), Some(e)) = (caps.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    caps
+}
+
+/// A stateless (2026-07-28) request with the client capabilities `caps` in `_meta`, its
+/// `Mcp-Name` the body's name (`tools/call`) or `taskId` (`tasks/*`), or `name` if given.
+async fn modern(
+    reg: &Registration,
+    method: &str,
+    params: Value,
+    caps: &Value,
+    name: Option<&str>,
+) -> Value {
+    let mut params = params;
+    params["_meta"] = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                             "io.modelcontextprotocol/clientCapabilities": caps});
+    let mut b = reqwest::Client::new()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    let body_name = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(n) = name.map(str::to_string).or(body_name) {
+        b = b.header("mcp-name", n);
+    }
+    let r = b
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = r.text().await.unwrap();
+    if ct.starts_with("text/event-stream") {
+        // The response is the stream's last `data:` line.
+        let last = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .rfind(|d| !d.is_empty())
+            .unwrap_or_else(|| panic!("no data in {text}"));
+        return serde_json::from_str(last).unwrap();
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// `tasks/get` (2026) until the task leaves `working` (within 20 s).
+async fn modern_until_not_working(reg: &Registration, id: &str, caps: &Value) -> Value {
+    for _ in 0..100 {
+        let r = modern(reg, "tasks/get", json!({"taskId": id}), caps, None).await;
+        if r["result"]["status"] != "working" {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("task {id} still working after 20 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_gets_the_extensions_task_and_polls_gets_and_cancels_it() {
+    let tg = gateway();
+    let (a, b) = (
+        register(&tg, "modern-a", Limits::default()).await,
+        register(&tg, "modern-b", Limits::default()).await,
+    );
+    let caps = modern_caps(json!({}));
+    // server/discover lists the extension (a granted upstream runs tool calls as tasks).
+    let d = modern(&a, "server/discover", json!({}), &caps, None).await;
+    assert_eq!(
+        d["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({}),
+        "{d}"
+    );
+    assert!(d["result"]["capabilities"].get("tasks").is_none(), "{d}");
+
+    // The server decides: a task-required tool becomes a task, in the 2026 form.
+    let r = modern(
+        &a,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "glaciers"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let created = &r["result"];
+    assert_eq!(created["resultType"], "task", "{r}");
+    let id = created["taskId"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(id.starts_with("gtask_") && id.len() == 28, "{r}");
+    assert_eq!(created["status"], "working", "{r}");
+    assert_eq!(
+        created["ttlMs"], 120_000,
+        "TTL capped by tasks.max_ttl_s: {r}"
+    );
+    assert!(created["pollIntervalMs"].as_u64().is_some(), "{r}");
+    for legacy in ["task", "ttl", "pollInterval"] {
+        assert!(created.get(legacy).is_none(), "no 2025 field {legacy}: {r}");
+    }
+    assert!(created["createdAt"].is_string() && created["lastUpdatedAt"].is_string());
+
+    // Mcp-Name must name the task (-32020); another registration's id and an unknown one
+    // are the same -32602; an undeclared extension is -32021.
+    let r = modern(
+        &a,
+        "tasks/get",
+        json!({"taskId": id}),
+        &caps,
+        Some("gtask_x"),
+    )
+    .await;
+    assert_eq!(r["error"]["code"], -32020, "{r}");
+    let theirs = modern(&b, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    let unknown = modern(
+        &b,
+        "tasks/get",
+        json!({"taskId": "gtask_AAAAAAAAAAAAAAAAAAAAAA"}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(theirs["error"], unknown["error"], "{theirs} vs {unknown}");
+    assert_eq!(theirs["error"]["code"], -32602, "{theirs}");
+    for m in ["tasks/cancel", "tasks/update"] {
+        let r = modern(
+            &b,
+            m,
+            json!({"taskId": id, "inputResponses": {}}),
+            &caps,
+            None,
+        )
+        .await;
+        assert_eq!(r["error"]["code"], -32602, "{m}: {r}");
+    }
+    let r = modern(&a, "tasks/get", json!({"taskId": id}), &json!({}), None).await;
+    assert_eq!(r["error"]["code"], -32021, "{r}");
+
+    // Polled while it runs, then its result inline (2026: no tasks/result).
+    let r = modern(&a, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(r["result"]["taskId"], id, "{r}");
+    let done = modern_until_not_working(&a, id, &caps).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{done}"));
+    assert!(text.contains("Research Report: glaciers"), "{done}");
+    assert!(
+        !done.to_string().contains("related-task"),
+        "no upstream task id: {done}"
+    );
+    // A cancel of an ended task is acknowledged (empty), and it stays completed.
+    let r = modern(&a, "tasks/cancel", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert!(r["result"].get("status").is_none(), "an empty ack: {r}");
+    let again = modern(&a, "tasks/get", json!({"taskId": id}), &caps, None).await;
+    assert_eq!(again["result"]["status"], "completed", "{again}");
+
+    // A cancelled one: acknowledged, cancelled upstream (tasks/cancel), shown cancelled.
+    let r = modern(
+        &a,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "storms"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let second = r["result"]["taskId"].as_str().unwrap().to_string();
+    let r = modern(&a, "tasks/cancel", json!({"taskId": second}), &caps, None).await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    let r = modern(&a, "tasks/get", json!({"taskId": second}), &caps, None).await;
+    assert_eq!(r["result"]["status"], "cancelled", "{r}");
+    assert!(r["result"].get("error").is_none(), "{r}");
+
+    // A 2025-11-25 session's task of the same registration is readable in the 2026 form too.
+    let mut c = session(&a).await;
+    let legacy = create(&mut c, "legacy").await;
+    let r = modern(&a, "tasks/get", json!({"taskId": legacy}), &caps, None).await;
+    assert_eq!(r["result"]["taskId"], legacy.as_str(), "{r}");
+    assert!(r["result"]["ttlMs"].is_number(), "{r}");
+
+    // Audit: each 2026 task created and ended once.
+    let outcomes = records(&tg, "task_outcome", 2).await;
+    let of = |t: &str| {
+        outcomes
+            .iter()
+            .filter(|r| r.rare().task_id.as_deref() == Some(t))
+            .map(|r| r.outcome.as_deref().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(id), vec!["completed"]);
+    assert_eq!(of(&second), vec!["cancelled"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_clients_task_asks_through_input_requests_answered_by_tasks_update() {
+    // per_registration: the connection is the registration's, so it declares elicitation
+    // upstream; server-everything asks on its side channel (2025-11-25, related-task _meta)
+    // while a tasks/result is open: the gateway opens one and shows the request as one of
+    // the task's inputRequests.
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![everything("everything", "per_registration", 30, "")];
+    });
+    let reg = register(&tg, "modern-asker", Limits::default()).await;
+    let caps = modern_caps(json!({"elicitation": {}}));
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": RESEARCH, "arguments": {"topic": "python", "ambiguous": true}}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    let id = r["result"]["taskId"].as_str().unwrap().to_string();
+    let asked = modern_until_not_working(&reg, &id, &caps).await;
+    assert_eq!(asked["result"]["status"], "input_required", "{asked}");
+    // The request may be parked a moment after the status is seen.
+    let mut requests = asked["result"]["inputRequests"].clone();
+    for _ in 0..50 {
+        if requests.as_object().is_some_and(|m| !m.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = modern(&reg, "tasks/get", json!({"taskId": id}), &caps, None).await;
+        requests = r["result"]["inputRequests"].clone();
+    }
+    let (key, request) = requests
+        .as_object()
+        .and_then(|m| m.iter().next())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .unwrap_or_else(|| panic!("no inputRequests: {requests}"));
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert!(
+        !request.to_string().contains("related-task"),
+        "the upstream's task id stays inside: {request}"
+    );
+    let choice = request["params"]["requestedSchema"]["properties"]["interpretation"]["oneOf"][0]
+        ["const"]
+        .as_str()
+        .unwrap_or("the first")
+        .to_string();
+    let mut responses = serde_json::Map::new();
+    responses.insert(
+        key,
+        json!({"action": "accept", "content": {"interpretation": choice}}),
+    );
+    let r = modern(
+        &reg,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": responses}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    let mut done = Value::Null;
+    for _ in 0..100 {
+        done = modern(&reg, "tasks/get", json!({"taskId": id}), &caps, None).await;
+        if done["result"]["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let text = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains(&choice),
+        "the answer reached the upstream: {done}"
+    );
+}
+
+/// A gateway in front of tests/fixtures/task_server.py (Python SDK 1.x `enable_tasks()`,
+/// stdio, shared) as upstream `jobs`.
+fn jobs_gateway() -> TestGateway {
+    let python = peers::peer(".venv-mcp1/bin/python");
+    let script = repo_root().join("tests/fixtures/task_server.py");
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = \"jobs\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n",
+        python.display().to_string(),
+        script.display().to_string()
+    ))
+    .unwrap();
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![up];
+    })
+}
+
+async fn register_jobs(tg: &TestGateway, agent: &str) -> Registration {
+    tg.gateway
+        .register(RegistrationSpec::new(agent).grant("jobs.*"))
+        .await
+        .unwrap()
+}
+
+/// How many `tasks/get` the fixture answered so far.
+async fn upstream_gets(c: &mut SseClient) -> u64 {
+    let r = c.call("jobs.gets", json!({})).await;
+    r["result"]["structuredContent"]["gets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_and_tool_error_tasks_are_told_apart_in_both_forms_and_audited_once() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "jobs").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let mut create_2025 = async |tool: &str| {
+        let r = c
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": {"seconds": 0.5}, "task": {}}),
+            )
+            .await;
+        r["result"]["task"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let failing = create_2025("jobs.fail_job").await;
+    let erring = create_2025("jobs.error_job").await;
+    // 2025-11-25: a failure is a JSON-RPC error from tasks/result, a tool error a `failed`
+    // task whose result is the tool's (isError).
+    let r = c.request("tasks/result", json!({"taskId": failing})).await;
+    let (code, message) = error_of(&r);
+    assert_eq!(code, -32603, "{r}");
+    assert!(message.contains("disk on fire"), "{r}");
+    let r = c.request("tasks/get", json!({"taskId": failing})).await;
+    assert_eq!(r["result"]["status"], "failed", "{r}");
+    let r = c.request("tasks/result", json!({"taskId": erring})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert_eq!(r["result"]["content"][0]["text"], "the job broke", "{r}");
+    let r = c.request("tasks/get", json!({"taskId": erring})).await;
+    assert_eq!(
+        r["result"]["status"], "failed",
+        "isError is failed in 2025: {r}"
+    );
+
+    // 2026-07-28: the same outcomes inline: failed with error, completed with the isError
+    // result.
+    let caps = modern_caps(json!({}));
+    let mut modern_ids = Vec::new();
+    for tool in ["jobs.fail_job", "jobs.error_job"] {
+        let r = modern(
+            &reg,
+            "tools/call",
+            json!({"name": tool, "arguments": {"seconds": 0.5}}),
+            &caps,
+            None,
+        )
+        .await;
+        assert_eq!(r["result"]["resultType"], "task", "{r}");
+        modern_ids.push(r["result"]["taskId"].as_str().unwrap().to_string());
+    }
+    let failed = modern_until_not_working(&reg, &modern_ids[0], &caps).await;
+    assert_eq!(failed["result"]["status"], "failed", "{failed}");
+    assert_eq!(failed["result"]["error"]["code"], -32603, "{failed}");
+    assert!(failed["result"].get("result").is_none(), "{failed}");
+    let erred = modern_until_not_working(&reg, &modern_ids[1], &caps).await;
+    assert_eq!(erred["result"]["status"], "completed", "{erred}");
+    assert_eq!(erred["result"]["result"]["isError"], true, "{erred}");
+
+    // One outcome each: failed (with its code) and tool_error.
+    let outcomes = records(&tg, "task_outcome", 4).await;
+    for (ids, want) in [
+        ([&failing, &modern_ids[0]], "failed"),
+        ([&erring, &modern_ids[1]], "tool_error"),
+    ] {
+        for id in ids {
+            let mine: Vec<_> = outcomes
+                .iter()
+                .filter(|r| r.rare().task_id.as_deref() == Some(id.as_str()))
+                .collect();
+            assert_eq!(mine.len(), 1, "{id}: {mine:?}");
+            assert_eq!(mine[0].outcome.as_deref(), Some(want), "{id}: {mine:?}");
+            if want == "failed" {
+                assert_eq!(mine[0].error_code, Some(-32603), "{mine:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polls_faster_than_the_poll_interval_are_answered_from_the_table() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "poller").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let before = upstream_gets(&mut c).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "jobs.error_job", "arguments": {"seconds": 2.0}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    // The fixture's poll interval is 500 ms (the gateway's floor too): 40 polls in 2 s,
+    // every 50 ms, are answered from the table but for about one per interval.
+    let started = std::time::Instant::now();
+    let mut polls = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let r = c.request("tasks/get", json!({"taskId": id})).await;
+        assert_eq!(r["result"]["taskId"], id.as_str(), "{r}");
+        polls += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = upstream_gets(&mut c).await - before;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("{polls} client polls in {secs:.1} s: {asked} upstream tasks/get");
+    assert!(polls >= 20, "{polls}");
+    // Client polls and the poller together: at most one per 500 ms interval, plus one.
+    assert!(
+        asked as f64 <= secs / 0.5 + 2.0,
+        "{asked} upstream tasks/get for {polls} client polls in {secs:.1} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_progress_reaches_its_client_after_the_creating_call_answered() {
+    let tg = jobs_gateway();
+    let reg = register_jobs(&tg, "progress").await;
+    let other = register_jobs(&tg, "bystander").await;
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let mut o = SseClient::connect(&other.sse_url(), other.token()).await;
+    for s in [&mut c, &mut o] {
+        s.request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}),
+        )
+        .await;
+        s.notify("notifications/initialized", json!({})).await;
+    }
+    // A task asked for: the call answers at once (CreateTaskResult); the fixture sends
+    // progress every 200 ms for 1 s after that, with the call's token.
+    let resp = c
+        .post(
+            json!({"jsonrpc": "2.0", "id": 31, "method": "tools/call", "params": {
+            "name": "jobs.slow_job", "arguments": {"seconds": 1.0}, "task": {},
+            "_meta": {"progressToken": "tok-task"}}}),
+        )
+        .await;
+    assert!(resp.status().is_success());
+    let mut created = None;
+    let mut progress = Vec::new();
+    while let Some(m) = c.next_message(3).await {
+        if m["id"] == 31 {
+            assert!(progress.is_empty(), "the call answered first: {progress:?}");
+            created = Some(m);
+        } else if m["method"] == "notifications/progress" {
+            progress.push(m["params"].clone());
+        }
+        if progress.len() >= 5 {
+            break;
+        }
+    }
+    let created = created.unwrap_or_else(|| panic!("no CreateTaskResult; progress {progress:?}"));
+    assert!(created["result"]["task"]["taskId"].is_string(), "{created}");
+    assert_eq!(progress.len(), 5, "{progress:?}");
+    for (i, p) in progress.iter().enumerate() {
+        assert_eq!(
+            p["progressToken"], "tok-task",
+            "the client's own token: {p}"
+        );
+        assert_eq!(p["progress"], (i + 1) as f64, "{p}");
+    }
+    // The same tool called plainly (the gateway runs the task): its progress comes before
+    // its result, on the call's stream.
+    let resp = c
+        .post(
+            json!({"jsonrpc": "2.0", "id": 32, "method": "tools/call", "params": {
+            "name": "jobs.slow_job", "arguments": {"seconds": 1.0},
+            "_meta": {"progressToken": "tok-plain"}}}),
+        )
+        .await;
+    assert!(resp.status().is_success());
+    let mut plain = Vec::new();
+    let result = loop {
+        let m = c.next_message(10).await.expect("the plain call answers");
+        if m["id"] == 32 {
+            break m;
+        }
+        if m["method"] == "notifications/progress" {
+            plain.push(m["params"].clone());
+        }
+    };
+    assert_eq!(text_of(&result), "slow done", "{result}");
+    assert_eq!(plain.len(), 5, "{plain:?}");
+    assert!(
+        plain.iter().all(|p| p["progressToken"] == "tok-plain"),
+        "{plain:?}"
+    );
+    // Nobody else heard any of it.
+    assert!(o.next_message(1).await.is_none());
 }

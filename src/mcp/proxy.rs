@@ -90,15 +90,20 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
         }
         caps["resources"] = Value::Object(r);
     }
-    // 2025-11-25 tasks, on sessions (the handshake era), when a granted upstream runs tool
-    // calls as tasks: the gateway owns them (`mcp::tasks`).
-    if ctx.session.is_some() {
-        let tasks = upstreams_with(ctx, "tasks").await;
-        if tasks
-            .iter()
-            .any(|(_, c)| crate::mcp::tasks::upstream_runs_tasks(c))
-        {
+    // Tasks, when a granted upstream runs tool calls as tasks: the gateway owns them
+    // (`mcp::tasks`). Sessions (the handshake era): the 2025-11-25 capability; stateless
+    // 2026-07-28: the `io.modelcontextprotocol/tasks` extension.
+    let tasks = upstreams_with(ctx, "tasks").await;
+    if tasks
+        .iter()
+        .any(|(_, c)| crate::mcp::tasks::upstream_runs_tasks(c))
+    {
+        if ctx.session.is_some() {
             caps["tasks"] = crate::mcp::tasks::capability();
+        } else {
+            let mut ext = Map::new();
+            ext.insert(crate::mcp::tasks::EXTENSION.into(), json!({}));
+            caps["extensions"] = Value::Object(ext);
         }
     }
     if !upstreams_with(ctx, "prompts").await.is_empty() {

@@ -39,8 +39,15 @@ pub const METHODS: &[&str] = &[
 pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
 pub const EXTENSION_NOT_DECLARED: i64 = -32021;
 
+/// A 2026-07-28 request's client capabilities, in its `_meta`.
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
 /// The poller never asks an upstream about one task more often than this.
 const POLL_FLOOR: Duration = Duration::from_millis(100);
+
+/// How long an upstream `tasks/result` still open when its task settled otherwise is given to
+/// answer before it is abandoned.
+const SETTLED_ASK_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a cancel sent on the gateway's behalf (release, TTL) may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -86,16 +93,53 @@ pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
     matches!(
         tool.backend,
         crate::tools::Backend::Upstream {
-            task_required: true,
+            task_support: crate::tools::TaskSupport::Required,
             ..
         }
     )
 }
 
+/// Whether an upstream's answer to a call of `tool` may be a `CreateTaskResult`: the call
+/// asked for a task (the client or the gateway), or the tool's descriptor says its upstream
+/// runs it as a task (`optional`: it may answer one unasked). A tool without `taskSupport`
+/// (forbidden) is not answered with a task (2025-11-25), so its result is not scanned.
+pub fn may_answer_task(tool: &crate::tools::GrantedTool, asked: bool) -> bool {
+    asked
+        || matches!(
+            tool.backend,
+            crate::tools::Backend::Upstream {
+                task_support: crate::tools::TaskSupport::Optional
+                    | crate::tools::TaskSupport::Required,
+                ..
+            }
+        )
+}
+
 /// Asks the upstream for a task on a call whose client did not (`params.task`, the TTL cap).
-pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration) {
+/// On a stateless request (`stateless`) that declares the 2026-07-28 tasks extension in its
+/// `_meta`, the task is handed to the client in that form: `Some(the client capabilities
+/// it declared)` (`ClientCapability::bits_of`). Read only here: a call of a tool that needs
+/// a task, never on the ordinary call's path.
+pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration, stateless: bool) -> Option<u8> {
+    let modern = if stateless {
+        params
+            .get("_meta")
+            .and_then(|m| m.get(META_CAPABILITIES))
+            .filter(|c| declares_extension(c))
+            .map(|c| crate::mcp::ClientCapability::bits_of(Some(c)))
+    } else {
+        None
+    };
     let max = u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX);
     params.insert("task".into(), json!({"ttl": max}));
+    modern
+}
+
+/// Whether client capabilities (a 2026-07-28 request's `_meta`) declare the tasks extension.
+fn declares_extension(caps: &Value) -> bool {
+    caps.get("extensions")
+        .and_then(|e| e.get(EXTENSION))
+        .is_some_and(|v| !v.is_null())
 }
 
 /// A tool's definition as listed to clients: an upstream's `taskSupport: "required"` is shown
@@ -141,6 +185,7 @@ pub enum NotCreated {
 /// Takes a task the upstream created for a call into the table: audits `task_created`,
 /// starts its poller, and returns the `CreateTaskResult` for the client (the gateway's id in
 /// it). A task created after its registration was released is cancelled upstream at once.
+#[allow(clippy::too_many_arguments)] // what the creating call knew, read once here
 pub async fn created(
     ctx: &RequestCtx,
     tool: &str,
@@ -148,6 +193,8 @@ pub async fn created(
     epoch: u64,
     upstream_task: Value,
     internal: bool,
+    modern: Option<u8>,
+    progress: Option<(Value, u64)>,
 ) -> Result<Arc<Task>, NotCreated> {
     let hub = &ctx.hub;
     let cfg = &hub.config().tasks;
@@ -174,6 +221,8 @@ pub async fn created(
         upstream_id: upstream_id.clone(),
         tool: tool.to_string(),
         internal,
+        modern,
+        progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
         ttl,
         poll_interval: Duration::from_millis(poll),
         view: upstream_task,
@@ -203,6 +252,32 @@ pub async fn created(
     }
     spawn_poller(hub.clone(), task.clone());
     Ok(task)
+}
+
+/// Where a task's progress goes once its creating call ended: the client's token and the
+/// call's upstream request id given, a plain call's own stream (the gateway runs the task for
+/// it) or the creating session (2025-11-25); none for a 2026 task (the extension has no
+/// progress for tasks).
+fn progress_route(
+    ctx: &RequestCtx,
+    epoch: u64,
+    progress: Option<(Value, u64)>,
+    internal: bool,
+    modern: bool,
+) -> Option<crate::tasks::TaskProgress> {
+    let (client_token, request_id) = progress?;
+    let to = if internal {
+        crate::tasks::ProgressTo::Call(ctx.notify.clone()?)
+    } else if modern {
+        return None;
+    } else {
+        crate::tasks::ProgressTo::Session(Arc::downgrade(ctx.session.as_ref()?))
+    };
+    Some(crate::tasks::TaskProgress {
+        upstream_token: crate::upstream::progress_token(epoch, request_id),
+        client_token,
+        to,
+    })
 }
 
 /// Runs a task for a `tools/call` that did not ask for one (the upstream requires a task for
@@ -279,7 +354,7 @@ pub async fn handle(
     trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Value> {
     if ctx.session.is_none() {
-        return Some(stateless(id, method, params.as_ref()));
+        return Some(modern(ctx, id, method, params.as_ref()).await);
     }
     if method == "tasks/update" {
         // Not a 2025-11-25 method.
@@ -312,43 +387,178 @@ pub async fn handle(
     }
 }
 
-/// `tasks/*` on a stateless 2026-07-28 request. `tasks/result` and `tasks/list` are gone in
-/// that revision (-32601); the others need the `io.modelcontextprotocol/tasks` extension
-/// declared in the request's `_meta` (-32021 otherwise). The gateway does not hand out tasks
-/// in that form yet (it does not declare the extension, and runs a task-required tool
-/// itself for such clients), so no id is known there: -32602.
-fn stateless(id: Value, method: &str, params: Option<&Value>) -> Value {
+/// `tasks/*` on a stateless 2026-07-28 request (the `io.modelcontextprotocol/tasks`
+/// extension; `Mcp-Name` was checked against `taskId` by the endpoint). `tasks/result` and
+/// `tasks/list` are gone in that revision (-32601); the others need the extension declared in
+/// the request's `_meta` (-32021 otherwise). The registration's tasks are looked up as for a
+/// session (its 2025-form tasks too: the extension allows `get` and `cancel` on them) and
+/// shown in the 2026 form: `tasks/get` inlines the result (`completed` even with `isError`)
+/// or the error (`failed`) and the pending `inputRequests`; `tasks/cancel` and `tasks/update`
+/// are acknowledged empty (a cancel of a task that ended is no error there).
+async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value>) -> Value {
+    if let Some(e) = stateless(id.clone(), method, params) {
+        return e;
+    }
+    let task = match lookup(ctx, &id, params) {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    let hub = &ctx.hub;
+    match method {
+        "tasks/get" => {
+            // A terminal status heard (a status notification) but not settled yet: settled
+            // now, as the 2026 form inlines the outcome with the status.
+            let heard_end = task
+                .view()
+                .get("status")
+                .and_then(Value::as_str)
+                .and_then(Status::parse)
+                .is_some_and(Status::is_terminal);
+            if !task.is_settled() && (heard_end || !task.polled_lately()) {
+                refresh(hub, &task, None).await;
+            }
+            jsonrpc::success(id, detailed(&task))
+        }
+        "tasks/update" => {
+            let Some(responses) = params
+                .and_then(|p| p.get("inputResponses"))
+                .and_then(Value::as_object)
+            else {
+                return RpcError::new(
+                    Some(id),
+                    jsonrpc::INVALID_PARAMS,
+                    "invalid params: inputResponses (an object) is required",
+                )
+                .to_value();
+            };
+            for (key, response) in responses {
+                // Keys this task does not wait on are ignored (an answer may cross the end).
+                if task.take_input(key).is_some() {
+                    hub.pool().client_response(
+                        &task.registration.id,
+                        crate::upstream::STATELESS_SESSION,
+                        &Value::String(key.clone()),
+                        &json!({ "result": response }),
+                    );
+                }
+            }
+            task.wake.notify_one();
+            jsonrpc::success(id, json!({}))
+        }
+        _ => {
+            if !task.is_settled() {
+                let r = cancel_task(hub, id.clone(), &task, None).await;
+                if r.get("error").and_then(|e| e.get("code"))
+                    == Some(&json!(jsonrpc::INTERNAL_ERROR))
+                {
+                    return r;
+                }
+            }
+            jsonrpc::success(id, json!({}))
+        }
+    }
+}
+
+/// A task's common fields in the 2026-07-28 form (flat; `ttlMs`, `pollIntervalMs`).
+fn modern_fields(task: &Task) -> Map<String, Value> {
+    let view = task.view();
+    let mut m = Map::new();
+    for k in [
+        "taskId",
+        "status",
+        "statusMessage",
+        "createdAt",
+        "lastUpdatedAt",
+    ] {
+        if let Some(v) = view.get(k) {
+            m.insert(k.into(), v.clone());
+        }
+    }
+    m.insert(
+        "ttlMs".into(),
+        view.get("ttl").cloned().unwrap_or(Value::Null),
+    );
+    if let Some(p) = view.get("pollInterval") {
+        m.insert("pollIntervalMs".into(), p.clone());
+    }
+    m
+}
+
+/// The reply to a `tools/call` whose task is handed to a 2026-07-28 client.
+pub fn modern_created(task: &Task) -> Value {
+    let mut m = modern_fields(task);
+    m.insert("resultType".into(), json!("task"));
+    Value::Object(m)
+}
+
+/// `tasks/get`'s DetailedTask (2026-07-28): a settled task's answer inline — a tool result
+/// (`isError` too) is `completed` with `result`, a JSON-RPC error `failed` with `error`, a
+/// cancel `cancelled`; a live task waiting on its client lists its `inputRequests`.
+fn detailed(task: &Task) -> Value {
+    let mut m = modern_fields(task);
+    m.insert("resultType".into(), json!("complete"));
+    match task.final_answer().as_deref() {
+        Some(Ok(result)) => {
+            m.insert("status".into(), json!("completed"));
+            m.insert("result".into(), result.clone());
+        }
+        Some(Err(e)) => {
+            if m.get("status") != Some(&json!("cancelled")) {
+                m.insert("status".into(), json!("failed"));
+                m.insert("error".into(), e.clone());
+            }
+        }
+        None => {
+            let status = m
+                .get("status")
+                .and_then(Value::as_str)
+                .and_then(Status::parse);
+            if status.is_some_and(Status::is_terminal) {
+                // Its outcome is not read yet (the upstream did not answer): still working.
+                m.insert("status".into(), json!("working"));
+            }
+            // A task waits on its client while any parked request is unanswered (the
+            // upstream may say `working` again once one of several is answered).
+            let inputs = task.inputs();
+            if !inputs.is_empty() {
+                m.insert("status".into(), json!("input_required"));
+            }
+            if m.get("status") == Some(&json!("input_required")) {
+                m.insert("inputRequests".into(), Value::Object(inputs));
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+/// The refusal of a 2026-07-28 `tasks/*` request, if it is refused before lookup.
+fn stateless(id: Value, method: &str, params: Option<&Value>) -> Option<Value> {
     if matches!(method, "tasks/result" | "tasks/list") {
         // (Refused before dispatch by the stateless endpoint; kept for any other caller.)
-        return RpcError::new(
-            Some(id),
-            jsonrpc::METHOD_NOT_FOUND,
-            format!("method not found: {method} (removed in 2026-07-28)"),
-        )
-        .to_value();
+        return Some(
+            RpcError::new(
+                Some(id),
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("method not found: {method} (removed in 2026-07-28)"),
+            )
+            .to_value(),
+        );
     }
     let declared = params
         .and_then(|p| p.get("_meta"))
-        .and_then(|m| m.get("io.modelcontextprotocol/clientCapabilities"))
-        .and_then(|c| c.get("extensions"))
-        .and_then(|e| e.get(EXTENSION))
-        .is_some();
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(declares_extension);
     if !declared {
-        return jsonrpc::error_response(
+        return Some(jsonrpc::error_response(
             Some(id),
             EXTENSION_NOT_DECLARED,
             &format!(
                 "{method} needs the {EXTENSION} extension, which this request did not declare"
             ),
             Some(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}})),
-        );
+        ));
     }
-    RpcError::new(
-        Some(id),
-        jsonrpc::INVALID_PARAMS,
-        "unknown task: no task of this registration has that taskId",
-    )
-    .to_value()
+    None
 }
 
 fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
@@ -406,68 +616,188 @@ async fn wait_final(
     // The upstream's blocking `tasks/result` holds one of the connection's permits: it is
     // given the upstream's `call_timeout_s` (what a call may hold one for), never the task's
     // TTL; past it the task's end is waited for from the poller.
-    let upstream = async {
-        let r = hub
-            .pool()
-            .forward_task(
-                &task.registration,
-                &task.upstream,
-                task.epoch,
-                "tasks/result",
-                upstream_params(task),
-                asked.clone(),
-                None,
-                ctx.session.clone(),
-                trace,
-            )
-            .await;
-        match r {
-            Ok(Some(Ok(result))) => {
-                let outcome = if is_error(&result) {
-                    TaskOutcome::ToolError
-                } else {
-                    TaskOutcome::Completed
-                };
-                let status = if outcome == TaskOutcome::ToolError {
-                    Status::Failed
-                } else {
-                    Status::Completed
-                };
-                settle(hub, task, status, None, Ok(result), outcome, None).await;
-            }
-            Ok(Some(Err(e))) => {
-                let code = e.get("code").and_then(Value::as_i64);
-                if code == Some(jsonrpc::INVALID_PARAMS) {
-                    // The upstream no longer knows it (or it was cancelled meanwhile).
-                    refresh(hub, task, trace).await;
-                    if !task.is_settled() {
-                        lose(hub, task, "the upstream no longer knows the task").await;
-                    }
-                } else {
-                    settle(
-                        hub,
-                        task,
-                        Status::Failed,
-                        None,
-                        Err(e),
-                        TaskOutcome::Failed,
-                        code,
-                    )
-                    .await;
-                }
-            }
-            Ok(None) => lose(hub, task, "upstream restarted").await,
-            Err(e) => {
-                tracing::debug!(task = %task.id, error = %e, "tasks/result upstream did not answer; waiting for the poller");
-            }
+    let ask = hub.pool().forward_task(
+        &task.registration,
+        &task.upstream,
+        task.epoch,
+        "tasks/result",
+        upstream_params(task),
+        asked.clone(),
+        None,
+        ctx.session.clone(),
+        trace,
+    );
+    tokio::pin!(ask);
+    let r = tokio::select! {
+        biased;
+        () = cancel.cancelled() => return None,
+        f = task.finished() => {
+            // Settled by another sighting: the task is terminal, so the upstream's
+            // `tasks/result` answers at once; it is given a moment rather than abandoned
+            // (`notifications/cancelled` for a blocking `tasks/result` ends a Python SDK 1.x
+            // server: tests/fixtures/task_server.py showed it).
+            let _ = tokio::time::timeout(SETTLED_ASK_GRACE, &mut ask).await;
+            return Some(f);
         }
-        std::future::pending::<()>().await;
+        r = &mut ask => r,
     };
+    take_result(hub, task, r).await;
     tokio::select! {
         biased;
         () = cancel.cancelled() => None,
         f = task.finished() => Some(f),
-        () = upstream => None,
+    }
+}
+
+/// Takes the answer of the upstream's blocking `tasks/result` (asked by [`wait_final`] or
+/// [`ask_inputs`]): settles the task, or leaves it to the poller.
+async fn take_result(
+    hub: &Arc<Hub>,
+    task: &Arc<Task>,
+    r: Result<Option<Result<Value, Value>>, crate::upstream::ForwardError>,
+) {
+    match r {
+        Ok(Some(Ok(result))) => {
+            if result.get("content").is_none() && !is_error(&result) {
+                // Not a tool result (the Python SDK 1.x answers a failed task's
+                // `tasks/result` with `_meta` only): its status says how it ended.
+                refresh(hub, task, None).await;
+                if task.is_settled() {
+                    return;
+                }
+            }
+            let outcome = if is_error(&result) {
+                TaskOutcome::ToolError
+            } else {
+                TaskOutcome::Completed
+            };
+            let status = if outcome == TaskOutcome::ToolError {
+                Status::Failed
+            } else {
+                Status::Completed
+            };
+            settle(hub, task, status, None, Ok(result), outcome, None).await;
+        }
+        Ok(Some(Err(e))) => {
+            let code = e.get("code").and_then(Value::as_i64);
+            if code == Some(jsonrpc::INVALID_PARAMS) {
+                // The upstream no longer knows it (or it was cancelled meanwhile).
+                refresh(hub, task, None).await;
+                if !task.is_settled() {
+                    lose(hub, task, "the upstream no longer knows the task").await;
+                }
+            } else {
+                settle(
+                    hub,
+                    task,
+                    Status::Failed,
+                    None,
+                    Err(e),
+                    TaskOutcome::Failed,
+                    code,
+                )
+                .await;
+            }
+        }
+        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Err(e) => {
+            tracing::debug!(task = %task.id, error = %e, "tasks/result upstream did not answer; waiting for the poller");
+        }
+    }
+}
+
+/// A 2026 task whose upstream (2025-11-25) waits on its client (`input_required`): the
+/// upstream's side-channel requests are delivered while a `tasks/result` is open, so one is
+/// opened (once at a time) on a sink of the gateway's; each request on it is parked as one
+/// of the task's `inputRequests` (its related-task `_meta` dropped), answered by the
+/// client's `tasks/update`. A request for a capability the client did not declare is
+/// refused upstream. The `tasks/result` ends with the task (and settles it).
+fn ask_inputs(hub: &Arc<Hub>, task: &Arc<Task>) {
+    if task.asking.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let (hub, task) = (hub.clone(), task.clone());
+    let reg = task.registration.clone();
+    reg.calls.spawn(async move {
+        let declared = task.modern.unwrap_or(0);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(crate::tasks::MAX_INPUTS);
+        task.set_input_sink(Some(tx.clone()));
+        let to = crate::upstream::TaskOwner {
+            session: None,
+            notify: Some(tx),
+        };
+        let ask = hub.pool().forward_task_to(
+            &task.registration,
+            &task.upstream,
+            task.epoch,
+            "tasks/result",
+            upstream_params(&task),
+            task.registration.cancel.child_token(),
+            None,
+            to,
+            None,
+        );
+        tokio::pin!(ask);
+        let r = loop {
+            tokio::select! {
+                r = &mut ask => break Some(r),
+                Some(msg) = rx.recv() => park(&hub, &task, declared, msg),
+                () = task.stop.cancelled() => {
+                    // Settled otherwise: given a moment rather than abandoned (as in
+                    // `wait_final`).
+                    let _ = tokio::time::timeout(SETTLED_ASK_GRACE, &mut ask).await;
+                    break None;
+                }
+            }
+        };
+        task.set_input_sink(None);
+        if let Some(r) = r {
+            take_result(&hub, &task, r).await;
+        }
+        task.asking
+            .store(false, std::sync::atomic::Ordering::Release);
+    });
+}
+
+/// One message of a 2026 task's side channel: a request is parked (or refused upstream);
+/// anything else (progress, logs: the extension has none for tasks) is dropped.
+fn park(hub: &Hub, task: &Task, declared: u8, mut msg: Value) {
+    let Some(key) = msg.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        return;
+    };
+    let method = msg
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let allowed =
+        crate::mcp::ClientCapability::for_method(&method).is_some_and(|c| c.in_bits(declared));
+    let mut params = msg
+        .get_mut("params")
+        .map(Value::take)
+        .unwrap_or_else(|| json!({}));
+    if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove(RELATED_TASK);
+        if meta.is_empty() {
+            if let Some(p) = params.as_object_mut() {
+                p.remove("_meta");
+            }
+        }
+    }
+    let parked =
+        allowed && task.park_input(key.clone(), json!({"method": method, "params": params}));
+    if !parked {
+        let why = if allowed {
+            format!("{method} refused: the task holds too many unanswered input requests")
+        } else {
+            format!("{method} refused: the client did not declare the capability it needs")
+        };
+        hub.pool().client_response(
+            &task.registration.id,
+            crate::upstream::STATELESS_SESSION,
+            &Value::String(key),
+            &crate::hub::refusal_body(&why),
+        );
     }
 }
 
@@ -604,6 +934,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
     match r {
         Ok(Some(Ok(t))) => match task.observe(t) {
             Some(s) if s.is_terminal() && !task.is_settled() => settle_terminal(hub, task, s).await,
+            Some(Status::InputRequired) if task.modern.is_some() => ask_inputs(hub, task),
             _ => {}
         },
         Ok(Some(Err(e)))
@@ -643,18 +974,38 @@ async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
             task.epoch,
             "tasks/result",
             upstream_params(task),
-            task.stop.clone(),
+            // Not the task's `stop`: the task is terminal upstream, so this answers at once; were
+            // it cancelled when another sighting settles the task first, the upstream would be
+            // sent `notifications/cancelled` for a blocking `tasks/result`, which ends a Python
+            // SDK 1.x server (tests/fixtures/task_server.py showed it).
+            CancellationToken::new(),
             None,
             None,
             None,
         )
         .await;
     match r {
+        Ok(Some(Ok(result))) if status == Status::Failed && !is_error(&result) => {
+            // Failed without a tool result (the Python SDK 1.x: an exception in the work):
+            // a JSON-RPC error carrying its status message.
+            let why = task
+                .view()
+                .get("statusMessage")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+                .to_string();
+            let err =
+                json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task failed: {why}")});
+            let code = Some(jsonrpc::INTERNAL_ERROR);
+            settle(hub, task, status, None, Err(err), TaskOutcome::Failed, code).await;
+        }
         Ok(Some(Ok(result))) => {
-            let outcome = if is_error(&result) {
-                TaskOutcome::ToolError
+            // A tool error is `failed` in 2025-11-25 (whatever the upstream said; a 2026
+            // client is shown `completed` with the result).
+            let (status, outcome) = if is_error(&result) {
+                (Status::Failed, TaskOutcome::ToolError)
             } else {
-                TaskOutcome::Completed
+                (status, TaskOutcome::Completed)
             };
             settle(hub, task, status, None, Ok(result), outcome, None).await;
         }

@@ -58,7 +58,7 @@ impl Catalog {
                     upstream: config.id.clone(),
                     tool: tool.to_string(),
                     grant_name,
-                    task_required: crate::tools::task_required(&descriptor),
+                    task_support: crate::tools::task_support(&descriptor),
                 },
                 descriptor: Arc::new(descriptor),
             });

@@ -18,7 +18,7 @@ use super::{IdCounter, LogFilter, NotificationsRefused, RequestTag, UpstreamErro
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
-fn progress_token(epoch: u64, id: u64) -> String {
+pub(crate) fn progress_token(epoch: u64, id: u64) -> String {
     format!("gatehouse-{epoch}-{id}")
 }
 
@@ -432,7 +432,14 @@ impl Core {
             })
         };
         let Some((original, sink, as_messages, stalled)) = route else {
-            tracing::debug!(upstream = %self.upstream_id, token, "dropping progress for a request that is no longer pending");
+            // The request ended (a task's creating call): the task table may still route it
+            // (`Downstream::task_progress`), its token as the upstream has it.
+            tracing::debug!(upstream = %self.upstream_id, token, "progress for a request that is no longer pending: to the task table");
+            self.events.notify(UpstreamEvent::Progress {
+                epoch: self.epoch,
+                upstream_request_id: id,
+                params,
+            });
             return;
         };
         if let Some(slot) = params.get_mut("progressToken") {

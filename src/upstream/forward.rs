@@ -40,6 +40,14 @@ pub struct ForwardCall<'a> {
     pub trace: Option<&'a crate::telemetry::CallTrace>,
 }
 
+/// Where a task request's server → client requests go: the session's, or (a stateless
+/// 2026 task) a sink of the gateway's own.
+#[derive(Default)]
+pub struct TaskOwner {
+    pub session: Option<Arc<Session>>,
+    pub notify: Option<mpsc::Sender<Value>>,
+}
+
 /// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
 #[derive(Debug, Default)]
 pub struct CallIds {
@@ -329,6 +337,40 @@ impl Pool {
         session: Option<Arc<Session>>,
         trace: Option<&crate::telemetry::CallTrace>,
     ) -> Result<Option<Result<Value, Value>>, ForwardError> {
+        let to = TaskOwner {
+            session,
+            notify: None,
+        };
+        self.forward_task_to(
+            registration,
+            upstream,
+            epoch,
+            method,
+            params,
+            cancel,
+            timeout,
+            to,
+            trace,
+        )
+        .await
+    }
+
+    /// [`Pool::forward_task`] whose server → client requests go to `to` (a 2026 task's
+    /// upstream `tasks/result`: its side-channel requests become the task's `inputRequests`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_task_to(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        epoch: u64,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+        timeout: Option<Duration>,
+        to: TaskOwner,
+        trace: Option<&crate::telemetry::CallTrace>,
+    ) -> Result<Option<Result<Value, Value>>, ForwardError> {
+        let TaskOwner { session, notify } = to;
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         if conn.epoch() != epoch {
@@ -346,7 +388,7 @@ impl Pool {
         let owner = CallOwner {
             registration_id: registration.id.clone(),
             session,
-            notify: None,
+            notify,
         };
         let opts = RequestOptions {
             timeout: Some(timeout.unwrap_or_else(|| in_use.remaining())),

@@ -38,10 +38,11 @@ mod stdio;
 mod types;
 
 pub use connection::Connection;
+pub(crate) use core::progress_token;
 pub use events::{
     channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
 };
-pub use forward::{CallIds, ForwardCall, ForwardOutcome};
+pub use forward::{CallIds, ForwardCall, ForwardOutcome, TaskOwner};
 pub use pool::{Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;

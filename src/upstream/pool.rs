@@ -752,7 +752,16 @@ async fn run_events(
                     route_notification(&pool, &slot, owner.as_deref(), epoch, method, params).await;
                 }
             }
-            UpstreamEvent::Progress { .. } => {}
+            UpstreamEvent::Progress { epoch, params, .. } => {
+                // A task's progress after its creating call ended (routed by the task table;
+                // anything else is dropped there).
+                let downstream = pool
+                    .upgrade()
+                    .and_then(|p| p.downstream.get().and_then(Weak::upgrade));
+                if let Some(ds) = downstream {
+                    ds.task_progress(&slot.spec.id, epoch, params).await;
+                }
+            }
             UpstreamEvent::Request {
                 epoch,
                 id,

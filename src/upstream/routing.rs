@@ -141,9 +141,21 @@ impl ClientRequests {
             tracing::warn!(upstream = %upstream_id, method, why, "server → client request refused");
             json!({"code": REFUSED, "message": format!("gatehouse: {method} refused: {why}")})
         };
-        let target = match downstream.as_ref() {
-            Some(ds) => pick(ds.as_ref(), &method, related_tag.as_ref(), registration),
-            None => Err("the gateway is shutting down".to_string()),
+        // A request naming a 2026-form task whose side channel the gateway holds open goes
+        // there (stdio cannot tell which pending request it belongs to).
+        let task_sink = downstream.as_ref().and_then(|ds| {
+            let up_task = params
+                .as_ref()?
+                .get("_meta")?
+                .get(crate::tasks::RELATED_TASK)?
+                .get("taskId")?
+                .as_str()?;
+            ds.task_inputs(&upstream_id, conn.epoch(), up_task)
+        });
+        let target = match (downstream.as_ref(), task_sink) {
+            (_, Some((reg, sink))) => Ok(Target::Stateless(reg, sink)),
+            (Some(ds), None) => pick(ds.as_ref(), &method, related_tag.as_ref(), registration),
+            (None, None) => Err("the gateway is shutting down".to_string()),
         };
         let (registration_id, session, call_sink) = match target {
             Ok(Target::Roots(roots)) => {

