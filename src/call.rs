@@ -474,7 +474,7 @@ pub fn run<'c>(
             .filter(|t| *t > 0.0 && t.is_finite())
             .map(Duration::from_secs_f64);
         // The upstream request id and epoch, kept even if the timeout drops the execution.
-        let ids = CallIds::default();
+        let ids = CallIds::new(started.into_std());
         let exec = Execution {
             tool,
             name: &name,
@@ -1090,7 +1090,7 @@ pub(crate) fn finish<'c>(
     // The upstream's answer, when there was one (`mcp_client_operation_duration_seconds`).
     let client = summary
         .ids
-        .and_then(CallIds::answered)
+        .and_then(|ids| ids.answered(elapsed))
         .map(|(d, stdio)| (if stdio { "pipe" } else { "tcp" }, d));
     ctx.hub
         .metrics()

@@ -151,27 +151,54 @@ pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
 /// the request's start (408 after it: a body trickled a byte at a time holds nothing for
 /// long). Either refusal closes the connection (`server::close_if_body_unread`). A body that
 /// came with its head (nearly all of them) is read on the first poll and arms no timer.
-pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Bytes, Rejection> {
-    let limit = config.max_body_bytes;
-    let too_large = |_| {
-        Rejection::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            jsonrpc::INVALID_REQUEST,
-            format!("request body exceeds the limit of {limit} bytes"),
-        )
-    };
-    let mut read = std::pin::pin!(axum::body::to_bytes(body, limit));
-    let first = std::future::poll_fn(|cx| match std::future::Future::poll(read.as_mut(), cx) {
-        std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
-        std::task::Poll::Pending => std::task::Poll::Ready(None),
-    })
-    .await;
-    if let Some(r) = first {
-        return r.map_err(too_large);
+pub fn read_body(
+    body: Body,
+    config: &crate::config::Config,
+) -> impl std::future::Future<Output = Result<Bytes, Rejection>> + Send + '_ {
+    // Not an `async fn` with a timer in it: the common case's future is the body and what it
+    // read (the slow path, with its timer, is boxed), and it is moved with every request.
+    async move {
+        let limit = config.max_body_bytes;
+        let mut body = body;
+        let mut got = Read::default();
+        // What arrived with the head, frame by frame, without a timer.
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(
+                    match axum::body::HttpBody::poll_frame(std::pin::Pin::new(&mut body), cx) {
+                        std::task::Poll::Ready(frame) => Some(frame),
+                        std::task::Poll::Pending => None,
+                    },
+                )
+            })
+            .await;
+            match next {
+                Some(Some(frame)) => got.take(frame, limit)?,
+                Some(None) => return Ok(got.into_bytes()),
+                None => break,
+            }
+        }
+        let within = std::time::Duration::from_secs(config.connections.body_timeout_s.max(1));
+        Box::pin(read_rest(body, got, limit, within)).await
     }
-    let within = std::time::Duration::from_secs(config.connections.body_timeout_s.max(1));
-    match tokio::time::timeout(within, read).await {
-        Ok(r) => r.map_err(too_large),
+}
+
+/// [`read_body`]'s slow path: the rest of a body that did not come with its head, within the
+/// body timeout (408 after it).
+async fn read_rest(
+    mut body: Body,
+    mut got: Read,
+    limit: usize,
+    within: std::time::Duration,
+) -> Result<Bytes, Rejection> {
+    let rest = async {
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            got.take(frame, limit)?;
+        }
+        Ok(got.into_bytes())
+    };
+    match tokio::time::timeout(within, rest).await {
+        Ok(r) => r,
         Err(_) => Err(Rejection::new(
             StatusCode::REQUEST_TIMEOUT,
             jsonrpc::INVALID_REQUEST,
@@ -180,6 +207,57 @@ pub async fn read_body(body: Body, config: &crate::config::Config) -> Result<Byt
                 within.as_secs()
             ),
         )),
+    }
+}
+
+/// A body read so far: one frame's bytes as they came (nearly every body is one frame), or
+/// several copied together.
+#[derive(Default)]
+struct Read {
+    first: Bytes,
+    joined: Vec<u8>,
+}
+
+impl Read {
+    /// Takes a frame: its data counted against `limit` (413 above it, as is a body that fails
+    /// to be read); trailers ignored.
+    fn take(
+        &mut self,
+        frame: Result<hyper::body::Frame<Bytes>, axum::Error>,
+        limit: usize,
+    ) -> Result<(), Rejection> {
+        let too_large = || {
+            Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                jsonrpc::INVALID_REQUEST,
+                format!("request body exceeds the limit of {limit} bytes"),
+            )
+        };
+        let Ok(data) = frame.map_err(|_| too_large())?.into_data() else {
+            return Ok(());
+        };
+        let had = self.first.len() + self.joined.len();
+        if had.saturating_add(data.len()) > limit {
+            return Err(too_large());
+        }
+        if had == 0 {
+            self.first = data;
+        } else {
+            if self.joined.is_empty() {
+                self.joined.extend_from_slice(&self.first);
+                self.first = Bytes::new();
+            }
+            self.joined.extend_from_slice(&data);
+        }
+        Ok(())
+    }
+
+    fn into_bytes(self) -> Bytes {
+        if self.joined.is_empty() {
+            self.first
+        } else {
+            Bytes::from(self.joined)
+        }
     }
 }
 

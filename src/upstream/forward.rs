@@ -49,17 +49,31 @@ pub struct TaskOwner {
 }
 
 /// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CallIds {
     epoch: AtomicU64,
     request_id: AtomicU64,
-    /// How long the upstream took to answer (ns, from the wait for its connection; 0: no
-    /// answer), and whether it is a stdio one: `mcp_client_operation_duration_seconds`.
-    answered_ns: AtomicU64,
+    /// When the call began (its one clock read, `call::run`).
+    started: std::time::Instant,
+    /// When, after `started`, the wait for the upstream's connection began (ns + 1; 0: the
+    /// upstream did not answer), and whether it is a stdio one:
+    /// `mcp_client_operation_duration_seconds` is read at the call's end from it, without a
+    /// clock read of its own.
+    waited_from_ns: AtomicU64,
     stdio: AtomicBool,
 }
 
 impl CallIds {
+    pub fn new(started: std::time::Instant) -> Self {
+        Self {
+            epoch: AtomicU64::new(0),
+            request_id: AtomicU64::new(0),
+            started,
+            waited_from_ns: AtomicU64::new(0),
+            stdio: AtomicBool::new(false),
+        }
+    }
+
     pub fn epoch(&self) -> Option<u64> {
         Some(self.epoch.load(Ordering::Acquire)).filter(|e| *e != 0)
     }
@@ -68,11 +82,17 @@ impl CallIds {
         Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
     }
 
-    /// How long the upstream took to answer, and whether it is a stdio upstream; `None` if it
-    /// did not answer.
-    pub fn answered(&self) -> Option<(Duration, bool)> {
-        let ns = self.answered_ns.load(Ordering::Acquire);
-        (ns != 0).then(|| (Duration::from_nanos(ns), self.stdio.load(Ordering::Acquire)))
+    /// How long the upstream took to answer (from the wait for its connection to the call's
+    /// end, `elapsed` after `started`), and whether it is a stdio upstream; `None` if it did
+    /// not answer.
+    pub fn answered(&self, elapsed: Duration) -> Option<(Duration, bool)> {
+        let ns = self.waited_from_ns.load(Ordering::Acquire);
+        (ns != 0).then(|| {
+            (
+                elapsed.saturating_sub(Duration::from_nanos(ns - 1)),
+                self.stdio.load(Ordering::Acquire),
+            )
+        })
     }
 }
 
@@ -228,12 +248,13 @@ impl Pool {
         })
         .await;
         if let (Some(ids), Ok(_)) = (call.ids, &result) {
-            // Timed from the wait for a permit (the call's own clock read, no other).
+            // Timed from the wait for a permit to the call's end (no clock read here).
             let began =
                 in_use.deadline - Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
-            let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let after = began.into_std().saturating_duration_since(ids.started);
+            let ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX - 1);
             ids.stdio.store(stdio, Ordering::Release);
-            ids.answered_ns.store(ns.max(1), Ordering::Release);
+            ids.waited_from_ns.store(ns + 1, Ordering::Release);
         }
         fwd.outcome = match result {
             Ok(resp) => {

@@ -210,12 +210,26 @@ impl Slot {
     }
 
     /// The live connection, (re)spawning it with a new epoch when needed.
-    pub async fn connection(&self) -> Result<Connection, UpstreamError> {
+    ///
+    /// Not an `async fn`: the common case (a live connection) is answered without a future of
+    /// its own, and the spawn path is boxed, so every forwarded call's future does not carry
+    /// the spawn's state (its pool span made it 864 bytes, 16-aligned).
+    pub fn connection(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Connection, UpstreamError>> + Send + '_ {
         // The common case without the async lock (taken by every call otherwise): `current`
         // mirrors the live connection; spawning, closing and eviction still go through `conn`.
-        if let Some(c) = self.live() {
-            return Ok(c);
+        let live = self.live();
+        async move {
+            match live {
+                Some(c) => Ok(c),
+                None => Box::pin(self.spawn_connection()).await,
+            }
         }
+    }
+
+    /// [`Slot::connection`]'s rare path: under the async lock, the connection (re)spawned.
+    async fn spawn_connection(&self) -> Result<Connection, UpstreamError> {
         let mut guard = self.conn.lock().await;
         if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
