@@ -772,71 +772,81 @@ pub(crate) fn execute<'a>(
 }
 
 /// The tool itself: an in-process tool (a panic is caught: `protocol_error`) or the upstream.
-async fn run_backend(ctx: &RequestCtx, exec: Execution<'_>, cancel: &CancellationToken) -> Ended {
-    let reg = &ctx.registration;
-    let name = exec.name;
-    match &exec.tool.backend {
-        Backend::InProcess(t) => {
-            let tctx = ToolContext {
-                registration_id: reg.id.as_str().into(),
-                agent_id: reg.agent_id.clone(),
-                label: reg.label.as_deref().map(Arc::from),
-                session_id: ctx.session_id().map(Arc::from),
-                cancel: cancel.clone(),
-                progress_token: exec.progress_token,
-                notify: ctx.notify.clone(),
-            };
-            match std::panic::AssertUnwindSafe(t.call(exec.arguments, tctx))
-                .catch_unwind()
-                .await
-            {
-                Ok(Ok(r)) => {
-                    let o = if r.is_error() {
-                        Outcome::ToolError
-                    } else {
-                        Outcome::Ok
-                    };
-                    Ended::Result(r.0, o)
+///
+/// Not an `async fn`: its future would hold `exec` twice (the argument and the local it is
+/// moved into: 568 bytes), and it is moved into every call's future.
+#[allow(clippy::manual_async_fn)] // an async fn would hold `exec` twice (above)
+fn run_backend<'a>(
+    ctx: &'a RequestCtx,
+    exec: Execution<'a>,
+    cancel: &'a CancellationToken,
+) -> impl std::future::Future<Output = Ended> + Send + 'a {
+    async move {
+        let reg = &ctx.registration;
+        let name = exec.name;
+        match &exec.tool.backend {
+            Backend::InProcess(t) => {
+                let tctx = ToolContext {
+                    registration_id: reg.id.as_str().into(),
+                    agent_id: reg.agent_id.clone(),
+                    label: reg.label.as_deref().map(Arc::from),
+                    session_id: ctx.session_id().map(Arc::from),
+                    cancel: cancel.clone(),
+                    progress_token: exec.progress_token,
+                    notify: ctx.notify.clone(),
+                };
+                match std::panic::AssertUnwindSafe(t.call(exec.arguments, tctx))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(Ok(r)) => {
+                        let o = if r.is_error() {
+                            Outcome::ToolError
+                        } else {
+                            Outcome::Ok
+                        };
+                        Ended::Result(r.0, o)
+                    }
+                    Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
+                    Err(_) => Ended::Error(
+                        jsonrpc::INTERNAL_ERROR,
+                        format!("tool {name} failed internally"),
+                        Outcome::ProtocolError,
+                    ),
                 }
-                Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
-                Err(_) => Ended::Error(
-                    jsonrpc::INTERNAL_ERROR,
-                    format!("tool {name} failed internally"),
-                    Outcome::ProtocolError,
-                ),
             }
-        }
-        Backend::Upstream {
-            upstream,
-            tool: upstream_tool,
-            ..
-        } => {
-            let fwd = Box::pin(ctx.hub.pool().forward(ForwardCall {
-                registration: reg,
-                session: ctx.session.clone(),
+            Backend::Upstream {
                 upstream,
                 tool: upstream_tool,
-                // Moved, not copied: nothing reads them after the call is under way.
-                params: exec.params,
-                arguments: exec.arguments,
-                cancel,
-                notify: ctx.notify.clone(),
-                ids: Some(exec.ids),
-                trace: exec.trace,
-            }))
-            .await;
-            let ended = upstream_ended(name, fwd.outcome);
-            if let Some(span) = fwd.client_span {
-                let error_type = match &ended {
-                    Ended::Raw(_, Outcome::Ok) | Ended::Result(_, Outcome::Ok) => None,
-                    Ended::Error(code, ..) => Some(crate::telemetry::code_error_type(*code)),
-                    Ended::Result(_, Outcome::Timeout) => Some("timeout"),
-                    Ended::Cancelled => Some("cancelled"),
-                    _ => Some("tool_error"),
-                };
-                span.end(fwd.upstream_request_id, error_type, None);
+                ..
+            } => {
+                let fwd = Box::pin(ctx.hub.pool().forward(ForwardCall {
+                    registration: reg,
+                    session: ctx.session.clone(),
+                    upstream,
+                    tool: upstream_tool,
+                    // Moved, not copied: nothing reads them after the call is under way.
+                    params: exec.params,
+                    arguments: exec.arguments,
+                    cancel,
+                    notify: ctx.notify.clone(),
+                    ids: Some(exec.ids),
+                    trace: exec.trace,
+                }))
+                .await;
+                let ended = upstream_ended(name, fwd.outcome);
+                if let Some(span) = fwd.client_span {
+                    let error_type = match &ended {
+                        Ended::Raw(_, Outcome::Ok) | Ended::Result(_, Outcome::Ok) => None,
+                        Ended::Error(code, ..) => Some(crate::telemetry::code_error_type(*code)),
+                        Ended::Result(_, Outcome::Timeout) => Some("timeout"),
+                        Ended::Cancelled => Some("cancelled"),
+                        _ => Some("tool_error"),
+                    };
+                    span.end(fwd.upstream_request_id, error_type, None);
+                }
+                ended
             }
-            ended
         }
     }
 }

@@ -173,7 +173,13 @@ pub fn read_body(
             })
             .await;
             match next {
-                Some(Some(frame)) => got.take(frame, limit)?,
+                // A body whose length is known ends with its last byte: no poll for its end.
+                Some(Some(frame)) => {
+                    got.take(frame, limit)?;
+                    if axum::body::HttpBody::is_end_stream(&body) {
+                        return Ok(got.into_bytes());
+                    }
+                }
                 Some(None) => return Ok(got.into_bytes()),
                 None => break,
             }
