@@ -151,15 +151,15 @@ pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
 /// the request's start (408 after it: a body trickled a byte at a time holds nothing for
 /// long). Either refusal closes the connection (`server::close_if_body_unread`). A body that
 /// came with its head (nearly all of them) is read on the first poll and arms no timer.
+#[allow(clippy::manual_async_fn)] // an async fn would hold the body twice (argument and local)
 pub fn read_body(
-    body: Body,
+    mut body: Body,
     config: &crate::config::Config,
 ) -> impl std::future::Future<Output = Result<Bytes, Rejection>> + Send + '_ {
     // Not an `async fn` with a timer in it: the common case's future is the body and what it
     // read (the slow path, with its timer, is boxed), and it is moved with every request.
     async move {
         let limit = config.max_body_bytes;
-        let mut body = body;
         let mut got = Read::default();
         // What arrived with the head, frame by frame, without a timer.
         loop {
