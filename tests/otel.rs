@@ -1526,6 +1526,40 @@ async fn stateless_discover_list_and_prompts_get_server_spans_parented_from_meta
 }
 
 #[tokio::test]
+async fn a_streamable_initialize_is_parented_from_the_http_header() {
+    let rx = Receiver::start();
+    let d = daemon(&rx, &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-init", "tools": ["traced.*"]}))
+        .await;
+    let t = "abababababababababababababababab";
+    let r = reqwest::Client::new()
+        .post(reg["mcp_url"].as_str().unwrap())
+        .bearer_auth(reg["token"].as_str().unwrap())
+        .header("accept", "application/json, text/event-stream")
+        .header("traceparent", format!("00-{t}-4444444444444444-01"))
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("mcp-session-id").is_some(), "{r:?}");
+    let spans = rx
+        .wait_spans(30, |s| {
+            named(&of_trace(s, t), "gatehouse-test", SERVER, "initialize").is_some()
+        })
+        .await;
+    let s = named(&of_trace(&spans, t), "gatehouse-test", SERVER, "initialize").unwrap();
+    assert_eq!(
+        s["parent_span_id"], "4444444444444444",
+        "the header's context: {s:#}"
+    );
+}
+
+#[tokio::test]
 async fn task_requests_get_client_spans_under_their_server_span() {
     let rx = Receiver::start();
     // In process, with server-everything (a task-required research tool) as the upstream.

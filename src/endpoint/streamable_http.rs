@@ -186,7 +186,7 @@ async fn legacy_single(
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return Box::pin(initialize(gw, reg, id.clone(), params.clone())).await;
+            return Box::pin(initialize(gw, reg, id.clone(), params.clone(), trace)).await;
         }
     }
     let session = require_session(&gw, &reg, heads.session)?;
@@ -236,12 +236,15 @@ async fn initialize(
     reg: Arc<RegistrationState>,
     id: Value,
     params: Option<Value>,
+    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
 ) -> Result<Response, Rejection> {
     let session = gw
         .sessions()
         .create(&reg, Transport::StreamableHttp)
         .map_err(|e| Rejection::unavailable(e.to_string()))?;
-    let ctx = session_ctx(&gw, &reg, &session);
+    let mut ctx = session_ctx(&gw, &reg, &session);
+    // The HTTP `traceparent` (tracing on) is the span's parent when `_meta` has none.
+    ctx.trace_headers = trace;
     let reply =
         dispatch::handle_request(&ctx, id, "initialize", params, session.cancel.child_token())
             .await
