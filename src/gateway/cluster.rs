@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{EventType, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -173,9 +173,9 @@ impl Node {
         ),
         String,
     > {
-        let mut c = self.store.client().await.map_err(|e| e.to_string())?;
-        let resp = c
-            .get(self.store.prefix(), Some(GetOptions::new().with_prefix()))
+        let resp = self
+            .store
+            .read(self.store.prefix().to_string(), true)
             .await
             .map_err(|e| e.to_string())?;
         let rev = resp.header().map_or(0, |h| h.revision());
@@ -297,7 +297,7 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
             failing = false;
         }
         drop(gw);
-        let mut c = match node.store.client().await {
+        let (member, mut c) = match node.store.client().await {
             Ok(c) => c,
             Err(_) => continue,
         };
@@ -320,7 +320,12 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
         }
         let (_watcher, mut stream) = match watched {
             Ok(Ok(Ok(w))) => w,
-            _ => {
+            failed => {
+                match failed {
+                    Ok(Ok(Err(e))) => node.store.trouble(member, &e),
+                    // No answer within the wait: the member is not serving.
+                    _ => node.store.move_on(member),
+                }
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(node.beat_every) => continue,
@@ -335,6 +340,7 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
             let resp = match msg {
                 Ok(Some(r)) => r,
                 Ok(None) | Err(_) => {
+                    node.store.move_on(member);
                     tracing::warn!("cluster: watch ended; reading the store again");
                     break;
                 }
@@ -384,7 +390,7 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
             stop.cancel();
             break;
         }
-        let Ok(mut c) = node.store.client().await else {
+        let Ok((member, mut c)) = node.store.client().await else {
             continue;
         };
         let id = match lease {
@@ -392,18 +398,24 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
             Some(id) => {
                 // Kept alive once a second; a lease that ended (a long cut) is replaced.
                 let keep = async {
-                    match c.lease_keep_alive(id).await {
-                        Ok((mut keeper, mut stream)) => {
-                            keeper.keep_alive().await.is_ok()
-                                && matches!(stream.message().await, Ok(Some(r)) if r.ttl() > 0)
-                        }
-                        Err(_) => false,
-                    }
+                    let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                    keeper.keep_alive().await?;
+                    Ok::<_, etcd_client::Error>(
+                        matches!(stream.message().await?, Some(r) if r.ttl() > 0),
+                    )
                 };
                 // Bounded: a stream's message has no request timeout of its own.
-                let alive = tokio::time::timeout(node.bound, keep)
-                    .await
-                    .unwrap_or(false);
+                let alive = match tokio::time::timeout(node.bound, keep).await {
+                    Ok(Ok(alive)) => alive,
+                    Ok(Err(e)) => {
+                        node.store.trouble(member, &e);
+                        false
+                    }
+                    Err(_) => {
+                        node.store.move_on(member);
+                        false
+                    }
+                };
                 if !alive {
                     lease = None;
                     continue;
@@ -418,6 +430,7 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
                     l.id()
                 }
                 Err(e) => {
+                    node.store.trouble(member, &e);
                     if !failing {
                         tracing::warn!(error = %e, "cluster: heartbeat lease not granted; retrying");
                         failing = true;
@@ -455,6 +468,7 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
                 }
             }
             Err(e) => {
+                node.store.trouble(member, &e);
                 if !failing {
                     tracing::warn!(error = %e, "cluster: heartbeat not written; retrying");
                     failing = true;
@@ -465,7 +479,7 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
         }
     }
     // A clean stop: the heartbeat's lease ends now, so peers stop waiting for this node.
-    if let (Some(id), Ok(mut c)) = (lease, node.store.client().await) {
+    if let (Some(id), Ok((_, mut c))) = (lease, node.store.client().await) {
         let _ = tokio::time::timeout(Duration::from_millis(500), c.lease_revoke(id)).await;
     }
 }

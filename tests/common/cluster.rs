@@ -19,21 +19,34 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// One etcd member (killed on drop).
+/// One etcd member (killed on drop; its log's last lines printed if the test failed).
 pub struct Member {
     pub name: String,
     pub client: u16,
     pub args: Vec<String>,
     pub child: Option<Child>,
+    /// Where its stderr goes (appended to across restarts); `None`: discarded.
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl Member {
     pub fn spawn(&mut self) {
+        let stderr = self
+            .log
+            .as_ref()
+            .and_then(|p| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .ok()
+            })
+            .map_or_else(Stdio::null, Stdio::from);
         let child = Command::new("etcd")
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("etcd (Debian etcd-server) must be installed: apt-get install etcd-server");
         self.child = Some(child);
@@ -49,6 +62,26 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(log) = self
+                .log
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+            {
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!(
+                    "--- etcd member {} (client port {}, {}): last lines of its log ---\n{}",
+                    self.name,
+                    self.client,
+                    match self.child.as_mut().map(|c| c.try_wait()) {
+                        Some(Ok(None)) => "running".to_string(),
+                        Some(Ok(Some(st))) => format!("exited: {st}"),
+                        _ => "not running".to_string(),
+                    },
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                );
+            }
+        }
         self.kill9();
     }
 }
@@ -97,6 +130,7 @@ impl Etcd {
                 "1000".into(),
             ];
             let mut m = Member {
+                log: Some(dir.path().join(format!("{name}.log"))),
                 name,
                 client: *c,
                 args,
@@ -124,6 +158,32 @@ impl Etcd {
         )
         .await
         .unwrap()
+    }
+
+    /// The index of the member that leads now (asked of each member; `None`: none knows).
+    pub async fn leader(&self) -> Option<usize> {
+        for m in &self.members {
+            let Ok(mut c) = etcd_client::Client::connect(
+                [format!("http://127.0.0.1:{}", m.client)],
+                Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
+            )
+            .await
+            else {
+                continue;
+            };
+            let Ok(st) = c.status().await else { continue };
+            let Ok(list) = c.member_list().await else {
+                continue;
+            };
+            let leader = list.members().iter().find(|x| x.id() == st.leader())?;
+            return self.members.iter().position(|x| {
+                leader
+                    .client_urls()
+                    .iter()
+                    .any(|u| u.ends_with(&format!(":{}", x.client)))
+            });
+        }
+        None
     }
 
     /// Waits until a write commits (the cluster has a leader and quorum).
