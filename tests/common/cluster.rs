@@ -139,8 +139,9 @@ impl Etcd {
             m.spawn();
             members.push(m);
         }
-        let etcd = Etcd { members, _dir: dir };
+        let mut etcd = Etcd { members, _dir: dir };
         etcd.wait_writable(Duration::from_secs(30)).await;
+        etcd.wait_all_up(Duration::from_secs(30)).await;
         etcd
     }
 
@@ -184,6 +185,38 @@ impl Etcd {
             });
         }
         None
+    }
+
+    /// Waits until every member answers its own status (a quorum is not enough: a test that
+    /// kills members counts on the others). A member that exited fails the test, its log
+    /// printed (a port taken between `free_port` and etcd's bind, say).
+    pub async fn wait_all_up(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        for m in &mut self.members {
+            loop {
+                if let Some(Ok(Some(st))) = m.child.as_mut().map(|c| c.try_wait()) {
+                    panic!("etcd member {} exited at start: {st}", m.name);
+                }
+                let up = match etcd_client::Client::connect(
+                    [format!("http://127.0.0.1:{}", m.client)],
+                    Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
+                )
+                .await
+                {
+                    Ok(mut c) => c.status().await.is_ok(),
+                    Err(_) => false,
+                };
+                if up {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {} not up in {within:?}",
+                    m.name
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     /// Waits until a write commits (the cluster has a leader and quorum).
