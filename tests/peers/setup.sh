@@ -2,7 +2,8 @@
 # Install the third-party MCP peers that gatehouse's integration tests run against.
 #
 #   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x + maturin/pytest for tests/python,
-#                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x)
+#                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x,
+#                                        # .venv-fastmcp-tasks: fastmcp-tasks 4.x)
 #                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote;
 #                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
@@ -26,7 +27,7 @@ for arg in "$@"; do
   case "$arg" in
     --conformance) want_conformance=1 ;;
     --force) force=1 ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -81,6 +82,10 @@ venv_install .venv-mcp1 requirements-mcp1.txt \
 # fastmcp 4.x (fastmcp_client.py, burst_server.py): its own venv (it pulls many packages).
 venv_install .venv-fastmcp requirements-fastmcp.txt \
   'import fastmcp; from fastmcp import FastMCP, Client, Context'
+# fastmcp-tasks 4.1.x (tasks2026_client.py, tests/fixtures/tasks2026_server.py): the 2026-07-28 tasks
+# extension; its own venv, since it pins fastmcp-slim to another version than .venv-fastmcp has.
+venv_install .venv-fastmcp-tasks requirements-fastmcp-tasks.txt \
+  'import fastmcp, fastmcp_tasks; from fastmcp_tasks import TasksExtension, call_tool_task'
 
 # ---------------------------------------------------------------- Node: node_modules
 npm_install() { # npm_install DIR CHECKFILE...
