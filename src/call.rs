@@ -468,6 +468,12 @@ pub fn run<'c>(
                 progress,
             }));
         }
+        // A tool that may run as a task (`optional`), called without one: a 2026-07-28
+        // upstream that runs it only as a task answers -32021 (the tasks extension not
+        // declared), and the call is then made again asking for one. What that needs is
+        // kept (boxed: one pointer in every call's future; set only for such tools).
+        let again = (task_call.is_none() && crate::mcp::tasks::may_answer_task(tool, false))
+            .then(|| Box::new((params.clone(), arguments.clone(), progress_token.clone())));
         let timeout = reg
             .limits
             .call_timeout_s
@@ -485,6 +491,28 @@ pub fn run<'c>(
             trace: trace.as_deref(),
         };
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
+        if let Some(again) = again {
+            if matches!(&ended, Ended::Error(code, ..) if *code == crate::mcp::tasks::EXTENSION_NOT_DECLARED)
+            {
+                let (mut params, arguments, progress_token) = *again;
+                let modern =
+                    crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+                task_call = Some(Box::new(TaskCall {
+                    modern,
+                    progress: progress_token.clone(),
+                }));
+                let exec = Execution {
+                    tool,
+                    name: &name,
+                    params,
+                    arguments,
+                    progress_token,
+                    ids: &ids,
+                    trace: trace.as_deref(),
+                };
+                ended = Box::pin(execute(ctx, exec, &cancel, timeout)).await;
+            }
+        }
         let mut reason = None;
         if let Ended::Raw(raw, Outcome::Ok) = &ended {
             // Scanned only where a task may be the answer (not a `taskSupport`-less tool's
@@ -591,7 +619,9 @@ struct TaskMade<'a> {
     name: &'a str,
     upstream: &'a str,
     epoch: u64,
-    task: Value,
+    /// The task (a 2025-11-25 `Task` object), and whether its upstream answered in the
+    /// 2026-07-28 form.
+    task: (Value, bool),
     /// The client asked for it (`params.task`): it gets the task; else the call waits for
     /// the task's end and gets its result.
     for_client: bool,

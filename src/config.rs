@@ -553,6 +553,9 @@ impl Sharing {
     }
 }
 
+/// The stateless protocol era an upstream may be configured to speak (`protocol`).
+pub const MODERN_PROTOCOL: &str = "2026-07-28";
+
 /// One upstream MCP server.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -612,6 +615,12 @@ pub struct UpstreamConfig {
     /// granted (its surface is pinned at creation): `refuse` (the default) or `follow`.
     #[serde(default)]
     pub on_tool_change: OnToolChange,
+    /// The protocol era the gateway speaks to this upstream: unset, the handshake
+    /// (`initialize`, up to 2025-11-25); `"2026-07-28"`, the stateless era (`server/discover`,
+    /// a per-request `_meta` envelope, tasks as the `io.modelcontextprotocol/tasks`
+    /// extension). stdio upstreams only.
+    #[serde(default)]
+    pub protocol: Option<String>,
 }
 
 /// What a registration does when an upstream changes a granted tool's definition.
@@ -908,6 +917,22 @@ impl Config {
                 _ => {
                     return Err(ConfigError::Invalid(format!(
                         "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
+                        u.id
+                    )))
+                }
+            }
+            match u.protocol.as_deref() {
+                None => {}
+                Some(MODERN_PROTOCOL) if u.url.is_some() => {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: protocol = \"2026-07-28\" is supported for stdio upstreams (`command`) only; leave it unset for an HTTP upstream (the gateway speaks the handshake to it)",
+                        u.id
+                    )))
+                }
+                Some(MODERN_PROTOCOL) => {}
+                Some(other) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "upstream {:?}: protocol = {other:?}: expected \"2026-07-28\" (or leave it unset for the handshake)",
                         u.id
                     )))
                 }

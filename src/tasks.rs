@@ -167,6 +167,9 @@ pub struct Task {
     /// extension): the client capabilities its creating request declared
     /// (`ClientCapability::bits_of`), which bound what its `inputRequests` may ask.
     pub modern: Option<u8>,
+    /// Its upstream speaks the 2026-07-28 era (the tasks extension): polled with `tasks/get`,
+    /// whose answer inlines the outcome; no `tasks/result` upstream.
+    pub upstream_modern: bool,
     /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
     /// requests as `inputRequests`): at most one at a time.
     pub asking: AtomicBool,
@@ -212,6 +215,7 @@ pub struct NewTask {
     pub tool: String,
     pub internal: bool,
     pub modern: Option<u8>,
+    pub upstream_modern: bool,
     pub progress: Option<TaskProgress>,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -482,6 +486,7 @@ impl TaskTable {
             tool: new.tool,
             internal: new.internal,
             modern: new.modern,
+            upstream_modern: new.upstream_modern,
             asking: AtomicBool::new(false),
             progress: new.progress,
             inputs_sink: Mutex::new(None),
@@ -629,6 +634,7 @@ mod tests {
             tool: "everything.simulate-research-query".into(),
             internal: false,
             modern: None,
+            upstream_modern: false,
             progress: None,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),

@@ -935,6 +935,26 @@ async fn a_blocking_result_outlives_the_upstreams_call_timeout() {
 }
 
 #[test]
+fn an_upstreams_protocol_is_the_2026_era_for_stdio_only() {
+    let ok = "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2026-07-28\"\n";
+    let c = gatehouse::Config::from_toml_str(ok).unwrap();
+    assert_eq!(c.upstreams[0].protocol.as_deref(), Some("2026-07-28"));
+    for (bad, says) in [
+        (
+            "[[upstreams]]\nid = \"m\"\nurl = \"http://127.0.0.1:1/mcp\"\nprotocol = \"2026-07-28\"\n",
+            "stdio upstreams (`command`) only",
+        ),
+        (
+            "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2025-11-25\"\n",
+            "expected \"2026-07-28\"",
+        ),
+    ] {
+        let e = gatehouse::Config::from_toml_str(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn the_tasks_section_is_read_and_validated() {
     let c = gatehouse::Config::from_toml_str("[tasks]\nmax_ttl_s = 60\n").unwrap();
     assert_eq!(c.tasks.max_ttl_s, 60);
@@ -1475,4 +1495,303 @@ async fn a_tasks_progress_reaches_its_client_after_the_creating_call_answered() 
     );
     // Nobody else heard any of it.
     assert!(o.next_message(1).await.is_none());
+}
+
+/// A gateway whose upstream speaks the 2026-07-28 era: fastmcp 4 + fastmcp-tasks
+/// (tests/fixtures/tasks2026_server.py, its own venv), stdio, `protocol = "2026-07-28"`.
+fn modern_upstream_gateway(cancel_log: &std::path::Path) -> TestGateway {
+    let python = peers::peer(".venv-fastmcp-tasks/bin/python");
+    let script = repo_root().join("tests/fixtures/tasks2026_server.py");
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = \"m\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\nprotocol = \"2026-07-28\"\n[env]\nTASKS2026_CANCEL_LOG = {:?}\n",
+        python.display().to_string(),
+        script.display().to_string(),
+        cancel_log.display().to_string()
+    ))
+    .unwrap();
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![up];
+    })
+}
+
+/// `tasks/get` (2025) until the task is terminal (within 20 s): the statuses seen.
+async fn until_terminal(c: &mut SseClient, id: &str) -> (Value, Vec<String>) {
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        let r = c.request("tasks/get", json!({"taskId": id})).await;
+        let status = r["result"]["status"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"));
+        if seen.last().map(String::as_str) != Some(status) {
+            seen.push(status.to_string());
+        }
+        if ["completed", "failed", "cancelled"].contains(&status) {
+            return (r, seen);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("task {id} not terminal after 10 s: {seen:?}");
+}
+
+/// A 2026-07-28 upstream (fastmcp 4 + fastmcp-tasks, which nobody here wrote) behind the
+/// gateway: a 2025-11-25 client's task is created, polled and read in its own form (the
+/// gateway translates: the flat `CreateTaskResult`, `tasks/get` with the result inline, no
+/// upstream `tasks/result`); a tool error is `failed` for it and audited `tool_error`; a
+/// plain call of a task-only tool is answered -32021 upstream and run as a task by the
+/// gateway; a 2026 client gets the extension's task; a cancel reaches the upstream's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let cancel_log = dir.path().join("cancelled.log");
+    let tg = modern_upstream_gateway(&cancel_log);
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-m").grant("m.*"))
+        .await
+        .unwrap();
+    let mut c = session(&reg).await;
+
+    // Its tools say nothing about tasks (2026): each is shown `optional` to a 2025 client.
+    let tools = c.request("tools/list", json!({})).await;
+    let slow = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "m.slow")
+        .unwrap_or_else(|| panic!("{tools}"));
+    assert_eq!(slow["execution"]["taskSupport"], "optional", "{tools}");
+
+    // A 2025-11-25 task: nested `task`, the gateway's id, polled to `completed`, read by
+    // `tasks/result`.
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "m.slow", "arguments": {"seconds": 0.6, "text": "t1"},
+                   "task": {"ttl": 600_000}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    assert!(id.starts_with("gtask_"), "{r}");
+    assert_eq!(r["result"]["task"]["ttl"], 120_000, "{r}");
+    assert!(
+        r["result"].get("resultType").is_none(),
+        "the 2025 form: {r}"
+    );
+    let (done, seen) = until_terminal(&mut c, &id).await;
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("working"),
+        "{seen:?}"
+    );
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(done["result"]["taskId"], id.as_str(), "{done}");
+    let res = c.request("tasks/result", json!({"taskId": id})).await;
+    assert_eq!(res["result"]["content"][0]["text"], "slow:t1", "{res}");
+    assert_eq!(
+        res["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "{res}"
+    );
+    let listed = c.request("tasks/list", json!({})).await;
+    assert_eq!(ids_of(&listed), vec![id.clone()], "{listed}");
+
+    // A tool error: `failed` in the 2025 form, its result read by `tasks/result`.
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "m.broken", "arguments": {"text": "b"}, "task": {}}),
+        )
+        .await;
+    let bid = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let (done, _) = until_terminal(&mut c, &bid).await;
+    assert_eq!(done["result"]["status"], "failed", "{done}");
+    let res = c.request("tasks/result", json!({"taskId": bid})).await;
+    assert_eq!(res["result"]["isError"], true, "{res}");
+    assert!(
+        res["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("broken:b")),
+        "{res}"
+    );
+
+    // Plain calls: a task-only tool is run as a task by the gateway (-32021 upstream first);
+    // an optional one runs inline; a task-less one answers at once.
+    let plain = c.call("m.slow", json!({"seconds": 0.3, "text": "p"})).await;
+    assert_eq!(plain["result"]["content"][0]["text"], "slow:p", "{plain}");
+    assert!(plain["result"].get("task").is_none(), "{plain}");
+    let maybe = c.call("m.maybe", json!({"text": "inline"})).await;
+    assert_eq!(
+        maybe["result"]["content"][0]["text"], "maybe:inline",
+        "{maybe}"
+    );
+    let p = c.call("m.plain", json!({"text": "q"})).await;
+    assert_eq!(p["result"]["content"][0]["text"], "plain:q", "{p}");
+
+    // A 2026-07-28 client that declares the extension gets the flat task and its inline
+    // result, under the gateway's id.
+    let caps = modern_caps(json!({}));
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": "m.slow", "arguments": {"seconds": 0.3, "text": "n"}}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    let nid = r["result"]["taskId"].as_str().unwrap().to_string();
+    assert!(nid.starts_with("gtask_"), "{r}");
+    let got = modern_until_not_working(&reg, &nid, &caps).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    assert_eq!(
+        got["result"]["result"]["content"][0]["text"], "slow:n",
+        "{got}"
+    );
+
+    // A cancel: the upstream's work is cancelled (its coroutine says so), the task sticks
+    // `cancelled`.
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "m.sleepy", "arguments": {"seconds": 30}, "task": {}}),
+        )
+        .await;
+    let sid = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancelled = c.request("tasks/cancel", json!({"taskId": sid})).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    let mut upstream_saw = String::new();
+    for _ in 0..50 {
+        upstream_saw = std::fs::read_to_string(&cancel_log).unwrap_or_default();
+        if !upstream_saw.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        upstream_saw.contains("cancelled 30"),
+        "the upstream's work was cancelled: {upstream_saw:?}"
+    );
+
+    // Audited: one outcome per task (the plain call's task too: five), in its words.
+    let outcomes = records(&tg, "task_outcome", 5).await;
+    let of = |tid: &str| {
+        outcomes
+            .iter()
+            .filter(|r| r.rare().task_id.as_deref() == Some(tid))
+            .map(|r| r.outcome.as_deref().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(&id), vec!["completed"]);
+    assert_eq!(of(&bid), vec!["tool_error"]);
+    assert_eq!(of(&nid), vec!["completed"]);
+    assert_eq!(of(&sid), vec!["cancelled"]);
+}
+
+/// Real clients in front of the 2026-07-28 upstream: fastmcp 4 + fastmcp-tasks as a 2026
+/// client (the extension's task under the gateway's id, its cancel reaching the upstream's
+/// work, a task-only tool called plainly), and the official Python SDK 1.x as a 2025-11-25
+/// client on both transports (`session.experimental`: create, list, poll, result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_2025_and_2026_clients_use_a_2026_upstreams_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cancel_log = dir.path().join("cancelled.log");
+    let tg = modern_upstream_gateway(&cancel_log);
+    let reg = |agent: &'static str| {
+        let tg = &tg;
+        async move {
+            tg.gateway
+                .register(RegistrationSpec::new(agent).grant("m.*"))
+                .await
+                .unwrap()
+        }
+    };
+    let (n, s, h) = (
+        reg("fastmcp-2026").await,
+        reg("py-sse").await,
+        reg("py-http").await,
+    );
+    let modern_cells = common::peers::batch(
+        ".venv-fastmcp-tasks",
+        "tasks2026_client.py",
+        &json!([
+            {"url": n.mcp_url(), "token": n.token(), "tool": "m.slow",
+             "args": {"seconds": 0.5, "text": "f"}, "mode": "task"},
+            {"url": n.mcp_url(), "token": n.token(), "tool": "m.sleepy",
+             "args": {"seconds": 30}, "mode": "task", "cancel_after": 0.5},
+            {"url": n.mcp_url(), "token": n.token(), "tool": "m.slow",
+             "args": {"seconds": 0.3, "text": "auto"}, "mode": "plain"},
+        ]),
+    )
+    .await;
+    let task = common::peers::ok("fastmcp task", &modern_cells[0]);
+    assert_eq!(task["protocol_version"], "2026-07-28", "{task}");
+    assert!(
+        task["task_id"].as_str().unwrap().starts_with("gtask_"),
+        "{task}"
+    );
+    assert_eq!(task["final"]["status"], "completed", "{task}");
+    assert_eq!(task["result"]["text"], "slow:f", "{task}");
+    let cancel = common::peers::ok("fastmcp cancel", &modern_cells[1]);
+    assert_eq!(cancel["cancel"], "ok", "{cancel}");
+    assert_eq!(cancel["final"]["status"], "cancelled", "{cancel}");
+    let mut upstream_saw = String::new();
+    for _ in 0..50 {
+        upstream_saw = std::fs::read_to_string(&cancel_log).unwrap_or_default();
+        if !upstream_saw.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(upstream_saw.contains("cancelled 30"), "{upstream_saw:?}");
+    let plain = common::peers::ok("fastmcp plain", &modern_cells[2]);
+    assert_eq!(plain["result"]["text"], "slow:auto", "{plain}");
+
+    let cell = |reg: &Registration, transport: &str, url: String, text: &str| {
+        json!({"transport": transport, "url": url, "token": reg.token(), "tool": "m.slow",
+               "args": {"seconds": 0.5, "text": text}, "ttl": 90_000,
+               "probe": [task["task_id"], "gtask_AAAAAAAAAAAAAAAAAAAAAA"]})
+    };
+    let cells = common::peers::batch(
+        ".venv-mcp1",
+        "tasks_client.py",
+        &json!([
+            cell(&s, "sse", s.sse_url(), "owls"),
+            cell(&h, "streamable", h.mcp_url(), "moths")
+        ]),
+    )
+    .await;
+    for (out, text) in cells.iter().zip(["owls", "moths"]) {
+        let ok = common::peers::ok(text, out);
+        let id = ok["created"]["task"]["taskId"].as_str().unwrap();
+        assert!(id.starts_with("gtask_"), "{ok}");
+        assert_eq!(ok["listed"], json!([id]), "only its own task: {ok}");
+        assert_eq!(
+            ok["statuses"].as_array().unwrap().last().unwrap(),
+            "completed",
+            "{ok}"
+        );
+        assert_eq!(
+            ok["result"]["content"][0]["text"],
+            format!("slow:{text}"),
+            "{ok}"
+        );
+        let probes = &ok["probes"];
+        assert_eq!(
+            probes[task["task_id"].as_str().unwrap()]["code"],
+            -32602,
+            "{ok}"
+        );
+    }
 }

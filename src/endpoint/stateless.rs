@@ -255,8 +255,12 @@ fn plan(
     let name_field = match method.as_str() {
         "tools/call" | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
-        // `Mcp-Name` carries the task id (checked; a mismatch is -32020).
-        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+        // `Mcp-Name` carries the task id (SEP-2663): a mismatch is -32020; absent, it is
+        // not required (SEP-2243 requires it of `tools/call`, `resources/read` and
+        // `prompts/get` only, and fastmcp-tasks 4.1's client sends none on `tasks/*`).
+        "tasks/get" | "tasks/update" | "tasks/cancel" if headers.contains_key(&NAME_NAME) => {
+            Some("taskId")
+        }
         _ => None,
     };
     let name = name_field.map(|field| {

@@ -36,7 +36,7 @@ pub const METHODS: &[&str] = &[
 ];
 
 /// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
-pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub const EXTENSION: &str = crate::upstream::TASKS_EXTENSION;
 pub const EXTENSION_NOT_DECLARED: i64 = -32021;
 
 /// A 2026-07-28 request's client capabilities, in its `_meta`.
@@ -155,10 +155,12 @@ pub fn listed(descriptor: &mut Value) {
     }
 }
 
-/// A `CreateTaskResult`'s `task`, if `result` is one (a `task` object with a string
-/// `taskId`, and no `content`: a tool result is never taken for one). Read on every upstream
-/// tool result: a substring scan first, parsed only when it may be one.
-pub fn create_task_result(result: &str) -> Option<Value> {
+/// A `CreateTaskResult`'s task as a 2025-11-25 `Task` object, if `result` is one, and
+/// whether it came in the 2026-07-28 form: a `task` object with a string `taskId` (2025), or
+/// `resultType: "task"` with a flat `taskId` (2026); never with `content` (a tool result is
+/// never taken for one). Read on upstream tool results that may be one: a substring scan
+/// first, parsed only when it may be one.
+pub fn create_task_result(result: &str) -> Option<(Value, bool)> {
     // A tool result nearly always starts with its `content` (which no task result has): not
     // even scanned.
     if result.starts_with(r#"{"content":"#) || !result.contains("\"taskId\"") {
@@ -168,9 +170,36 @@ pub fn create_task_result(result: &str) -> Option<Value> {
     if v.get("content").is_some() {
         return None;
     }
+    if v.get("resultType").and_then(Value::as_str) == Some("task") {
+        v.get("taskId")?.as_str()?;
+        return Some((from_modern(&v), true));
+    }
     let task = v.get_mut("task")?.take();
     task.get("taskId")?.as_str()?;
-    Some(task)
+    Some((task, false))
+}
+
+/// A 2026-07-28 task object (flat; `ttlMs`, `pollIntervalMs`) as the 2025-11-25 `Task` the
+/// table keeps (`ttl`, `pollInterval`); the outcome fields (`result`, `error`,
+/// `inputRequests`) are read by the caller.
+fn from_modern(t: &Value) -> Value {
+    let mut m = Map::new();
+    for k in [
+        "taskId",
+        "status",
+        "statusMessage",
+        "createdAt",
+        "lastUpdatedAt",
+    ] {
+        if let Some(v) = t.get(k) {
+            m.insert(k.into(), v.clone());
+        }
+    }
+    m.insert("ttl".into(), t.get("ttlMs").cloned().unwrap_or(Value::Null));
+    if let Some(p) = t.get("pollIntervalMs") {
+        m.insert("pollInterval".into(), p.clone());
+    }
+    Value::Object(m)
 }
 
 /// Why a created task is not handed to its client.
@@ -191,7 +220,7 @@ pub async fn created(
     tool: &str,
     upstream: &str,
     epoch: u64,
-    upstream_task: Value,
+    (upstream_task, upstream_modern): (Value, bool),
     internal: bool,
     modern: Option<u8>,
     progress: Option<(Value, u64)>,
@@ -222,6 +251,7 @@ pub async fn created(
         tool: tool.to_string(),
         internal,
         modern,
+        upstream_modern,
         progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
         ttl,
         poll_interval: Duration::from_millis(poll),
@@ -431,6 +461,9 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
                 )
                 .to_value();
             };
+            if task.upstream_modern {
+                return update_upstream(hub, id, &task, responses).await;
+            }
             for (key, response) in responses {
                 // Keys this task does not wait on are ignored (an answer may cross the end).
                 if task.take_input(key).is_some() {
@@ -457,6 +490,67 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
             jsonrpc::success(id, json!({}))
         }
     }
+}
+
+/// A 2026 client's `tasks/update` of a task whose upstream speaks the 2026-07-28 era: the
+/// responses to the requests it is waiting on go upstream (`tasks/update`, the upstream's id),
+/// the others are dropped (an answer may cross the end); acknowledged empty.
+async fn update_upstream(
+    hub: &Arc<Hub>,
+    id: Value,
+    task: &Arc<Task>,
+    responses: &Map<String, Value>,
+) -> Value {
+    let mut answered = Map::new();
+    for (key, response) in responses {
+        if task.take_input(key).is_some() {
+            answered.insert(key.clone(), response.clone());
+        }
+    }
+    if !answered.is_empty() {
+        let mut p = upstream_params(task);
+        p.insert("inputResponses".into(), Value::Object(answered));
+        let r = hub
+            .pool()
+            .forward_task(
+                &task.registration,
+                &task.upstream,
+                task.epoch,
+                "tasks/update",
+                p,
+                task.stop.clone(),
+                None,
+                None,
+                None,
+            )
+            .await;
+        match r {
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(e))) => {
+                return jsonrpc::error_response(
+                    Some(id),
+                    e.get("code")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(jsonrpc::INTERNAL_ERROR),
+                    e.get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("tasks/update refused upstream"),
+                    e.get("data").cloned(),
+                )
+            }
+            Ok(None) => lose(hub, task, "upstream restarted").await,
+            Err(e) => {
+                return RpcError::new(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    format!("the task's upstream could not be reached: {e}"),
+                )
+                .to_value()
+            }
+        }
+    }
+    task.wake.notify_one();
+    jsonrpc::success(id, json!({}))
 }
 
 /// A task's common fields in the 2026-07-28 form (flat; `ttlMs`, `pollIntervalMs`).
@@ -609,6 +703,16 @@ async fn wait_final(
 ) -> Option<Arc<Final>> {
     if let Some(f) = task.final_answer() {
         return Some(f);
+    }
+    if task.upstream_modern {
+        // No blocking `tasks/result` in the 2026-07-28 era: the poller's `tasks/get` sees the
+        // end (woken now, so a call waiting on it is not a poll interval late).
+        task.wake.notify_one();
+        return tokio::select! {
+            biased;
+            () = cancel.cancelled() => None,
+            f = task.finished() => Some(f),
+        };
     }
     let hub = &ctx.hub;
     let asked = cancel.child_token();
@@ -863,7 +967,10 @@ async fn cancel_task(
         .await;
     match r {
         Ok(Some(Ok(t))) => {
-            task.observe(t);
+            if !task.upstream_modern {
+                // 2026-07-28: an empty acknowledgement, not the task.
+                task.observe(t);
+            }
             let won = settle(
                 hub,
                 task,
@@ -932,6 +1039,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
         )
         .await;
     match r {
+        Ok(Some(Ok(t))) if task.upstream_modern => settle_modern(hub, task, t).await,
         Ok(Some(Ok(t))) => match task.observe(t) {
             Some(s) if s.is_terminal() && !task.is_settled() => settle_terminal(hub, task, s).await,
             Some(Status::InputRequired) if task.modern.is_some() => ask_inputs(hub, task),
@@ -949,6 +1057,80 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
         Err(e) => {
             tracing::debug!(task = %task.id, error = %e, "tasks/get failed upstream; polled again later")
         }
+    }
+}
+
+/// A 2026-07-28 upstream's `tasks/get` answer (a DetailedTask): kept as the task's view; at a
+/// terminal status, the outcome it inlines settles the task (`completed` with a tool result,
+/// `isError` shown `failed` in the 2025-11-25 form as there; `failed` with a JSON-RPC error);
+/// `input_required` parks its `inputRequests` for a 2026 client (answered by its
+/// `tasks/update`, forwarded upstream).
+async fn settle_modern(hub: &Arc<Hub>, task: &Arc<Task>, t: Value) {
+    let status = task.observe(from_modern(&t));
+    if task.is_settled() {
+        return;
+    }
+    match status {
+        Some(Status::Completed) => {
+            let result = t
+                .get("result")
+                .cloned()
+                .unwrap_or_else(|| json!({"content": []}));
+            let (status, outcome) = if is_error(&result) {
+                (Status::Failed, TaskOutcome::ToolError)
+            } else {
+                (Status::Completed, TaskOutcome::Completed)
+            };
+            settle(hub, task, status, None, Ok(result), outcome, None).await;
+        }
+        Some(Status::Failed) => {
+            let err = t.get("error").cloned().unwrap_or_else(|| {
+                let why = t
+                    .get("statusMessage")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no reason given");
+                json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task failed: {why}")})
+            });
+            let code = err.get("code").and_then(Value::as_i64);
+            settle(
+                hub,
+                task,
+                Status::Failed,
+                None,
+                Err(err),
+                TaskOutcome::Failed,
+                code,
+            )
+            .await;
+        }
+        Some(Status::Cancelled) => {
+            settle(
+                hub,
+                task,
+                Status::Cancelled,
+                None,
+                Err(cancelled_error("cancelled upstream")),
+                TaskOutcome::Cancelled,
+                None,
+            )
+            .await;
+        }
+        Some(Status::InputRequired) if task.modern.is_some() => {
+            if let Some(requests) = t.get("inputRequests").and_then(Value::as_object) {
+                let parked = task.inputs();
+                for (key, request) in requests {
+                    if !parked.contains_key(key) && !task.park_input(key.clone(), request.clone()) {
+                        tracing::warn!(task = %task.id, "an input request of a 2026 upstream's task not parked: too many unanswered");
+                    }
+                }
+            }
+        }
+        Some(Status::InputRequired) => {
+            // A 2025-11-25 client is asked through its session's side channel, which a
+            // 2026-07-28 upstream does not use: the task waits (and its TTL bounds it).
+            tracing::debug!(task = %task.id, "a 2026 upstream's task waits on input a 2025 client cannot be asked for");
+        }
+        _ => {}
     }
 }
 

@@ -24,12 +24,31 @@ impl Catalog {
         conn: &Connection,
         trace: Option<&crate::telemetry::TraceMeta>,
     ) -> Result<Catalog, UpstreamError> {
-        let tools = conn.list_tools_traced(trace).await?;
+        let mut tools = conn.list_tools_traced(trace).await?;
         let capabilities = conn
             .initialize_result()
             .get("capabilities")
             .cloned()
             .unwrap_or_else(|| json!({}));
+        if conn.is_modern()
+            && capabilities
+                .pointer("/extensions")
+                .and_then(|e| e.get(super::TASKS_EXTENSION))
+                .is_some()
+        {
+            // A 2026-07-28 upstream decides per call whether a call runs as a task (the
+            // tools say nothing): each tool is shown `optional` (a 2025-11-25 client may ask
+            // for a task; a plain call the upstream runs only as a task is run as one by
+            // the gateway, `call::run_one`).
+            for t in &mut tools {
+                if let Some(m) = t.as_object_mut() {
+                    let exec = m.entry("execution").or_insert_with(|| json!({}));
+                    if let Some(e) = exec.as_object_mut() {
+                        e.entry("taskSupport").or_insert_with(|| json!("optional"));
+                    }
+                }
+            }
+        }
         Ok(Catalog {
             tools,
             capabilities,

@@ -22,7 +22,8 @@ use super::http::HttpTransport;
 use super::stdio::StdioTransport;
 use super::{
     Answer, Answered, ConnectOptions, IdCounter, RequestOptions, Response, Transport,
-    UpstreamError, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    UpstreamError, LEASE_CAPABILITY, MODERN_PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS,
+    TASKS_EXTENSION,
 };
 
 /// Upper bound for sending a `notifications/cancelled` after a cancel or timeout.
@@ -57,6 +58,8 @@ struct Inner {
     transport: TransportHandle,
     request_timeout: Duration,
     init: OnceLock<Value>,
+    /// A 2026-07-28 upstream: the per-request envelope every request's `_meta` carries.
+    modern: Option<Envelope>,
     teardown: tokio::sync::OnceCell<()>,
 }
 
@@ -174,6 +177,10 @@ impl Connection {
                 transport,
                 request_timeout: opts.request_timeout,
                 init: OnceLock::new(),
+                modern: opts.modern.then(|| Envelope {
+                    capabilities: opts.client_capabilities.clone(),
+                    client_info: opts.client_info.clone(),
+                }),
                 teardown: tokio::sync::OnceCell::new(),
             }),
         };
@@ -191,6 +198,9 @@ impl Connection {
     }
 
     async fn handshake(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
+        if self.inner.modern.is_some() {
+            return self.discover(opts).await;
+        }
         let mut params = json!({
             "protocolVersion": opts.protocol_version,
             "capabilities": opts.client_capabilities,
@@ -225,6 +235,67 @@ impl Connection {
         );
         let _ = self.inner.init.set(result);
         self.notify("notifications/initialized", Value::Null).await
+    }
+
+    /// A 2026-07-28 upstream's handshake: `server/discover` (no `initialize`, no
+    /// `notifications/initialized`). Its answer is kept in the shape of an `InitializeResult`
+    /// (`protocolVersion`, `capabilities`, `serverInfo`), which is what the pool reads.
+    async fn discover(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
+        let mut params = json!({});
+        let request = traced(&mut params, opts.trace.as_ref());
+        let response = self.call("server/discover", params, request, false).await?;
+        let mut result = response
+            .outcome
+            .map(Answer::into_value)
+            .map_err(|error| UpstreamError::from_rpc_error(&error))?;
+        let speaks = result
+            .get("supportedVersions")
+            .and_then(Value::as_array)
+            .is_some_and(|v| v.iter().any(|v| v == MODERN_PROTOCOL_VERSION));
+        if !speaks {
+            let offered = result
+                .get("supportedVersions")
+                .cloned()
+                .unwrap_or(Value::Null);
+            return Err(UpstreamError::UnsupportedProtocolVersion(format!(
+                "server/discover offers {offered}, not {MODERN_PROTOCOL_VERSION}"
+            )));
+        }
+        let server_info = result
+            .pointer_mut("/_meta/io.modelcontextprotocol~1serverInfo")
+            .map(Value::take)
+            .unwrap_or_else(|| json!({}));
+        let mut capabilities = result
+            .get_mut("capabilities")
+            .map(Value::take)
+            .unwrap_or_else(|| json!({}));
+        let runs_tasks = capabilities
+            .pointer("/extensions")
+            .and_then(|e| e.get(TASKS_EXTENSION))
+            .is_some();
+        if let (true, Some(c)) = (runs_tasks, capabilities.as_object_mut()) {
+            // What the gateway reads to know an upstream runs tool calls as tasks (the
+            // 2025-11-25 capability); the extension stays listed beside it.
+            c.entry("tasks")
+                .or_insert_with(|| json!({"cancel": {}, "requests": {"tools": {"call": {}}}}));
+        }
+        tracing::debug!(
+            upstream = %self.upstream_id(),
+            epoch = self.epoch(),
+            protocol_version = MODERN_PROTOCOL_VERSION,
+            "upstream discovered"
+        );
+        let _ = self.inner.init.set(json!({
+            "protocolVersion": MODERN_PROTOCOL_VERSION,
+            "capabilities": capabilities,
+            "serverInfo": server_info,
+        }));
+        Ok(())
+    }
+
+    /// Whether this upstream speaks the 2026-07-28 era (configured so).
+    pub fn is_modern(&self) -> bool {
+        self.inner.modern.is_some()
     }
 
     /// The epoch the pool assigned to this connection.
@@ -370,6 +441,9 @@ impl Connection {
         cancellable: bool,
     ) -> Result<Answered, UpstreamError> {
         let core = &self.inner.core;
+        if let Some(envelope) = &self.inner.modern {
+            envelope.put(method, &mut params);
+        }
         // A closed connection is refused by `register` below, under the lock it takes anyway.
         let id = core.ids.next();
         let progress = rewrite_progress_token(
@@ -543,6 +617,55 @@ impl Connection {
 /// A request as one line, `{"jsonrpc":"2.0","id":…,"method":…,"params":…}` and `\n`, written
 /// directly (no `Map` is built for the envelope; the members in the order they always had).
 /// `params` is left out when `Value::Null`.
+/// What a 2026-07-28 request carries in its `_meta`: the protocol version, the client's
+/// capabilities and its `clientInfo`.
+struct Envelope {
+    capabilities: Value,
+    client_info: Value,
+}
+
+impl Envelope {
+    /// Writes the envelope into a request's `_meta`. A `tools/call` holding `params.task` (the
+    /// 2025-11-25 way to ask for a task, which the 2026-07-28 era ignores) declares the tasks
+    /// extension instead; `tasks/*` requests always declare it.
+    fn put(&self, method: &str, params: &mut Value) {
+        if !params.is_object() {
+            *params = json!({});
+        }
+        let Some(p) = params.as_object_mut() else {
+            return;
+        };
+        let asks_task = match method {
+            "tools/call" => p.remove("task").is_some(),
+            m => m.starts_with("tasks/"),
+        };
+        let mut capabilities = self.capabilities.clone();
+        if asks_task {
+            if let Some(c) = capabilities.as_object_mut() {
+                c.insert("extensions".into(), json!({ TASKS_EXTENSION: {} }));
+            }
+        }
+        let meta = p.entry("_meta").or_insert_with(|| json!({}));
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(
+                "io.modelcontextprotocol/protocolVersion".into(),
+                Value::from(MODERN_PROTOCOL_VERSION),
+            );
+            m.insert(
+                "io.modelcontextprotocol/clientCapabilities".into(),
+                capabilities,
+            );
+            m.insert(
+                "io.modelcontextprotocol/clientInfo".into(),
+                self.client_info.clone(),
+            );
+        }
+    }
+}
+
 fn encode_request(id: u64, method: &str, params: &Value) -> Result<Vec<u8>, UpstreamError> {
     let mut line = Vec::with_capacity(64);
     line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");

@@ -49,5 +49,6 @@ pub use stdio::kill_all_groups;
 pub use types::{
     Answer, Answered, ConnectOptions, Downstream, ForwardError, IdCounter, LogFilter,
     NotificationsRefused, RawResult, RequestOptions, RequestTag, Response, Transport,
-    UpstreamError, UpstreamEvent, LEASE_CAPABILITY, SUPPORTED_PROTOCOL_VERSIONS,
+    UpstreamError, UpstreamEvent, LEASE_CAPABILITY, MODERN_PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOL_VERSIONS, TASKS_EXTENSION,
 };

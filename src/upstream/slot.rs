@@ -247,6 +247,7 @@ impl Slot {
         opts.notify_grace = Duration::from_millis(self.spec.config.notify_grace_ms.max(1));
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
         opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
+        opts.modern = self.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION);
         // Pool work: a trace of its own (tracing on), linked from the calls that waited; the
         // upstream's span of `initialize` joins it.
         let span = self

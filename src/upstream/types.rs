@@ -13,6 +13,12 @@ use tokio_util::sync::CancellationToken;
 /// Protocol version requested in `initialize` unless [`ConnectOptions::protocol_version`] says otherwise.
 pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";
 
+/// The 2026-07-28 tasks extension (SEP-2663), declared per request.
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// The stateless revision an upstream may be configured to speak instead of the handshake.
+pub const MODERN_PROTOCOL_VERSION: &str = crate::config::MODERN_PROTOCOL;
+
 /// Protocol versions this layer accepts in an `InitializeResult` (all legacy-handshake revisions).
 pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = crate::mcp::LEGACY_VERSIONS;
 
@@ -90,6 +96,10 @@ pub struct ConnectOptions {
     pub client_capabilities: Value,
     /// `protocolVersion` requested in `initialize`.
     pub protocol_version: String,
+    /// The upstream speaks the 2026-07-28 era (`[[upstreams]] protocol = "2026-07-28"`): no
+    /// `initialize`; `server/discover` instead, and every request carries the per-request
+    /// envelope in its `_meta` ([`MODERN_PROTOCOL_VERSION`]).
+    pub modern: bool,
     /// stdio teardown: how long to wait after closing stdin, and again after SIGTERM.
     pub shutdown_grace: Duration,
     /// Where undeliverable call notifications are counted (the upstream's counter).
@@ -118,6 +128,7 @@ impl ConnectOptions {
             }),
             client_capabilities: serde_json::json!({}),
             protocol_version: DEFAULT_PROTOCOL_VERSION.to_owned(),
+            modern: false,
             shutdown_grace: Duration::from_secs(2),
             notifications_refused: NotificationsRefused::default(),
             notify_grace: NOTIFY_GRACE,
