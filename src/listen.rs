@@ -23,6 +23,9 @@ pub const MAX_URIS: usize = 256;
 
 pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
+/// A task's status change, on the listen streams that named it (2026-07-28 tasks extension).
+pub const TASKS_METHOD: &str = "notifications/tasks";
+
 /// What one stream asked to hear (and was granted).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
@@ -30,6 +33,9 @@ pub struct Filter {
     pub prompts: bool,
     pub resources: bool,
     pub uris: HashSet<String>,
+    /// Tasks (the gateway's ids, the registration's own) whose `notifications/tasks` the
+    /// stream hears (the 2026-07-28 tasks extension).
+    pub task_ids: HashSet<String>,
 }
 
 impl Filter {
@@ -43,6 +49,10 @@ impl Filter {
                 .pointer("/params/uri")
                 .and_then(Value::as_str)
                 .is_some_and(|u| self.uris.contains(u)),
+            Notice::Other if msg.get("method").and_then(Value::as_str) == Some(TASKS_METHOD) => msg
+                .pointer("/params/taskId")
+                .and_then(Value::as_str)
+                .is_some_and(|t| self.task_ids.contains(t)),
             Notice::Log | Notice::TaskStatus | Notice::Other => false,
         }
     }

@@ -1795,3 +1795,134 @@ async fn real_2025_and_2026_clients_use_a_2026_upstreams_tasks() {
         );
     }
 }
+
+/// A `subscriptions/listen` stream (2026-07-28) asking for `taskIds`: the ack and then each
+/// message's JSON, as they come.
+async fn listen_tasks(
+    reg: &Registration,
+    ids: &[&str],
+    caps: &Value,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let r = reqwest::Client::new()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+            "params": {"notifications": {"taskIds": ids},
+                       "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                 "io.modelcontextprotocol/clientCapabilities": caps}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    spawn_sse_reader(r)
+}
+
+/// The next JSON message of a listen stream within `secs` (`None`: none came).
+async fn next_json(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    secs: u64,
+) -> Option<Value> {
+    loop {
+        let (event, data) = tokio::time::timeout(Duration::from_secs(secs), rx.recv())
+            .await
+            .ok()
+            .flatten()?;
+        if event == "closed" {
+            return None;
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&data) {
+            return Some(v);
+        }
+    }
+}
+
+/// 2026-07-28 task status notifications: a listen stream that names a task of its
+/// registration hears `notifications/tasks` for it (its outcome inline at the end); another
+/// registration naming the same id, or a stream that did not declare the extension, is
+/// acknowledged without it and hears nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_streams_hear_the_status_of_the_tasks_they_named_and_only_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = modern_upstream_gateway(&dir.path().join("cancelled.log"));
+    let reg = |agent: &'static str| {
+        let tg = &tg;
+        async move {
+            tg.gateway
+                .register(RegistrationSpec::new(agent).grant("m.*"))
+                .await
+                .unwrap()
+        }
+    };
+    let (a, b) = (reg("listen-a").await, reg("listen-b").await);
+    let caps = modern_caps(json!({}));
+    let r = modern(
+        &a,
+        "tools/call",
+        json!({"name": "m.slow", "arguments": {"seconds": 1.5, "text": "heard"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let id = r["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let unknown = "gtask_AAAAAAAAAAAAAAAAAAAAAA";
+    let (mut mine, _t1) = listen_tasks(&a, &[&id, unknown], &caps).await;
+    let (mut theirs, _t2) = listen_tasks(&b, &[&id], &caps).await;
+    let (mut undeclared, _t3) = listen_tasks(&a, &[&id], &json!({})).await;
+    let ack = next_json(&mut mine, 5).await.unwrap();
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+    let ack = next_json(&mut theirs, 5).await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([]),
+        "another registration's task is not honored: {ack}"
+    );
+    let ack = next_json(&mut undeclared, 5).await.unwrap();
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([]),
+        "{ack}"
+    );
+
+    // Nobody polls: the gateway's poller sees the end, and the stream hears it.
+    let heard = loop {
+        let m = next_json(&mut mine, 10)
+            .await
+            .expect("a notifications/tasks for the named task");
+        if m["method"] == "notifications/tasks" && m["params"]["status"] == "completed" {
+            break m;
+        }
+    };
+    assert_eq!(heard["params"]["taskId"], id.as_str(), "{heard}");
+    assert_eq!(
+        heard["params"]["result"]["content"][0]["text"], "slow:heard",
+        "{heard}"
+    );
+    assert_eq!(
+        heard["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1",
+        "{heard}"
+    );
+    for (name, rx) in [("theirs", &mut theirs), ("undeclared", &mut undeclared)] {
+        while let Some(m) = next_json(rx, 1).await {
+            assert_ne!(m["method"], "notifications/tasks", "{name} heard {m}");
+        }
+    }
+}

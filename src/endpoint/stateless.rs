@@ -427,11 +427,41 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
             tracing::debug!(registration = %ctx.registration.id, uri, "listen: resource subscription not accepted upstream");
         }
     }
+    // Task ids: honored when the request declared the tasks extension, and only the
+    // registration's own (another's id and an unknown one alike are left out).
+    let task_ids: Vec<String> = match wanted.get("taskIds") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
+            let ids: Option<Vec<String>> =
+                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
+            ids.ok_or_else(|| bad("taskIds must be strings"))?
+        }
+        Some(Value::Array(_)) => {
+            return Err(bad(&format!(
+                "at most {} taskIds per stream",
+                crate::listen::MAX_URIS
+            )))
+        }
+        Some(_) => return Err(bad("taskIds must be an array of task ids")),
+    };
+    let declared = crate::mcp::tasks::declares_tasks(params.as_ref());
+    let honored_tasks: Vec<String> = task_ids
+        .into_iter()
+        .filter(|t| {
+            declared
+                && ctx
+                    .hub
+                    .tasks()
+                    .get(&ctx.registration.id, t)
+                    .is_some_and(|task| !task.internal)
+        })
+        .collect();
     let filter = crate::listen::Filter {
         tools: flag("toolsListChanged"),
         prompts: flag("promptsListChanged"),
         resources: flag("resourcesListChanged"),
         uris: honored_uris.iter().cloned().collect(),
+        task_ids: honored_tasks.iter().cloned().collect(),
     };
     let mut honored = Map::new();
     for (k, on) in [
@@ -445,6 +475,9 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     }
     if wanted.contains_key("resourceSubscriptions") {
         honored.insert("resourceSubscriptions".into(), json!(honored_uris));
+    }
+    if wanted.contains_key("taskIds") {
+        honored.insert("taskIds".into(), json!(honored_tasks));
     }
     let hub = ctx.hub.clone();
     let registration = ctx.registration.clone();

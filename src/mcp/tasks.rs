@@ -135,6 +135,15 @@ pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration, stateless: b
     modern
 }
 
+/// Whether a 2026-07-28 request's params declare the tasks extension (in `_meta`'s client
+/// capabilities).
+pub fn declares_tasks(params: Option<&Value>) -> bool {
+    params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(declares_extension)
+}
+
 /// Whether client capabilities (a 2026-07-28 request's `_meta`) declare the tasks extension.
 fn declares_extension(caps: &Value) -> bool {
     caps.get("extensions")
@@ -1040,7 +1049,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
         .await;
     match r {
         Ok(Some(Ok(t))) if task.upstream_modern => settle_modern(hub, task, t).await,
-        Ok(Some(Ok(t))) => match task.observe(t) {
+        Ok(Some(Ok(t))) => match observe_told(hub, task, t) {
             Some(s) if s.is_terminal() && !task.is_settled() => settle_terminal(hub, task, s).await,
             Some(Status::InputRequired) if task.modern.is_some() => ask_inputs(hub, task),
             _ => {}
@@ -1066,6 +1075,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
 /// `input_required` parks its `inputRequests` for a 2026 client (answered by its
 /// `tasks/update`, forwarded upstream).
 async fn settle_modern(hub: &Arc<Hub>, task: &Arc<Task>, t: Value) {
+    let before = task.view().get("status").cloned();
     let status = task.observe(from_modern(&t));
     if task.is_settled() {
         return;
@@ -1131,6 +1141,11 @@ async fn settle_modern(hub: &Arc<Hub>, task: &Arc<Task>, t: Value) {
             tracing::debug!(task = %task.id, "a 2026 upstream's task waits on input a 2025 client cannot be asked for");
         }
         _ => {}
+    }
+    // A live status that changed (its input requests parked first) is told to the listen
+    // streams that named the task; an end was told by `settle`.
+    if !task.is_settled() && before.as_ref().and_then(Value::as_str) != status.map(Status::as_str) {
+        tell_listeners(hub, task);
     }
 }
 
@@ -1258,7 +1273,37 @@ async fn settle(
     if let Err(e) = hub.audit().record(rec).await {
         tracing::error!(task = %task.id, error = %e, "task outcome not audited");
     }
+    tell_listeners(hub, task);
     true
+}
+
+/// `notifications/tasks` (the task as `tasks/get` shows it in the 2026-07-28 form, its
+/// outcome inline once settled) to the registration's `subscriptions/listen` streams that
+/// named the task; nothing when none did.
+fn tell_listeners(hub: &Hub, task: &Task) {
+    if task.internal {
+        return;
+    }
+    let mut params = detailed(task);
+    if let Some(m) = params.as_object_mut() {
+        m.remove("resultType");
+    }
+    let msg = jsonrpc::notification(crate::listen::TASKS_METHOD, Some(params));
+    hub.listeners().deliver(&task.registration.id, &msg);
+}
+
+/// Takes an upstream's view of a live task; a status that changed (and did not end the task:
+/// [`settle`] tells that) is told to the listen streams that named it.
+fn observe_told(hub: &Hub, task: &Task, view: Value) -> Option<Status> {
+    let before = task.view().get("status").cloned();
+    let status = task.observe(view);
+    if !task.is_settled()
+        && before.as_ref().and_then(Value::as_str) != status.map(Status::as_str)
+        && status.is_some_and(|s| !s.is_terminal())
+    {
+        tell_listeners(hub, task);
+    }
+    status
 }
 
 /// Sends `tasks/cancel` for an upstream task id on the gateway's behalf (bounded wait);
