@@ -154,8 +154,13 @@ pub struct Task {
     pub registration: Arc<RegistrationState>,
     pub upstream: String,
     /// The upstream connection's epoch when the task was created: a task is only asked about
-    /// on that connection (a respawned stdio child does not know it).
-    pub epoch: u64,
+    /// on that connection (a respawned stdio child does not know it). Moved once to a new
+    /// HTTP connection that still knows the task ([`TaskTable::rebind`]).
+    epoch: AtomicU64,
+    /// The task was probed on a new connection of its HTTP upstream once already, and
+    /// whether it was found there (and moved to it).
+    pub probed: AtomicBool,
+    pub moved: AtomicBool,
     /// The upstream's id: never shown to a client nor written in clear.
     pub upstream_id: String,
     pub tool: String,
@@ -224,6 +229,11 @@ pub struct NewTask {
 }
 
 impl Task {
+    /// The epoch of the upstream connection the task lives on.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
     /// The last `Task` object seen, as the client sees it.
     pub fn view(&self) -> Value {
         lock(&self.state).view.clone()
@@ -481,7 +491,9 @@ impl TaskTable {
             stop: new.registration.cancel.child_token(),
             registration: new.registration,
             upstream: new.upstream,
-            epoch: new.epoch,
+            epoch: AtomicU64::new(new.epoch),
+            probed: AtomicBool::new(false),
+            moved: AtomicBool::new(false),
             upstream_id: new.upstream_id,
             tool: new.tool,
             internal: new.internal,
@@ -522,7 +534,11 @@ impl TaskTable {
             );
         }
         inner.by_upstream.insert(
-            (task.upstream.clone(), task.epoch, task.upstream_id.clone()),
+            (
+                task.upstream.clone(),
+                task.epoch(),
+                task.upstream_id.clone(),
+            ),
             id,
         );
         Ok(task)
@@ -583,6 +599,25 @@ impl TaskTable {
         inner.by_id.get(id).cloned()
     }
 
+    /// Moves a task to its upstream's connection of `epoch` (a new HTTP connection that still
+    /// knows it): asked about there from now on, and its notifications routed from there.
+    pub fn rebind(&self, task: &Task, epoch: u64) {
+        let mut inner = lock(&self.inner);
+        if !inner.by_id.contains_key(&task.id) {
+            return;
+        }
+        let old = task.epoch.swap(epoch, Ordering::AcqRel);
+        let up = task.upstream_id.clone();
+        if let Some(id) = inner
+            .by_upstream
+            .remove(&(task.upstream.clone(), old, up.clone()))
+        {
+            inner
+                .by_upstream
+                .insert((task.upstream.clone(), epoch, up), id);
+        }
+    }
+
     /// Forgets a task (its TTL ran out, or its registration was released): unknown afterwards.
     pub fn remove(&self, task: &Task) {
         Self::forget(&mut lock(&self.inner), task);
@@ -599,9 +634,11 @@ impl TaskTable {
                 inner.by_registration.remove(&task.registration.id);
             }
         }
-        inner
-            .by_upstream
-            .remove(&(task.upstream.clone(), task.epoch, task.upstream_id.clone()));
+        inner.by_upstream.remove(&(
+            task.upstream.clone(),
+            task.epoch(),
+            task.upstream_id.clone(),
+        ));
         if let Some(p) = &task.progress {
             inner
                 .by_progress

@@ -11,10 +11,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::{
@@ -22,8 +19,8 @@ use common::cluster::{
 };
 use common::daemon::Daemon;
 use common::nginx::Nginx;
+use common::relay::Relay;
 use serde_json::{json, Value};
-use tokio::net::{TcpListener, TcpStream};
 
 /// B in these tests (the default).
 const BOUND: Duration = Duration::from_millis(1000);
@@ -32,102 +29,6 @@ const SLACK: Duration = Duration::from_millis(150);
 
 /// The scenarios run one at a time (each starts 3 etcd members and 2-3 nodes).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A TCP relay to one etcd member that the test can cut (every connection closed, new ones
-/// refused) and heal: a node's link to the store, cut without root.
-struct Relay {
-    addr: SocketAddr,
-    cut: Arc<AtomicBool>,
-    /// While set, what the member sends back is read and dropped (requests still arrive):
-    /// answers lost on the way.
-    mute: Arc<AtomicBool>,
-    epoch: tokio::sync::watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Relay {
-    async fn to(target: u16) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let cut = Arc::new(AtomicBool::new(false));
-        let mute = Arc::new(AtomicBool::new(false));
-        let (epoch, _) = tokio::sync::watch::channel(0u64);
-        let (c, e, mu) = (cut.clone(), epoch.clone(), mute.clone());
-        let task = tokio::spawn(async move {
-            let conns = tokio_util::task::TaskTracker::new();
-            loop {
-                let Ok((inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                if c.load(Ordering::SeqCst) {
-                    drop(inbound);
-                    continue;
-                }
-                let mut changed = e.subscribe();
-                let mute = mu.clone();
-                conns.spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
-                        return;
-                    };
-                    let (mut ir, mut iw) = inbound.into_split();
-                    let (mut or, mut ow) = outbound.into_split();
-                    let down = async {
-                        let mut buf = vec![0u8; 16 * 1024];
-                        loop {
-                            let n = match or.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => n,
-                            };
-                            if mute.load(Ordering::SeqCst) {
-                                continue;
-                            }
-                            if iw.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy(&mut ir, &mut ow) => {}
-                        _ = down => {}
-                        _ = changed.changed() => {}
-                    }
-                });
-            }
-        });
-        Relay {
-            addr,
-            cut,
-            mute,
-            epoch,
-            task,
-        }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.epoch.send_modify(|e| *e += 1);
-    }
-
-    fn heal(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-
-    /// Answers lost from now on (requests still reach the member), until `unmute`.
-    fn mute(&self) {
-        self.mute.store(true, Ordering::SeqCst);
-    }
-
-    fn unmute(&self) {
-        self.mute.store(false, Ordering::SeqCst);
-    }
-}
 
 /// A gatehouse node on the cluster's `endpoints`.
 fn node(name: &str, endpoints: &[String], budget_block: u64) -> Daemon {

@@ -1926,3 +1926,266 @@ async fn listen_streams_hear_the_status_of_the_tasks_they_named_and_only_their_o
         }
     }
 }
+
+/// A Node MCP server over Streamable HTTP: its own process on a free port, given in the
+/// environment variable `port_env` (killed on drop).
+struct HttpPeer {
+    _child: tokio::process::Child,
+    port: u16,
+}
+
+impl HttpPeer {
+    async fn start(script: &str, args: &[&str], port_env: &str) -> HttpPeer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let script = repo_root().join("tests/peers/node_modules").join(script);
+        assert!(
+            script.exists(),
+            "run tests/peers/setup.sh ({} missing)",
+            script.display()
+        );
+        let child = tokio::process::Command::new("node")
+            .arg(&script)
+            .args(args)
+            .env(port_env, port.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node must be installed");
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return HttpPeer {
+                    _child: child,
+                    port,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} did not listen on {port}", script.display());
+    }
+}
+
+/// A gateway whose upstream `id` is reached at `relay` over Streamable HTTP.
+fn http_upstream_gateway(id: &str, relay: &common::relay::Relay) -> TestGateway {
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = {id:?}\nurl = \"http://{}/mcp\"\nsharing = \"shared\"\ncall_timeout_s = 30\n",
+        relay.addr
+    ))
+    .unwrap();
+    TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![up];
+    })
+}
+
+/// A 2025-11-25 task of `tool` on a session; its link to the HTTP upstream is cut across the
+/// poller's next poll (every connection closed, new ones refused), then healed. The task's
+/// end as its client sees it, and its one outcome record.
+async fn task_across_a_cut(
+    tg: &TestGateway,
+    relay: &common::relay::Relay,
+    tool: &str,
+    args: Value,
+) -> (
+    Value,
+    gatehouse::testing::audit::Record<'static>,
+    Option<u64>,
+) {
+    let reg = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("agent-http")
+                .grant(format!("{}.*", tool.split('.').next().unwrap_or(tool))),
+        )
+        .await
+        .unwrap();
+    let mut c = session(&reg).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": tool, "arguments": args, "task": {"ttl": 60_000}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let created_on = records(tg, "task_created", 1).await[0].epoch;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.cut();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    relay.heal();
+    let (done, _) = until_terminal_within(&mut c, &id, 30).await;
+    let res = c.request("tasks/result", json!({"taskId": id})).await;
+    let outcomes = records(tg, "task_outcome", 1).await;
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert_eq!(done["result"]["taskId"], id.as_str(), "{done}");
+    (
+        json!({"done": done, "result": res}),
+        outcomes[0].clone(),
+        created_on,
+    )
+}
+
+/// An HTTP upstream whose task ids are bearer tokens (one store for every session, as
+/// TASKS.md finds in rmcp and the TypeScript SDK 1.x stores before they bound tasks to
+/// sessions; neither the SDK 1.32 example server nor server-everything does it any longer, so
+/// it is written here): Streamable HTTP on 127.0.0.1:0, a new `Mcp-Session-Id` per
+/// `initialize`, one tool `job` (`taskSupport: "optional"`) whose task completes 2.5 s after
+/// it was created, whoever asks.
+async fn bearer_task_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    type Store = Arc<Mutex<(u64, HashMap<String, std::time::Instant>)>>;
+    async fn mcp(
+        axum::extract::State(store): axum::extract::State<Store>,
+        _headers: HeaderMap,
+        axum::Json(msg): axum::Json<Value>,
+    ) -> axum::response::Response {
+        let id = msg["id"].clone();
+        let p = &msg["params"];
+        let ok = |result: Value| axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": result}));
+        let task = |tid: &str, status: &str| {
+            json!({"taskId": tid, "status": status, "ttl": 60000, "pollInterval": 500,
+                   "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:00Z"})
+        };
+        let done = |tid: &str| {
+            store
+                .lock()
+                .unwrap()
+                .1
+                .get(tid)
+                .map(|t| t.elapsed() > Duration::from_millis(2500))
+        };
+        match msg["method"].as_str().unwrap_or_default() {
+            "initialize" => {
+                let mut st = store.lock().unwrap();
+                st.0 += 1;
+                let sid = format!("session-{}", st.0);
+                drop(st);
+                let mut r = ok(json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}, "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}}},
+                    "serverInfo": {"name": "bearer-tasks", "version": "0"}}))
+                .into_response();
+                r.headers_mut()
+                    .insert("mcp-session-id", sid.parse().unwrap());
+                r
+            }
+            "tools/list" => ok(
+                json!({"tools": [{"name": "job", "inputSchema": {"type": "object"},
+                "execution": {"taskSupport": "optional"}}]}),
+            )
+            .into_response(),
+            "tools/call" => {
+                let mut st = store.lock().unwrap();
+                st.0 += 1;
+                let tid = format!("bearer-{}-{}", st.0, rand::random::<u64>());
+                st.1.insert(tid.clone(), std::time::Instant::now());
+                drop(st);
+                ok(json!({"task": task(&tid, "working")})).into_response()
+            }
+            "tasks/get" | "tasks/result" | "tasks/cancel" => {
+                let tid = p["taskId"].as_str().unwrap_or_default().to_string();
+                match (msg["method"].as_str(), done(&tid)) {
+                    (_, None) => axum::Json(json!({"jsonrpc": "2.0", "id": id,
+                        "error": {"code": -32602, "message": "no such task"}}))
+                    .into_response(),
+                    (Some("tasks/get"), Some(d)) => {
+                        ok(task(&tid, if d { "completed" } else { "working" })).into_response()
+                    }
+                    (Some("tasks/cancel"), _) => ok(task(&tid, "cancelled")).into_response(),
+                    (_, Some(_)) => ok(json!({"content": [{"type": "text", "text": "job done"}]}))
+                        .into_response(),
+                }
+            }
+            _ if msg.get("id").is_none() => StatusCode::ACCEPTED.into_response(),
+            _ => ok(json!({})).into_response(),
+        }
+    }
+    let store: Store = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/mcp",
+            axum::routing::post(mcp)
+                .get(|| async { StatusCode::METHOD_NOT_ALLOWED })
+                .delete(|| async { StatusCode::OK }),
+        )
+        .with_state(store);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
+}
+
+/// Tasks of an HTTP upstream whose link was cut: the gateway's next connection (a new session,
+/// a new epoch) is asked about each once it can be made. An upstream whose task ids are
+/// bearer tokens still knows it there: the task is moved to the new connection and ends
+/// `completed`, audited once. server-everything keeps a store per session: asked on the new
+/// connection, it does not know the task, which is then `failed` ("upstream restarted"),
+/// audited `lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_an_http_upstream_that_reconnected_are_probed_kept_or_lost() {
+    let (addr, server) = bearer_task_server().await;
+    let relay = common::relay::Relay::to(addr.port()).await;
+    let tg = http_upstream_gateway("bearer", &relay);
+    let (seen, outcome, created_on) = task_across_a_cut(&tg, &relay, "bearer.job", json!({})).await;
+    assert_eq!(seen["done"]["result"]["status"], "completed", "{seen}");
+    assert_eq!(text_of(&seen["result"]), "job done", "{seen}");
+    assert_eq!(outcome.outcome.as_deref(), Some("completed"), "{outcome:?}");
+    assert!(
+        outcome.epoch > created_on,
+        "read on the new connection: {:?} after {created_on:?}",
+        outcome.epoch
+    );
+    server.abort();
+
+    let ev = HttpPeer::start(
+        "@modelcontextprotocol/server-everything/dist/index.js",
+        &["streamableHttp"],
+        "PORT",
+    )
+    .await;
+    let relay = common::relay::Relay::to(ev.port).await;
+    let tg = http_upstream_gateway("everything", &relay);
+    let (seen, outcome, created_on) =
+        task_across_a_cut(&tg, &relay, RESEARCH, json!({"topic": "reconnects"})).await;
+    // Probed on the new connection (not given up at the cut), which did not know it.
+    let why = "upstream reconnected: its new connection does not know the task";
+    assert_eq!(seen["done"]["result"]["status"], "failed", "{seen}");
+    assert_eq!(seen["done"]["result"]["statusMessage"], why, "{seen}");
+    assert_eq!(outcome.outcome.as_deref(), Some("lost"), "{outcome:?}");
+    assert_eq!(outcome.reason.as_deref(), Some(why), "{outcome:?}");
+    assert_eq!(outcome.epoch, created_on, "{outcome:?}");
+}
+
+/// [`until_terminal`] with a longer wait (`secs`).
+async fn until_terminal_within(c: &mut SseClient, id: &str, secs: u64) -> (Value, Vec<String>) {
+    let mut seen = Vec::new();
+    for _ in 0..secs * 5 {
+        let r = c.request("tasks/get", json!({"taskId": id})).await;
+        let Some(status) = r["result"]["status"].as_str() else {
+            panic!("{r} after {seen:?}");
+        };
+        if seen.last().map(String::as_str) != Some(status) {
+            seen.push(status.to_string());
+        }
+        if ["completed", "failed", "cancelled"].contains(&status) {
+            return (r, seen);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("task {id} not terminal after {secs} s: {seen:?}");
+}

@@ -336,7 +336,7 @@ pub async fn run_for_call(
                     &ctx.hub,
                     &task.registration,
                     &task.upstream,
-                    task.epoch,
+                    task.epoch(),
                     &task.upstream_id,
                 )
                 .await;
@@ -524,7 +524,7 @@ async fn update_upstream(
             .forward_task(
                 &task.registration,
                 &task.upstream,
-                task.epoch,
+                task.epoch(),
                 "tasks/update",
                 p,
                 task.stop.clone(),
@@ -547,7 +547,7 @@ async fn update_upstream(
                     e.get("data").cloned(),
                 )
             }
-            Ok(None) => lose(hub, task, "upstream restarted").await,
+            Ok(None) => lost_or_rebound(hub, task).await,
             Err(e) => {
                 return RpcError::new(
                     Some(id),
@@ -732,7 +732,7 @@ async fn wait_final(
     let ask = hub.pool().forward_task(
         &task.registration,
         &task.upstream,
-        task.epoch,
+        task.epoch(),
         "tasks/result",
         upstream_params(task),
         asked.clone(),
@@ -812,7 +812,7 @@ async fn take_result(
                 .await;
             }
         }
-        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Ok(None) => lost_or_rebound(hub, task).await,
         Err(e) => {
             tracing::debug!(task = %task.id, error = %e, "tasks/result upstream did not answer; waiting for the poller");
         }
@@ -842,7 +842,7 @@ fn ask_inputs(hub: &Arc<Hub>, task: &Arc<Task>) {
         let ask = hub.pool().forward_task_to(
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             "tasks/result",
             upstream_params(&task),
             task.registration.cancel.child_token(),
@@ -965,7 +965,7 @@ async fn cancel_task(
         .forward_task(
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             "tasks/cancel",
             upstream_params(task),
             task.stop.clone(),
@@ -1001,10 +1001,24 @@ async fn cancel_task(
             refresh(hub, task, trace).await;
             terminal()
         }
-        Ok(None) => {
-            lose(hub, task, "upstream restarted").await;
-            terminal()
-        }
+        Ok(None) => match rebound(hub, task).await {
+            // Its HTTP upstream reconnected and still knows it: cancelled there.
+            Probe::Moved => Box::pin(cancel_task(hub, id, task, trace)).await,
+            Probe::Later => RpcError::new(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                "the task's upstream could not be reached: retry the cancel",
+            )
+            .to_value(),
+            Probe::Unknown => {
+                lose(hub, task, UNKNOWN_AFTER_RECONNECT).await;
+                terminal()
+            }
+            Probe::Gone => {
+                lose(hub, task, "upstream restarted").await;
+                terminal()
+            }
+        },
         Err(e) => RpcError::new(
             Some(id),
             jsonrpc::INTERNAL_ERROR,
@@ -1038,7 +1052,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
         .forward_task(
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             "tasks/get",
             upstream_params(task),
             task.stop.clone(),
@@ -1059,7 +1073,7 @@ async fn refresh(hub: &Arc<Hub>, task: &Arc<Task>, trace: Option<&crate::telemet
         {
             lose(hub, task, "the upstream no longer knows the task").await
         }
-        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Ok(None) => lost_or_rebound(hub, task).await,
         Ok(Some(Err(e))) => {
             tracing::debug!(task = %task.id, error = %e, "tasks/get refused upstream; polled again later")
         }
@@ -1168,7 +1182,7 @@ async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
         .forward_task(
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             "tasks/result",
             upstream_params(task),
             // Not the task's `stop`: the task is terminal upstream, so this answers at once; were
@@ -1210,11 +1224,90 @@ async fn settle_terminal(hub: &Arc<Hub>, task: &Arc<Task>, status: Status) {
             let code = e.get("code").and_then(Value::as_i64);
             settle(hub, task, status, None, Err(e), TaskOutcome::Failed, code).await;
         }
-        Ok(None) => lose(hub, task, "upstream restarted").await,
+        Ok(None) => lost_or_rebound(hub, task).await,
         Err(e) => {
             tracing::debug!(task = %task.id, error = %e, "the result of a finished task could not be read; asked again later")
         }
     }
+}
+
+/// The task's connection ended: [`rebound`] to its HTTP upstream's new connection, left for
+/// the poller while that connection cannot be made, or lost.
+async fn lost_or_rebound(hub: &Arc<Hub>, task: &Arc<Task>) {
+    match rebound(hub, task).await {
+        Probe::Moved | Probe::Later => {}
+        Probe::Unknown => lose(hub, task, UNKNOWN_AFTER_RECONNECT).await,
+        Probe::Gone => lose(hub, task, "upstream restarted").await,
+    }
+}
+
+/// Why a task is lost whose HTTP upstream's new connection does not know it.
+const UNKNOWN_AFTER_RECONNECT: &str =
+    "upstream reconnected: its new connection does not know the task";
+
+/// What probing a task on its upstream's new connection found.
+#[derive(Debug, PartialEq, Eq)]
+enum Probe {
+    /// Known there: moved to that connection.
+    Moved,
+    /// No connection could be made yet (the upstream is unreachable): asked again at the
+    /// next poll (the task's TTL bounds the wait).
+    Later,
+    /// Asked on the new connection, which does not know it.
+    Unknown,
+    /// A stdio upstream, or probed once already.
+    Gone,
+}
+
+/// A task whose connection ended, on an HTTP upstream: probed once on the upstream's next
+/// connection (`tasks/get`). Known there (servers whose task ids are bearer tokens), it is
+/// moved to that connection and the answer taken; unknown (session-scoped servers), or a
+/// stdio upstream (a respawned child never knows the tasks of the one before), it is gone.
+async fn rebound(hub: &Arc<Hub>, task: &Arc<Task>) -> Probe {
+    use std::sync::atomic::Ordering;
+    if task.moved.load(Ordering::Acquire) {
+        // Another sighting moved it while this one's request was on the old connection.
+        return Probe::Moved;
+    }
+    if task.probed.load(Ordering::Acquire) || task.is_settled() {
+        return Probe::Gone;
+    }
+    let probe = hub.pool().probe_task(
+        &task.registration,
+        &task.upstream,
+        upstream_params(task),
+        task.stop.clone(),
+    );
+    let (epoch, t) = match probe.await {
+        Ok(Some((epoch, Ok(t)))) => (epoch, t),
+        Err(e) => {
+            tracing::debug!(task = %task.id, error = %e, "task's upstream not reachable to probe it; asked again at the next poll");
+            return Probe::Later;
+        }
+        Ok(Some(_)) => {
+            task.probed.store(true, Ordering::Release);
+            return Probe::Unknown;
+        }
+        Ok(None) => {
+            task.probed.store(true, Ordering::Release);
+            return Probe::Gone;
+        }
+    };
+    if epoch == task.epoch() || task.moved.swap(true, Ordering::AcqRel) {
+        // Moved there by a probe that ran alongside this one.
+        return Probe::Moved;
+    }
+    task.probed.store(true, Ordering::Release);
+    tracing::info!(task = %task.id, upstream = %task.upstream, epoch, "task found on its upstream's new connection: moved there");
+    hub.tasks().rebind(task, epoch);
+    if task.upstream_modern {
+        Box::pin(settle_modern(hub, task, t)).await;
+    } else if let Some(s) = observe_told(hub, task, t) {
+        if s.is_terminal() && !task.is_settled() {
+            Box::pin(settle_terminal(hub, task, s)).await;
+        }
+    }
+    Probe::Moved
 }
 
 /// The task's upstream restarted or forgot it: `failed`, audited `lost`.
@@ -1262,7 +1355,7 @@ async fn settle(
     let mut rec = task.registration.audit_record("task_outcome");
     rec.tool = Some(task.tool.as_str().into());
     rec.upstream = Some(task.upstream.as_str().into());
-    rec.epoch = Some(task.epoch);
+    rec.epoch = Some(task.epoch());
     rec.rare_mut().task_id = Some(task.id.as_str().into());
     let digest = crate::tasks::upstream_digest(&task.upstream_id);
     rec.rare_mut().upstream_task_digest = Some(digest.as_str().into());
@@ -1342,7 +1435,7 @@ async fn end_on_release(hub: &Arc<Hub>, task: &Arc<Task>) {
             hub,
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             &task.upstream_id,
         )
         .await;
@@ -1426,7 +1519,7 @@ async fn expire(hub: &Arc<Hub>, task: &Arc<Task>) {
             hub,
             &task.registration,
             &task.upstream,
-            task.epoch,
+            task.epoch(),
             &task.upstream_id,
         )
         .await;

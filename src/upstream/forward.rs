@@ -391,10 +391,71 @@ impl Pool {
         to: TaskOwner,
         trace: Option<&crate::telemetry::CallTrace>,
     ) -> Result<Option<Result<Value, Value>>, ForwardError> {
+        let sent = self
+            .send_task(
+                registration,
+                upstream,
+                Some(epoch),
+                method,
+                params,
+                cancel,
+                timeout,
+                to,
+                trace,
+            )
+            .await?;
+        Ok(sent.map(|(_, outcome)| outcome))
+    }
+
+    /// After a task's connection ended: `tasks/get` of it (`params`) on its HTTP upstream's
+    /// current connection, which may know it still (servers whose task ids are bearer tokens
+    /// do; session-scoped ones do not). `Ok(None)`: a stdio upstream (a respawned child never
+    /// knows the tasks of the one before), or the connection is gone again; else the epoch
+    /// asked on and the answer.
+    pub async fn probe_task(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+    ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
+        self.send_task(
+            registration,
+            upstream,
+            None,
+            "tasks/get",
+            params,
+            cancel,
+            None,
+            TaskOwner::default(),
+            None,
+        )
+        .await
+    }
+
+    /// A task's request on the connection of `epoch` (`None`: the current one, if it is an
+    /// HTTP one); `Ok(None)` when that connection is not the live one.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_task(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        epoch: Option<u64>,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+        timeout: Option<Duration>,
+        to: TaskOwner,
+        trace: Option<&crate::telemetry::CallTrace>,
+    ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
         let TaskOwner { session, notify } = to;
         let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
-        if conn.epoch() != epoch {
+        let current = match epoch {
+            Some(e) => conn.epoch() == e,
+            None => conn.pid().is_none(),
+        };
+        if !current {
             return Ok(None);
         }
         let span =
@@ -425,7 +486,7 @@ impl Pool {
         match answered {
             Ok(resp) => {
                 slot.answered();
-                Ok(Some(resp.outcome))
+                Ok(Some((conn.epoch(), resp.outcome)))
             }
             Err(UpstreamError::Closed(_)) if conn.is_closed() => Ok(None),
             Err(e) => Err(e.into()),

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod mcp_remote;
 pub mod nginx;
 pub mod peers;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::time::Duration;
