@@ -454,10 +454,15 @@ pub fn run<'c>(
         };
         // A tool its upstream runs only as a task, called without one: the gateway asks for
         // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
-        // stateless client declared the 2026-07-28 tasks extension (it gets the task).
+        // stateless client declared the 2026-07-28 tasks extension (it gets the task). A
+        // stateless client that declared it gets a task of an `optional` tool too (the
+        // server decides, and runs such a tool as a task for a client that opted in).
         // What a task call keeps for its task (boxed: the call's future grows by one pointer).
         let mut task_call: Option<Box<TaskCall>> = None;
-        if !asks_task && crate::mcp::tasks::requires_task(tool) {
+        if !asks_task
+            && (crate::mcp::tasks::requires_task(tool)
+                || crate::mcp::tasks::stateless_asks(tool, &params, ctx.session.is_none()))
+        {
             let modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
             let progress = progress_token.clone();
             task_call = Some(Box::new(TaskCall { modern, progress }));

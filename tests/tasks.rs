@@ -1655,6 +1655,32 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
         got["result"]["result"]["content"][0]["text"], "slow:n",
         "{got}"
     );
+    // An optional tool: a task for the client that declared the extension, inline for one
+    // that did not.
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": "m.maybe", "arguments": {"text": "t"}}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(r["result"]["resultType"], "task", "{r}");
+    let mid = r["result"]["taskId"].as_str().unwrap().to_string();
+    let got = modern_until_not_working(&reg, &mid, &caps).await;
+    assert_eq!(
+        got["result"]["result"]["content"][0]["text"], "maybe:t",
+        "{got}"
+    );
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": "m.maybe", "arguments": {"text": "i"}}),
+        &json!({}),
+        None,
+    )
+    .await;
+    assert_eq!(text_of(&r), "maybe:i", "{r}");
 
     // A cancel: the upstream's work is cancelled (its coroutine says so), the task sticks
     // `cancelled`.
@@ -1684,8 +1710,8 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
         "the upstream's work was cancelled: {upstream_saw:?}"
     );
 
-    // Audited: one outcome per task (the plain call's task too: five), in its words.
-    let outcomes = records(&tg, "task_outcome", 5).await;
+    // Audited: one outcome per task (the plain call's task too: six), in its words.
+    let outcomes = records(&tg, "task_outcome", 6).await;
     let of = |tid: &str| {
         outcomes
             .iter()

@@ -99,6 +99,28 @@ pub fn requires_task(tool: &crate::tools::GrantedTool) -> bool {
     )
 }
 
+/// Whether a stateless (2026-07-28) call of an `optional` tool asks for a task: its request
+/// declared the tasks extension. Read only for such tools (`params` is not looked at
+/// otherwise).
+pub fn stateless_asks(
+    tool: &crate::tools::GrantedTool,
+    params: &Map<String, Value>,
+    stateless: bool,
+) -> bool {
+    stateless
+        && matches!(
+            tool.backend,
+            crate::tools::Backend::Upstream {
+                task_support: crate::tools::TaskSupport::Optional,
+                ..
+            }
+        )
+        && params
+            .get("_meta")
+            .and_then(|m| m.get(META_CAPABILITIES))
+            .is_some_and(declares_extension)
+}
+
 /// Whether an upstream's answer to a call of `tool` may be a `CreateTaskResult`: the call
 /// asked for a task (the client or the gateway), or the tool's descriptor says its upstream
 /// runs it as a task (`optional`: it may answer one unasked). A tool without `taskSupport`
