@@ -542,6 +542,19 @@ pub fn run<'c>(
                 (ended, reason) = Box::pin(task_created(ctx, made, &cancel)).await;
             }
         }
+        if asks_task && reason.is_none() {
+            // Asked for a task and answered at once by a 2026-07-28 upstream: the client
+            // gets a task that ended with that answer.
+            if let (Ended::Raw(raw, _), Some(upstream), Some(epoch)) =
+                (&ended, tool.upstream(), ids.epoch())
+            {
+                if crate::mcp::tasks::modern_upstream(&ctx.hub, upstream) {
+                    let result = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                    (ended, reason) =
+                        Box::pin(ended_at_once(ctx, &name, upstream, epoch, result)).await;
+                }
+            }
+        }
         let summary = Summary {
             tool: Some(&name),
             granted: true,
@@ -702,6 +715,33 @@ async fn task_created(
             )
         }
         Err(NotCreated::Released) => (Ended::Cancelled, None),
+    }
+}
+
+/// A task that ended at once ([`crate::mcp::tasks::ended_at_once`]), for the client that asked.
+async fn ended_at_once(
+    ctx: &RequestCtx,
+    name: &str,
+    upstream: &str,
+    epoch: u64,
+    result: Value,
+) -> (Ended, Option<Cow<'static, str>>) {
+    match crate::mcp::tasks::ended_at_once(ctx, name, upstream, epoch, result).await {
+        Ok(task) => {
+            let why = format!("task created: {} (answered at once upstream)", task.id);
+            (
+                Ended::Result(json!({"task": task.view()}), Outcome::Ok),
+                Some(why.into()),
+            )
+        }
+        Err(crate::mcp::tasks::NotCreated::Full(n)) => {
+            let why = format!("limit tasks.max_live_per_registration ({n}) reached");
+            (
+                Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
+                Some(why.into()),
+            )
+        }
+        Err(crate::mcp::tasks::NotCreated::Released) => (Ended::Cancelled, None),
     }
 }
 

@@ -1634,6 +1634,22 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
     );
     let p = c.call("m.plain", json!({"text": "q"})).await;
     assert_eq!(p["result"]["content"][0]["text"], "plain:q", "{p}");
+    // A task asked of a tool the upstream answers at once: the 2025 client gets the task it
+    // asked for, already `completed`, its result read by `tasks/result`.
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "m.plain", "arguments": {"text": "at-once"}, "task": {}}),
+        )
+        .await;
+    assert_eq!(r["result"]["task"]["status"], "completed", "{r}");
+    let aid = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert!(aid.starts_with("gtask_"), "{r}");
+    let res = c.request("tasks/result", json!({"taskId": aid})).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"], "plain:at-once",
+        "{res}"
+    );
 
     // A 2026-07-28 client that declares the extension gets the flat task and its inline
     // result, under the gateway's id.
@@ -1710,8 +1726,8 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
         "the upstream's work was cancelled: {upstream_saw:?}"
     );
 
-    // Audited: one outcome per task (the plain call's task too: six), in its words.
-    let outcomes = records(&tg, "task_outcome", 6).await;
+    // Audited: one outcome per task (the plain call's task too: seven), in its words.
+    let outcomes = records(&tg, "task_outcome", 7).await;
     let of = |tid: &str| {
         outcomes
             .iter()
@@ -1723,6 +1739,7 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
     assert_eq!(of(&bid), vec!["tool_error"]);
     assert_eq!(of(&nid), vec!["completed"]);
     assert_eq!(of(&sid), vec!["cancelled"]);
+    assert_eq!(of(&aid), vec!["completed"]);
 }
 
 /// Real clients in front of the 2026-07-28 upstream: fastmcp 4 + fastmcp-tasks as a 2026

@@ -315,6 +315,38 @@ pub async fn created(
     Ok(task)
 }
 
+/// Whether upstream `id` is configured to speak the 2026-07-28 era.
+pub fn modern_upstream(hub: &Hub, id: &str) -> bool {
+    hub.config()
+        .upstreams
+        .iter()
+        .any(|u| u.id == id && u.protocol.as_deref() == Some(crate::config::MODERN_PROTOCOL))
+}
+
+/// A 2025-11-25 client asked a 2026-07-28 upstream for a task, and the upstream answered at
+/// once (the server decides: a tool it does not run as a task). The client gets what it asked
+/// for, a task, already ended with that result (its `tasks/result` answers it; `failed` for a
+/// tool error, as in 2025-11-25); audited `task_created` and `task_outcome` like any task.
+pub async fn ended_at_once(
+    ctx: &RequestCtx,
+    tool: &str,
+    upstream: &str,
+    epoch: u64,
+    result: Value,
+) -> Result<Arc<Task>, NotCreated> {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let view = json!({"taskId": format!("answered-at-once-{}", crate::tasks::mint_id()),
+                      "status": "working", "createdAt": now, "lastUpdatedAt": now, "ttl": null});
+    let task = created(ctx, tool, upstream, epoch, (view, true), false, None, None).await?;
+    let (status, outcome) = if is_error(&result) {
+        (Status::Failed, TaskOutcome::ToolError)
+    } else {
+        (Status::Completed, TaskOutcome::Completed)
+    };
+    settle(&ctx.hub, &task, status, None, Ok(result), outcome, None).await;
+    Ok(task)
+}
+
 /// Where a task's progress goes once its creating call ended: the client's token and the
 /// call's upstream request id given, a plain call's own stream (the gateway runs the task for
 /// it) or the creating session (2025-11-25); none for a 2026 task (the extension has no
