@@ -599,14 +599,19 @@ impl Gateway {
     }
 
     /// Starts (or moves) the expiry deadline of `state`: it expires `ttl_s` from now unless renewed.
+    /// A child's deadline is never past its parent's (its `ttl_s` is whole seconds, counted
+    /// from a later instant).
     fn set_deadline(&self, state: &RegistrationState, ttl_s: u64) {
-        let ttl = Duration::from_secs(ttl_s);
         let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
-        state.expires_at_ms.store(
-            wall.saturating_add(ttl_s.saturating_mul(1000)),
-            Ordering::Relaxed,
-        );
-        self.arm_deadline(&state.id, ttl);
+        let mut at = wall.saturating_add(ttl_s.saturating_mul(1000));
+        if let Some(parent) = &state.family.parent {
+            let cap = parent.expires_at_ms.load(Ordering::Relaxed);
+            if cap != 0 {
+                at = at.min(cap);
+            }
+        }
+        state.expires_at_ms.store(at, Ordering::Relaxed);
+        self.arm_deadline(&state.id, Duration::from_millis(at.saturating_sub(wall)));
     }
 
     /// Expires `id` after `after` unless it is renewed; starts the sweep on first use.
