@@ -618,7 +618,7 @@ pub struct UpstreamConfig {
     /// The protocol era the gateway speaks to this upstream: unset, the handshake
     /// (`initialize`, up to 2025-11-25); `"2026-07-28"`, the stateless era (`server/discover`,
     /// a per-request `_meta` envelope, tasks as the `io.modelcontextprotocol/tasks`
-    /// extension). stdio upstreams only.
+    /// extension).
     #[serde(default)]
     pub protocol: Option<String>,
 }
@@ -922,14 +922,7 @@ impl Config {
                 }
             }
             match u.protocol.as_deref() {
-                None => {}
-                Some(MODERN_PROTOCOL) if u.url.is_some() => {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: protocol = \"2026-07-28\" is supported for stdio upstreams (`command`) only; leave it unset for an HTTP upstream (the gateway speaks the handshake to it)",
-                        u.id
-                    )))
-                }
-                Some(MODERN_PROTOCOL) => {}
+                None | Some(MODERN_PROTOCOL) => {}
                 Some(other) => {
                     return Err(ConfigError::Invalid(format!(
                         "upstream {:?}: protocol = {other:?}: expected \"2026-07-28\" (or leave it unset for the handshake)",

@@ -935,23 +935,19 @@ async fn a_blocking_result_outlives_the_upstreams_call_timeout() {
 }
 
 #[test]
-fn an_upstreams_protocol_is_the_2026_era_for_stdio_only() {
-    let ok = "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2026-07-28\"\n";
-    let c = gatehouse::Config::from_toml_str(ok).unwrap();
-    assert_eq!(c.upstreams[0].protocol.as_deref(), Some("2026-07-28"));
-    for (bad, says) in [
-        (
-            "[[upstreams]]\nid = \"m\"\nurl = \"http://127.0.0.1:1/mcp\"\nprotocol = \"2026-07-28\"\n",
-            "stdio upstreams (`command`) only",
-        ),
-        (
-            "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2025-11-25\"\n",
-            "expected \"2026-07-28\"",
-        ),
+fn an_upstreams_protocol_is_the_handshake_or_the_2026_era() {
+    for ok in [
+        "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2026-07-28\"\n",
+        "[[upstreams]]\nid = \"m\"\nurl = \"http://127.0.0.1:1/mcp\"\nprotocol = \"2026-07-28\"\n",
     ] {
-        let e = gatehouse::Config::from_toml_str(bad).unwrap_err().to_string();
-        assert!(e.contains(says), "{bad}: {e}");
+        let c = gatehouse::Config::from_toml_str(ok).unwrap();
+        assert_eq!(c.upstreams[0].protocol.as_deref(), Some("2026-07-28"));
     }
+    let bad = "[[upstreams]]\nid = \"m\"\ncommand = \"x\"\nprotocol = \"2025-11-25\"\n";
+    let e = gatehouse::Config::from_toml_str(bad)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected \"2026-07-28\""), "{e}");
 }
 
 #[test]
@@ -1546,6 +1542,57 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
     let dir = tempfile::tempdir().unwrap();
     let cancel_log = dir.path().join("cancelled.log");
     let tg = modern_upstream_gateway(&cancel_log);
+    modern_upstream_scenario(&tg, &cancel_log).await;
+}
+
+/// The same through the fixture served over Streamable HTTP (`--http PORT`): the envelope in
+/// `_meta`, `MCP-Protocol-Version: 2026-07-28` and the mirrored `Mcp-Method` / `Mcp-Name`
+/// headers, no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstream_over_http_serves_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let cancel_log = dir.path().join("cancelled.log");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _server = tokio::process::Command::new(peers::peer(".venv-fastmcp-tasks/bin/python"))
+        .arg(repo_root().join("tests/fixtures/tasks2026_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("TASKS2026_CANCEL_LOG", &cancel_log)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "tasks2026_server.py --http {port} did not listen");
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = \"m\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nsharing = \"shared\"\ncall_timeout_s = 30\nprotocol = \"2026-07-28\"\n"
+    ))
+    .unwrap();
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.tasks.max_ttl_s = 120;
+        c.upstreams = vec![up];
+    });
+    modern_upstream_scenario(&tg, &cancel_log).await;
+}
+
+/// [`a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients`]'s steps, on `tg` (upstream `m`).
+async fn modern_upstream_scenario(tg: &TestGateway, cancel_log: &std::path::Path) {
     let reg = tg
         .gateway
         .register(RegistrationSpec::new("agent-m").grant("m.*"))
@@ -1715,7 +1762,7 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
     assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
     let mut upstream_saw = String::new();
     for _ in 0..50 {
-        upstream_saw = std::fs::read_to_string(&cancel_log).unwrap_or_default();
+        upstream_saw = std::fs::read_to_string(cancel_log).unwrap_or_default();
         if !upstream_saw.is_empty() {
             break;
         }
@@ -1727,7 +1774,7 @@ async fn a_2026_upstreams_tasks_serve_2025_2026_and_plain_clients() {
     );
 
     // Audited: one outcome per task (the plain call's task too: seven), in its words.
-    let outcomes = records(&tg, "task_outcome", 7).await;
+    let outcomes = records(tg, "task_outcome", 7).await;
     let of = |tid: &str| {
         outcomes
             .iter()

@@ -87,6 +87,7 @@ impl TransportHandle {
         id: u64,
         line: Vec<u8>,
         trace: Option<Box<crate::telemetry::TraceMeta>>,
+        mirror: Option<Box<super::http::Mirror>>,
     ) -> Result<(), UpstreamError> {
         match self {
             Self::Stdio(stdio) => {
@@ -97,7 +98,7 @@ impl TransportHandle {
             // Boxed: the HTTP exchange's future (~2.3 KB, reqwest's) would otherwise size
             // this one, and with it every future up to `call::run`'s, which stdio calls move
             // and copy on each layer's start.
-            Self::Http(http) => Box::pin(http.exchange(core, id, line, trace)).await,
+            Self::Http(http) => Box::pin(http.exchange(core, id, line, trace, mirror)).await,
         }
     }
 
@@ -199,6 +200,9 @@ impl Connection {
 
     async fn handshake(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
         if self.inner.modern.is_some() {
+            if let TransportHandle::Http(http) = &self.inner.transport {
+                http.set_protocol_version(MODERN_PROTOCOL_VERSION);
+            }
             return self.discover(opts).await;
         }
         let mut params = json!({
@@ -441,9 +445,19 @@ impl Connection {
         cancellable: bool,
     ) -> Result<Answered, UpstreamError> {
         let core = &self.inner.core;
-        if let Some(envelope) = &self.inner.modern {
-            envelope.put(method, &mut params);
-        }
+        // A 2026-07-28 upstream: the envelope in `_meta`; over HTTP, the mirrored headers.
+        let mirror = match (&self.inner.modern, &self.inner.transport) {
+            (Some(envelope), transport) => {
+                envelope.put(method, &mut params);
+                match transport {
+                    TransportHandle::Http(_) => {
+                        super::http::Mirror::of(method, &params).map(Box::new)
+                    }
+                    TransportHandle::Stdio(_) => None,
+                }
+            }
+            (None, _) => None,
+        };
         // A closed connection is refused by `register` below, under the lock it takes anyway.
         let id = core.ids.next();
         let progress = rewrite_progress_token(
@@ -485,7 +499,7 @@ impl Connection {
         let drive = self
             .inner
             .transport
-            .drive_request(core, id, line, opts.trace);
+            .drive_request(core, id, line, opts.trace, mirror);
         tokio::pin!(drive);
         // A coarse deadline (it fires within 100 ms after `timeout`): a timer-wheel entry per
         // request cost ~1,200 instructions of a proxied call (`sync::coarse`).

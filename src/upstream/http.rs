@@ -98,13 +98,17 @@ impl HttpTransport {
         id: u64,
         line: Vec<u8>,
         trace: Option<Box<crate::telemetry::TraceMeta>>,
+        mirror: Option<Box<Mirror>>,
     ) -> Result<(), UpstreamError> {
         // The request as encoded for stdio; its newline is dropped (whitespace either way).
         let mut body = line;
         if body.last() == Some(&b'\n') {
             body.pop();
         }
-        let response = self.shared.post(core, body, trace.as_deref()).await?;
+        let response = self
+            .shared
+            .post(core, body, trace.as_deref(), mirror.as_deref())
+            .await?;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)
@@ -195,6 +199,52 @@ impl HttpTransport {
     }
 }
 
+/// The headers a 2026-07-28 request mirrors from its body (SEP-2243): `Mcp-Method`, and
+/// `Mcp-Name` for the methods that name something (`tools/call`, `prompts/get`: `name`;
+/// `resources/read`: `uri`; `tasks/*`: `taskId`). A value outside visible ASCII, or with
+/// whitespace at either end, is sent in the `=?base64?…?=` form.
+#[derive(Debug)]
+pub(crate) struct Mirror {
+    method: HeaderValue,
+    name: Option<HeaderValue>,
+}
+
+impl Mirror {
+    pub(crate) fn of(method: &str, params: &serde_json::Value) -> Option<Mirror> {
+        let field = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            m if m.starts_with("tasks/") => Some("taskId"),
+            _ => None,
+        };
+        let name = field
+            .and_then(|f| params.get(f))
+            .and_then(serde_json::Value::as_str)
+            .and_then(header_value);
+        Some(Mirror {
+            method: header_value(method)?,
+            name,
+        })
+    }
+}
+
+/// A mirrored value as a header: as is when it is visible ASCII (spaces inside allowed),
+/// else base64 in the `=?base64?…?=` form.
+fn header_value(v: &str) -> Option<HeaderValue> {
+    let sentinel = v.starts_with("=?base64?") && v.ends_with("?=");
+    let plain = !v.is_empty()
+        && v.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !v.starts_with(' ')
+        && !v.ends_with(' ')
+        && !sentinel;
+    if plain {
+        return HeaderValue::from_str(v).ok();
+    }
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(v.as_bytes());
+    HeaderValue::from_str(&format!("=?base64?{b64}?=")).ok()
+}
+
 impl Shared {
     fn headers_for_post(&self) -> HeaderMap {
         let mut headers = self.headers.clone();
@@ -216,8 +266,15 @@ impl Shared {
         core: &Arc<Core>,
         body: Vec<u8>,
         trace: Option<&crate::telemetry::TraceMeta>,
+        mirror: Option<&Mirror>,
     ) -> Result<reqwest::Response, UpstreamError> {
         let mut headers = self.headers_for_post();
+        if let Some(m) = mirror {
+            headers.insert("mcp-method", m.method.clone());
+            if let Some(name) = &m.name {
+                headers.insert("mcp-name", name.clone());
+            }
+        }
         if let Some(t) = trace {
             // The same context as the request's `_meta`, replacing any configured value.
             let mut set = |name: &'static str, v: Option<&str>| {
@@ -259,6 +316,18 @@ impl Shared {
             core.mark_closed(reason.clone());
             return Err(UpstreamError::Closed(reason));
         }
+        let json_error = status.is_client_error()
+            && mirror.is_some()
+            && response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|c| c.to_ascii_lowercase().starts_with("application/json"));
+        if json_error {
+            // A 2026-07-28 server answers a refused request (-32020, -32021, …) with a 4xx
+            // and its JSON-RPC error: the error is the answer.
+            return Ok(response);
+        }
         if !status.is_success() {
             tracing::warn!(upstream = %self.upstream_id, %status, "upstream answered POST with an error status");
             return Err(UpstreamError::HttpStatus {
@@ -269,7 +338,9 @@ impl Shared {
     }
 
     async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
-        let response = self.post(core, serde_json::to_vec(msg)?, None).await?;
+        let response = self
+            .post(core, serde_json::to_vec(msg)?, None, None)
+            .await?;
         // Drain any body so the connection can be reused.
         let _ = response.bytes().await;
         Ok(())
@@ -363,7 +434,21 @@ impl SseParser {
 
 #[cfg(test)]
 mod tests {
-    use super::SseParser;
+    use super::{header_value, Mirror, SseParser};
+
+    #[test]
+    fn mirrored_headers_name_what_the_body_names_in_base64_where_not_plain() {
+        let m = Mirror::of("tools/call", &serde_json::json!({"name": "m.slow"})).unwrap();
+        assert_eq!(m.method, "tools/call");
+        assert_eq!(m.name.unwrap(), "m.slow");
+        let m = Mirror::of("tasks/get", &serde_json::json!({"taskId": "abc"})).unwrap();
+        assert_eq!(m.name.unwrap(), "abc");
+        let m = Mirror::of("resources/read", &serde_json::json!({"uri": "mémo://x"})).unwrap();
+        assert_eq!(m.name.unwrap(), "=?base64?bcOpbW86Ly94?=");
+        let m = Mirror::of("tools/list", &serde_json::json!({})).unwrap();
+        assert!(m.name.is_none());
+        assert_eq!(header_value(" x").unwrap(), "=?base64?IHg=?=");
+    }
 
     #[test]
     fn sse_events_split_across_chunks() {
