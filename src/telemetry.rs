@@ -746,38 +746,6 @@ pub fn code_error_type(code: i64) -> &'static str {
     }
 }
 
-/// The methods the gateway serves or sends, as a span name and a metric label may carry them
-/// (a closed set: anything else is `_OTHER`).
-pub fn method_name(method: &str) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "initialize",
-        "ping",
-        "tools/list",
-        "tools/call",
-        "logging/setLevel",
-        "resources/list",
-        "resources/read",
-        "resources/templates/list",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "prompts/list",
-        "prompts/get",
-        "completion/complete",
-        "tasks/get",
-        "tasks/result",
-        "tasks/list",
-        "tasks/cancel",
-        "tasks/update",
-        "server/discover",
-        "subscriptions/listen",
-    ];
-    KNOWN
-        .iter()
-        .copied()
-        .find(|k| *k == method)
-        .unwrap_or("_OTHER")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,11 +767,5 @@ mod tests {
         assert_eq!(bounded_text("short".into()), "short");
         let cut = bounded_text("é".repeat(IO_BOUND));
         assert!(cut.ends_with('…') && cut.len() <= IO_BOUND + '…'.len_utf8());
-    }
-
-    #[test]
-    fn method_names_are_a_closed_set() {
-        assert_eq!(method_name("prompts/get"), "prompts/get");
-        assert_eq!(method_name("x/anything-the-client-sent"), "_OTHER");
     }
 }

@@ -83,7 +83,7 @@ pub(crate) struct Began {
 
 /// Begins observing a request other than `tools/call` (the stateless `server/discover` too).
 pub(crate) fn begin(ctx: &RequestCtx, id: &Value, method: &str, params: Option<&Value>) -> Began {
-    let method = crate::telemetry::method_name(method);
+    let method = crate::mcp::method_name(method);
     Began {
         started: std::time::Instant::now(),
         method,

@@ -16,7 +16,7 @@ pub const ALL_VERSIONS: &[&str] = &[
     "2025-03-26",
     "2025-06-18",
     "2025-11-25",
-    "2026-07-28",
+    crate::config::MODERN_PROTOCOL,
 ];
 /// Handshake-era revisions, oldest first.
 pub const LEGACY_VERSIONS: &[&str] = ALL_VERSIONS.split_at(ALL_VERSIONS.len() - 1).0;
@@ -29,6 +29,49 @@ pub const MODERN_VERSION: &str = ALL_VERSIONS[ALL_VERSIONS.len() - 1];
 pub const BATCH_VERSION: &str = ALL_VERSIONS[1];
 /// Priming events (empty data with an id) go to clients at this revision or later.
 pub const PRIMING_SINCE: &str = ALL_VERSIONS[3];
+
+/// Methods served by the upstreams that run them (`mcp::proxy`), besides tools.
+pub const PROXIED_METHODS: &[&str] = &[
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+];
+
+/// Task methods, both forms (`mcp::tasks`).
+pub const TASK_METHODS: &[&str] = &[
+    "tasks/get",
+    "tasks/result",
+    "tasks/cancel",
+    "tasks/list",
+    "tasks/update",
+];
+
+/// The gateway's own methods (neither proxied nor tasks).
+const OWN_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "logging/setLevel",
+    "server/discover",
+    "subscriptions/listen",
+];
+
+/// A method as a span name and a metric label may carry it: one the gateway serves or sends
+/// (a closed set), anything else `_OTHER`.
+pub fn method_name(method: &str) -> &'static str {
+    [OWN_METHODS, PROXIED_METHODS, TASK_METHODS]
+        .iter()
+        .flat_map(|l| l.iter())
+        .copied()
+        .find(|k| *k == method)
+        .unwrap_or("_OTHER")
+}
 
 /// Picks the version `initialize` answers: the client's if supported, else the latest.
 pub fn negotiate(requested: Option<&str>) -> &'static str {
@@ -208,6 +251,15 @@ pub enum Route {
 mod tests {
     use super::ClientCapability as C;
     use serde_json::json;
+
+    #[test]
+    fn method_names_are_a_closed_set() {
+        use super::method_name;
+        assert_eq!(method_name("prompts/get"), "prompts/get");
+        assert_eq!(method_name("tasks/update"), "tasks/update");
+        assert_eq!(method_name("subscriptions/listen"), "subscriptions/listen");
+        assert_eq!(method_name("x/anything-the-client-sent"), "_OTHER");
+    }
 
     #[test]
     fn notices_are_read_once_from_their_method_and_routed_by_kind() {

@@ -30,16 +30,7 @@ pub const RESOURCE_NOT_FOUND: i64 = -32002;
 const MAX_PAGES: usize = 100;
 
 /// The methods this module serves.
-pub const METHODS: &[&str] = &[
-    "resources/list",
-    "resources/read",
-    "resources/templates/list",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "prompts/list",
-    "prompts/get",
-    "completion/complete",
-];
+pub const METHODS: &[&str] = crate::mcp::PROXIED_METHODS;
 
 /// The upstreams this registration holds a grant on, in grant order.
 pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
@@ -175,7 +166,7 @@ async fn call(
     if let Some(transport) = ctx.hub.pool().network_transport(upstream) {
         ctx.hub.metrics().observe_operation(
             true,
-            crate::telemetry::method_name(method),
+            crate::mcp::method_name(method),
             error_type,
             transport,
             started.elapsed(),

@@ -27,13 +27,7 @@ use crate::registry::RegistrationState;
 use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome, RELATED_TASK};
 
 /// The methods this module answers.
-pub const METHODS: &[&str] = &[
-    "tasks/get",
-    "tasks/result",
-    "tasks/cancel",
-    "tasks/list",
-    "tasks/update",
-];
+pub const METHODS: &[&str] = crate::mcp::TASK_METHODS;
 
 /// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
 pub const EXTENSION: &str = crate::upstream::TASKS_EXTENSION;

@@ -565,7 +565,7 @@ fn client_span(
     let [spawned, catalog] = slot.pool_work();
     trace.client_span(crate::telemetry::Upstreamed {
         upstream,
-        method: crate::telemetry::method_name(method),
+        method: crate::mcp::method_name(method),
         target,
         peer: slot.spec.peer(),
         waited: [spawned.as_ref(), catalog.as_ref()],
