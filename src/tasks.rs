@@ -175,6 +175,9 @@ pub struct Task {
     /// Its upstream speaks the 2026-07-28 era (the tasks extension): polled with `tasks/get`,
     /// whose answer inlines the outcome; no `tasks/result` upstream.
     pub upstream_modern: bool,
+    /// The session that created it (handshake-era clients): where a 2026 upstream's input
+    /// requests are asked.
+    pub session: Option<std::sync::Weak<crate::session::Session>>,
     /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
     /// requests as `inputRequests`): at most one at a time.
     pub asking: AtomicBool,
@@ -209,6 +212,11 @@ struct State {
     /// A 2026 task's pending input requests (`inputRequests`), by the key the gateway minted
     /// (the id the routing layer gave the upstream's side-channel request).
     inputs: serde_json::Map<String, Value>,
+    /// A 2026 upstream's input-request keys, by the key the gateway shows for each (the
+    /// upstream's keys may name its task id, which no client sees).
+    upstream_keys: HashMap<String, String>,
+    /// A 2026 upstream's keys answered already (not parked again while it still lists them).
+    answered_keys: Vec<String>,
 }
 
 /// What a new task is made of.
@@ -221,6 +229,7 @@ pub struct NewTask {
     pub internal: bool,
     pub modern: Option<u8>,
     pub upstream_modern: bool,
+    pub session: Option<std::sync::Weak<crate::session::Session>>,
     pub progress: Option<TaskProgress>,
     pub ttl: Duration,
     pub poll_interval: Duration,
@@ -297,6 +306,63 @@ impl Task {
         true
     }
 
+    /// Parks a 2026 upstream's input request (its key `upstream_key`) under a key the gateway
+    /// mints: `Some(that key)` when it is new, `None` when it is parked already or the task
+    /// holds `MAX_INPUTS` (`Err` then).
+    pub fn park_upstream_input(
+        &self,
+        upstream_key: &str,
+        request: Value,
+    ) -> Result<Option<String>, ()> {
+        let mut st = lock(&self.state);
+        if st.upstream_keys.values().any(|k| k == upstream_key)
+            || st.answered_keys.iter().any(|k| k == upstream_key)
+        {
+            return Ok(None);
+        }
+        if st.inputs.len() >= MAX_INPUTS {
+            return Err(());
+        }
+        let mut bytes = [0u8; 9];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        let key = format!(
+            "input_{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+        );
+        st.inputs.insert(key.clone(), request);
+        st.upstream_keys
+            .insert(key.clone(), upstream_key.to_string());
+        Ok(Some(key))
+    }
+
+    /// Takes the parked 2026 upstream input request `key`: the upstream's key for it.
+    pub fn take_upstream_input(&self, key: &str) -> Option<String> {
+        let mut st = lock(&self.state);
+        st.inputs.remove(key)?;
+        let up = st.upstream_keys.remove(key)?;
+        if st.answered_keys.len() < MAX_INPUTS {
+            st.answered_keys.push(up.clone());
+        }
+        Some(up)
+    }
+
+    /// Forgets parked 2026 upstream input requests the upstream no longer lists.
+    pub fn keep_upstream_inputs(&self, listed: &serde_json::Map<String, Value>) {
+        let mut st = lock(&self.state);
+        let gone: Vec<String> = st
+            .upstream_keys
+            .iter()
+            .filter(|(_, up)| !listed.contains_key(up.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            st.upstream_keys.remove(&k);
+            st.inputs.remove(&k);
+        }
+        st.answered_keys
+            .retain(|up| listed.contains_key(up.as_str()));
+    }
+
     /// Sets (or clears) where the upstream's side-channel requests for this task go.
     pub fn set_input_sink(&self, sink: Option<tokio::sync::mpsc::Sender<Value>>) {
         *lock(&self.inputs_sink) = sink;
@@ -343,6 +409,8 @@ impl Task {
             let mut st = lock(&self.state);
             st.outcome = Some(outcome);
             st.inputs.clear();
+            st.upstream_keys.clear();
+            st.answered_keys.clear();
             if let Some(m) = st.view.as_object_mut() {
                 m.insert("status".into(), Value::String(status.as_str().into()));
                 match message {
@@ -499,6 +567,7 @@ impl TaskTable {
             internal: new.internal,
             modern: new.modern,
             upstream_modern: new.upstream_modern,
+            session: new.session,
             asking: AtomicBool::new(false),
             progress: new.progress,
             inputs_sink: Mutex::new(None),
@@ -512,6 +581,8 @@ impl TaskTable {
                 polled: Instant::now(),
                 outcome: None,
                 inputs: serde_json::Map::new(),
+                upstream_keys: HashMap::default(),
+                answered_keys: Vec::new(),
             }),
             finished,
             settled: AtomicBool::new(false),
@@ -672,6 +743,7 @@ mod tests {
             internal: false,
             modern: None,
             upstream_modern: false,
+            session: None,
             progress: None,
             ttl: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),

@@ -1759,7 +1759,16 @@ async fn modern_upstream_scenario(tg: &TestGateway, cancel_log: &std::path::Path
         .to_string();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let cancelled = c.request("tasks/cancel", json!({"taskId": sid})).await;
-    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    if cancelled["result"]["status"] != "cancelled" {
+        let got = c.request("tasks/get", json!({"taskId": sid})).await;
+        panic!(
+            "cancel: {cancelled}; then tasks/get: {got}; records: {:?}",
+            tg.audit()
+                .iter()
+                .filter(|r| r.rare().task_id.as_deref() == Some(sid.as_str()))
+                .collect::<Vec<_>>()
+        );
+    }
     let mut upstream_saw = String::new();
     for _ in 0..50 {
         upstream_saw = std::fs::read_to_string(cancel_log).unwrap_or_default();
@@ -2278,4 +2287,126 @@ async fn until_terminal_within(c: &mut SseClient, id: &str, secs: u64) -> (Value
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("task {id} not terminal after {secs} s: {seen:?}");
+}
+
+/// A 2026-07-28 upstream's task that waits on input (fastmcp-tasks' guard pattern: its
+/// `inputRequests`): a 2026 client sees them under the gateway's keys (the upstream's name its
+/// task id) and answers by `tasks/update`; a 2025 client is asked on its session while its
+/// `tasks/result` is open (an `elicitation/create` naming the gateway's task id), as a 2025
+/// server would, and its answer goes upstream. A 2025 client that declared no elicitation
+/// has it declined for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_input_requests_reach_2025_and_2026_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let tg = modern_upstream_gateway(&dir.path().join("cancelled.log"));
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-in").grant("m.*"))
+        .await
+        .unwrap();
+
+    // 2026: inputRequests under the gateway's keys, answered by tasks/update.
+    let caps = modern_caps(json!({"elicitation": {}}));
+    let r = modern(
+        &reg,
+        "tools/call",
+        json!({"name": "m.confirm", "arguments": {"what": "modern"}}),
+        &caps,
+        None,
+    )
+    .await;
+    let id = r["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let waiting = modern_until_not_working(&reg, &id, &caps).await;
+    assert_eq!(waiting["result"]["status"], "input_required", "{waiting}");
+    let inputs = waiting["result"]["inputRequests"]
+        .as_object()
+        .unwrap()
+        .clone();
+    assert_eq!(inputs.len(), 1, "{waiting}");
+    let (key, request) = inputs.iter().next().unwrap();
+    assert!(
+        key.starts_with("input_") && !key.contains(':'),
+        "the gateway's key: {key}"
+    );
+    assert_eq!(request["method"], "elicitation/create", "{waiting}");
+    let ack = modern(
+        &reg,
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": {key: {"action": "accept", "content": {"ok": true}}}}),
+        &caps,
+        None,
+    )
+    .await;
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    let done = modern_until_not_working(&reg, &id, &caps).await;
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "confirm:modern:accept:{\"ok\": true}",
+        "{done}"
+    );
+
+    // 2025: asked on the session while tasks/result is open.
+    let mut c = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "m.confirm", "arguments": {"what": "legacy"}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let resp = c
+        .post(json!({"jsonrpc": "2.0", "id": 900, "method": "tasks/result", "params": {"taskId": id}}))
+        .await;
+    assert_eq!(resp.status(), 202);
+    let mut asked = None;
+    let result = loop {
+        let m = c.next_message(20).await.expect("tasks/result answers");
+        if m["id"] == 900 {
+            break m;
+        }
+        if m["method"] == "elicitation/create" {
+            let ans = c
+                .post(json!({"jsonrpc": "2.0", "id": m["id"], "result":
+                    {"action": "accept", "content": {"ok": false}}}))
+                .await;
+            assert!(ans.status().is_success());
+            asked = Some(m);
+        }
+    };
+    let request = asked.unwrap_or_else(|| panic!("no elicitation before {result}"));
+    assert_eq!(
+        request["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "{request}"
+    );
+    assert_eq!(
+        request["params"]["message"], "Proceed with legacy?",
+        "{request}"
+    );
+    assert_eq!(
+        text_of(&result),
+        "confirm:legacy:accept:{\"ok\": false}",
+        "{result}"
+    );
+
+    // A 2025 client without elicitation: declined for it.
+    let mut d = session(&reg).await;
+    let r = d
+        .request(
+            "tools/call",
+            json!({"name": "m.confirm", "arguments": {"what": "unasked"}, "task": {}}),
+        )
+        .await;
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let res = d.request("tasks/result", json!({"taskId": id})).await;
+    assert_eq!(text_of(&res), "confirm:unasked:decline:null", "{res}");
 }

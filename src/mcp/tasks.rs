@@ -277,6 +277,7 @@ pub async fn created(
         internal,
         modern,
         upstream_modern,
+        session: ctx.session.as_ref().map(Arc::downgrade),
         progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
         ttl,
         poll_interval: Duration::from_millis(poll),
@@ -560,54 +561,132 @@ async fn update_upstream(
 ) -> Value {
     let mut answered = Map::new();
     for (key, response) in responses {
-        if task.take_input(key).is_some() {
-            answered.insert(key.clone(), response.clone());
+        if let Some(up_key) = task.take_upstream_input(key) {
+            answered.insert(up_key, response.clone());
         }
     }
-    if !answered.is_empty() {
-        let mut p = upstream_params(task);
-        p.insert("inputResponses".into(), Value::Object(answered));
-        let r = hub
-            .pool()
-            .forward_task(
-                &task.registration,
-                &task.upstream,
-                task.epoch(),
-                "tasks/update",
-                p,
-                task.stop.clone(),
-                None,
-                None,
-                None,
-            )
-            .await;
-        match r {
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => {
-                return jsonrpc::error_response(
-                    Some(id),
-                    e.get("code")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(jsonrpc::INTERNAL_ERROR),
-                    e.get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("tasks/update refused upstream"),
-                    e.get("data").cloned(),
-                )
-            }
-            Ok(None) => lost_or_rebound(hub, task).await,
-            Err(e) => {
-                return RpcError::new(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    format!("the task's upstream could not be reached: {e}"),
-                )
-                .to_value()
-            }
+    match send_inputs(hub, task, answered).await {
+        None => {
+            task.wake.notify_one();
+            jsonrpc::success(id, json!({}))
         }
+        Some(Err(e)) => jsonrpc::error_response(
+            Some(id),
+            e.get("code")
+                .and_then(Value::as_i64)
+                .unwrap_or(jsonrpc::INTERNAL_ERROR),
+            e.get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("tasks/update refused upstream"),
+            e.get("data").cloned(),
+        ),
+        Some(Ok(why)) => RpcError::new(Some(id), jsonrpc::INTERNAL_ERROR, why).to_value(),
     }
-    task.wake.notify_one();
-    jsonrpc::success(id, json!({}))
+}
+
+/// `tasks/update {inputResponses}` upstream (nothing when empty). `Some(Err(error))`: the
+/// upstream refused it; `Some(Ok(why))`: it could not be reached.
+async fn send_inputs(
+    hub: &Arc<Hub>,
+    task: &Arc<Task>,
+    answered: Map<String, Value>,
+) -> Option<Result<String, Value>> {
+    if answered.is_empty() {
+        return None;
+    }
+    let mut p = upstream_params(task);
+    p.insert("inputResponses".into(), Value::Object(answered));
+    let r = hub
+        .pool()
+        .forward_task(
+            &task.registration,
+            &task.upstream,
+            task.epoch(),
+            "tasks/update",
+            p,
+            task.stop.clone(),
+            None,
+            None,
+            None,
+        )
+        .await;
+    match r {
+        Ok(Some(Ok(_))) => None,
+        Ok(Some(Err(e))) => Some(Err(e)),
+        Ok(None) => {
+            lost_or_rebound(hub, task).await;
+            None
+        }
+        Err(e) => Some(Ok(format!("the task's upstream could not be reached: {e}"))),
+    }
+}
+
+/// A 2025-11-25 client's task on a 2026-07-28 upstream waits on input: the request (its key
+/// parked as `key`) is sent on the creating session (an `elicitation/create`, say, with the
+/// related-task `_meta` naming the gateway's id), as a 2025 server would while the client's
+/// `tasks/result` is open; the client's answer goes upstream as `tasks/update`. A capability
+/// the session's client did not declare, or a session gone, is answered upstream as refused
+/// (an elicitation: `decline`).
+fn ask_session(hub: &Arc<Hub>, task: &Arc<Task>, key: String, request: Value) {
+    let (hub, task) = (hub.clone(), task.clone());
+    let reg = task.registration.clone();
+    reg.calls.spawn(async move {
+        let method = request
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let mut params = request
+            .get("params")
+            .cloned()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        let session = task
+            .session
+            .as_ref()
+            .and_then(std::sync::Weak::upgrade)
+            .filter(|s| !s.cancel.is_cancelled());
+        let allowed = crate::mcp::ClientCapability::for_method(&method);
+        let answer = match (session, allowed) {
+            (Some(s), Some(cap)) if s.declares(cap) => {
+                if let Some(m) = params.as_object_mut() {
+                    let meta = m.entry("_meta").or_insert_with(|| json!({}));
+                    if let Some(meta) = meta.as_object_mut() {
+                        // The upstream's id, as an upstream's own request would name it: the
+                        // delivery names the gateway's instead (`Hub::related_task_to_client`).
+                        meta.insert(RELATED_TASK.into(), json!({"taskId": task.upstream_id}));
+                    }
+                }
+                match hub.pool().ask_session(&s, &method, params, &*hub).await {
+                    Some(rx) => tokio::select! {
+                        r = rx => r.ok(),
+                        () = task.stop.cancelled() => return,
+                    },
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let response = match answer {
+            Some(Ok(result)) => result,
+            // Refused, unanswered or undeliverable: an elicitation is declined; anything else
+            // is left to the task's TTL.
+            _ if method == "elicitation/create" => json!({"action": "decline"}),
+            _ => {
+                tracing::warn!(task = %task.id, method, "a 2026 upstream's input request could not be asked of its 2025 client");
+                return;
+            }
+        };
+        let Some(up_key) = task.take_upstream_input(&key) else {
+            return;
+        };
+        let mut answered = Map::new();
+        answered.insert(up_key, response);
+        if let Some(e) = send_inputs(&hub, &task, answered).await {
+            tracing::debug!(task = %task.id, error = ?e, "tasks/update refused upstream");
+        }
+        task.wake.notify_one();
+    });
 }
 
 /// A task's common fields in the 2026-07-28 form (flat; `ttlMs`, `pollIntervalMs`).
@@ -673,6 +752,10 @@ fn detailed(task: &Task) -> Value {
             let inputs = task.inputs();
             if !inputs.is_empty() {
                 m.insert("status".into(), json!("input_required"));
+            } else if task.upstream_modern && m.get("status") == Some(&json!("input_required")) {
+                // Every request answered (sent upstream): working on them until the next poll
+                // says otherwise.
+                m.insert("status".into(), json!("working"));
             }
             if m.get("status") == Some(&json!("input_required")) {
                 m.insert("inputRequests".into(), Value::Object(inputs));
@@ -1187,20 +1270,26 @@ async fn settle_modern(hub: &Arc<Hub>, task: &Arc<Task>, t: Value) {
             )
             .await;
         }
-        Some(Status::InputRequired) if task.modern.is_some() => {
-            if let Some(requests) = t.get("inputRequests").and_then(Value::as_object) {
-                let parked = task.inputs();
-                for (key, request) in requests {
-                    if !parked.contains_key(key) && !task.park_input(key.clone(), request.clone()) {
+        Some(Status::InputRequired) => {
+            // Parked under keys of the gateway's (the upstream's may name its task id): shown
+            // to a 2026 client as `inputRequests`; asked of a 2025 client's session.
+            let listed = t
+                .get("inputRequests")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            task.keep_upstream_inputs(&listed);
+            for (up_key, request) in &listed {
+                match task.park_upstream_input(up_key, request.clone()) {
+                    Ok(Some(key)) if task.modern.is_none() => {
+                        ask_session(hub, task, key, request.clone());
+                    }
+                    Ok(_) => {}
+                    Err(()) => {
                         tracing::warn!(task = %task.id, "an input request of a 2026 upstream's task not parked: too many unanswered");
                     }
                 }
             }
-        }
-        Some(Status::InputRequired) => {
-            // A 2025-11-25 client is asked through its session's side channel, which a
-            // 2026-07-28 upstream does not use: the task waits (and its TTL bounds it).
-            tracing::debug!(task = %task.id, "a 2026 upstream's task waits on input a 2025 client cannot be asked for");
         }
         _ => {}
     }

@@ -468,19 +468,42 @@ impl Pool {
         id: &Value,
         body: &Value,
     ) -> bool {
-        let Some((conn, upstream_id, outcome)) =
+        let Some((to, outcome)) =
             self.inner
                 .client_requests
                 .answer(registration_id, session_id, id, body)
         else {
             return false;
         };
-        self.inner.tasks.spawn(async move {
-            if let Err(e) = conn.respond(upstream_id, outcome).await {
-                tracing::debug!(error = %e, "could not pass the client's response upstream");
+        match to {
+            super::routing::AnswerTo::Upstream(conn, upstream_id) => {
+                self.inner.tasks.spawn(async move {
+                    if let Err(e) = conn.respond(upstream_id, outcome).await {
+                        tracing::debug!(error = %e, "could not pass the client's response upstream");
+                    }
+                });
             }
-        });
+            super::routing::AnswerTo::Local(tx) => {
+                let _ = tx.send(outcome);
+            }
+        }
         true
+    }
+
+    /// Sends a request of the gateway's own to a client's session (see
+    /// `ClientRequests::ask_session`): the receiver of its answer, or `None` if it could not be
+    /// sent.
+    pub async fn ask_session(
+        &self,
+        session: &Arc<crate::session::Session>,
+        method: &str,
+        params: Value,
+        ds: &dyn Downstream,
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<Value, Value>>> {
+        self.inner
+            .client_requests
+            .ask_session(session, method, params, ds)
+            .await
     }
 
     /// A client of `registration_id` said its roots changed (`notifications/roots/list_changed`):

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{Connection, Downstream, RequestTag};
@@ -51,8 +51,29 @@ struct ClientRequest {
     /// Fires when the session closes: its unanswered requests are then refused upstream
     /// (None: a stateless call's, which the MRTR table ends).
     session_closed: Option<CancellationToken>,
-    conn: Connection,
-    upstream_request_id: Value,
+    to: AnswerTo,
+}
+
+/// Where a client's response to a server → client request goes.
+pub(super) enum AnswerTo {
+    /// Upstream, as the answer to its request of that id (on that connection).
+    Upstream(Connection, Value),
+    /// To the gateway itself, which asked (a 2026 upstream's task input for a 2025 client).
+    Local(oneshot::Sender<Result<Value, Value>>),
+}
+
+impl AnswerTo {
+    /// Refuses the request (its session closed, or it was never delivered).
+    async fn refuse(self, err: Value) {
+        match self {
+            AnswerTo::Upstream(conn, id) => {
+                let _ = conn.respond(id, Err(err)).await;
+            }
+            AnswerTo::Local(tx) => {
+                let _ = tx.send(Err(err));
+            }
+        }
+    }
 }
 
 /// Server → client requests one registration's clients may leave unanswered at once; one
@@ -196,8 +217,7 @@ impl ClientRequests {
                             .as_ref()
                             .map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
                         session_closed: session.as_ref().map(|s| s.cancel.clone()),
-                        conn: conn.clone(),
-                        upstream_request_id: id.clone(),
+                        to: AnswerTo::Upstream(conn.clone(), id.clone()),
                     },
                 );
             }
@@ -205,7 +225,7 @@ impl ClientRequests {
         };
         for r in stale {
             let err = json!({"code": REFUSED, "message": "gatehouse: the client session closed before answering"});
-            let _ = r.conn.respond(r.upstream_request_id, Err(err)).await;
+            r.to.refuse(err).await;
         }
         if full {
             let err = refuse(&format!(
@@ -251,7 +271,7 @@ impl ClientRequests {
         session_id: &str,
         id: &Value,
         body: &Value,
-    ) -> Option<(Connection, Value, Result<Value, Value>)> {
+    ) -> Option<(AnswerTo, Result<Value, Value>)> {
         let key = id.as_str()?;
         let req = {
             let mut map = lock(&self.map);
@@ -269,7 +289,49 @@ impl ClientRequests {
                 Err(json!({"code": REFUSED, "message": "client sent an empty response"}))
             }
         };
-        Some((req.conn, req.upstream_request_id, outcome))
+        Some((req.to, outcome))
+    }
+
+    /// A request of the gateway's own (`method`, `params`) to a session of
+    /// `registration_id`, on its server-to-client stream: the receiver of the client's
+    /// answer. `None`: the registration leaves too many unanswered, or the session has no
+    /// open stream (nothing was sent).
+    pub async fn ask_session(
+        &self,
+        session: &Arc<Session>,
+        method: &str,
+        params: Value,
+        ds: &dyn Downstream,
+    ) -> Option<oneshot::Receiver<Result<Value, Value>>> {
+        let registration_id = session.registration.id.clone();
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let down_id = format!("gatehouse-{n}");
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut map = lock(&self.map);
+            let waiting = map
+                .values()
+                .filter(|r| r.registration_id == registration_id)
+                .count();
+            if waiting >= MAX_WAITING_PER_REGISTRATION {
+                return None;
+            }
+            map.insert(
+                down_id.clone(),
+                ClientRequest {
+                    registration_id,
+                    session_id: session.id.clone(),
+                    session_closed: Some(session.cancel.clone()),
+                    to: AnswerTo::Local(tx),
+                },
+            );
+        }
+        let msg = json!({"jsonrpc": "2.0", "id": down_id, "method": method, "params": params});
+        if session.has_outbound() && ds.deliver(session, msg).await {
+            return Some(rx);
+        }
+        lock(&self.map).remove(&down_id);
+        None
     }
 
     pub fn forget_registration(&self, registration_id: &str) {
