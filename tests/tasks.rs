@@ -781,9 +781,9 @@ async fn the_inspector_cli_gets_the_plain_result_of_a_task_required_tool() {
     let outcomes = records(&tg, "task_outcome", 1).await;
     assert_eq!(outcomes[0].agent_id.as_deref(), Some("inspector"));
     assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
-    // (The 2.12.0 CLI has no task methods: "Unsupported method: tasks/list"; its
-    // callToolStream is reached only for tools listed `required`, which the gateway lists
-    // `optional`.)
+    // (The 2.12.0 CLI registers no `--task` or `--task-id` option, so its `tasks/*` methods
+    // cannot be reached; its callToolStream is reached only for tools listed `required`, which
+    // the gateway lists `optional`. In the 2026 era it gets tasks: the test below.)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2409,4 +2409,45 @@ async fn a_2026_upstreams_input_requests_reach_2025_and_2026_clients() {
     let id = r["result"]["task"]["taskId"].as_str().unwrap().to_string();
     let res = d.request("tasks/result", json!({"taskId": id})).await;
     assert_eq!(text_of(&res), "confirm:unasked:decline:null", "{res}");
+}
+
+/// The MCP Inspector CLI 2.x the other way: in the 2026-07-28 era (`--protocol-era modern`,
+/// stateless, the tasks extension declared by its client), a tool its upstream runs only as a
+/// task is handed to it as the extension's task, which it polls to the result itself; one
+/// task, audited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_cli_in_the_2026_era_polls_the_extensions_task() {
+    let tg = gateway();
+    let reg = register(&tg, "inspector-2026", Limits::default()).await;
+    let home = tempfile::tempdir().unwrap();
+    let (v, text) = inspector(
+        &reg,
+        home.path(),
+        &[
+            "--protocol-era",
+            "modern",
+            "--method",
+            "tools/call",
+            "--tool-name",
+            RESEARCH,
+            "--tool-arg",
+            "topic=kites",
+        ],
+    )
+    .await;
+    assert!(text.contains("Research Report: kites"), "{v} {text}");
+    // Handed over as a task (not run by the gateway for a client without tasks), then polled
+    // by the CLI: its `tasks/get` calls are recorded.
+    let calls = records(&tg, "governed_mcp_call", 1).await;
+    let created = records(&tg, "task_created", 1).await;
+    let id = created[0].rare().task_id.as_deref().unwrap();
+    assert!(
+        calls.iter().any(|r| r
+            .reason
+            .as_deref()
+            .is_some_and(|why| why == format!("task created: {id}"))),
+        "{calls:?}"
+    );
+    let outcomes = records(&tg, "task_outcome", 1).await;
+    assert_eq!(outcomes[0].outcome.as_deref(), Some("completed"));
 }
