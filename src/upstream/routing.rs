@@ -192,6 +192,7 @@ impl ClientRequests {
             }
         };
         let Some(ds) = downstream else { return };
+        tracing::trace!(upstream = %upstream_id, method, id = %id, "server → client request");
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{upstream_id}-{n}");
         let (stale, full) = {
