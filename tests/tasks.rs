@@ -1512,23 +1512,9 @@ fn modern_upstream_gateway(cancel_log: &std::path::Path) -> TestGateway {
     })
 }
 
-/// `tasks/get` (2025) until the task is terminal (within 20 s): the statuses seen.
+/// `tasks/get` (2025) until the task is terminal (within 10 s): the statuses seen.
 async fn until_terminal(c: &mut SseClient, id: &str) -> (Value, Vec<String>) {
-    let mut seen = Vec::new();
-    for _ in 0..100 {
-        let r = c.request("tasks/get", json!({"taskId": id})).await;
-        let status = r["result"]["status"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{r}"));
-        if seen.last().map(String::as_str) != Some(status) {
-            seen.push(status.to_string());
-        }
-        if ["completed", "failed", "cancelled"].contains(&status) {
-            return (r, seen);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("task {id} not terminal after 10 s: {seen:?}");
+    until_terminal_within(c, id, 10).await
 }
 
 /// A 2026-07-28 upstream (fastmcp 4 + fastmcp-tasks, which nobody here wrote) behind the

@@ -204,22 +204,25 @@ pub fn create_task_result(result: &str) -> Option<(Value, bool)> {
     Some((task, false))
 }
 
-/// A 2026-07-28 task object (flat; `ttlMs`, `pollIntervalMs`) as the 2025-11-25 `Task` the
-/// table keeps (`ttl`, `pollInterval`); the outcome fields (`result`, `error`,
-/// `inputRequests`) are read by the caller.
-fn from_modern(t: &Value) -> Value {
-    let mut m = Map::new();
-    for k in [
+/// The fields a task has alike in both forms.
+fn common_fields(t: &Value) -> Map<String, Value> {
+    [
         "taskId",
         "status",
         "statusMessage",
         "createdAt",
         "lastUpdatedAt",
-    ] {
-        if let Some(v) = t.get(k) {
-            m.insert(k.into(), v.clone());
-        }
-    }
+    ]
+    .into_iter()
+    .filter_map(|k| Some((k.to_string(), t.get(k)?.clone())))
+    .collect()
+}
+
+/// A 2026-07-28 task object (flat; `ttlMs`, `pollIntervalMs`) as the 2025-11-25 `Task` the
+/// table keeps (`ttl`, `pollInterval`); the outcome fields (`result`, `error`,
+/// `inputRequests`) are read by the caller.
+fn from_modern(t: &Value) -> Value {
+    let mut m = common_fields(t);
     m.insert("ttl".into(), t.get("ttlMs").cloned().unwrap_or(Value::Null));
     if let Some(p) = t.get("pollIntervalMs") {
         m.insert("pollInterval".into(), p.clone());
@@ -692,18 +695,7 @@ fn ask_session(hub: &Arc<Hub>, task: &Arc<Task>, key: String, request: Value) {
 /// A task's common fields in the 2026-07-28 form (flat; `ttlMs`, `pollIntervalMs`).
 fn modern_fields(task: &Task) -> Map<String, Value> {
     let view = task.view();
-    let mut m = Map::new();
-    for k in [
-        "taskId",
-        "status",
-        "statusMessage",
-        "createdAt",
-        "lastUpdatedAt",
-    ] {
-        if let Some(v) = view.get(k) {
-            m.insert(k.into(), v.clone());
-        }
-    }
+    let mut m = common_fields(&view);
     m.insert(
         "ttlMs".into(),
         view.get("ttl").cloned().unwrap_or(Value::Null),
