@@ -1550,3 +1550,59 @@ async fn one_member_of_three_down_changes_nothing_for_creates_releases_or_calls(
         failures.len()
     );
 }
+
+/// A release whose answer the node's member loses (its relay muted: the delete reaches etcd
+/// and commits, the answer does not): the node reads the key back on another member, finds it
+/// gone, and answers the release done — the lost answer's "key gone" branch, reached through
+/// the member failover — where with every member muted it can only say the outcome is
+/// unknown (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_whose_answer_one_member_lost_is_read_back_on_another() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let mut relays = Vec::new();
+    for m in &etcd.members {
+        relays.push(Relay::to(m.client).await);
+    }
+    let relayed: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let (a, c) = (node("a", &eps, 16), node("c", &relayed, 16));
+    let http = common::http();
+    let r = a
+        .register(json!({"agent_id": "agent-gone", "tools": ["demo.*"]}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    wait_served(&http, &c, &id, &token, BOUND).await;
+    // Answers from the first two members are lost; the third answers.
+    relays[0].mute();
+    relays[1].mute();
+    let t0 = Instant::now();
+    let (s, v) = c
+        .admin_call(
+            reqwest::Method::DELETE,
+            &format!("/v1/registrations/{id}"),
+            None,
+        )
+        .await;
+    println!(
+        "one member's answer lost: DELETE answered {s} after {:.0} ms: {v}",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    assert!(
+        s == 200 || s == 204,
+        "released, read back on another member: {s} {v}"
+    );
+    wait_status(&http, &a, &id, &token, 404, BOUND * 2).await;
+    let recs = c.audit();
+    assert!(
+        recs.iter().any(|r| r.event == "registration_released"
+            && r.registration_id.as_deref() == Some(id.as_str())),
+        "c audited the release"
+    );
+}
