@@ -383,6 +383,23 @@ pub fn error_response(id: Option<Value>, code: i64, message: &str, data: Option<
     Value::Object(m)
 }
 
+/// An error response carrying an error object another party sent (an upstream's): its `code`
+/// (-32603 if it has none), `message` (`fallback` if none) and `data`.
+pub fn error_of(id: Value, error: &Value, fallback: &str) -> Value {
+    error_response(
+        Some(id),
+        error
+            .get("code")
+            .and_then(Value::as_i64)
+            .unwrap_or(INTERNAL_ERROR),
+        error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or(fallback),
+        error.get("data").cloned(),
+    )
+}
+
 /// A notification.
 pub fn notification(method: &str, params: Option<Value>) -> Value {
     let mut m = Map::with_capacity(3);

@@ -573,16 +573,7 @@ async fn update_upstream(
             task.wake.notify_one();
             jsonrpc::success(id, json!({}))
         }
-        Some(Err(e)) => jsonrpc::error_response(
-            Some(id),
-            e.get("code")
-                .and_then(Value::as_i64)
-                .unwrap_or(jsonrpc::INTERNAL_ERROR),
-            e.get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("tasks/update refused upstream"),
-            e.get("data").cloned(),
-        ),
+        Some(Err(e)) => jsonrpc::error_of(id, &e, "tasks/update refused upstream"),
         Some(Ok(why)) => RpcError::new(Some(id), jsonrpc::INTERNAL_ERROR, why).to_value(),
     }
 }
@@ -1053,16 +1044,7 @@ fn answer(id: Value, task: &Task, f: &Final) -> Value {
             }
             jsonrpc::success(id, result)
         }
-        Err(e) => jsonrpc::error_response(
-            Some(id),
-            e.get("code")
-                .and_then(Value::as_i64)
-                .unwrap_or(jsonrpc::INTERNAL_ERROR),
-            e.get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("task failed"),
-            e.get("data").cloned(),
-        ),
+        Err(e) => jsonrpc::error_of(id, e, "task failed"),
     }
 }
 
