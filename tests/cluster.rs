@@ -15,7 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    call, call_url, echo_ok, free_port, releases_under_load, wait_served, wait_status, Etcd, Member,
+    call, call_url, echo_ok, free_ports, releases_under_load, wait_served, wait_status, Etcd,
+    Member,
 };
 use common::daemon::Daemon;
 use common::nginx::Nginx;
@@ -1082,7 +1083,7 @@ async fn a_node_reaches_etcd_over_tls_with_a_client_certificate() {
             ],
         );
     }
-    let (client_port, peer_port) = (free_port(), free_port());
+    let [client_port, peer_port] = free_ports::<2>();
     let mut member = Member {
         log: None,
         name: "t0".into(),

@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::nginx::{free_port, Nginx};
+use common::nginx::{free_port_pair, Nginx};
 use common::*;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -270,7 +270,7 @@ fn ms(d: Duration) -> String {
 async fn two_nodes_behind_nginx() {
     let t_all = Instant::now();
     let mut figures: Vec<(String, String)> = Vec::new();
-    let (data_port, admin_port) = (free_port(), free_port());
+    let (data_port, admin_port) = free_port_pair();
     let proxy = format!("http://127.0.0.1:{data_port}");
     let proxy_admin = format!("http://127.0.0.1:{admin_port}");
 

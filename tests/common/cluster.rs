@@ -12,11 +12,17 @@ use serde_json::{json, Value};
 use super::daemon::Daemon;
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free ports: every listener is held until all are bound, so the kernel cannot
+/// hand the same port out twice (a CI run saw two etcd members given one port, and one exit
+/// with "address already in use").
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
 }
 
 /// One etcd member (killed on drop; its log's last lines printed if the test failed).
@@ -95,7 +101,8 @@ pub struct Etcd {
 impl Etcd {
     pub async fn start() -> Etcd {
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let p = free_ports::<6>();
+        let ports: Vec<(u16, u16)> = (0..3).map(|i| (p[2 * i], p[2 * i + 1])).collect();
         let initial = ports
             .iter()
             .enumerate()

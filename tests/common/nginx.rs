@@ -47,8 +47,17 @@ pub fn nginx_bin() -> PathBuf {
 
 /// A free loopback port (bound, read back, released for nginx to bind).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    free_port_pair().0
+}
+
+/// Two distinct free loopback ports (both held until both are bound).
+pub fn free_port_pair() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
 fn directive(l: &str) -> bool {
@@ -122,7 +131,10 @@ impl Nginx {
     /// nginx on two free loopback ports in front of `nodes` ((data URL, admin URL) of n1, n2,
     /// …: two or three).
     pub fn start(nodes: &[(&str, &str)]) -> Nginx {
-        Nginx::start_on(free_port(), free_port(), nodes)
+        {
+            let (data, admin) = free_port_pair();
+            Nginx::start_on(data, admin, nodes)
+        }
     }
 
     /// [`Nginx::start`] on the given ports (a node's `public_url` names the proxy before it
