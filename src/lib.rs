@@ -69,6 +69,7 @@ pub mod testing {
             chain_files, digest_value, head_path, line_hash, read_chain, read_head, read_records,
             segments, Audit, Record,
         };
+        pub use crate::audit::{subject_of, Subject, EVENTS};
     }
     pub mod config_load {
         pub use crate::config_load::{load_with_env, DEFAULT_CONFIG_PATH};
@@ -112,6 +113,25 @@ pub mod testing {
 
     pub fn audit(gateway: &Gateway) -> &crate::audit::Audit {
         gateway.hub().audit()
+    }
+
+    /// Closes this gateway's freshness fence, as a cluster node that lost its proof does
+    /// (`fence`): its MCP paths answer 503 until [`open_fence`].
+    pub fn close_fence(gateway: &Gateway, node: &str) {
+        gateway.hub().fence().enable(node);
+    }
+
+    /// Opens the fence [`close_fence`] closed.
+    pub fn open_fence(gateway: &Gateway) {
+        gateway.hub().fence().open();
+    }
+
+    /// Every refusal reason's metric label (`refusals::Reason::ALL`).
+    pub fn refusal_reasons() -> Vec<&'static str> {
+        crate::refusals::Reason::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .collect()
     }
 
     /// The gateway's metrics, as the admin API's `/metrics` serves them.

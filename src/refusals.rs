@@ -80,11 +80,14 @@ pub enum Reason {
     NoRoute,
     /// A cap reached: connections or sessions (503).
     Overloaded,
+    /// A fenced cluster node (`fence`): it cannot prove it is current with the registration
+    /// store, so it serves no MCP path (503 with `Retry-After`; another node may serve).
+    Fenced,
 }
 
 impl Reason {
     /// Every reason, in the order of the enum.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::UnknownRegistration,
         Reason::Released,
         Reason::BadToken,
@@ -100,6 +103,7 @@ impl Reason {
         Reason::AdminAuth,
         Reason::NoRoute,
         Reason::Overloaded,
+        Reason::Fenced,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -119,6 +123,7 @@ impl Reason {
             Reason::AdminAuth => "admin_auth",
             Reason::NoRoute => "no_route",
             Reason::Overloaded => "overloaded",
+            Reason::Fenced => "fenced",
         }
     }
 
@@ -137,7 +142,9 @@ impl Reason {
     }
 
     /// The reason a status stands for when nothing more precise was said: a response of
-    /// status ≥ 400 that carries no [`Refused`] (axum's own 405, a handler's 400).
+    /// status ≥ 400 that carries no [`Refused`] (axum's own 405, hyper's own 400 or 431, the
+    /// admin API's errors). Never a `Rejection`'s: each is built with its reason
+    /// (`endpoint::rejection`).
     pub fn of_status(status: StatusCode) -> Reason {
         match status {
             StatusCode::UNAUTHORIZED => Reason::BadToken,
@@ -585,6 +592,38 @@ fn advance(rings: &mut Rings, now: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Reason::ALL` holds every variant, in the enum's order: adding a variant breaks this
+    /// match until it is placed (and then the assertions check `ALL` has it there).
+    fn position(r: Reason) -> usize {
+        match r {
+            Reason::UnknownRegistration => 0,
+            Reason::Released => 1,
+            Reason::BadToken => 2,
+            Reason::MissingToken => 3,
+            Reason::Origin => 4,
+            Reason::Host => 5,
+            Reason::BodyTooLarge => 6,
+            Reason::HeaderTimeout => 7,
+            Reason::BodyTimeout => 8,
+            Reason::RateLimited => 9,
+            Reason::SessionUnknown => 10,
+            Reason::BadRequest => 11,
+            Reason::AdminAuth => 12,
+            Reason::NoRoute => 13,
+            Reason::Overloaded => 14,
+            Reason::Fenced => 15,
+        }
+    }
+
+    #[test]
+    fn all_holds_every_reason_once() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(position(*r), i, "{r:?}");
+        }
+        assert_eq!(Reason::Fenced.as_str(), "fenced");
+        assert_ne!(Reason::Fenced, Reason::Overloaded);
+    }
 
     #[test]
     fn reasons_are_distinct_and_statuses_map() {

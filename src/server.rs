@@ -95,6 +95,8 @@ type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Incoming>) -> Reply {
     if let Err(refused) = strict_http(req.version(), req.headers()) {
         let mut resp = endpoint::Rejection::new(
+            // 400, 431 or 501: framing or headers.
+            Reason::BadRequest,
             refused.status,
             crate::mcp::jsonrpc::INVALID_REQUEST,
             refused.message,
@@ -443,7 +445,7 @@ async fn healthz(
 }
 
 async fn not_found() -> Response {
-    endpoint::Rejection::not_found("not found").into_response()
+    endpoint::Rejection::not_found(Reason::NoRoute, "not found").into_response()
 }
 
 #[cfg(test)]

@@ -367,3 +367,100 @@ async fn the_console_stats_carry_the_refusal_series() {
     );
     assert!(rows.iter().all(|r| r["key"] != Value::Null));
 }
+
+/// A fenced node's 503 (issue 50, item 5) is counted with its own reason, `fenced`, not as a
+/// cap reached (`overloaded`): through a real data listener whose fence is closed (as a
+/// cluster node's is when it loses its proof of freshness), on both transports, read back
+/// from a real admin listener's `/metrics`; once the fence opens, the same request is served
+/// and nothing more is counted.
+#[tokio::test]
+async fn a_fenced_nodes_503_is_counted_fenced_not_overloaded() {
+    use gatehouse::RegistrationSpec;
+    use tokio_util::sync::CancellationToken;
+    let tg = TestGateway::start();
+    let gw = tg.gateway.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(gatehouse::testing::admin::serve(
+        listener,
+        gatehouse::testing::admin::router(gw.clone(), "admin-secret"),
+        stop.clone(),
+    ));
+    let metrics = || async {
+        let r = http()
+            .get(format!("{admin}/metrics"))
+            .bearer_auth("admin-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        counters(&r.text().await.unwrap())
+    };
+    let reg = gw
+        .register(RegistrationSpec::new("agent-f").with_tool(echo_tool("t", "f")))
+        .await
+        .unwrap();
+    gatehouse::testing::close_fence(&gw, "n1");
+    let before = metrics().await;
+    // Streamable HTTP.
+    let status = post_init(&reg.mcp_url(), Some(reg.token()), &[]).await;
+    assert_eq!(status, 503);
+    // Legacy SSE: the stream itself.
+    let r = http()
+        .get(reg.sse_url())
+        .bearer_auth(reg.token())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let m = moved(&before, &metrics().await);
+    assert_eq!(
+        m,
+        BTreeMap::from([(series("data", 503, "fenced"), 2)]),
+        "a fenced node's 503 is `fenced`, and nothing else moved"
+    );
+    // Open again: served, nothing counted.
+    gatehouse::testing::open_fence(&gw);
+    let before = metrics().await;
+    assert_eq!(post_init(&reg.mcp_url(), Some(reg.token()), &[]).await, 200);
+    assert_eq!(moved(&before, &metrics().await), BTreeMap::new());
+    reg.release().await;
+    stop.cancel();
+    server.await.unwrap();
+}
+
+/// The reasons operators read about (docs/daemon.md, "Refusals") are exactly the ones the
+/// gateway counts: a reason added to `refusals::Reason` without its line there, or a line
+/// for a reason that is gone, fails.
+#[test]
+fn the_documented_reasons_are_exactly_the_counted_ones() {
+    let doc = std::fs::read_to_string(repo_root().join("docs/daemon.md")).unwrap();
+    let table = doc
+        .split("### Refusals")
+        .nth(1)
+        .and_then(|s| s.split("\n\n").find(|p| p.starts_with("| reason")))
+        .expect("docs/daemon.md has the refusals table");
+    let mut documented: Vec<String> = table
+        .lines()
+        .skip(2)
+        .flat_map(|l| {
+            let first = l.split('|').nth(1).unwrap_or("");
+            first
+                .split('/')
+                .map(|c| c.trim().trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    documented.sort();
+    let mut counted: Vec<String> = gatehouse::testing::refusal_reasons()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    counted.sort();
+    assert_eq!(documented, counted);
+}

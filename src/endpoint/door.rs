@@ -206,6 +206,7 @@ async fn read_rest(
     match tokio::time::timeout(within, rest).await {
         Ok(r) => r,
         Err(_) => Err(Rejection::new(
+            crate::refusals::Reason::BodyTimeout,
             StatusCode::REQUEST_TIMEOUT,
             jsonrpc::INVALID_REQUEST,
             format!(
@@ -234,6 +235,7 @@ impl Read {
     ) -> Result<(), Rejection> {
         let too_large = || {
             Rejection::new(
+                crate::refusals::Reason::BodyTooLarge,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 jsonrpc::INVALID_REQUEST,
                 format!("request body exceeds the limit of {limit} bytes"),
@@ -277,6 +279,7 @@ pub(crate) fn json_body<'c>(
 ) -> Result<impl std::future::Future<Output = Result<Bytes, Rejection>> + 'c, Rejection> {
     if !is_json(heads.content_type) {
         return Err(Rejection::new(
+            crate::refusals::Reason::BadRequest,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             jsonrpc::INVALID_REQUEST,
             "unsupported media type: Content-Type must be application/json",
@@ -309,12 +312,14 @@ pub(crate) fn session(
         }));
     };
     let Some(session) = gw.sessions().get(&reg.id, sid, transport) else {
-        return Err(Rejection::not_found(if sse {
-            "session not found"
-        } else {
-            "session not found: initialize again without Mcp-Session-Id"
-        })
-        .because(crate::refusals::Reason::SessionUnknown));
+        return Err(Rejection::not_found(
+            crate::refusals::Reason::SessionUnknown,
+            if sse {
+                "session not found"
+            } else {
+                "session not found: initialize again without Mcp-Session-Id"
+            },
+        ));
     };
     session.touch();
     Ok(session)

@@ -94,15 +94,16 @@ pub fn unauthorized(
         Refusal::Missing => "missing bearer token: send Authorization: Bearer <the registration's token>",
         Refusal::Invalid => "invalid bearer token: it is not this registration's token (tokens are issued out of band, with the registration)",
     };
+    let reason = match why {
+        Refusal::Missing => crate::refusals::Reason::MissingToken,
+        Refusal::Invalid => crate::refusals::Reason::BadToken,
+    };
     let r = Rejection::new(
+        reason,
         StatusCode::UNAUTHORIZED,
         crate::mcp::jsonrpc::INVALID_REQUEST,
         message,
     )
-    .because(match why {
-        Refusal::Missing => crate::refusals::Reason::MissingToken,
-        Refusal::Invalid => crate::refusals::Reason::BadToken,
-    })
     .about(id);
     let metadata = format!(
         "{}{PRM_PREFIX}/gw/{id}/{}",
@@ -151,7 +152,10 @@ pub async fn protected_resource(
 ) -> Result<Response, Rejection> {
     check_host_origin(gw.config(), &headers)?;
     if !matches!(tail.as_str(), "mcp" | "sse") {
-        return Err(Rejection::not_found("registration not found"));
+        return Err(Rejection::not_found(
+            crate::refusals::Reason::NoRoute,
+            "registration not found",
+        ));
     }
     if gw.registry().get(&id).is_none() {
         return Err(Rejection::unknown_registration(gw.registry(), &id));

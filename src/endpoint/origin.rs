@@ -24,14 +24,19 @@ pub fn check_host_origin_values(
     if let Some(host) = host {
         let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
         if !ok {
-            return Err(Rejection::forbidden("forbidden: Host not allowed")
-                .because(crate::refusals::Reason::Host));
+            return Err(Rejection::forbidden(
+                crate::refusals::Reason::Host,
+                "forbidden: Host not allowed",
+            ));
         }
     }
     if let Some(origin) = origin {
         let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
         if !ok {
-            return Err(Rejection::forbidden("forbidden: Origin not allowed"));
+            return Err(Rejection::forbidden(
+                crate::refusals::Reason::Origin,
+                "forbidden: Origin not allowed",
+            ));
         }
     }
     Ok(())

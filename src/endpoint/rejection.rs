@@ -16,29 +16,36 @@ pub struct Rejection {
     status: StatusCode,
     error: RpcError,
     header: Option<(HeaderName, HeaderValue)>,
-    /// Why, for the operators (`refusals`): by default what the status stands for.
+    /// Why, for the operators (`refusals`): given by whoever builds it (every constructor
+    /// takes it or names it; there is no default, so a 503 of a fenced node cannot be
+    /// counted as a cap reached).
     refused: Box<Refused>,
 }
 
 impl Rejection {
-    pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self::rpc(status, RpcError::new(None, code, message))
+    pub fn new(reason: Reason, status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+        Self::rpc(reason, status, RpcError::new(None, code, message))
     }
 
-    /// A JSON-RPC error as the body, under `status`.
-    pub fn rpc(status: StatusCode, error: RpcError) -> Self {
+    /// A JSON-RPC error as the body, under `status`, refused for `reason`.
+    pub fn rpc(reason: Reason, status: StatusCode, error: RpcError) -> Self {
         Rejection {
             status,
             error,
             header: None,
-            refused: Box::new(Refused::new(Reason::of_status(status))),
+            refused: Box::new(Refused::new(reason)),
         }
     }
 
-    /// Says why more precisely than the status does.
-    pub fn because(mut self, reason: Reason) -> Self {
-        self.refused.reason = reason;
-        self
+    /// Why it was refused (`refusals`).
+    #[cfg(test)]
+    pub fn reason(&self) -> Reason {
+        self.refused.reason
+    }
+
+    #[cfg(test)]
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 
     /// Names the registration the request was for (shortened in logs).
@@ -62,37 +69,55 @@ impl Rejection {
         self
     }
 
-    /// A malformed message (400), with the id where it could be read.
+    /// A malformed message (400, `bad_request`), with the id where it could be read.
     pub fn malformed(error: RpcError) -> Self {
-        Self::rpc(StatusCode::BAD_REQUEST, error)
+        Self::rpc(Reason::BadRequest, StatusCode::BAD_REQUEST, error)
     }
 
-    /// 400 with -32600.
+    /// 400 with -32600 (`bad_request`).
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, jsonrpc::INVALID_REQUEST, message)
+        Self::new(
+            Reason::BadRequest,
+            StatusCode::BAD_REQUEST,
+            jsonrpc::INVALID_REQUEST,
+            message,
+        )
     }
 
-    /// 404 with -32600.
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, jsonrpc::INVALID_REQUEST, message)
+    /// 404 with -32600, for `reason` (no route, an unknown session, a released registration).
+    pub fn not_found(reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(
+            reason,
+            StatusCode::NOT_FOUND,
+            jsonrpc::INVALID_REQUEST,
+            message,
+        )
     }
 
     /// The 404 of a registration id that is not live, saying (to the operators, not the
     /// client) whether it was released lately or never known.
     pub fn unknown_registration(registry: &crate::registry::Registry, id: &str) -> Self {
-        Self::not_found("registration not found")
-            .because(Reason::missing_registration(registry, id))
-            .about(id)
+        Self::not_found(
+            Reason::missing_registration(registry, id),
+            "registration not found",
+        )
+        .about(id)
     }
 
-    /// 403 with -32600.
-    pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, jsonrpc::INVALID_REQUEST, message)
+    /// 403 with -32600, for `reason` (`Host` or `Origin`).
+    pub fn forbidden(reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(
+            reason,
+            StatusCode::FORBIDDEN,
+            jsonrpc::INVALID_REQUEST,
+            message,
+        )
     }
 
-    /// 503 with -32603 (a session cap).
+    /// 503 with -32603: a cap reached (`overloaded`: the session cap).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
+            Reason::Overloaded,
             StatusCode::SERVICE_UNAVAILABLE,
             jsonrpc::INTERNAL_ERROR,
             message,
@@ -100,9 +125,15 @@ impl Rejection {
     }
 
     /// A fenced cluster node (`fence`): 503 with -32603 and `Retry-After: 1` (the node
-    /// serves again once fresh; another node may serve now).
+    /// serves again once fresh; another node may serve now), counted `fenced`.
     pub fn fenced(message: impl Into<String>) -> Self {
-        Self::unavailable(message).with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+        Self::new(
+            Reason::Fenced,
+            StatusCode::SERVICE_UNAVAILABLE,
+            jsonrpc::INTERNAL_ERROR,
+            message,
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
 
     /// A request a session may not start (`Session::begin_call`): a reused id in flight
@@ -112,6 +143,7 @@ impl Rejection {
         let r = match why {
             crate::session::CallRefused::DuplicateId => Self::bad_request(why.to_string()),
             crate::session::CallRefused::TooMany(_) => Self::new(
+                Reason::RateLimited,
                 StatusCode::TOO_MANY_REQUESTS,
                 jsonrpc::BUSY,
                 why.to_string(),
@@ -180,4 +212,119 @@ fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
         Bytes::from(body),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::CallRefused;
+
+    /// Every constructor of a `Rejection`, with the status and the reason it carries, and
+    /// the reason its response is marked with (what `/metrics` and the logs count). Every
+    /// `Reason` a request handler can give is made here at least once, `fenced` among them
+    /// (a fenced node's 503 was counted `overloaded`, issue 50). `new` and `rpc` take the
+    /// reason (there is no default); the named ones fix it.
+    #[test]
+    fn every_constructor_carries_its_reason() {
+        let registry = crate::registry::Registry::default();
+        let err = || RpcError::new(None, jsonrpc::INVALID_REQUEST, "x");
+        let cases: Vec<(&str, Rejection, StatusCode, Reason)> = vec![
+            (
+                "new",
+                Rejection::new(Reason::BodyTimeout, StatusCode::REQUEST_TIMEOUT, -1, "x"),
+                StatusCode::REQUEST_TIMEOUT,
+                Reason::BodyTimeout,
+            ),
+            (
+                "rpc",
+                Rejection::rpc(Reason::BodyTooLarge, StatusCode::PAYLOAD_TOO_LARGE, err()),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Reason::BodyTooLarge,
+            ),
+            (
+                "malformed",
+                Rejection::malformed(err()),
+                StatusCode::BAD_REQUEST,
+                Reason::BadRequest,
+            ),
+            (
+                "bad_request",
+                Rejection::bad_request("x"),
+                StatusCode::BAD_REQUEST,
+                Reason::BadRequest,
+            ),
+            (
+                "not_found",
+                Rejection::not_found(Reason::SessionUnknown, "x"),
+                StatusCode::NOT_FOUND,
+                Reason::SessionUnknown,
+            ),
+            (
+                "unknown_registration",
+                Rejection::unknown_registration(&registry, "never-seen"),
+                StatusCode::NOT_FOUND,
+                Reason::UnknownRegistration,
+            ),
+            (
+                "forbidden",
+                Rejection::forbidden(Reason::Host, "x"),
+                StatusCode::FORBIDDEN,
+                Reason::Host,
+            ),
+            (
+                "unavailable",
+                Rejection::unavailable("x"),
+                StatusCode::SERVICE_UNAVAILABLE,
+                Reason::Overloaded,
+            ),
+            (
+                "fenced",
+                Rejection::fenced("x"),
+                StatusCode::SERVICE_UNAVAILABLE,
+                Reason::Fenced,
+            ),
+            (
+                "call_refused(DuplicateId)",
+                Rejection::call_refused(CallRefused::DuplicateId, Value::from(1)),
+                StatusCode::BAD_REQUEST,
+                Reason::BadRequest,
+            ),
+            (
+                "call_refused(TooMany)",
+                Rejection::call_refused(CallRefused::TooMany(4), Value::from(1)),
+                StatusCode::TOO_MANY_REQUESTS,
+                Reason::RateLimited,
+            ),
+        ];
+        for (what, r, status, reason) in cases {
+            assert_eq!((r.status(), r.reason()), (status, reason), "{what}");
+            // The modifiers keep the reason.
+            let r = r
+                .with_id(Some(Value::from(7)))
+                .with_data(None)
+                .about("abcdefghijkl");
+            assert_eq!(r.reason(), reason, "{what}");
+            let resp = r.into_response();
+            assert_eq!(resp.status(), status, "{what}");
+            let mark = resp.extensions().get::<Refused>();
+            assert_eq!(mark.map(|m| m.reason), Some(reason), "{what}: its mark");
+            assert_eq!(
+                mark.and_then(|m| m.registration.as_deref()),
+                Some("abcdef…"),
+                "{what}"
+            );
+        }
+        // A fenced node's 503 says when to retry, and is not a cap reached.
+        let resp = Rejection::fenced("x").into_response();
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        assert_ne!(
+            resp.extensions().get::<Refused>().map(|m| m.reason),
+            Some(Reason::Overloaded)
+        );
+    }
 }

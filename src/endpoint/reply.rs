@@ -410,8 +410,10 @@ async fn answer(
             let mut guard = guard;
             guard.0 = None;
             if registration.is_released() {
-                return Err(Rejection::not_found("registration released")
-                    .because(crate::refusals::Reason::Released));
+                return Err(Rejection::not_found(
+                    crate::refusals::Reason::Released,
+                    "registration released",
+                ));
             }
             // Cancelled by this node's fence (it lost its proof of being current with the
             // store): the same 503 a request arriving now gets, with the request's id.

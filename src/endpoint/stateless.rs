@@ -91,13 +91,14 @@ pub(crate) fn is_stateless_with(
 }
 
 fn error(
+    reason: crate::refusals::Reason,
     status: StatusCode,
     id: Option<Value>,
     code: i64,
     msg: &str,
     data: Option<Value>,
 ) -> Rejection {
-    Rejection::new(status, code, msg)
+    Rejection::new(reason, status, code, msg)
         .with_id(id)
         .with_data(data)
 }
@@ -200,6 +201,7 @@ fn plan(
         Message::Notification { method, params } => (None, method, params),
         Message::Response { .. } => {
             return Err(error(
+                crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
                 None,
                 jsonrpc::INVALID_REQUEST,
@@ -217,6 +219,7 @@ fn plan(
         .is_some_and(Value::is_object);
     let unsupported = |requested: &str| {
         error(
+            crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
             id.clone(),
             jsonrpc::UNSUPPORTED_VERSION,
@@ -231,6 +234,7 @@ fn plan(
             }
         }
         return Err(error(
+            crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
             id,
             jsonrpc::INVALID_PARAMS,
@@ -243,6 +247,7 @@ fn plan(
     }
     if id.is_some() && !has_caps {
         return Err(error(
+            crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
             id,
             jsonrpc::INVALID_PARAMS,
@@ -279,6 +284,7 @@ fn plan(
     for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(headers, h, expected) {
             return Err(error(
+                crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
                 id,
                 jsonrpc::HEADER_MISMATCH,
@@ -294,13 +300,13 @@ fn plan(
     };
     if !METHODS.contains(&method.as_str()) {
         return Err(error(
+            crate::refusals::Reason::BadRequest,
             StatusCode::NOT_FOUND,
             Some(id),
             jsonrpc::METHOD_NOT_FOUND,
             &format!("method not found: {method}"),
             None,
-        )
-        .because(crate::refusals::Reason::BadRequest));
+        ));
     }
     let mut ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
     ctx.trace_headers = super::door::trace_headers(gw, headers);
@@ -330,6 +336,7 @@ fn plan(
         // An MRTR retry: it continues the held call; it is not forwarded again.
         let Some(state) = state.as_str() else {
             return Err(error(
+                crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
                 Some(id),
                 jsonrpc::INVALID_PARAMS,
@@ -341,6 +348,7 @@ fn plan(
             Ok(h) => h,
             Err(e) => {
                 return Err(error(
+                    crate::refusals::Reason::BadRequest,
                     StatusCode::BAD_REQUEST,
                     Some(id),
                     jsonrpc::INVALID_PARAMS,
@@ -378,6 +386,7 @@ fn plan(
 async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Response, Rejection> {
     let bad = |msg: &str| {
         error(
+            crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
             Some(id.clone()),
             jsonrpc::INVALID_PARAMS,
@@ -484,6 +493,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     drop(ctx);
     let Some((key, rx)) = hub.listeners().add(&registration.id, id.clone(), filter) else {
         return Err(error(
+            crate::refusals::Reason::RateLimited,
             StatusCode::TOO_MANY_REQUESTS,
             Some(id),
             jsonrpc::BUSY,

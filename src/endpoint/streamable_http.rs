@@ -123,6 +123,7 @@ pub fn post(
         let reg = door::authorize_with(&gw, &id, super::Surface::Mcp, &headers, &heads)?;
         if !accepts(&headers, true, true) {
             return Err(Rejection::new(
+                crate::refusals::Reason::BadRequest,
                 StatusCode::NOT_ACCEPTABLE,
                 jsonrpc::INVALID_REQUEST,
                 "not acceptable: Accept must list application/json and text/event-stream",
@@ -364,6 +365,7 @@ pub async fn get(
     let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     if !accepts(&headers, false, true) {
         return Err(Rejection::new(
+            crate::refusals::Reason::BadRequest,
             StatusCode::NOT_ACCEPTABLE,
             jsonrpc::INVALID_REQUEST,
             "not acceptable: Accept must list text/event-stream",
@@ -373,6 +375,7 @@ pub async fn get(
         && header_str(&headers, VERSION_HEADER) == Some(crate::mcp::MODERN_VERSION)
     {
         return Err(Rejection::new(
+            crate::refusals::Reason::BadRequest,
             StatusCode::METHOD_NOT_ALLOWED,
             jsonrpc::INVALID_REQUEST,
             "method not allowed: 2026-07-28 has no GET stream",
@@ -383,6 +386,7 @@ pub async fn get(
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     if session.has_outbound() {
         return Err(Rejection::new(
+            crate::refusals::Reason::BadRequest,
             StatusCode::CONFLICT,
             jsonrpc::INVALID_REQUEST,
             "conflict: this session already has a GET stream",
