@@ -397,6 +397,9 @@ async fn renew(
 }
 
 async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> Response {
+    // Its agent, for the `release_acknowledged` record written after it is gone.
+    #[cfg(feature = "cluster")]
+    let state = st.gw.registry().get(&id);
     // 204 only once the store has committed the release.
     match st
         .gw
@@ -407,7 +410,7 @@ async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> R
             // A cluster node: 200 once every live node applied the release, or the bound
             // passed (the nodes behind it have fenced).
             #[cfg(feature = "cluster")]
-            if let Some(a) = st.gw.release_acks(&id).await {
+            if let Some(a) = st.gw.release_acks(&id, state.as_deref()).await {
                 return Json(json!({
                     "id": id,
                     "revision": a.revision,

@@ -27,7 +27,7 @@ mod writer;
 
 pub use chain::{args_digest, digest_value, head_path, line_hash, read_head, HexDigest};
 pub use files::{chain_files, read_chain, read_records, segments, Filter};
-pub use record::{prefix, Outcome, Record, MAX_TOOL_NAME_BYTES};
+pub use record::{prefix, subject_of, Outcome, Record, Subject, EVENTS, MAX_TOOL_NAME_BYTES};
 use thread::run;
 pub use writer::AuditError;
 use writer::{Counters, Job, Writer};

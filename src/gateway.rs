@@ -884,6 +884,9 @@ impl Gateway {
                 .collect::<std::collections::HashMap<String, usize>>()
         };
         all.sort_by_key(|s| (depth_of.get(&s.id).copied().unwrap_or(0), s.created_at_ms));
+        // A child's agent path, from the stored rows (a child that does not come back is
+        // audited with its chain too, as it would have been live).
+        let paths = stored_agent_paths(&all);
         let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
         let catalog = lock(&self.inner.catalog).clone();
         let mut done = Restored::default();
@@ -896,6 +899,10 @@ impl Gateway {
                     s.label.as_deref(),
                 );
                 rec.reason = Some("expired while the daemon was down".into());
+                if let Some(pid) = &s.parent {
+                    rec.rare_mut().parent_registration_id = Some(pid.as_str().into());
+                    rec.rare_mut().agent_path = paths.get(&s.id).map(|p| p.as_slice().into());
+                }
                 rec.rare_mut().expired_at =
                     chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64).map(|t| {
                         t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -921,6 +928,7 @@ impl Gateway {
                         );
                         rec.reason = Some(format!("its parent {pid} did not come back").into());
                         rec.rare_mut().parent_registration_id = Some(pid.as_str().into());
+                        rec.rare_mut().agent_path = paths.get(&s.id).map(|p| p.as_slice().into());
                         self.audit().record(rec).await?;
                         self.store().release(&s.id).await?;
                         done.expired += 1;
@@ -1156,6 +1164,29 @@ pub(crate) enum Replica {
         why: Option<&'static str>,
         revision: Option<u64>,
     },
+}
+
+/// Each stored child's agent ids from its root down (`Family::child_of`'s `agent_path`), read
+/// from the stored rows' parents; an ancestor the store no longer holds ends the walk (the
+/// path then starts at the oldest one it holds).
+fn stored_agent_paths(
+    all: &[crate::store::StoredRegistration],
+) -> std::collections::HashMap<String, Vec<String>> {
+    let rows: std::collections::HashMap<&str, &crate::store::StoredRegistration> =
+        all.iter().map(|s| (s.id.as_str(), s)).collect();
+    all.iter()
+        .filter(|s| s.parent.is_some())
+        .map(|s| {
+            let mut path = vec![s.agent_id.clone()];
+            let mut at = s.parent.as_deref();
+            while let Some(p) = at.and_then(|p| rows.get(p)).filter(|_| path.len() <= 64) {
+                path.push(p.agent_id.clone());
+                at = p.parent.as_deref();
+            }
+            path.reverse();
+            (s.id.clone(), path)
+        })
+        .collect()
 }
 
 fn lifecycle_record<'a>(event: &'a str, state: &'a RegistrationState) -> Record<'a> {

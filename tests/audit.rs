@@ -415,19 +415,21 @@ impl Drop for Mount {
 
 #[tokio::test]
 async fn audit_on_a_full_filesystem_refuses_calls_then_resumes() {
-    // A real full filesystem: a 256 KiB tmpfs (needs root / CAP_SYS_ADMIN; skipped otherwise;
-    // the symlink test above covers the same path everywhere).
+    // A real full filesystem: a 256 KiB tmpfs. It needs root (or CAP_SYS_ADMIN), which CI
+    // has: without it the test fails, it does not skip (issue 50: a test that skipped passed
+    // silently). The symlink test above covers the same path everywhere.
     let mnt = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
+    let out = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=256k", "gatehouse-test"])
         .arg(mnt.path())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: cannot mount a tmpfs here (not root?)");
-        return;
-    }
+        .stderr(Stdio::piped())
+        .output()
+        .expect("mount(8) runs");
+    assert!(
+        out.status.success(),
+        "cannot mount a tmpfs (this test needs root or CAP_SYS_ADMIN, as CI has): {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     let _m = Mount(mnt.path().to_path_buf());
     let path = mnt.path().join("audit.jsonl");
     let tg = TestGateway::with(|c| c.audit.path = path.clone());
@@ -1323,4 +1325,333 @@ async fn over_long_tool_names_and_texts_are_cut_and_digested_in_audit_and_reply(
 fn hex_sha256(b: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Issue 50, item 6: every record about a registration carries its agent, and every record
+/// about a child its chain (`parent_registration_id`, `agent_path`), for every event kind
+/// (`audit::record::EVENTS`) — produced through real operations on a `gatehouse serve` on the
+/// sqlite store: a child two levels down calls, runs a task, is renewed, is shown a wrong
+/// token, has a granted tool changed under it (a real stdio upstream, SIGUSR1), and after a
+/// kill -9 and a restart is restored; another child expires live, another is released; one
+/// expires while the daemon is down (its `registration_expired` was written without its
+/// chain) and one's parent does not come back (its `registration_released` had no
+/// `agent_path`). `release_acknowledged` needs a cluster: tests/cluster.rs checks its agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_about_a_registration_carries_its_agent_and_a_childs_its_chain() {
+    use common::daemon::Daemon;
+    use gatehouse::testing::audit::{subject_of, Subject, EVENTS};
+    use reqwest::Method as M;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let mutable = repo_root().join("tests/fixtures/mutable_server.py");
+    let jobs = repo_root().join("tests/fixtures/task_server.py");
+    let mcp1 = common::peers::peer(".venv-mcp1/bin/python");
+    let scratch = tempfile::tempdir().unwrap();
+    let pid_file = scratch.path().join("mutable.pid");
+    let upstreams = format!(
+        "[[upstreams]]\nid = \"mref\"\ncommand = \"python3\"\nargs = [{:?}]\nsharing = \"shared\"\n[upstreams.env]\nMUTABLE_PID_FILE = {:?}\n\n[[upstreams]]\nid = \"jobs\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"shared\"\ncall_timeout_s = 30\n",
+        mutable.display().to_string(),
+        pid_file.display().to_string(),
+        mcp1.display().to_string(),
+        jobs.display().to_string(),
+    );
+    let mut d = Daemon::start(&upstreams, "", "info", &[]);
+    let tools = json!(["demo.echo", "mref.greet", "jobs.*"]);
+    // id → (agent, parent id, agent path) of everything registered here.
+    let mut known: BTreeMap<String, (String, Option<String>, Option<Vec<String>>)> =
+        BTreeMap::new();
+    let mut reg = async |agent: &str, parent: Option<&Value>, ttl_s: u64| -> Value {
+        let mut body =
+            json!({"agent_id": agent, "tools": tools, "label": "issue-50", "ttl_s": ttl_s});
+        if let Some(p) = parent {
+            body["parent"] = p["id"].clone();
+        }
+        let r = d.register(body).await;
+        let id = r["id"].as_str().unwrap().to_string();
+        let parent_id = parent.map(|p| p["id"].as_str().unwrap().to_string());
+        let path = parent_id.as_ref().map(|pid| {
+            let mut path = known[pid]
+                .2
+                .clone()
+                .unwrap_or_else(|| vec![known[pid].0.clone()]);
+            path.push(agent.to_string());
+            path
+        });
+        known.insert(id, (agent.to_string(), parent_id, path));
+        r
+    };
+    let root = reg("planner", None, 600).await;
+    let kid = reg("researcher", Some(&root), 600).await;
+    let grandkid = reg("reader", Some(&kid), 600).await;
+    let expiring = reg("sprinter", Some(&root), 1).await;
+    let released = reg("quitter", Some(&kid), 600).await;
+    let s = |v: &Value, k: &str| v[k].as_str().unwrap().to_string();
+    let (gk_id, gk_token) = (s(&grandkid, "id"), s(&grandkid, "token"));
+
+    // governed_mcp_call, on the grandchild.
+    let r = stateless(
+        &s(&grandkid, "mcp_url"),
+        &gk_token,
+        1,
+        "tools/call",
+        json!({"name": "demo.echo", "arguments": {"text": "hi"}}),
+    )
+    .await;
+    assert!(r["result"].is_object(), "{r}");
+    // task_created and task_outcome, on the grandchild (2025-11-25 tasks over legacy SSE).
+    let mut c = SseClient::connect(&s(&grandkid, "sse_url"), &gk_token).await;
+    c.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+               "clientInfo": {"name": "raw", "version": "0"}}),
+    )
+    .await;
+    c.notify("notifications/initialized", json!({})).await;
+    let r = c
+        .request(
+            "tools/call",
+            json!({"name": "jobs.slow_job", "arguments": {"seconds": 0.2}, "task": {}}),
+        )
+        .await;
+    let task = r["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let r = c.request("tasks/result", json!({"taskId": task})).await;
+    assert!(r["result"].is_object(), "{r}");
+    drop(c);
+    // registration_renewed.
+    let (st, v) = d
+        .admin_call(
+            M::POST,
+            &format!("/v1/registrations/{gk_id}/renew"),
+            Some(json!({"ttl_s": 300})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    // auth_failed (a wrong token shown to the live grandchild), and the admin API's.
+    let wrong = gatehouse::testing::registry::new_registration_id();
+    let r = http()
+        .post(s(&grandkid, "mcp_url"))
+        .bearer_auth(&wrong)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http()
+        .get(format!("{}/v1/registrations", d.admin))
+        .bearer_auth(&wrong)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    // tool_changed: `mref.greet`'s definition changes under the three registrations holding
+    // it live (the family's, whose pins it breaks).
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let ok = Command::new("kill")
+        .args(["-USR1", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    d.wait_audit(20, |recs| {
+        recs.iter()
+            .any(|r| r.event == "tool_changed" && r.registration_id.as_deref() == Some(&gk_id))
+    })
+    .await;
+    // config_reloaded.
+    let (st, v) = d.admin_call(M::POST, "/v1/reload", None).await;
+    assert_eq!(st, 200, "{v}");
+    // registration_released (live), and registration_expired (live).
+    let (st, v) = d
+        .admin_call(
+            M::DELETE,
+            &format!("/v1/registrations/{}", s(&released, "id")),
+            None,
+        )
+        .await;
+    assert_eq!(st, 204, "{v}");
+    let expiring_id = s(&expiring, "id");
+    d.wait_audit(10, |recs| {
+        recs.iter().any(|r| {
+            r.event == "registration_expired" && r.registration_id.as_deref() == Some(&expiring_id)
+        })
+    })
+    .await;
+    // For the restart: a child whose own TTL passes while the daemon is down, and a child
+    // whose parent's does (its parent renewed short after it was made: the child keeps its
+    // own 600 s), then kill -9 at once; down for 2.5 s: x and p3 expire, y's parent does not
+    // come back.
+    let p2 = reg("p2-root", None, 600).await;
+    let x = reg("x-child", Some(&p2), 2).await;
+    let p3 = reg("p3-root", None, 600).await;
+    let y = reg("y-child", Some(&p3), 600).await;
+    let (st, v) = d
+        .admin_call(
+            M::POST,
+            &format!("/v1/registrations/{}/renew", s(&p3, "id")),
+            Some(json!({"ttl_s": 2})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    d.kill9_and_restart();
+    let (x_id, y_id) = (s(&x, "id"), s(&y, "id"));
+    d.wait_audit(10, |recs| {
+        let restored = recs.iter().any(|r| {
+            r.event == "registration_restored" && r.registration_id.as_deref() == Some(&gk_id)
+        });
+        let x_gone = recs.iter().any(|r| {
+            r.event == "registration_expired" && r.registration_id.as_deref() == Some(&x_id)
+        });
+        let y_gone = recs.iter().any(|r| {
+            r.event == "registration_released" && r.registration_id.as_deref() == Some(&y_id)
+        });
+        restored && x_gone && y_gone
+    })
+    .await;
+    // The grandchild is served again; then released (live, after the restart).
+    let r = stateless(
+        &format!("{}/gw/{gk_id}/mcp", d.data),
+        &gk_token,
+        2,
+        "tools/call",
+        json!({"name": "demo.echo", "arguments": {"text": "again"}}),
+    )
+    .await;
+    assert!(r["result"].is_object(), "{r}");
+    let (st, v) = d
+        .admin_call(M::DELETE, &format!("/v1/registrations/{gk_id}"), None)
+        .await;
+    assert_eq!(st, 204, "{v}");
+    // node_stopped, daemon_stopped: a clean stop.
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, _) = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "{}", d.stderr());
+
+    // Every record: a known event; about a registration: its agent, a child's chain.
+    let records = d.audit();
+    let mut child_events: BTreeSet<String> = BTreeSet::new();
+    let mut events: BTreeSet<String> = BTreeSet::new();
+    for r in &records {
+        let what = format!("{} {:?}", r.event, r.registration_id);
+        let subject = subject_of(&r.event).unwrap_or_else(|| panic!("unknown event: {r:?}"));
+        events.insert(r.event.to_string());
+        let about = match subject {
+            Subject::Registration => Some(
+                r.registration_id
+                    .as_deref()
+                    .unwrap_or_else(|| panic!("{what}: no registration_id")),
+            ),
+            Subject::RegistrationOrAdmin => r.registration_id.as_deref(),
+            Subject::Upstream | Subject::Node => None,
+        };
+        let Some(id) = about else {
+            assert!(r.agent_id.is_none(), "{what}: {r:?}");
+            continue;
+        };
+        let (agent, parent, path) = known
+            .get(id)
+            .unwrap_or_else(|| panic!("{what}: a registration this test did not make"));
+        assert_eq!(
+            r.agent_id.as_deref(),
+            Some(agent.as_str()),
+            "{what}: its agent"
+        );
+        assert_eq!(r.label.as_deref(), Some("issue-50"), "{what}: its label");
+        assert_eq!(
+            r.rare().parent_registration_id.as_deref(),
+            parent.as_deref(),
+            "{what}: its parent"
+        );
+        assert_eq!(
+            r.rare().agent_path.as_deref(),
+            path.as_deref(),
+            "{what}: its agent path"
+        );
+        if parent.is_some() {
+            child_events.insert(r.event.to_string());
+        }
+    }
+    // Every event about a registration was seen here for a child (but the cluster's).
+    let want: BTreeSet<String> = EVENTS
+        .iter()
+        .filter(|(e, s)| {
+            matches!(s, Subject::Registration | Subject::RegistrationOrAdmin)
+                && *e != "release_acknowledged"
+        })
+        .map(|(e, _)| e.to_string())
+        .collect();
+    assert_eq!(
+        want.difference(&child_events).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "events about a registration not produced for a child here"
+    );
+    for e in [
+        "upstream_spawned",
+        "config_reloaded",
+        "node_stopped",
+        "daemon_stopped",
+    ] {
+        assert!(events.contains(e), "{e} not written: {events:?}");
+    }
+    // The two restart records of issue 50, by their reasons.
+    let x_rec = records
+        .iter()
+        .find(|r| r.event == "registration_expired" && r.registration_id.as_deref() == Some(&x_id))
+        .unwrap();
+    assert_eq!(
+        x_rec.reason.as_deref(),
+        Some("expired while the daemon was down")
+    );
+    let y_rec = records
+        .iter()
+        .find(|r| r.event == "registration_released" && r.registration_id.as_deref() == Some(&y_id))
+        .unwrap();
+    assert!(
+        y_rec
+            .reason
+            .as_deref()
+            .is_some_and(|t| t.contains("did not come back")),
+        "{y_rec:?}"
+    );
+}
+
+/// docs/audit.md's "Events" table lists exactly the events gatehouse writes
+/// (`audit::record::EVENTS`), each with its subject.
+#[test]
+fn the_documented_events_are_exactly_the_written_ones() {
+    use gatehouse::testing::audit::{Subject, EVENTS};
+    let doc = std::fs::read_to_string(repo_root().join("docs/audit.md")).unwrap();
+    let table = doc
+        .split("### Events")
+        .nth(1)
+        .and_then(|s| s.split("\n\n").find(|p| p.starts_with("| event")))
+        .expect("docs/audit.md has the events table");
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for line in table.lines().skip(2) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        for e in cells[1].split('/') {
+            documented.push((e.trim().trim_matches('`').to_string(), cells[2].to_string()));
+        }
+    }
+    documented.sort();
+    let mut written: Vec<(String, String)> = EVENTS
+        .iter()
+        .map(|(e, s)| {
+            let about = match s {
+                Subject::Registration => "registration",
+                Subject::RegistrationOrAdmin => "registration or admin API",
+                Subject::Upstream => "upstream",
+                Subject::Node => "node",
+            };
+            (e.to_string(), about.to_string())
+        })
+        .collect();
+    written.sort();
+    assert_eq!(documented, written);
 }

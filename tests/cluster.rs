@@ -718,6 +718,8 @@ async fn sessions_carry_their_node_and_another_node_answers_404() {
         recs.iter().any(|r| {
             r.event == "release_acknowledged"
                 && r.registration_id.as_deref() == Some(id.as_str())
+                // Its agent (issue 50: it had none).
+                && r.agent_id.as_deref() == Some("agent-s")
                 && r.reason
                     .as_deref()
                     .is_some_and(|t| t.contains("applied by [a,b]"))

@@ -14,6 +14,52 @@ macro_rules! k {
     };
 }
 
+/// What an event's records are about, and so what they carry (issue 50).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// One registration: its `registration_id`, `agent_id` (and `label`, if it has one); a
+    /// child's also its `parent_registration_id` and `agent_path` (what
+    /// `RegistrationState::audit_record` writes).
+    Registration,
+    /// As [`Subject::Registration`], or the admin API (then no registration at all).
+    RegistrationOrAdmin,
+    /// An upstream process: `upstream`, `epoch`, `pid`.
+    Upstream,
+    /// The node, its config or its audit log.
+    Node,
+}
+
+/// Every event an audit record names, with its subject (docs/audit.md "Events" lists them;
+/// tests/audit.rs produces each one about a registration for a child, and checks its agent
+/// and its chain).
+pub const EVENTS: [(&str, Subject); 20] = [
+    ("governed_mcp_call", Subject::Registration),
+    ("registration_created", Subject::Registration),
+    ("registration_renewed", Subject::Registration),
+    ("registration_restored", Subject::Registration),
+    ("registration_released", Subject::Registration),
+    ("registration_expired", Subject::Registration),
+    ("release_acknowledged", Subject::Registration),
+    ("tool_changed", Subject::Registration),
+    ("task_created", Subject::Registration),
+    ("task_outcome", Subject::Registration),
+    ("auth_failed", Subject::RegistrationOrAdmin),
+    ("upstream_spawned", Subject::Upstream),
+    ("upstream_exited", Subject::Upstream),
+    ("upstream_killed", Subject::Upstream),
+    ("audit_resumed", Subject::Node),
+    ("config_reloaded", Subject::Node),
+    ("node_fenced", Subject::Node),
+    ("node_unfenced", Subject::Node),
+    ("node_stopped", Subject::Node),
+    ("daemon_stopped", Subject::Node),
+];
+
+/// The subject of `event` (`None`: not an event gatehouse writes).
+pub fn subject_of(event: &str) -> Option<Subject> {
+    EVENTS.iter().find(|(e, _)| *e == event).map(|(_, s)| *s)
+}
+
 /// One audit record. `ts`, `seq`, `node_id` and `prev` are set by the writer.
 ///
 /// Its text borrows what it is about where it can (`'a`): a governed call's record borrows the

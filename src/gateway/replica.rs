@@ -113,8 +113,14 @@ impl Gateway {
     }
 
     /// After a release made here: waits until every live node has applied it, or the bound
-    /// B passed (then the nodes behind have fenced); `None` outside a cluster.
-    pub async fn release_acks(&self, id: &str) -> Option<crate::fence::Acks> {
+    /// B passed (then the nodes behind have fenced); `None` outside a cluster. `state`: the
+    /// registration released (taken before its release), whose agent (and a child's chain)
+    /// the `release_acknowledged` record carries.
+    pub async fn release_acks(
+        &self,
+        id: &str,
+        state: Option<&crate::registry::RegistrationState>,
+    ) -> Option<crate::fence::Acks> {
         let revision = self.etcd()?.release_revision(id)?;
         let bound = Duration::from_millis(self.config().cluster.release_bound_ms);
         let acks = self.hub().fence().await_applied(revision, bound).await;
@@ -124,8 +130,14 @@ impl Gateway {
             bound
         };
         self.metrics().release_propagated(took.as_secs_f64());
-        let mut rec = crate::audit::Record::event("release_acknowledged");
-        rec.registration_id = Some(id.to_string().into());
+        let mut rec = match state {
+            Some(state) => state.audit_record("release_acknowledged"),
+            None => {
+                let mut rec = crate::audit::Record::event("release_acknowledged");
+                rec.registration_id = Some(id.to_string().into());
+                rec
+            }
+        };
         rec.reason = Some(
             format!(
                 "revision {}: applied by [{}] within {} ms; fenced [{}]",
