@@ -1358,8 +1358,9 @@ async fn every_record_about_a_registration_carries_its_agent_and_a_childs_its_ch
     let mut d = Daemon::start(&upstreams, "", "info", &[]);
     let tools = json!(["demo.echo", "mref.greet", "jobs.*"]);
     // id → (agent, parent id, agent path) of everything registered here.
-    let mut known: BTreeMap<String, (String, Option<String>, Option<Vec<String>>)> =
-        BTreeMap::new();
+    // (agent, parent id, agent path)
+    type Known = (String, Option<String>, Option<Vec<String>>);
+    let mut known: BTreeMap<String, Known> = BTreeMap::new();
     let mut reg = async |agent: &str, parent: Option<&Value>, ttl_s: u64| -> Value {
         let mut body =
             json!({"agent_id": agent, "tools": tools, "label": "issue-50", "ttl_s": ttl_s});
