@@ -160,7 +160,7 @@ mod tests {
         // Before the deadline: the renewal wins and the sweep finds nothing.
         let mut won = false;
         assert!(matches!(
-            d.renew("a", Duration::from_secs(1), || won = true),
+            d.renew("a", Duration::from_secs(2), || won = true),
             Renewal::Moved(_)
         ));
         assert!(won);
