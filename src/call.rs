@@ -325,9 +325,7 @@ pub(crate) async fn admit<'r>(
             ))
         }
         Some(Drift::Refused { .. }) => {
-            let why = format!(
-                "the definition of tool {name} changed upstream since this registration was made; calls to it are refused (on_tool_change = \"refuse\")"
-            );
+            let why = changed_tool_refusal(name);
             return Err((
                 Some(tool),
                 refused(
@@ -926,9 +924,27 @@ fn run_backend<'a>(
     }
 }
 
+/// What a call to a tool whose definition changed upstream answers (`on_tool_change =
+/// "refuse"`).
+fn changed_tool_refusal(name: &str) -> String {
+    format!(
+        "the definition of tool {name} changed upstream since this registration was made; calls to it are refused (on_tool_change = \"refuse\")"
+    )
+}
+
 fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
     use ForwardOutcome as F;
     match outcome {
+        // Found when its connection was checked (`upstream::Pool::verify`), after admission:
+        // answered as admission answers it now.
+        F::Failed(ForwardError::ToolChanged { removed: true, .. }) => Ended::Error(
+            jsonrpc::INVALID_PARAMS,
+            format!("Unknown tool: {name} (its upstream no longer offers it)"),
+            Outcome::Denied,
+        ),
+        F::Failed(ForwardError::ToolChanged { removed: false, .. }) => {
+            Ended::Limited(changed_tool_refusal(name))
+        }
         F::Result(raw) => {
             let o = if is_error(&raw) {
                 Outcome::ToolError

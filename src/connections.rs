@@ -16,6 +16,13 @@
 //! The IO wrapper [`Guarded`] sees the bytes and owns the timer; the service wrapper marks a
 //! request busy from its call until its response body ([`GuardedBody`]) is dropped, which
 //! hyper does once the body is fully written or the connection ends.
+//!
+//! A request body the service did not read to its end (a refusal answered from the head: 401,
+//! 404, a wrong admin token) is handed back through its [`Leftover`] and drained (at most
+//! [`DRAIN_MAX_BYTES`], within `body_timeout`) before the response goes, so the connection
+//! stays usable: hyper would otherwise close it after the response, unannounced, and a
+//! client's pool would send its next request into the closed connection. A body that cannot
+//! be drained is not read, and the response says `Connection: close` (issue 50).
 
 use std::future::Future;
 use std::io;
@@ -45,6 +52,8 @@ const AUTO_MAX: usize = 16_384;
 pub struct Limits {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    /// The longest wait for the rest of a request body the service left unread ([`Leftover`]).
+    pub body_timeout: Duration,
     /// Connections held at once; beyond it a new connection gets `refusal` and is closed.
     pub max: usize,
     /// The canned response written to a connection over the cap.
@@ -85,6 +94,7 @@ impl Limits {
         Limits {
             header_timeout: Duration::from_secs(config.header_timeout_s.max(1)),
             idle_timeout: Duration::from_secs(config.idle_timeout_s.max(1)),
+            body_timeout: Duration::from_secs(config.body_timeout_s.max(1)),
             max: max.max(1),
             refusal: Bytes::from([head.as_bytes(), body].concat()),
         }
@@ -239,6 +249,117 @@ impl<B: Body<Data = Bytes> + Unpin> Body for GuardedBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }
+}
+
+/// The most bytes of a request body left unread that the listener reads off to keep its
+/// connection (module docs); a longer one gets `Connection: close` instead.
+pub const DRAIN_MAX_BYTES: u64 = 1024 * 1024;
+
+/// A request body as the service sees it (`server::serve_http1`): dropped before its end, it
+/// leaves the rest in its [`Leftover`].
+pub struct RequestBody {
+    body: Option<hyper::body::Incoming>,
+    /// Its end (or an error: hyper then closes the connection itself) was read.
+    done: bool,
+    leftover: Leftover,
+}
+
+impl RequestBody {
+    pub fn new(body: hyper::body::Incoming, leftover: Leftover) -> RequestBody {
+        RequestBody {
+            body: Some(body),
+            done: false,
+            leftover,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let me = self.get_mut();
+        let Some(body) = me.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = futures::ready!(Pin::new(body).poll_frame(cx));
+        match &frame {
+            Some(Ok(_)) => {}
+            None => me.done = true,
+            // hyper closes the connection after a body it could not read.
+            Some(Err(_)) => {
+                me.done = true;
+                *lock(&me.leftover.0) = Some(Rest::Broken);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map(Body::size_hint)
+            .unwrap_or_else(|| SizeHint::with_exact(0))
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if let Some(body) = self.body.take() {
+            if !self.done && !body.is_end_stream() {
+                *lock(&self.leftover.0) = Some(Rest::Unread(body));
+            }
+        }
+    }
+}
+
+/// Where a [`RequestBody`] dropped before its end leaves the rest.
+#[derive(Clone, Default)]
+pub struct Leftover(Arc<Mutex<Option<Rest>>>);
+
+/// What a request body left behind.
+pub enum Rest {
+    /// Dropped by the service before its end: the unread rest.
+    Unread(hyper::body::Incoming),
+    /// It could not be read (bad framing): hyper closes the connection.
+    Broken,
+}
+
+impl Leftover {
+    /// What the last request's body left, if anything.
+    pub fn take(&self) -> Option<Rest> {
+        lock(&self.0).take()
+    }
+}
+
+/// Reads `rest` to its end and drops it, at most [`DRAIN_MAX_BYTES`] within `within`: true if
+/// it ended (the connection can serve the next request), false if not (it must close).
+pub async fn drain(mut rest: hyper::body::Incoming, within: Duration) -> bool {
+    if rest.size_hint().lower() > DRAIN_MAX_BYTES {
+        return false;
+    }
+    let read = async {
+        let mut got = 0u64;
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut rest).await {
+            let Ok(frame) = frame else { return false };
+            if let Some(data) = frame.data_ref() {
+                got += data.len() as u64;
+                if got > DRAIN_MAX_BYTES {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    tokio::time::timeout(within, read).await.unwrap_or(false)
 }
 
 /// A TCP stream that enforces the header and idle timeouts of its connection.
@@ -472,6 +593,7 @@ mod tests {
         Limits {
             header_timeout: Duration::from_millis(header_ms),
             idle_timeout: Duration::from_millis(idle_ms),
+            body_timeout: Duration::from_secs(1),
             max: 1,
             refusal: Bytes::new(),
         }

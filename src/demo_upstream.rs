@@ -515,6 +515,15 @@ fn helpdesk_tools() -> Value {
                 "required": ["title"],
                 "additionalProperties": false
             },
+            "outputSchema": {
+                "type": "object",
+                "properties": {
+                    "case_id": { "type": "string", "description": "The case opened (and selected)" },
+                    "title": { "type": "string", "description": "Its title, as given" },
+                    "lease": { "type": "string", "description": "The gateway lease it belongs to (empty without one)" }
+                },
+                "required": ["case_id", "title", "lease"]
+            },
             "annotations": writes.clone()
         },
         {
@@ -599,6 +608,19 @@ impl<'a> Call<'a> {
         structured.insert("lease".into(), Value::String(self.lease.clone()));
         self.finish(json!({
             "content": [{ "type": "text", "text": text }],
+            "structuredContent": structured,
+            "isError": false
+        }))
+    }
+
+    /// A successful result whose text is the JSON of its structured content (stamped with
+    /// the lease), as the spec asks of a tool that declares an `outputSchema`: a client that
+    /// reads either form gets the same facts.
+    fn ok_structured(&self, mut structured: Map<String, Value>) -> Value {
+        structured.insert("lease".into(), Value::String(self.lease.clone()));
+        let structured = Value::Object(structured);
+        self.finish(json!({
+            "content": [{ "type": "text", "text": structured.to_string() }],
             "structuredContent": structured,
             "isError": false
         }))
@@ -693,8 +715,9 @@ async fn call_tool(
             let case_id = ctx.desk.open_case(&call.lease);
             tracing::info!(lease = %call.lease, case = %case_id, "case opened");
             let mut structured = Map::new();
-            structured.insert("case_id".into(), Value::String(case_id.clone()));
-            call.ok(format!("opened {case_id}: {arg}"), structured)
+            structured.insert("case_id".into(), Value::String(case_id));
+            structured.insert("title".into(), Value::String(arg));
+            call.ok_structured(structured)
         }
         "add_note" => add_note(&ctx.desk, &call, &arg),
         "add_note_slow" => {

@@ -602,21 +602,19 @@ impl Gateway {
     /// A child's deadline is never past its parent's (its `ttl_s` is whole seconds, counted
     /// from a later instant).
     fn set_deadline(&self, state: &RegistrationState, ttl_s: u64) {
-        let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
-        let mut at = wall.saturating_add(ttl_s.saturating_mul(1000));
-        if let Some(parent) = &state.family.parent {
-            let cap = parent.expires_at_ms.load(Ordering::Relaxed);
-            if cap != 0 {
-                at = at.min(cap);
-            }
-        }
+        let (at, after) = deadline_of(state, ttl_s);
         state.expires_at_ms.store(at, Ordering::Relaxed);
-        self.arm_deadline(&state.id, Duration::from_millis(at.saturating_sub(wall)));
+        self.arm_deadline(&state.id, after);
     }
 
     /// Expires `id` after `after` unless it is renewed; starts the sweep on first use.
     fn arm_deadline(&self, id: &str, after: Duration) {
         self.inner.deadlines.set(id, after);
+        self.start_sweep();
+    }
+
+    /// Starts the expiry sweep on first use.
+    fn start_sweep(&self) {
         if !self.inner.sweeper_started.swap(true, Ordering::AcqRel) {
             let deadlines = self.inner.deadlines.clone();
             let weak = Arc::downgrade(&self.inner);
@@ -660,9 +658,18 @@ impl Gateway {
                 ttl = ttl.min(end.saturating_sub(now).div_ceil(1000).max(1));
             }
         }
-        self.set_deadline(&state, ttl);
+        // One decision with the expiry (`expiry::Deadlines::renew`): a deadline passed or
+        // taken by the sweep is not moved, and the renewal is answered 404.
+        let (at, after) = deadline_of(&state, ttl);
+        let renewal = self.inner.deadlines.renew(id, after, || {
+            state.expires_at_ms.store(at, Ordering::Relaxed)
+        });
+        if renewal == crate::expiry::Renewal::Expired {
+            return Ok(None);
+        }
+        self.start_sweep();
         // A release that raced with the renewal wins: do not leave a deadline behind.
-        if self.inner.hub.registry().get(id).is_none() {
+        if self.inner.hub.registry().get(id).is_none() || state.is_released() {
             self.inner.deadlines.remove(id);
             return Ok(None);
         }
@@ -1119,6 +1126,23 @@ fn restored_tools(stored: &[StoredTool], catalog: &BTreeMap<String, InProcessToo
     ToolSet::new(tools)
 }
 
+/// The wall-clock expiry (ms) of `state` renewed for `ttl_s` from now, never past its
+/// parent's, and the time until it.
+fn deadline_of(state: &RegistrationState, ttl_s: u64) -> (u64, Duration) {
+    let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
+    let mut at = wall.saturating_add(ttl_s.saturating_mul(1000));
+    if let Some(parent) = &state.family.parent {
+        let cap = parent.expires_at_ms.load(Ordering::Relaxed);
+        if cap != 0 {
+            at = at.min(cap);
+        }
+    }
+    (at, Duration::from_millis(at.saturating_sub(wall)))
+}
+
+/// Expiries the sweep runs at once.
+const SWEEP_CONCURRENCY: usize = 64;
+
 /// The lease sweep: sleeps until the earliest deadline, then expires through the one close
 /// path (`close_registration` + the same finish as an explicit release).
 async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: CancellationToken) {
@@ -1133,10 +1157,31 @@ async fn sweep(weak: std::sync::Weak<Inner>, deadlines: Arc<Deadlines>, stop: Ca
         }
         let Some(inner) = weak.upgrade() else { return };
         let gw = Gateway { inner };
-        for id in expired {
-            tracing::info!(registration = %id, "lease expired");
-            gw.release_id(&id, ReleaseReason::Expired).await;
-        }
+        // Several at once (a batch of deadlines that fell together ends together, not one
+        // release after another): a renewal of one of them has lost already
+        // (`Deadlines::renew`), and the registration should not outlive that answer for long.
+        let (gw, deadlines) = (&gw, &deadlines);
+        futures::StreamExt::for_each_concurrent(
+            futures::stream::iter(expired),
+            SWEEP_CONCURRENCY,
+            |id| async move {
+                tracing::info!(registration = %id, "lease expired");
+                match gw.release_id_committed(&id, ReleaseReason::Expired).await {
+                    // Released (its deadline forgotten by the close), or already gone.
+                    Ok(_) => deadlines.remove(&id),
+                    Err(e) => {
+                        // Not released (a cluster's store refused it): expire it again soon.
+                        tracing::error!(registration = %id, error = %e, "expiry not stored; retried in 1 s");
+                        if gw.registry().get(&id).is_some() {
+                            deadlines.retry(&id, Duration::from_secs(1));
+                        } else {
+                            deadlines.remove(&id);
+                        }
+                    }
+                }
+            },
+        )
+        .await;
     }
 }
 

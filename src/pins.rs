@@ -136,6 +136,11 @@ impl Pins {
         self.digests.get(name).map(String::as_str)
     }
 
+    /// Whether any of its tools drifted (one atomic load).
+    pub fn drifted(&self) -> bool {
+        self.drifted.load(Ordering::Acquire)
+    }
+
     /// How `name` drifted, if it did.
     pub fn drift_of(&self, name: &str) -> Option<Drift> {
         if !self.drifted.load(Ordering::Acquire) {

@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connections::{Activity, Guarded, GuardedBody, Limits};
+use crate::connections::{Activity, Guarded, GuardedBody, Leftover, Limits, RequestBody, Rest};
 use crate::endpoint;
 use crate::hub::Hub;
 use crate::refusals::{self, Listener, Reason};
@@ -92,7 +92,7 @@ type Reply = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 /// base64url, or `<node>.<base64url>`, which the router would decode to the same id) go
 /// straight to their handlers; every other request goes through the router, the reference
 /// for 404, 405 and decoding.
-fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Incoming>) -> Reply {
+fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<Body>) -> Reply {
     if let Err(refused) = strict_http(req.version(), req.headers()) {
         let mut resp = endpoint::Rejection::new(
             // 400, 431 or 501: framing or headers.
@@ -111,7 +111,7 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<I
     }
     if req.method() == Method::POST {
         if let Some((id, route)) = hot_route(req.uri().path()) {
-            let (gw, id, req) = (State(hub.clone()), Path(id.to_string()), req.map(Body::new));
+            let (gw, id) = (State(hub.clone()), Path(id.to_string()));
             // `map`, not an `async` block: the block would keep the request in its state
             // beside the handler's future made from it.
             return match route {
@@ -159,16 +159,46 @@ impl Refused {
 /// unread, and hyper closes the connection after it: `Connection: close` says so, as nginx
 /// does, or a client's pool may reuse the connection and see its next request fail
 /// unanswered. Both listeners' responses pass here, whatever produced them.
-fn close_if_body_unread(resp: &mut Response) {
-    if matches!(
+///
+/// Any other response whose request body the service left unread (`leftover`: a refusal
+/// from the head, such as 401 or 404) first has the rest of that body read off
+/// (`connections::drain`: bounded in bytes and by `body_timeout`), so the connection serves
+/// the client's next request; a body that cannot be (too long, too slow, or held back for
+/// `Expect: 100-continue`) is not read, and the response says `Connection: close` (issue 50).
+async fn close_if_body_unread(
+    resp: &mut Response,
+    leftover: Option<Leftover>,
+    expects_continue: bool,
+    body_timeout: Duration,
+) {
+    let closing = matches!(
         resp.status(),
         StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
-    ) {
+    ) || resp
+        .headers()
+        .get(axum::http::header::CONNECTION)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    let kept = match leftover.and_then(|l| l.take()) {
+        _ if closing => false,
+        None => true,
+        Some(Rest::Broken) => false,
+        Some(Rest::Unread(_)) if expects_continue => false,
+        // Boxed: the common case's future stays small.
+        Some(Rest::Unread(rest)) => Box::pin(crate::connections::drain(rest, body_timeout)).await,
+    };
+    if !kept {
         resp.headers_mut().insert(
             axum::http::header::CONNECTION,
             axum::http::HeaderValue::from_static("close"),
         );
     }
+}
+
+/// Whether the client waits for `100 Continue` before it sends the body.
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// The most header bytes a request may carry (names, values and their separators), as
@@ -299,7 +329,7 @@ pub async fn serve_http1<S>(
     observer: (Arc<Hub>, Listener),
     limits: Limits,
 ) where
-    S: Service<Request<Incoming>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     let (hub, which) = observer;
@@ -358,18 +388,32 @@ pub async fn serve_http1<S>(
         let activity = Activity::new();
         let io = TokioIo::new(Guarded::new(tcp, activity.clone(), &limits));
         let hub = hub.clone();
+        let body_timeout = limits.body_timeout;
         conns.spawn(async move {
             let _permit = permit;
             let timed_out = activity.clone();
             let observer = hub.clone();
+            // Where a request body the service dropped before its end is left: one per
+            // connection (its requests come one after another: hyper reads no next head
+            // before the body before it has ended).
+            let leftover = Leftover::default();
             // Busy from the call to the end of the response body (`connections` docs).
-            let service = service_fn(move |req| {
+            let service = service_fn(move |req: Request<Incoming>| {
                 let busy = activity.begin();
+                // A request with a body reads it through `RequestBody`, which hands back the
+                // rest if the service drops it before its end.
+                let leftover =
+                    (!hyper::body::Body::is_end_stream(req.body())).then(|| leftover.clone());
+                let expects_continue = expects_continue(req.headers());
+                let req = match &leftover {
+                    Some(l) => req.map(|b| Body::new(RequestBody::new(b, l.clone()))),
+                    None => req.map(Body::new),
+                };
                 let reply = service.call(req);
                 let hub = hub.clone();
                 async move {
                     let mut resp = reply.await?;
-                    close_if_body_unread(&mut resp);
+                    close_if_body_unread(&mut resp, leftover, expects_continue, body_timeout).await;
                     if resp.status().as_u16() >= 400 {
                         let mark = resp.extensions_mut().remove::<refusals::Refused>();
                         hub.refused(which, resp.status(), mark.as_ref(), Some(peer));

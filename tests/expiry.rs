@@ -138,3 +138,104 @@ async fn expired_registration_answers_404_on_its_paths() {
     assert_eq!(resp.status(), 404);
     assert!(wait_for_event(&tg, "registration_expired", &id));
 }
+
+/// Issue 50 item 3: a renewal and the expiry are one decision. 240 registrations (6 rounds
+/// of 40 made at once, so their deadlines fall together and the sweep has a batch to work
+/// through) each get one renewal aimed at its own deadline, from 20 ms before to 20 ms after.
+/// A 200 means it lives on (served 500 ms past the old deadline, inside the new one); a 404
+/// means it expired (404 on its path then). Never a 200 and then a 404.
+async fn renewals_racing_the_deadline_are_one_decision(store: &str) {
+    let d = common::daemon::Daemon::start(
+        &format!("[store]\nbackend = \"{store}\"\n"),
+        "",
+        "warn",
+        &[],
+    );
+    // Keeps the data listener up while the others expire.
+    let _keeper = d
+        .register(serde_json::json!({"agent_id": "keeper", "tools": ["demo.*"]}))
+        .await;
+    let (mut won, mut lost) = (0, 0);
+    for round in 0..6 {
+        let made = futures::future::join_all((0..40).map(|i| {
+            d.register(serde_json::json!({
+                "agent_id": format!("racer-{round}-{i}"),
+                "tools": ["demo.*"],
+                "ttl_s": 1,
+            }))
+        }))
+        .await;
+        let tries = made.iter().enumerate().map(|(i, reg)| {
+            let id = reg["id"].as_str().unwrap().to_string();
+            let deadline =
+                chrono::DateTime::parse_from_rfc3339(reg["expires_at"].as_str().unwrap())
+                    .unwrap()
+                    .timestamp_millis();
+            let aim = deadline - 20 + i as i64;
+            let d = &d;
+            async move {
+                let wait = aim - chrono::Utc::now().timestamp_millis();
+                tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+                let (status, body) = d
+                    .admin_call(
+                        reqwest::Method::POST,
+                        &format!("/v1/registrations/{id}/renew"),
+                        None,
+                    )
+                    .await;
+                assert!(status == 200 || status == 404, "{status} {body}");
+                (deadline, status)
+            }
+        });
+        let answers = futures::future::join_all(tries).await;
+        // Each checked 500 ms after its old deadline (within a renewal's new one).
+        let mut order: Vec<_> = made.iter().zip(&answers).collect();
+        order.sort_by_key(|(_, (at, _))| *at);
+        for (reg, (deadline, renewed)) in order {
+            let wait = deadline + 500 - chrono::Utc::now().timestamp_millis();
+            tokio::time::sleep(Duration::from_millis(wait.max(0) as u64)).await;
+            let resp = http()
+                .post(reg["mcp_url"].as_str().unwrap())
+                .bearer_auth(reg["token"].as_str().unwrap())
+                .header("accept", "application/json, text/event-stream")
+                .json(
+                    &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "racer", "version": "1"}}}),
+                )
+                .send()
+                .await
+                .unwrap();
+            let served = resp.status() != 404;
+            match renewed {
+                200 => {
+                    won += 1;
+                    assert!(
+                        served,
+                        "{store}: renewed (200) and then expired: {}",
+                        reg["id"]
+                    );
+                }
+                _ => {
+                    lost += 1;
+                    assert!(!served, "{store}: renewal refused (404) yet still served");
+                }
+            }
+        }
+    }
+    eprintln!("{store}: {won} renewals won, {lost} lost");
+    assert!(
+        won > 0 && lost > 0,
+        "the renewals straddle the deadlines: {won} won, {lost} lost"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renew_racing_expiry_is_one_decision_on_the_memory_store() {
+    renewals_racing_the_deadline_are_one_decision("memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renew_racing_expiry_is_one_decision_on_the_sqlite_store() {
+    renewals_racing_the_deadline_are_one_decision("sqlite").await;
+}

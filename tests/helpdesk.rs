@@ -198,6 +198,50 @@ async fn initialize_and_list_tools() {
     client.close().await.expect("clean shutdown");
 }
 
+/// Issue 50 item 9: `open_case` declares its `outputSchema`, and its text is the JSON of its
+/// `structuredContent` (the spec's SHOULD), which carries the title: a client that prefers
+/// either form hands the model the same facts.
+#[tokio::test]
+async fn open_case_text_is_the_json_of_its_structured_content_and_its_output_schema_holds() {
+    let mut client = TestClient::helpdesk(HelpdeskOptions::default());
+    client.initialize("2025-11-25").await;
+    let tools = client.request("tools/list", json!({})).await["result"]["tools"].clone();
+    let open = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "open_case")
+        .unwrap()
+        .clone();
+    let schema = &open["outputSchema"];
+    assert_eq!(schema["type"], "object", "{open}");
+    assert_eq!(schema["required"], json!(["case_id", "title", "lease"]));
+    for lease in [Some("lease-a"), None] {
+        let r = client
+            .call(lease, "open_case", json!({"title": "printer on fire"}))
+            .await;
+        assert_eq!(r["isError"], false, "{r}");
+        let structured = &r["structuredContent"];
+        let parsed: Value = serde_json::from_str(text(&r)).expect("the text is JSON");
+        assert_eq!(&parsed, structured, "{r}");
+        assert_eq!(structured["title"], "printer on fire");
+        // Every required property is there with the declared type, and nothing undeclared.
+        let props = schema["properties"].as_object().unwrap();
+        for (k, v) in structured.as_object().unwrap() {
+            assert!(props.contains_key(k), "{k} not declared: {schema}");
+            assert_eq!(props[k]["type"], "string");
+            assert!(v.is_string(), "{k}: {v}");
+        }
+        for k in schema["required"].as_array().unwrap() {
+            assert!(
+                structured.get(k.as_str().unwrap()).is_some(),
+                "{k} missing: {r}"
+            );
+        }
+    }
+    client.close().await.expect("clean shutdown");
+}
+
 #[tokio::test]
 async fn without_extension_the_capability_is_not_advertised() {
     let mut client = TestClient::helpdesk(HelpdeskOptions {
@@ -217,13 +261,13 @@ async fn leases_keep_their_own_selected_case() {
     let a = client
         .call(Some("lease-a"), "open_case", json!({"title": "printer"}))
         .await;
-    assert_eq!(text(&a), "opened case-1: printer");
+    assert_eq!(a["structuredContent"]["title"], "printer");
     assert_eq!(a["structuredContent"]["case_id"], "case-1");
     assert_eq!(a["structuredContent"]["lease"], "lease-a");
     let b = client
         .call(Some("lease-b"), "open_case", json!({"title": "vpn"}))
         .await;
-    assert_eq!(text(&b), "opened case-2: vpn");
+    assert_eq!(b["structuredContent"]["case_id"], "case-2");
     assert_eq!(b["structuredContent"]["lease"], "lease-b");
 
     let note = client

@@ -1420,3 +1420,315 @@ proptest! {
         prop_assert_eq!(&parsed[0].1, &lines);
     }
 }
+
+/// One kind of refusal (issue 50 item 8): a request refused from its head, sent as raw HTTP
+/// without its body, which follows later.
+struct Refusal {
+    name: &'static str,
+    admin: bool,
+    method: &'static str,
+    path: String,
+    /// Header lines beyond host, content-type and content-length.
+    headers: String,
+    status: u16,
+}
+
+/// Every kind of refusal a request can get from its head on both listeners.
+fn refusals(a_id: &str, a_token: &str) -> Vec<Refusal> {
+    let json = "accept: application/json, text/event-stream\r\n";
+    let auth = format!("authorization: Bearer {a_token}\r\n");
+    let data = |name, method, path: String, headers: String, status| Refusal {
+        name,
+        admin: false,
+        method,
+        path,
+        headers,
+        status,
+    };
+    let admin = |name, method, path: &str, headers: &str, status| Refusal {
+        name,
+        admin: true,
+        method,
+        path: path.to_string(),
+        headers: headers.replace("{ADMIN}", ADMIN_TOKEN),
+        status,
+    };
+    let mcp = format!("/gw/{a_id}/mcp");
+    vec![
+        data(
+            "wrong token",
+            "POST",
+            mcp.clone(),
+            format!("{json}authorization: Bearer wrong-token\r\n"),
+            401,
+        ),
+        data("no token", "POST", mcp.clone(), json.to_string(), 401),
+        data(
+            "unknown registration",
+            "POST",
+            "/gw/AAAAAAAAAAAAAAAAAAAAAA/mcp".into(),
+            format!("{json}{auth}"),
+            404,
+        ),
+        data(
+            "unknown path",
+            "POST",
+            "/nowhere".into(),
+            format!("{json}{auth}"),
+            404,
+        ),
+        data(
+            "unknown session",
+            "POST",
+            mcp.clone(),
+            format!("{json}{auth}mcp-session-id: no-such-session\r\n"),
+            404,
+        ),
+        data(
+            "legacy message to no session",
+            "POST",
+            format!("/gw/{a_id}/messages/?session_id=nope"),
+            auth.clone(),
+            404,
+        ),
+        data(
+            "foreign origin",
+            "POST",
+            mcp.clone(),
+            format!("{json}{auth}origin: http://evil.example\r\n"),
+            403,
+        ),
+        data(
+            "method not allowed",
+            "PUT",
+            mcp,
+            format!("{json}{auth}"),
+            405,
+        ),
+        admin(
+            "wrong admin token",
+            "POST",
+            "/v1/registrations",
+            "authorization: Bearer wrong\r\n",
+            401,
+        ),
+        admin("no admin token", "POST", "/v1/registrations", "", 401),
+        admin(
+            "renew with a body it refuses",
+            "POST",
+            "/v1/registrations/nope/renew",
+            "authorization: Bearer {ADMIN}\r\n",
+            400,
+        ),
+        admin(
+            "release of no registration",
+            "DELETE",
+            "/v1/registrations/nope",
+            "authorization: Bearer {ADMIN}\r\n",
+            404,
+        ),
+    ]
+}
+
+/// The head of one response and its body (by `content-length`), or why there is none.
+async fn read_response(tcp: &mut tokio::net::TcpStream) -> Result<(u16, String, String), String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut chunk)).await {
+            Err(_) => return Err("no response in 10 s".into()),
+            Ok(Ok(0)) => return Err(format!("closed after {} bytes", buf.len())),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(e)) => return Err(e.to_string()),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return Err("body cut short".into()),
+        }
+    }
+    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned();
+    Ok((status, head, body))
+}
+
+/// A registration and the admin API, for the refusal tests.
+async fn refusal_fixture() -> (
+    TestGateway,
+    gatehouse::Registration,
+    String,
+    String,
+    tokio_util::sync::DropGuard,
+) {
+    let tg = TestGateway::start();
+    let a = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-a").with_tool(echo_tool("echo", "a")))
+        .await
+        .unwrap();
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = admin_listener.local_addr().unwrap().to_string();
+    let stop = CancellationToken::new();
+    tokio::spawn(gatehouse::testing::admin::serve(
+        admin_listener,
+        gatehouse::testing::admin::router(tg.gateway.clone(), ADMIN_TOKEN),
+        stop.clone(),
+    ));
+    let data = a
+        .base_url()
+        .split("/gw/")
+        .next()
+        .unwrap()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    (tg, a, data, admin, stop.drop_guard())
+}
+
+/// Issue 50 item 8: a request refused from its head (401, 404, 403, 405, a wrong admin token)
+/// whose body arrives 50 ms after its head leaves its connection usable: the refusal comes,
+/// without `Connection: close`, and the next request on the same connection is answered.
+/// Before, the gateway answered at once and closed the connection without saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_arrived_keeps_the_connection_for_the_next_request() {
+    use tokio::io::AsyncWriteExt;
+    let (_tg, a, data, admin, _stop) = refusal_fixture().await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mut failures = Vec::new();
+    for r in refusals(a.id(), a.token()) {
+        let addr = if r.admin { &admin } else { &data };
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{} {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n",
+            r.method,
+            r.path,
+            body.len(),
+            r.headers
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The peer may have closed already (the defect): then the next read says so.
+        let _ = tcp.write_all(body.as_bytes()).await;
+        match read_response(&mut tcp).await {
+            Ok((status, head, _)) => {
+                if status != r.status {
+                    failures.push(format!("{}: status {status}, want {}", r.name, r.status));
+                    continue;
+                }
+                if head.contains("connection: close") {
+                    failures.push(format!("{}: connection closed after the refusal", r.name));
+                    continue;
+                }
+            }
+            Err(e) => {
+                failures.push(format!("{}: {e}", r.name));
+                continue;
+            }
+        }
+        let next = if r.admin {
+            format!("GET /v1/registrations HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
+        } else {
+            "GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n".to_string()
+        };
+        let sent = tcp.write_all(next.as_bytes()).await;
+        match (sent, read_response(&mut tcp).await) {
+            (Ok(()), Ok((200, _, _))) => {}
+            (sent, got) => failures.push(format!(
+                "{}: the next request on the connection: {sent:?} {:?}",
+                r.name,
+                got.map(|(s, _, _)| s)
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Issue 50 item 8, as a pooled client sees it: 2,000 requests on one kept-alive connection
+/// per listener, each refusal of every kind in turn (its body sent 2 ms after its head, as
+/// clients that write the head and the body separately do, httpx among them) followed by a
+/// request that is served. The client opens a new connection only when a response said
+/// `Connection: close` (as a pooled client does) and never retries: not one request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_client_loses_no_request_after_refusals_of_every_kind() {
+    use tokio::io::AsyncWriteExt;
+    let (_tg, a, data, admin, _stop) = refusal_fixture().await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let kinds = refusals(a.id(), a.token());
+    let mut pools: [Option<tokio::net::TcpStream>; 2] = [None, None];
+    let (mut sent, mut reconnects, mut failures) = (0, 0, Vec::new());
+    for i in 0..1000 {
+        let r = &kinds[i % kinds.len()];
+        let (addr, pooled) = if r.admin {
+            (&admin, &mut pools[1])
+        } else {
+            (&data, &mut pools[0])
+        };
+        let refused = format!(
+            "{} {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n",
+            r.method,
+            r.path,
+            body.len(),
+            r.headers
+        );
+        let next = if r.admin {
+            format!("GET /v1/registrations HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
+        } else {
+            "GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n".to_string()
+        };
+        for (request, late_body, want) in [(refused, true, r.status), (next, false, 200)] {
+            sent += 1;
+            if pooled.is_none() {
+                reconnects += 1;
+                *pooled = Some(tokio::net::TcpStream::connect(addr).await.unwrap());
+            }
+            let Some(tcp) = pooled.as_mut() else { continue };
+            let mut wrote = tcp.write_all(request.as_bytes()).await;
+            if late_body && wrote.is_ok() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                wrote = tcp.write_all(body.as_bytes()).await;
+            }
+            match (wrote, read_response(tcp).await) {
+                (Ok(()), Ok((status, head, _))) if status == want => {
+                    if head.contains("connection: close") {
+                        *pooled = None;
+                    }
+                }
+                (wrote, got) => {
+                    failures.push(format!(
+                        "{}{}: {wrote:?} {:?}",
+                        if late_body { "" } else { "after " },
+                        r.name,
+                        got.map(|(s, _, _)| s)
+                    ));
+                    *pooled = None;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} of {sent} requests failed; {reconnects} connections opened",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} failed, e.g.:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

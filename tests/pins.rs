@@ -200,7 +200,7 @@ async fn a_changed_tool_is_refused_or_followed_and_only_changed_lists_are_told()
 
 /// A tool changed while the daemon was down (kill -9, then the upstream's definition changed,
 /// then a restart on the same store): the restored registration is compared with its pins at
-/// start-up and the changed tool is refused, audited `tool_changed`.
+/// start-up and the changed tool is refused, audited `tool_changed` — from the first call on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_changed_while_the_daemon_was_down_is_refused_after_the_restart() {
     use common::daemon::Daemon;
@@ -234,16 +234,14 @@ async fn a_tool_changed_while_the_daemon_was_down_is_refused_after_the_restart()
     // Changed while down... (the upstream process is new after the restart).
     std::fs::write(&desc_path, "Greets, then mails the address book away.").unwrap();
     d.kill9_and_restart();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = call(d.data.clone()).await;
-        if r["result"]["isError"] == true {
-            assert!(text_of(&r).contains("changed upstream"), "{r}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "never refused: {r}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The very first call after the start waits for the comparison (issue 50 item 4): it is
+    // refused, never served with the changed definition.
+    let r = call(d.data.clone()).await;
+    assert_eq!(
+        r["result"]["isError"], true,
+        "served after the restart: {r}"
+    );
+    assert!(text_of(&r).contains("changed upstream"), "{r}");
     let changed: Vec<_> = d
         .audit()
         .into_iter()
@@ -251,4 +249,152 @@ async fn a_tool_changed_while_the_daemon_was_down_is_refused_after_the_restart()
         .collect();
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert_eq!(changed[0].tool.as_deref(), Some("mref.greet"));
+}
+
+/// The mutable upstream with its pid file and a description file read at its start.
+fn mutable_with_desc(id: &str, policy: &str, pid_file: &Path, desc_file: &Path) -> UpstreamConfig {
+    let script = format!(
+        "{}/tests/fixtures/mutable_server.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    toml::from_str(&format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [{script:?}]\nsharing = \"shared\"\non_tool_change = \"{policy}\"\n[env]\nMUTABLE_PID_FILE = {:?}\nMUTABLE_DESC_FILE = {:?}\n",
+        pid_file.display().to_string(),
+        desc_file.display().to_string()
+    ))
+    .unwrap()
+}
+
+/// Issue 50 item 4: a stdio upstream that crashes (kill -9) and is respawned by the gateway
+/// with a changed definition of a granted tool, announced by nothing (no `list_changed`):
+/// the new connection's tools are compared with the pins before its first call is sent, so
+/// under `refuse` that very call is refused (audited `tool_changed`, the call `denied`) and
+/// the unchanged tool is still served; under `follow` the call is served and the session told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_changed_across_an_upstream_crash_and_respawn_is_compared_before_its_first_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pid_refuse, pid_follow) = (dir.path().join("r.pid"), dir.path().join("f.pid"));
+    let (desc_refuse, desc_follow) = (dir.path().join("r.desc"), dir.path().join("f.desc"));
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![
+            mutable_with_desc("mref", "refuse", &pid_refuse, &desc_refuse),
+            mutable_with_desc("mfol", "follow", &pid_follow, &desc_follow),
+        ];
+    });
+    let r = tg
+        .gateway
+        .register(RegistrationSpec::new("refuser").grant("mref.*"))
+        .await
+        .unwrap();
+    let f = tg
+        .gateway
+        .register(RegistrationSpec::new("follower").grant("mfol.*"))
+        .await
+        .unwrap();
+    let (mut cr, mut cf) = (
+        SseClient::connect(&r.sse_url(), r.token()).await,
+        SseClient::connect(&f.sse_url(), f.token()).await,
+    );
+    cr.initialize().await;
+    cf.initialize().await;
+    let greet = |c: &'static str| json!({"name": c, "arguments": {"name": "ada"}});
+    assert_eq!(
+        text_of(&cr.request("tools/call", greet("mref.greet")).await),
+        "hello ada"
+    );
+    assert_eq!(
+        text_of(&cf.request("tools/call", greet("mfol.greet")).await),
+        "hello ada"
+    );
+
+    // The upstream's next process will serve another `greet`; this one dies, saying nothing.
+    let crashes_before = |tg: &TestGateway| {
+        tg.audit()
+            .iter()
+            .filter(|r| r.event == "upstream_exited")
+            .count()
+    };
+    for (pid_file, desc) in [(&pid_refuse, &desc_refuse), (&pid_follow, &desc_follow)] {
+        std::fs::write(
+            desc,
+            "Greets someone, and sends their address book to a third party.",
+        )
+        .unwrap();
+        signal(pid_file, Signal::SIGKILL).await;
+        std::fs::remove_file(pid_file).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crashes_before(&tg) < 2 {
+        assert!(std::time::Instant::now() < deadline, "crashes not seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // refuse: the first call after the respawn is refused, not served.
+    let refused = cr.request("tools/call", greet("mref.greet")).await;
+    assert_eq!(
+        refused["result"]["isError"], true,
+        "served after the respawn: {refused}"
+    );
+    let why = text_of(&refused);
+    assert!(
+        why.contains("definition of tool mref.greet changed upstream"),
+        "{why}"
+    );
+    assert!(
+        std::fs::read_to_string(&pid_refuse).is_ok(),
+        "the upstream was respawned"
+    );
+    let stable = cr
+        .request(
+            "tools/call",
+            json!({"name": "mref.stable", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(text_of(&stable), "stable", "{stable}");
+    let listed = cr.request("tools/list", json!({})).await;
+    assert_eq!(
+        greet_description(&listed).unwrap(),
+        "Greets someone by name.",
+        "the pinned definition is still listed: {listed}"
+    );
+
+    // follow: served with the new definition, and told.
+    let (served, notes) = cf
+        .request_with_notes("tools/call", greet("mfol.greet"))
+        .await;
+    assert_eq!(text_of(&served), "hello ada", "{served}");
+    let told = notes
+        .iter()
+        .filter(|m| m["method"] == "notifications/tools/list_changed")
+        .count();
+    assert_eq!(told + list_changes(&mut cf, 2).await, 1, "{notes:?}");
+    let listed = cf.request("tools/list", json!({})).await;
+    assert!(
+        greet_description(&listed).unwrap().contains("address book"),
+        "{listed}"
+    );
+
+    let audit = tg.audit();
+    let changed: Vec<_> = audit.iter().filter(|r| r.event == "tool_changed").collect();
+    assert_eq!(changed.len(), 2, "{changed:?}");
+    let calls: Vec<_> = audit
+        .iter()
+        .filter(|c| c.event == "governed_mcp_call" && c.tool.as_deref() == Some("mref.greet"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(
+        calls[1].outcome.as_deref(),
+        Some("denied"),
+        "{:?}",
+        calls[1]
+    );
+    assert!(
+        calls[1]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("changed upstream"),
+        "{:?}",
+        calls[1]
+    );
 }

@@ -173,6 +173,12 @@ impl Pool {
         if let Some(ids) = call.ids {
             ids.epoch.store(conn.epoch(), Ordering::Release);
         }
+        // The connection's check (`Pool::verify`) may have found the tool changed or gone
+        // since the call was admitted: it is refused as admission would refuse it now.
+        if let Some(refused) = drifted_away(call.registration, call.upstream, call.tool) {
+            fwd.outcome = ForwardOutcome::Failed(refused);
+            return fwd;
+        }
 
         let stdio = conn.pid().is_some();
         let mut params = call.params;
@@ -543,6 +549,16 @@ impl Pool {
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
             () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
         };
+        // A new connection (spawn, respawn, reconnect) serves nothing before its tools were
+        // compared with the pins (`Pool::verify`; one atomic load once it was).
+        if slot.verified.load(Ordering::Acquire) < conn.epoch() {
+            tokio::select! {
+                biased;
+                v = Box::pin(self.verify(&slot, &conn)) => v?,
+                () = cancel.cancelled() => return Err(ForwardError::Cancelled),
+                () = tokio::time::sleep_until(deadline) => return Err(timed_out()),
+            }
+        }
         Ok(InUse {
             slot,
             conn,
@@ -552,6 +568,36 @@ impl Pool {
             _busy: busy,
         })
     }
+}
+
+/// Why a call of `upstream`'s `tool` must not be sent for `registration` any more: its pinned
+/// definition was found removed or changed (`on_tool_change = "refuse"`). One atomic load when
+/// nothing drifted.
+fn drifted_away(
+    registration: &RegistrationState,
+    upstream: &str,
+    tool: &str,
+) -> Option<ForwardError> {
+    if !registration.pins.drifted() {
+        return None;
+    }
+    let name = registration.tools.iter().find_map(|t| match &t.backend {
+        crate::tools::Backend::Upstream {
+            upstream: u,
+            tool: n,
+            ..
+        } if u == upstream && n == tool => Some(t.name.as_str()),
+        _ => None,
+    })?;
+    let removed = match registration.pins.drift_of(name)? {
+        crate::pins::Drift::Followed { .. } => return None,
+        crate::pins::Drift::Removed => true,
+        crate::pins::Drift::Refused { .. } => false,
+    };
+    Some(ForwardError::ToolChanged {
+        tool: name.to_string(),
+        removed,
+    })
 }
 
 /// The CLIENT span of a proxied or task request on `slot` (tracing on), the child of `trace`.

@@ -29,7 +29,7 @@ use super::lease::{self, RELEASE_TIMEOUT};
 use super::reaper;
 use super::routing::{ClientRequests, Incoming};
 use super::slot::{effective_sharing, Slot, Slots, Spec};
-use super::{Downstream, ForwardError, Transport, UpstreamError, UpstreamEvent};
+use super::{Connection, Downstream, ForwardError, Transport, UpstreamError, UpstreamEvent};
 use crate::audit::Audit;
 use crate::config::{Sharing, UpstreamConfig};
 use crate::sync::lock;
@@ -60,6 +60,9 @@ pub(super) struct Upstream {
     pub spec: Arc<Spec>,
     /// Held while probing, so concurrent first registrations spawn one probe.
     catalog: tokio::sync::Mutex<Option<Arc<Catalog>>>,
+    /// Held while a catalog is compared with the registrations' pins (`Downstream::
+    /// tools_changed`); true once the cached catalog was.
+    compared: tokio::sync::Mutex<bool>,
     pub slots: Mutex<Slots>,
 }
 
@@ -67,6 +70,7 @@ fn upstream_of(config: UpstreamConfig, transport: Transport) -> Arc<Upstream> {
     Arc::new(Upstream {
         spec: Arc::new(Spec::new(config, transport)),
         catalog: tokio::sync::Mutex::new(None),
+        compared: tokio::sync::Mutex::new(false),
         slots: Mutex::new(Slots::default()),
     })
 }
@@ -293,6 +297,9 @@ impl Pool {
                 return Err(e);
             }
         };
+        // The cached catalog is this connection's: its check (`Pool::verify`) need not list
+        // the tools again.
+        probe.catalogued.store(conn.epoch(), Ordering::SeqCst);
         let effective = effective_sharing(&up.spec, conn.supports_lease());
         let keep = {
             let mut slots = lock(&up.slots);
@@ -315,6 +322,44 @@ impl Pool {
                 .await;
         }
         Ok(catalog)
+    }
+
+    /// Compares a new connection's tools with the registrations' pins before its first
+    /// request is sent (issue 50): a respawned or reconnected upstream may serve other
+    /// definitions and announce nothing. Once per epoch of a slot (one atomic load after
+    /// that): the tools are listed on `conn` (unless the cached catalog was fetched on it),
+    /// the upstream's catalog replaced if they differ, and every registration granted the
+    /// upstream compared with its pins (`Downstream::tools_changed`) when the catalog changed
+    /// or was never compared. A connection whose tools cannot be listed serves nothing.
+    pub(super) async fn verify(&self, slot: &Slot, conn: &Connection) -> Result<(), ForwardError> {
+        let epoch = conn.epoch();
+        if slot.verified.load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        let _one = slot.verifying.lock().await;
+        if slot.verified.load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        let id = slot.spec.id.as_str();
+        let up = self
+            .inner
+            .up(id)
+            .ok_or_else(|| ForwardError::UnknownUpstream(id.to_string()))?;
+        let fetched = if slot.catalogued.load(Ordering::SeqCst) == epoch {
+            None
+        } else {
+            let listed = Catalog::fetch(conn, None).await.map_err(|source| {
+                tracing::warn!(upstream = %id, epoch, error = %source, "a new connection's tools could not be listed: nothing is served on it");
+                ForwardError::Unavailable {
+                    upstream: id.to_string(),
+                    source,
+                }
+            })?;
+            Some(listed)
+        };
+        compare_catalog(&self.inner, &up, fetched, false).await;
+        slot.verified.fetch_max(epoch, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The sharing in effect for an upstream, once its catalog was fetched.
@@ -863,8 +908,9 @@ async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
         }
         match fetched {
             Ok(c) => {
-                *up.catalog.lock().await = Some(Arc::new(c));
                 tracing::info!(upstream = %slot.spec.id, "tool catalog refreshed");
+                compare_catalog(pool, &up, Some(c), true).await;
+                return;
             }
             Err(e) => {
                 tracing::warn!(upstream = %slot.spec.id, error = %e, "tool catalog refresh failed")
@@ -874,4 +920,34 @@ async fn tools_changed(pool: &PoolInner, slot: &Slot, epoch: u64) {
     if let Some(ds) = pool.downstream.get().and_then(Weak::upgrade) {
         ds.tools_changed(&slot.spec.id).await;
     }
+}
+
+/// Takes `fetched` (if any) as the upstream's catalog and compares the registrations granted
+/// the upstream with their pins (`Downstream::tools_changed`) when it differs from the cached
+/// one, when the cached one was never compared, or when `always`. One comparison at a time per
+/// upstream, so a connection checked after another never passes on a comparison still under way.
+async fn compare_catalog(pool: &PoolInner, up: &Upstream, fetched: Option<Catalog>, always: bool) {
+    let mut compared = up.compared.lock().await;
+    let changed = match fetched {
+        None => false,
+        Some(c) => {
+            let mut cached = up.catalog.lock().await;
+            let changed = cached.as_ref().is_none_or(|old| old.tools != c.tools);
+            if changed {
+                *cached = Some(Arc::new(c));
+            }
+            changed
+        }
+    };
+    if !(changed || always || !*compared) {
+        return;
+    }
+    if changed {
+        tracing::warn!(upstream = %up.spec.id, "a new connection's tools differ from the catalog: comparing with the pins");
+    }
+    // The catalog lock is not held here: the comparison reads the catalog through it.
+    if let Some(ds) = pool.downstream.get().and_then(Weak::upgrade) {
+        ds.tools_changed(&up.spec.id).await;
+    }
+    *compared = true;
 }

@@ -1,6 +1,7 @@
 //! Slots and the sharing choice. A slot is one logical upstream connection that survives
 //! respawns: one [`IdCounter`] (ids never reused), an epoch bumped on every (re)spawn, the
-//! respawn backoff, crash accounting, the leases opened on it, and its teardown. `shared` and
+//! respawn backoff, crash accounting, the leases opened on it, and its teardown. Each new
+//! epoch's tools are compared with the pins before its first request (`Pool::verify`). `shared` and
 //! `leased` upstreams have one slot for everyone; `per_registration` upstreams (and `leased`
 //! ones whose server lacks the extension) have one slot per registration.
 //!
@@ -133,6 +134,13 @@ pub(super) struct Slot {
     /// as its `Closed` event; it counts once).
     crash_epoch: AtomicU64,
     pub in_flight: AtomicUsize,
+    /// The last epoch whose tools were compared with the registrations' pins before its first
+    /// request (`Pool::verify`): a newer connection waits for its comparison (issue 50).
+    pub verified: AtomicU64,
+    /// The epoch the upstream's cached catalog was fetched on (the probe's), if it was.
+    pub catalogued: AtomicU64,
+    /// One comparison per new connection at a time.
+    pub verifying: tokio::sync::Mutex<()>,
     pub permits: Arc<Semaphore>,
     /// Calls in flight (waiting for a permit included) per registration, for the
     /// per-registration share of a shared or leased slot's permits.
@@ -178,6 +186,9 @@ impl Slot {
             killed_epoch: AtomicU64::new(0),
             crash_epoch: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            verified: AtomicU64::new(0),
+            catalogued: AtomicU64::new(0),
+            verifying: tokio::sync::Mutex::new(()),
             permits: Arc::new(Semaphore::new(spec.config.max_in_flight.max(1))),
             holders: Mutex::new(HashMap::default()),
             refresh: Mutex::new(Refresh::default()),

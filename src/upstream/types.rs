@@ -426,6 +426,10 @@ pub enum ForwardError {
     /// never queued.
     #[error("busy: this registration has {cap} calls in flight on upstream {upstream:?}, its share of the upstream's permits (max_in_flight_per_registration); retry once one ends")]
     Busy { upstream: String, cap: usize },
+    /// The tool's pinned definition was found removed or changed (`on_tool_change =
+    /// "refuse"`) when its connection was checked, after the call was admitted (`crate::pins`).
+    #[error("the definition of tool {tool} changed upstream since this registration was made")]
+    ToolChanged { tool: String, removed: bool },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
 }
@@ -435,7 +439,9 @@ impl ForwardError {
         match self {
             ForwardError::Cancelled | ForwardError::Busy { .. } => Side::Downstream,
             ForwardError::UnknownUpstream(_) | ForwardError::ShuttingDown => Side::Internal,
-            ForwardError::Unavailable { .. } | ForwardError::Upstream(_) => Side::Upstream,
+            ForwardError::Unavailable { .. }
+            | ForwardError::ToolChanged { .. }
+            | ForwardError::Upstream(_) => Side::Upstream,
         }
     }
 }
