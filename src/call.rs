@@ -193,31 +193,43 @@ pub(crate) struct Budget<'a> {
 /// Takes one call of `reg`'s `max_calls` budget: from the block this node holds, else from
 /// a new block reserved from the store (one reservation at a time per registration). The
 /// budget is never exceeded, across restarts too: a block is reserved (committed) before it
-/// is spent. `Err(true)`: spent; `Err(false)`: the store could not be asked (logged).
+/// is spent, and one given back is first taken out of the node's hand. When none is left
+/// here and the store's count as last known here says the budget is spent, the call is
+/// refused without asking the store. `Err(true)`: spent; `Err(false)`: the store could not
+/// be asked (logged).
 async fn take_call(budget: Budget<'_>, reg: &RegistrationState, max: u64) -> Result<(), bool> {
     loop {
-        let granted = reg.calls_granted.load(Ordering::Acquire);
-        let took = reg
-            .calls_started
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max && n < granted).then_some(n + 1)
-            });
-        match took {
-            Ok(_) => return Ok(()),
-            Err(n) if n >= max => return Err(true),
-            Err(_) => {}
+        if reg.take_call_in_hand() {
+            return Ok(());
+        }
+        if reg.store_reserved.load(Ordering::Acquire) >= max {
+            return Err(true);
         }
         // The block in hand is spent: reserve the next one (boxed: a rare path).
         let more = Box::pin(async {
             let _one = reg.budget.lock().await;
-            if reg.calls_granted.load(Ordering::Acquire) != granted {
+            if reg.calls_left.load(Ordering::Acquire) > 0 {
                 return Ok(true); // another call reserved meanwhile
             }
+            if reg.store_reserved.load(Ordering::Acquire) >= max {
+                return Ok(false);
+            }
+            // A cluster node learns the store's count from its replica (a block given back
+            // on another node lowers it); a single node counts its own reservations.
+            let own_count = budget.store.kind() != "etcd";
             let block = crate::store::block_of(&reg.limits, budget.block, true);
             match budget.store.reserve(&reg.id, block).await {
-                Ok(0) => Ok(false),
+                Ok(0) => {
+                    if own_count {
+                        reg.store_reserved.fetch_max(max, Ordering::AcqRel);
+                    }
+                    Ok(false)
+                }
                 Ok(got) => {
-                    reg.calls_granted.fetch_add(got, Ordering::AcqRel);
+                    reg.calls_left.fetch_add(got, Ordering::AcqRel);
+                    if own_count {
+                        reg.store_reserved.fetch_add(got, Ordering::AcqRel);
+                    }
                     Ok(true)
                 }
                 Err(e) => {

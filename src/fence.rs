@@ -142,6 +142,11 @@ impl Fence {
         self.changed.notify_waiters();
     }
 
+    /// How many nodes are live (heartbeat keys known, this one included once it has beaten).
+    pub fn live(&self) -> usize {
+        lock(&self.peers).len()
+    }
+
     /// Replaces the peer set (after a full read).
     pub fn set_peers(&self, peers: BTreeMap<String, i64>) {
         *lock(&self.peers) = peers;

@@ -343,10 +343,15 @@ impl Gateway {
             store.durable(),
         );
         if state.limits.max_calls.is_some() {
-            state.calls_granted.store(block, Ordering::Release);
+            // A cluster node holds none: the first call on any node reserves a block sized to
+            // what is left over the live nodes, so no budget waits on a node without traffic.
+            let block = if store.kind() == "etcd" { 0 } else { block };
+            state.calls_left.store(block, Ordering::Release);
+            state.store_reserved.store(block, Ordering::Release);
         }
         lock(&self.inner.creating).insert(state.id.clone());
-        let created = store.create(stored_of(&state, block)).await;
+        let reserved = state.store_reserved.load(Ordering::Acquire);
+        let created = store.create(stored_of(&state, reserved)).await;
         let served = created.map_err(GatewayError::from).and_then(|()| {
             let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc).and_then(|()| {
@@ -396,6 +401,9 @@ impl Gateway {
         if let Some(ttl) = state.ttl_s {
             self.set_deadline(&state, ttl);
         }
+        // A cluster node: the 201 waits until every live node serves it, or has fenced.
+        #[cfg(feature = "cluster")]
+        let _ = self.create_acks(&state.id).await;
         self.inner.hub.metrics().registration_created();
         tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
         Ok(Registration {
@@ -821,7 +829,7 @@ impl Gateway {
         }
         let mut returned = 0u64;
         for state in &kept {
-            let unused = state.calls_unspent();
+            let unused = state.take_unspent();
             if unused > 0 {
                 match self.store().give_back(&state.id, unused).await {
                     Ok(()) => returned += unused,

@@ -239,9 +239,16 @@ pub struct RegistrationState {
     /// Every call of this registration runs on this tracker, so release can wait for them.
     pub calls: TaskTracker,
     pub calls_started: AtomicU64,
-    /// Calls of `max_calls` this node holds from the store (`store::Store::reserve`): a call
-    /// starts only below it; more is reserved, a block at a time, under `budget`.
-    pub calls_granted: AtomicU64,
+    /// Calls of `max_calls` this node holds from the store (`store::Store::reserve`) and has
+    /// not spent: a call takes one (compare-and-set); when none is left, another block is
+    /// reserved under `budget`. A cluster node gives an idle block back by taking it all at
+    /// once (a swap), so a call can never spend a call that was given back (issue 50).
+    pub calls_left: AtomicU64,
+    /// The calls of `max_calls` the store has handed out (to every node), as last known here:
+    /// when none is left here and this says the budget is spent, a call is refused without
+    /// asking the store. A cluster node learns it from the replicated registration (a block
+    /// given back elsewhere lowers it); a single node counts its own reservations.
+    pub store_reserved: AtomicU64,
     /// Held while a block is reserved, so that concurrent calls reserve one block, not many.
     pub budget: tokio::sync::Mutex<()>,
     pub calls_in_flight: AtomicUsize,
@@ -328,7 +335,10 @@ impl RegistrationState {
             released: AtomicBool::new(false),
             calls: TaskTracker::new(),
             calls_started: AtomicU64::new(0),
-            calls_granted: AtomicU64::new(u64::MAX),
+            // The whole budget in hand (a store that dies with the process); `register` sets
+            // the first block of a durable store.
+            calls_left: AtomicU64::new(spec.limits.max_calls.unwrap_or(0)),
+            store_reserved: AtomicU64::new(spec.limits.max_calls.unwrap_or(0)),
             budget: tokio::sync::Mutex::new(()),
             calls_in_flight: AtomicUsize::new(0),
         }
@@ -353,8 +363,21 @@ impl RegistrationState {
         state.created_at = created_at;
         state.expires_at_ms = AtomicU64::new(expires_at_ms);
         state.calls_started = AtomicU64::new(calls_reserved);
-        state.calls_granted = AtomicU64::new(calls_reserved);
+        state.calls_left = AtomicU64::new(0);
+        state.store_reserved = AtomicU64::new(calls_reserved);
         state
+    }
+
+    /// Takes one call of the block in hand (false: none left here).
+    pub(crate) fn take_call_in_hand(&self) -> bool {
+        let took = self
+            .calls_left
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if took {
+            self.calls_started.fetch_add(1, Ordering::AcqRel);
+        }
+        took
     }
 
     /// The SHA-256 digest of the token (what the store keeps; never the token).
@@ -362,14 +385,13 @@ impl RegistrationState {
         self.token_digest
     }
 
-    /// Reserved calls not spent (given back to the store on a clean stop).
-    pub(crate) fn calls_unspent(&self) -> u64 {
+    /// Takes every reserved call not spent out of this node's hand (to give it back to the
+    /// store: a clean stop, or an idle block on a cluster node); no call can spend them after.
+    pub(crate) fn take_unspent(&self) -> u64 {
         if self.limits.max_calls.is_none() {
             return 0;
         }
-        self.calls_granted
-            .load(Ordering::Acquire)
-            .saturating_sub(self.calls_started.load(Ordering::Acquire))
+        self.calls_left.swap(0, Ordering::AcqRel)
     }
 
     /// Marks the registration released and fires its token (streams end, calls are cancelled).
@@ -536,6 +558,40 @@ mod tests {
         reg.release();
         assert!(reg.is_released());
         assert!(reg.cancel.is_cancelled() && session.is_cancelled());
+    }
+
+    #[test]
+    fn a_block_given_back_is_never_spent_by_a_racing_call() {
+        // Issue 50: a cluster node gives an idle block back while calls may be taking from
+        // it; every call of the block is either spent here or given back, never both.
+        for _ in 0..200 {
+            let mut spec = RegistrationSpec::new("agent");
+            spec.limits.max_calls = Some(1000);
+            let reg = Arc::new(RegistrationState::new(
+                "r".into(),
+                "t",
+                &spec,
+                ToolSet::default(),
+            ));
+            reg.calls_left.store(64, Ordering::Release);
+            let takers: Vec<_> = (0..4)
+                .map(|_| {
+                    let reg = reg.clone();
+                    std::thread::spawn(move || {
+                        let mut n = 0u64;
+                        while reg.take_call_in_hand() {
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let given = reg.take_unspent();
+            let spent: u64 = takers.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+            assert_eq!(spent + given, 64, "spent {spent} + given back {given}");
+            assert_eq!(reg.calls_started.load(Ordering::Acquire), spent);
+            assert!(!reg.take_call_in_hand(), "nothing left after the give back");
+        }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cluster::{
-    call, call_url, echo_ok, free_ports, releases_under_load, wait_served, wait_status, Etcd,
-    Member,
+    call, call_url, creates_then_another_node, echo_ok, free_ports, releases_under_load,
+    wait_served, wait_status, Etcd, Member,
 };
 use common::daemon::Daemon;
 use common::nginx::Nginx;
@@ -583,6 +583,242 @@ async fn max_calls_holds_across_nodes_under_concurrent_calls() {
         ok >= MAX - 6,
         "at most one block (2) per node left unspent: {ok}"
     );
+}
+
+/// Registers on `at` with `max_calls = max` and waits until every one of `nodes` serves it
+/// (a wrong token's 401, which spends nothing).
+async fn budgeted(at: &Daemon, nodes: &[&Daemon], agent: &str, max: u64) -> (String, String) {
+    let r = at
+        .register(json!({"agent_id": agent, "tools": ["demo.*"], "limits": {"max_calls": max}}))
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    let http = common::http();
+    for n in nodes {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (s, _) = call(&http, n, &id, "wrong", "demo.echo", json!({"text":"x"})).await;
+            if s == 401 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not replicated to {}", n.data);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    (id, token)
+}
+
+/// One call: served (200 and the echo), or refused by the budget (anything else is a failure).
+async fn spend(http: &reqwest::Client, n: &Daemon, id: &str, token: &str) -> bool {
+    let (s, v) = call(http, n, id, token, "demo.echo", json!({"text":"x"})).await;
+    if s == 200 && echo_ok(&v) {
+        return true;
+    }
+    let text = v.to_string();
+    assert!(
+        text.contains("max_calls"),
+        "neither served nor refused by max_calls: {s} {v}"
+    );
+    false
+}
+
+/// Calls on `n` every 50 ms until `want` more are served or `within` passes: how many were.
+async fn spend_until(n: &Daemon, id: &str, token: &str, want: u64, within: Duration) -> u64 {
+    let http = common::http();
+    let deadline = Instant::now() + within;
+    let mut ok = 0;
+    while ok < want && Instant::now() < deadline {
+        if spend(&http, n, id, token).await {
+            ok += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    ok
+}
+
+/// Issue 50 item 2: a budget is spendable wherever the registration's traffic goes, not held
+/// by the node that made it. Made on a with `max_calls = 10` (and the default block of 16):
+/// 16 sequential calls alternating between b and c serve exactly 10; 8 + 8 concurrent calls
+/// on b and c serve between 1 and 10; a block left idle on b goes back and is spent on c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_budget_made_on_one_node_is_spent_wherever_its_calls_go() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let (a, b, c) = (
+        node("a", &eps, 16),
+        node("b", &eps, 16),
+        node("c", &eps, 16),
+    );
+    for n in [&a, &b, &c] {
+        wait_fresh(n).await;
+    }
+    let http = common::http();
+
+    let (id, token) = budgeted(&a, &[&b, &c], "agent-seq", 10).await;
+    let mut ok = 0;
+    for i in 0..16 {
+        let n = if i % 2 == 0 { &b } else { &c };
+        if spend(&http, n, &id, &token).await {
+            ok += 1;
+        }
+    }
+    println!("max_calls 10 made on a, 16 sequential calls on b and c: {ok} served");
+    assert_eq!(
+        ok, 10,
+        "16 sequential calls on the other nodes serve the whole budget"
+    );
+    assert!(!spend(&http, &a, &id, &token).await, "spent everywhere");
+
+    let (id, token) = budgeted(&a, &[&b, &c], "agent-conc", 10).await;
+    let mut calls = Vec::new();
+    for n in [&b, &c] {
+        for _ in 0..8 {
+            let (url, id, token) = (n.data.clone(), id.clone(), token.clone());
+            calls.push(tokio::spawn(async move {
+                let http = common::http();
+                let (s, v) =
+                    call_url(&http, &url, &id, &token, "demo.echo", json!({"text":"x"})).await;
+                s == 200 && echo_ok(&v)
+            }));
+        }
+    }
+    let mut ok = 0u64;
+    for t in calls {
+        if t.await.unwrap() {
+            ok += 1;
+        }
+    }
+    println!("max_calls 10 made on a, 8 + 8 concurrent calls on b and c: {ok} served");
+    assert!((1..=10).contains(&ok), "{ok} served");
+    // What is left (in the store, or idle in a node's hand and given back) is spent on c.
+    let more = spend_until(&c, &id, &token, 10 - ok, Duration::from_secs(5)).await;
+    assert_eq!(ok + more, 10, "{ok} + {more}: the whole budget, never more");
+
+    // One call on b takes a block (a share of what is left); the rest of the traffic goes to
+    // c, which gets b's idle block once b gives it back (after B).
+    let (id, token) = budgeted(&a, &[&b, &c], "agent-idle", 10).await;
+    assert!(spend(&http, &b, &id, &token).await);
+    let t0 = Instant::now();
+    let more = spend_until(&c, &id, &token, 9, Duration::from_secs(5)).await;
+    println!(
+        "max_calls 10: 1 call on b, then {more} on c within {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(more, 9, "b's idle block spent on c");
+    assert!(!spend(&http, &b, &id, &token).await);
+    assert!(!spend(&http, &c, &id, &token).await);
+}
+
+/// Issue 50 item 2: restarts keep "never exceeded": a node killed with -9 loses at most the
+/// block in its hand; a node stopped cleanly gives its block back (all 10 served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_calls_is_never_exceeded_across_kill9_and_restarts_and_a_kill_loses_one_block() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let (a, mut b, mut c) = (
+        node("a", &eps, 16),
+        node("b", &eps, 16),
+        node("c", &eps, 16),
+    );
+    for n in [&a, &b, &c] {
+        wait_fresh(n).await;
+    }
+    let http = common::http();
+
+    // kill -9: b holds a block (4 of 10 with 3 live nodes), spends 1 and dies.
+    let (id, token) = budgeted(&a, &[&b, &c], "agent-kill", 10).await;
+    assert!(spend(&http, &b, &id, &token).await);
+    b.kill9_and_restart();
+    wait_fresh(&b).await;
+    let mut total = 1;
+    for n in [&c, &b, &a] {
+        total += spend_until(n, &id, &token, 10 - total, Duration::from_secs(3)).await;
+    }
+    // Anything more is refused everywhere.
+    for n in [&a, &b, &c] {
+        assert!(!spend(&http, n, &id, &token).await);
+    }
+    println!("max_calls 10, the node holding a block killed with -9: {total} served");
+    assert!(total <= 10, "{total} served over max_calls 10");
+    assert!(
+        total >= 10 - 4,
+        "at most one block (4) lost to the kill: {total}"
+    );
+
+    // A clean stop (SIGTERM): c gives its unspent block back before it exits.
+    let (id, token) = budgeted(&a, &[&b, &c], "agent-stop", 10).await;
+    assert!(spend(&http, &c, &id, &token).await);
+    let pid = c.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    c.child.wait().unwrap();
+    c.kill9_and_restart();
+    wait_fresh(&c).await;
+    let mut total = 1;
+    for n in [&b, &c, &a] {
+        total += spend_until(n, &id, &token, 10 - total, Duration::from_secs(2)).await;
+    }
+    for n in [&a, &b, &c] {
+        assert!(!spend(&http, n, &id, &token).await);
+    }
+    println!("max_calls 10, the node holding a block stopped cleanly: {total} served");
+    assert_eq!(total, 10, "a clean stop loses nothing and never exceeds");
+}
+
+/// Issue 50 item 1: a harness registers on any node and hands the URL to its agent, whose
+/// first request may land on another node at once. A 201 means "served by every node that is
+/// not fenced": 60 creates, each called once at once on the next node, are all served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_201_means_served_by_every_node_the_first_call_on_another_included() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [
+        node("a", &eps, 16),
+        node("b", &eps, 16),
+        node("c", &eps, 16),
+    ];
+    for n in &nodes {
+        wait_fresh(n).await;
+    }
+    const CREATES: usize = 60;
+    let m = creates_then_another_node(&[&nodes[0], &nodes[1], &nodes[2]], CREATES).await;
+    println!("read-your-writes (3 nodes): {}", m.line());
+    assert_eq!(
+        m.served, CREATES,
+        "first calls on another node right after the 201 not served: {:?}",
+        m.missed
+    );
+}
+
+/// Waits until `node` serves (not fenced: a call of an unknown id answers 404, not 503).
+async fn wait_fresh(node: &Daemon) {
+    let http = common::http();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _) = call(
+            &http,
+            node,
+            "unknown",
+            "x",
+            "demo.echo",
+            json!({"text":"x"}),
+        )
+        .await;
+        if s == 404 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} not serving: {s}", node.data);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// `initialize` on Streamable HTTP (2025-06-18) at `node`: the `Mcp-Session-Id` it minted.

@@ -1,20 +1,23 @@
 //! A cluster node on etcd (cargo feature `cluster`; issue 36, CLUSTER.md §5.3-5.5).
 //!
 //! Started by every `Gateway` whose store is `etcd` (the daemon's and an embedded one alike:
-//! `Gateway::new` inside a tokio runtime). Three tasks, owned by the gateway (its task
+//! `Gateway::new` inside a tokio runtime). Four tasks, owned by the gateway (its task
 //! tracker; they hold it weakly) and ended by its shutdown:
 //! - **replicate**: a range read of the whole prefix (registrations and heartbeats) at a
 //!   revision R0, reconciled into the registry (`gateway::replica`), then a watch from R0+1
 //!   applied event by event. A compacted or cancelled watch, or a broken stream, goes back to
 //!   the range read. The applied revision advances only through applied events (or a
 //!   completed read), never on a timeout.
-//! - **heartbeat**: every `cluster.heartbeat_ms` (and at once after applying a release), the
+//! - **heartbeat**: every `cluster.heartbeat_ms` (and at once after applying a release or
+//!   a registration new here: its releaser or creator waits for it), the
 //!   node writes `beat/<node>` = {seq, applied} on a lease of its own, noting the monotonic
 //!   time t_b before the write. When the watch brings that write back, every write
 //!   committed before t_b has been applied: the node is fresh until t_b + B.
 //! - **fence**: every 10 ms, closes the fence (`fence::Fence`: 503, calls cancelled, sessions
 //!   and their streams closed) once the freshness proof has run out, and opens it when a new
 //!   one arrives.
+//! - **budget**: gives back to the store a `max_calls` block not drawn from for B, so the
+//!   budget follows the traffic to other nodes (issue 50).
 //!
 //! Requests are served from the registry; nothing here is on a request's path.
 
@@ -80,6 +83,7 @@ impl Node {
     fn published(&self) {
         let applied = self.applied.load(Ordering::Acquire);
         self.hub.fence().peer_applied(&self.id, applied);
+        self.store.set_live(self.hub.fence().live());
         let applied = u64::try_from(applied).unwrap_or(0);
         // What a call admitted from now on records as its decision's revision.
         self.hub.fence().set_applied(applied);
@@ -117,21 +121,23 @@ impl Node {
         }
     }
 
-    /// Applies one watch event. True if it ended a registration.
+    /// Applies one watch event. True if it ended a registration or began serving one (its
+    /// releaser or creator waits for this node's heartbeat to say so).
     fn apply(&self, kind: EventType, key: &str, value: &[u8], revision: i64) -> bool {
         let Some(rest) = key.strip_prefix(self.store.prefix()) else {
             return false;
         };
-        let mut ended = false;
+        let mut ack = false;
         if let Some(id) = rest.strip_prefix("reg/") {
             let Some(gw) = self.gw() else { return false };
             match kind {
                 EventType::Put => match Doc::decode(value) {
-                    Some(s) => {
-                        if let Err(e) = gw.adopt(s) {
+                    Some(s) => match gw.adopt(s) {
+                        Ok(new) => ack = new,
+                        Err(e) => {
                             tracing::error!(registration = %id, error = %e, "replicated registration not served");
                         }
-                    }
+                    },
                     None => tracing::warn!(registration = %id, "store value not understood"),
                 },
                 EventType::Delete => {
@@ -140,7 +146,7 @@ impl Node {
                         "released on another node, or its etcd lease ended",
                         u64::try_from(revision).ok(),
                     );
-                    ended = true;
+                    ack = true;
                 }
             }
         } else if let Some(node) = rest.strip_prefix("beat/") {
@@ -159,7 +165,7 @@ impl Node {
             }
         }
         self.applied.fetch_max(revision, Ordering::AcqRel);
-        ended
+        ack
     }
 
     /// The whole prefix at one revision: registrations, peers' applied revisions, revision.
@@ -235,6 +241,7 @@ impl Gateway {
         let stop = gw.shutdown_token();
         gw.spawn_owned(heartbeat(node.clone(), stop.clone()));
         gw.spawn_owned(replicate(node.clone(), stop.clone()));
+        gw.spawn_owned(budget_keeper(node.clone(), stop.clone()));
         gw.spawn_owned(fence_keeper(node, stop));
         Ok(())
     }
@@ -285,6 +292,8 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
         node.hub.fence().set_peers(peers);
         node.applied.fetch_max(rev, Ordering::AcqRel);
         node.published();
+        // Creators and releasers waiting on this node hear of the read's revision now.
+        node.beat_now.notify_one();
         // A linearizable read that completed proves what a heartbeat proves.
         node.proved(t0);
         if failing || dropped > 0 {
@@ -353,14 +362,14 @@ async fn replicate(node: Arc<Node>, stop: CancellationToken) {
                 );
                 break;
             }
-            let mut ended = false;
+            let mut ack = false;
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
                 let Ok(key) = kv.key_str() else { continue };
-                ended |= node.apply(ev.event_type(), key, kv.value(), kv.mod_revision());
+                ack |= node.apply(ev.event_type(), key, kv.value(), kv.mod_revision());
             }
             node.published();
-            if ended {
+            if ack {
                 node.beat_now.notify_one();
             }
         }
@@ -481,6 +490,57 @@ async fn heartbeat(node: Arc<Node>, stop: CancellationToken) {
     // A clean stop: the heartbeat's lease ends now, so peers stop waiting for this node.
     if let (Some(id), Ok((_, mut c))) = (lease, node.store.client().await) {
         let _ = tokio::time::timeout(Duration::from_millis(500), c.lease_revoke(id)).await;
+    }
+}
+
+/// Gives back to the store each `max_calls` block this node holds and has not drawn from for
+/// the bound B (issue 50): the traffic moved to other nodes, which can then reserve it. The
+/// block is first taken out of the node's hand (a swap), so it is never spent twice; a give
+/// back that fails loses it (the budget is never exceeded, only under-spent).
+async fn budget_keeper(node: Arc<Node>, stop: CancellationToken) {
+    use std::collections::HashMap;
+    let idle = node.bound;
+    let tick = (idle / 4).max(Duration::from_millis(10));
+    // Registration id → (its calls started when last seen changing, since when).
+    let mut seen: HashMap<String, (u64, Instant)> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        let Some(gw) = node.gw() else { return };
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut holding = std::collections::HashSet::new();
+        for reg in gw.registry().all() {
+            if reg.limits.max_calls.is_none() || reg.calls_left.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            holding.insert(reg.id.clone());
+            let started = reg.calls_started.load(Ordering::Acquire);
+            let e = seen.entry(reg.id.clone()).or_insert((started, now));
+            if e.0 != started {
+                *e = (started, now);
+            } else if now.duration_since(e.1) >= idle {
+                due.push(reg);
+            }
+        }
+        seen.retain(|id, _| holding.contains(id));
+        for reg in due {
+            seen.remove(&reg.id);
+            let unused = reg.take_unspent();
+            if unused == 0 {
+                continue;
+            }
+            match gw.store().give_back(&reg.id, unused).await {
+                Ok(()) => {
+                    tracing::debug!(registration = %reg.id, unused, "cluster: idle budget block given back")
+                }
+                Err(e) => {
+                    tracing::warn!(registration = %reg.id, unused, error = %e, "cluster: idle budget block not given back (lost: never over max_calls)")
+                }
+            }
+        }
     }
 }
 

@@ -13,10 +13,15 @@ use crate::sync::lock;
 
 impl Gateway {
     /// Serves a registration of the store here (a put seen in the watch or a full read). One
-    /// already here only takes the store's expiry (a renewal made on another node).
-    pub(crate) fn adopt(&self, s: StoredRegistration) -> Result<(), GatewayError> {
+    /// already here only takes the store's expiry (a renewal made on another node). True if
+    /// it is served here from now on (its creator waits for this node's acknowledgement).
+    pub(crate) fn adopt(&self, s: StoredRegistration) -> Result<bool, GatewayError> {
         let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
         if let Some(state) = self.registry().get(&s.id) {
+            // The budget the store has handed out (a block reserved or given back anywhere).
+            state
+                .store_reserved
+                .store(s.calls_reserved, Ordering::Release);
             let old = state.expires_at_ms.swap(s.expires_at_ms, Ordering::Relaxed);
             if old != s.expires_at_ms && s.expires_at_ms != 0 {
                 self.arm_deadline(
@@ -24,15 +29,15 @@ impl Gateway {
                     Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
                 );
             }
-            return Ok(());
+            return Ok(false);
         }
         // Released here lately (ids are never reused), or being created here right now.
         if self.registry().was_released(&s.id) || lock(&self.inner.creating).contains(&s.id) {
-            return Ok(());
+            return Ok(false);
         }
         if s.expired_at(now) {
             // Its lease ends it on etcd; nothing to serve meanwhile.
-            return Ok(());
+            return Ok(false);
         }
         let family = match s.parent.as_deref().and_then(|p| self.registry().get(p)) {
             Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
@@ -40,7 +45,7 @@ impl Gateway {
         };
         let catalog = lock(&self.inner.catalog).clone();
         self.serve_stored(&s, &catalog, family, now)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Closes a registration the store no longer has (released on another node, or its
@@ -149,6 +154,20 @@ impl Gateway {
             .into(),
         );
         let _ = self.audit().record(rec).await;
+        Some(acks)
+    }
+
+    /// After a creation made here (issue 50): waits until every live node has applied its
+    /// revision, so serves it, or the bound B passed (then the nodes still behind have
+    /// fenced: none of them answers 404 for it). A 201 means "served by every node that is
+    /// not fenced", as a release's `acked` does. `None` outside a cluster.
+    pub(crate) async fn create_acks(&self, id: &str) -> Option<crate::fence::Acks> {
+        let revision = self.etcd()?.create_revision(id)?;
+        let bound = Duration::from_millis(self.config().cluster.release_bound_ms);
+        let acks = self.hub().fence().await_applied(revision, bound).await;
+        if !acks.fenced.is_empty() {
+            tracing::warn!(registration = %id, revision, fenced = ?acks.fenced, "created; nodes behind the bound (fenced until they apply it)");
+        }
         Some(acks)
     }
 

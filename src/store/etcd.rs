@@ -1,8 +1,8 @@
 //! The `etcd` store (cargo feature `cluster`; issue 36, CLUSTER.md §5.2): etcd v3 shared by
 //! every node. A registration is the key `<prefix>reg/<id>` on its own etcd lease (its TTL;
 //! none without a TTL); a release is a transactional delete at a revision R; a budget block
-//! is taken by compare-and-set on the key's `mod_revision`. Values are JSON and carry the
-//! token's SHA-256 digest, never the token.
+//! (at most what is left over the live nodes) is taken by compare-and-set on the key's
+//! `mod_revision`. Values are JSON and carry the token's SHA-256 digest, never the token.
 //!
 //! The client connects on first use (the store is opened before the runtime's first await);
 //! every operation is bounded by the client's request timeout. Replication (the range read,
@@ -133,6 +133,9 @@ pub struct EtcdStore {
     releases: Mutex<std::collections::VecDeque<(String, i64)>>,
     /// (id, revision of its creation), newest last: the creation record's `store_revision`.
     creates: Mutex<std::collections::VecDeque<(String, i64)>>,
+    /// The live nodes (heartbeat keys) as this node's replica last saw them: a budget block
+    /// is at most what is left over this many, so one node never holds what another needs.
+    live: AtomicUsize,
 }
 
 /// Keeps `(id, revision)` among the last [`RECENT_RELEASES`].
@@ -219,7 +222,13 @@ impl EtcdStore {
             commits: AtomicU64::new(0),
             releases: Mutex::new(std::collections::VecDeque::new()),
             creates: Mutex::new(std::collections::VecDeque::new()),
+            live: AtomicUsize::new(1),
         })
+    }
+
+    /// How many nodes are live (the cluster's replica tells; at least 1).
+    pub fn set_live(&self, nodes: usize) {
+        self.live.store(nodes.max(1), Ordering::Release);
     }
 
     pub fn prefix(&self) -> &str {
@@ -597,6 +606,7 @@ impl Store for EtcdStore {
 
     fn reserve(&self, id: &str, want: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let id = id.to_string();
+        let live = self.live.load(Ordering::Acquire).max(1) as u64;
         async move {
             let got = self
                 .update(&id, |r| {
@@ -604,7 +614,10 @@ impl Store for EtcdStore {
                         .limits
                         .max_calls
                         .map_or(want, |max| max.saturating_sub(r.calls_reserved));
-                    let got = want.min(left);
+                    // At most an equal share of what is left among the live nodes (rounded
+                    // up: the last call is still handed out), so a block never strands the
+                    // budget on one node while the traffic goes to another (issue 50).
+                    let got = want.min(left).min(left.div_ceil(live));
                     if got == 0 {
                         return None;
                     }

@@ -499,3 +499,66 @@ pub fn etcd_node(name: &str, endpoints: &[String], bound: Duration) -> Daemon {
         &[],
     )
 }
+
+/// What [`creates_then_another_node`] measured.
+pub struct ReadYourWrites {
+    /// Per create, sorted: from the POST sent to its 201.
+    pub creates: Vec<Duration>,
+    /// First calls on another node, sent at once after the 201, that were served.
+    pub served: usize,
+    /// Those answered otherwise: (status, body) of the first few.
+    pub missed: Vec<(u16, Value)>,
+}
+
+impl ReadYourWrites {
+    pub fn line(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "{} of {} first calls on another node served; create p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            self.served,
+            self.creates.len(),
+            ms(pct(&self.creates, 0.5)),
+            ms(pct(&self.creates, 0.99)),
+            ms(self.creates[self.creates.len() - 1]),
+        )
+    }
+}
+
+/// Issue 50 item 1: `n` registrations, each made on one node (round robin) and called once,
+/// at once after its 201, on the next node (what an agent handed the URL does behind a
+/// balancer). Nothing waits for replication in between.
+pub async fn creates_then_another_node(nodes: &[&Daemon], n: usize) -> ReadYourWrites {
+    let http = super::http();
+    let len = nodes.len();
+    let mut creates = Vec::with_capacity(n);
+    let mut served = 0;
+    let mut missed = Vec::new();
+    for i in 0..n {
+        let t0 = Instant::now();
+        let r = nodes[i % len]
+            .register(json!({"agent_id": format!("agent-ryw-{i}"), "tools": ["demo.*"]}))
+            .await;
+        creates.push(t0.elapsed());
+        let (id, token) = (r["id"].as_str().unwrap(), r["token"].as_str().unwrap());
+        let (s, v) = call(
+            &http,
+            nodes[(i + 1) % len],
+            id,
+            token,
+            "demo.echo",
+            json!({"text":"x"}),
+        )
+        .await;
+        if s == 200 && echo_ok(&v) {
+            served += 1;
+        } else if missed.len() < 5 {
+            missed.push((s, v));
+        }
+    }
+    creates.sort();
+    ReadYourWrites {
+        creates,
+        served,
+        missed,
+    }
+}
