@@ -39,6 +39,7 @@ mod session;
 mod store;
 mod sync;
 mod tasks;
+mod tls;
 mod telemetry;
 mod tool_name;
 mod tools;

@@ -42,6 +42,9 @@ pub(crate) struct HttpTransport {
 struct Shared {
     upstream_id: String,
     client: reqwest::Client,
+    /// The name an HTTPS upstream's certificate is checked against (`tls_server_name` or the
+    /// URL's host), for the TLS failure's message.
+    tls_name: String,
     url: Url,
     headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
@@ -54,6 +57,7 @@ impl HttpTransport {
         upstream_id: &str,
         url: &str,
         headers: &BTreeMap<String, String>,
+        tls: &crate::config::UpstreamTls,
     ) -> Result<Self, UpstreamError> {
         let url = Url::parse(url)
             .map_err(|err| UpstreamError::Config(format!("invalid upstream url {url:?}: {err}")))?;
@@ -66,13 +70,26 @@ impl HttpTransport {
                 .map_err(|_| UpstreamError::Config(format!("invalid value for header {name}")))?;
             map.insert(name, value);
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()?;
+        let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        if url.scheme() == "https" {
+            // Our rustls config (src/tls.rs): the platform's roots or `tls_ca_file`, the
+            // client certificate, `tls_server_name`. An `http://` URL needs none.
+            let config = crate::tls::build(tls)
+                .map_err(|e| UpstreamError::Config(format!("upstream {upstream_id:?}: {e}")))?;
+            builder = builder.use_preconfigured_tls(config);
+        }
+        let client = builder.build()?;
+        // The name a certificate failure is reported against.
+        let tls_name = tls
+            .server_name
+            .clone()
+            .or_else(|| url.host_str().map(str::to_owned))
+            .unwrap_or_default();
         Ok(Self {
             shared: Arc::new(Shared {
                 upstream_id: upstream_id.to_owned(),
                 client,
+                tls_name,
                 url,
                 headers: map,
                 session: Mutex::new(None),
@@ -296,7 +313,16 @@ impl Shared {
         let response = match sent {
             Ok(response) => response,
             Err(err) => {
-                let reason = format!("http transport failure: {err}");
+                let reason = match crate::tls::describe_failure(&err, &self.tls_name) {
+                    // Named: unknown issuer, name mismatch, expired, client certificate
+                    // refused, with what to fix (issue 46).
+                    Some(tls) => {
+                        let reason = format!("TLS failure: {tls}");
+                        tracing::warn!(upstream = %self.upstream_id, error = %reason, "upstream TLS handshake failed");
+                        reason
+                    }
+                    None => format!("http transport failure: {}", crate::tls::chain(&err)),
+                };
                 core.mark_closed(reason.clone());
                 return Err(UpstreamError::Closed(reason));
             }
