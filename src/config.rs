@@ -721,7 +721,11 @@ impl UpstreamConfig {
             )),
             _ => Ok(()),
         }?;
-        if tls.server_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+        if tls
+            .server_name
+            .as_deref()
+            .is_some_and(|n| n.trim().is_empty())
+        {
             return Err(format!(
                 "upstream {id:?}: tls_server_name is empty: set the name the certificate carries, or remove the key"
             ));

@@ -12,13 +12,17 @@
 //! (unknown issuer, name mismatch, expired, client certificate refused) with what to fix.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::sign::CertifiedKey;
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 use crate::config::UpstreamTls;
 
@@ -99,9 +103,8 @@ pub fn build(tls: &UpstreamTls) -> Result<ClientConfig, String> {
     let builder = match &tls.server_name {
         None => builder.with_webpki_verifier(verifier),
         Some(name) => {
-            let name = ServerName::try_from(name.clone()).map_err(|_| {
-                format!("tls_server_name = {name:?}: not a DNS name or IP address")
-            })?;
+            let name = ServerName::try_from(name.clone())
+                .map_err(|_| format!("tls_server_name = {name:?}: not a DNS name or IP address"))?;
             // Full verification, against the configured name instead of the URL's host.
             builder
                 .dangerous()
@@ -128,6 +131,66 @@ pub fn build(tls: &UpstreamTls) -> Result<ClientConfig, String> {
             })
         }
         _ => Err("tls_client_cert_file and tls_client_key_file go together: set both".into()),
+    }
+}
+
+/// Whether an upstream asked for a client certificate in a handshake (one per transport):
+/// an upstream that requires one and gets none may close the connection without an alert
+/// (TLS 1.3: the client's handshake is already done), which is then named by this.
+#[derive(Debug, Clone, Default)]
+pub struct ClientCertAsked(Arc<AtomicBool>);
+
+impl ClientCertAsked {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The configured client-certificate resolver, noting that the server asked.
+#[derive(Debug)]
+struct AskedResolver {
+    inner: Arc<dyn ResolvesClientCert>,
+    asked: ClientCertAsked,
+}
+
+impl ResolvesClientCert for AskedResolver {
+    fn resolve(
+        &self,
+        root_hint_subjects: &[&[u8]],
+        sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        self.asked.0.store(true, Ordering::Relaxed);
+        self.inner.resolve(root_hint_subjects, sigschemes)
+    }
+
+    fn only_raw_public_keys(&self) -> bool {
+        self.inner.only_raw_public_keys()
+    }
+
+    fn has_certs(&self) -> bool {
+        self.inner.has_certs()
+    }
+}
+
+/// [`build`], noting whether the server asks for a client certificate.
+pub fn build_observed(tls: &UpstreamTls) -> Result<(ClientConfig, ClientCertAsked), String> {
+    let mut config = build(tls)?;
+    let asked = ClientCertAsked::default();
+    config.client_auth_cert_resolver = Arc::new(AskedResolver {
+        inner: config.client_auth_cert_resolver.clone(),
+        asked: asked.clone(),
+    });
+    Ok((config, asked))
+}
+
+/// The failure of a connection whose server asked for a client certificate and then closed
+/// it before any answer (no alert to name the cause): `has_cert`, whether one is configured.
+pub fn client_cert_refused(has_cert: bool, err: &(dyn std::error::Error + 'static)) -> String {
+    let seen = chain(err);
+    if has_cert {
+        format!("client certificate refused by the upstream: it asked for our client certificate (tls_client_cert_file) and then closed the connection ({seen}); check that the upstream trusts the certificate's issuer and that it is still valid")
+    } else {
+        format!("client certificate refused by the upstream: it asked for a client certificate, none is configured, and it closed the connection ({seen}); set tls_client_cert_file and tls_client_key_file to a certificate the upstream trusts")
     }
 }
 
@@ -185,7 +248,10 @@ fn rustls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a ru
         if let Some(r) = e.downcast_ref::<rustls::Error>() {
             return Some(r);
         }
-        cur = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        cur = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => e.source(),
         };
@@ -219,6 +285,7 @@ pub fn describe_failure(err: &(dyn std::error::Error + 'static), host: &str) -> 
             CertificateError::UnknownIssuer => "unknown issuer: the upstream's certificate is not signed by a CA this gateway trusts; set tls_ca_file to the CA that signed it (or add that CA to the system store / SSL_CERT_FILE)".to_owned(),
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => format!("name mismatch: the upstream's certificate is not valid for {host:?} ({cert}); use a URL with a name the certificate carries, or set tls_server_name to it"),
             CertificateError::Expired | CertificateError::ExpiredContext { .. } => format!("expired: the upstream's certificate has expired ({cert}); renew it on the upstream (or fix this machine's clock)"),
+            CertificateError::BadSignature => "bad signature: the upstream's certificate does not verify against the trusted CA of its issuer's name (a different CA of the same name?); set tls_ca_file to the CA that signed it".to_owned(),
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => format!("not yet valid: the upstream's certificate is not valid yet ({cert}); check this machine's clock and the certificate's dates"),
             other => format!("certificate refused: {other}; fix the upstream's certificate or tls_ca_file"),
         },

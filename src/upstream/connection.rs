@@ -168,12 +168,9 @@ impl Connection {
                 cwd.as_deref(),
                 opts.shutdown_grace,
             )?),
-            Transport::Http { url, headers, tls } => TransportHandle::Http(HttpTransport::new(
-                &opts.upstream_id,
-                url,
-                headers,
-                tls,
-            )?),
+            Transport::Http { url, headers, tls } => {
+                TransportHandle::Http(HttpTransport::new(&opts.upstream_id, url, headers, tls)?)
+            }
         };
         let conn = Connection {
             inner: Arc::new(Inner {

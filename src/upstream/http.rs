@@ -12,6 +12,7 @@
 //! resumption (`Last-Event-ID`) — a stream that ends without a response fails that request.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -45,6 +46,11 @@ struct Shared {
     /// The name an HTTPS upstream's certificate is checked against (`tls_server_name` or the
     /// URL's host), for the TLS failure's message.
     tls_name: String,
+    /// HTTPS: whether the server asked for a client certificate (see `answered`).
+    cert_asked: Option<crate::tls::ClientCertAsked>,
+    has_client_cert: bool,
+    /// A response came: a later transport failure is not the handshake's.
+    answered: AtomicBool,
     url: Url,
     headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
@@ -71,12 +77,14 @@ impl HttpTransport {
             map.insert(name, value);
         }
         let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        let mut cert_asked = None;
         if url.scheme() == "https" {
             // Our rustls config (src/tls.rs): the platform's roots or `tls_ca_file`, the
             // client certificate, `tls_server_name`. An `http://` URL needs none.
-            let config = crate::tls::build(tls)
+            let (config, asked) = crate::tls::build_observed(tls)
                 .map_err(|e| UpstreamError::Config(format!("upstream {upstream_id:?}: {e}")))?;
             builder = builder.use_preconfigured_tls(config);
+            cert_asked = Some(asked);
         }
         let client = builder.build()?;
         // The name a certificate failure is reported against.
@@ -90,6 +98,9 @@ impl HttpTransport {
                 upstream_id: upstream_id.to_owned(),
                 client,
                 tls_name,
+                cert_asked,
+                has_client_cert: tls.client_cert_file.is_some(),
+                answered: AtomicBool::new(false),
                 url,
                 headers: map,
                 session: Mutex::new(None),
@@ -313,7 +324,14 @@ impl Shared {
         let response = match sent {
             Ok(response) => response,
             Err(err) => {
-                let reason = match crate::tls::describe_failure(&err, &self.tls_name) {
+                let tls = crate::tls::describe_failure(&err, &self.tls_name).or_else(|| {
+                    // Asked for a client certificate, then closed before any answer: the
+                    // upstream refused ours (or our having none) without an alert.
+                    let asked = self.cert_asked.as_ref().is_some_and(|a| a.get());
+                    (asked && !self.answered.load(Ordering::Relaxed))
+                        .then(|| crate::tls::client_cert_refused(self.has_client_cert, &err))
+                });
+                let reason = match tls {
                     // Named: unknown issuer, name mismatch, expired, client certificate
                     // refused, with what to fix (issue 46).
                     Some(tls) => {
@@ -327,6 +345,9 @@ impl Shared {
                 return Err(UpstreamError::Closed(reason));
             }
         };
+        if !self.answered.load(Ordering::Relaxed) {
+            self.answered.store(true, Ordering::Relaxed);
+        }
         let had_session = {
             let mut session = lock(&self.session);
             if session.is_none() {

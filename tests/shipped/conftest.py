@@ -52,9 +52,9 @@ def free_port() -> int:
 class Pki:
     """A CA made for this test run, and certificates it (or another CA) signs, as PEM files."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, name: str = "gatehouse-test-ca") -> None:
         self.tmp = tmp
-        self.ca_key, self.ca_cert, self.ca_file = self._ca("gatehouse-test-ca")
+        self.ca_key, self.ca_cert, self.ca_file = self._ca(name)
 
     @staticmethod
     def _key():
@@ -113,7 +113,7 @@ class Pki:
         """A second, unrelated CA (the 'wrong CA' case)."""
         sub = self.tmp / "other-ca"
         sub.mkdir(exist_ok=True)
-        return Pki(sub)
+        return Pki(sub, "another-test-ca")
 
     def issue(
         self,

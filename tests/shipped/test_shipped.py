@@ -183,8 +183,8 @@ def refused(tmp_path: Path, daemons, url: str, cause: str, fix: str, **keys: str
     deadline = time.monotonic() + 5
     while cause not in d.text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    log = [line for line in d.text().splitlines() if cause in line]
-    assert log and "secure" in log[0], d.text()
+    log = [line for line in d.text().splitlines() if cause in line and "upstream=secure" in line]
+    assert log and "TLS" in log[0], d.text()
 
 
 def test_wrong_ca_is_refused_as_unknown_issuer(tmp_path: Path, pki, peers, daemons) -> None:
