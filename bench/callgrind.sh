@@ -32,8 +32,10 @@ N2=2500
 GATE=1.10
 KEEP="${CALLGRIND_KEEP:-}"
 
-echo "== build (release)" >&2
-BIN=$(cargo bench --no-run --bench gateway 2>&1 | sed -n 's/.*Executable benches\/gateway\/main.rs (\(.*\))/\1/p' | tail -1)
+# The `profiling` profile (Cargo.toml): release code with line-level debuginfo and symbols, so
+# callgrind_annotate can name functions (sha2's below); the shipped release build is stripped.
+echo "== build (profiling: release + debuginfo)" >&2
+BIN=$(cargo bench --profile profiling --no-run --bench gateway 2>&1 | sed -n 's/.*Executable benches\/gateway\/main.rs (\(.*\))/\1/p' | tail -1)
 [[ -x "$BIN" ]] || { echo "callgrind.sh: the gateway bench binary was not found" >&2; exit 1; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -481,6 +481,9 @@ pub struct UpstreamStatus {
     /// first, or its caller took none for the grace. Never dropped without being counted.
     pub notifications_refused: u64,
     pub connections: Vec<ConnectionStatus>,
+    /// Why the last connection attempt failed (e.g. a TLS failure with its cause and what to
+    /// fix), until a connection opens again; `null` otherwise (issue 46).
+    pub last_error: Option<String>,
 }
 
 /// One live upstream connection.
@@ -527,6 +530,7 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
                             .collect()
                     })
                     .unwrap_or_default(),
+                last_error: info.and_then(|i| i.last_error.clone()),
             }
         })
         .collect()

@@ -621,6 +621,38 @@ pub struct UpstreamConfig {
     /// extension).
     #[serde(default)]
     pub protocol: Option<String>,
+    /// HTTPS only (issue 46): a PEM file of the CA(s) this upstream's certificate is checked
+    /// against, instead of the platform's roots (a private CA; a self-signed server's own
+    /// certificate). Relative paths are from the daemon's working directory.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// HTTPS only: a PEM client certificate (chain) presented to the upstream (mTLS); needs
+    /// `tls_client_key_file`.
+    #[serde(default)]
+    pub tls_client_cert_file: Option<PathBuf>,
+    /// HTTPS only: the PEM private key of `tls_client_cert_file`.
+    #[serde(default)]
+    pub tls_client_key_file: Option<PathBuf>,
+    /// HTTPS only: the name the upstream's certificate is checked against instead of the
+    /// URL's host (e.g. a URL with an IP address).
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+}
+
+/// An HTTPS upstream's TLS settings, as `src/tls.rs` builds them (all unset: the platform's
+/// roots, no client certificate). There is no setting that turns verification off.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UpstreamTls {
+    pub ca_file: Option<PathBuf>,
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+}
+
+impl UpstreamTls {
+    pub fn is_set(&self) -> bool {
+        *self != UpstreamTls::default()
+    }
 }
 
 /// What a registration does when an upstream changes a granted tool's definition.
@@ -649,6 +681,58 @@ impl OnToolChange {
 pub const CLIENT_CAPABILITIES: [&str; 3] = ["sampling", "elicitation", "roots"];
 
 impl UpstreamConfig {
+    /// The `tls_*` keys.
+    pub fn tls(&self) -> UpstreamTls {
+        UpstreamTls {
+            ca_file: self.tls_ca_file.clone(),
+            client_cert_file: self.tls_client_cert_file.clone(),
+            client_key_file: self.tls_client_key_file.clone(),
+            server_name: self.tls_server_name.clone(),
+        }
+    }
+
+    /// The `tls_*` keys where they can apply: an `https://` url, the certificate and its key
+    /// together. The files are read when the transports are resolved (config_load).
+    fn validate_tls(&self) -> Result<(), String> {
+        let tls = self.tls();
+        if !tls.is_set() {
+            return Ok(());
+        }
+        let id = &self.id;
+        match &self.url {
+            None => {
+                return Err(format!(
+                    "upstream {id:?}: tls_* keys apply to HTTPS upstreams (url = \"https://…\"); this one is stdio (command): remove them"
+                ))
+            }
+            Some(url) if !url.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) => {
+                return Err(format!(
+                    "upstream {id:?}: tls_* keys need an https:// url (got {url:?}): use https:// or remove them"
+                ))
+            }
+            Some(_) => {}
+        }
+        match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(_), None) => Err(format!(
+                "upstream {id:?}: tls_client_cert_file needs tls_client_key_file (the certificate's private key): set both"
+            )),
+            (None, Some(_)) => Err(format!(
+                "upstream {id:?}: tls_client_key_file without tls_client_cert_file: set the certificate too, or remove the key"
+            )),
+            _ => Ok(()),
+        }?;
+        if tls
+            .server_name
+            .as_deref()
+            .is_some_and(|n| n.trim().is_empty())
+        {
+            return Err(format!(
+                "upstream {id:?}: tls_server_name is empty: set the name the certificate carries, or remove the key"
+            ));
+        }
+        Ok(())
+    }
+
     /// What this upstream's connections declare in `initialize` (a subset of
     /// [`CLIENT_CAPABILITIES`]): `client_capabilities` if set, else all of them unless the
     /// upstream is `shared`.
@@ -921,6 +1005,7 @@ impl Config {
                     )))
                 }
             }
+            u.validate_tls().map_err(ConfigError::Invalid)?;
             match u.protocol.as_deref() {
                 None | Some(MODERN_PROTOCOL) => {}
                 Some(other) => {
@@ -993,5 +1078,7 @@ pub enum UpstreamTransport {
         url: String,
         /// Sent verbatim on every HTTP request (values already resolved by config).
         headers: BTreeMap<String, String>,
+        /// The `tls_*` keys (an `https://` url).
+        tls: UpstreamTls,
     },
 }

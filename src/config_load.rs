@@ -66,6 +66,23 @@ pub fn load_with_env(
         },
         other => other,
     })?;
+    // The tls_* files (issue 46): read and parsed now, so `check-config` and `serve` name a
+    // missing or wrong file (and the key) before anything binds.
+    for u in &config.upstreams {
+        let tls = u.tls();
+        if tls.is_set() {
+            crate::tls::build(&tls).map_err(|e| {
+                let msg = format!("upstream {:?}: {e}", u.id);
+                ConfigError::Parse {
+                    message: match line_of_key(&text, &msg) {
+                        Some((line, key)) => format!("line {line}, key `{key}`: {msg}"),
+                        None => msg,
+                    },
+                    path: shown.clone(),
+                }
+            })?;
+        }
+    }
     Ok(config)
 }
 
@@ -404,9 +421,15 @@ pub fn resolve_transport_with(
         for (k, v) in &config.headers {
             headers.insert(k.clone(), resolve_env(&config.id, v, env)?);
         }
+        let tls = config.tls();
+        if tls.is_set() {
+            // The files are read now, so that a wrong path fails before anything binds.
+            crate::tls::build(&tls).map_err(|e| format!("upstream {:?}: {e}", config.id))?;
+        }
         return Ok(UpstreamTransport::Http {
             url: url.clone(),
             headers,
+            tls,
         });
     }
     let command = config

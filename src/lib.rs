@@ -40,6 +40,7 @@ mod store;
 mod sync;
 mod tasks;
 mod telemetry;
+mod tls;
 mod tool_name;
 mod tools;
 mod upstream;

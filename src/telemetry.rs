@@ -86,8 +86,13 @@ impl Telemetry {
             return Ok(None);
         };
         let timeout = Duration::from_millis(cfg.export_timeout_ms);
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
+        let mut http = reqwest::Client::builder().timeout(timeout);
+        if url.starts_with("https://") {
+            // The same rustls as the upstreams' (src/tls.rs): the platform's roots, which
+            // honour SSL_CERT_FILE / SSL_CERT_DIR (issue 46).
+            http = http.use_preconfigured_tls(crate::tls::platform_client_config()?);
+        }
+        let http = http
             .build()
             .map_err(|e| format!("telemetry: the HTTP client cannot be built: {e}"))?;
         let mut resource = Resource::builder_empty().with_service_name(cfg.service_name.clone());

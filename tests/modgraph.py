@@ -23,6 +23,8 @@ RULES = [
     ("config_load", ["*"], []),
     ("tool_name", ["*"], []),
     ("audit", ["*"], []),
+    # Outgoing TLS (issue 46): rustls configs and TLS failures named, for upstreams and OTLP.
+    ("tls", ["*"], []),
     # Traces: the vocabulary of spans and their context, beside the config it reads.
     ("telemetry", ["*"], ["axum", "hyper"]),
     # Only the gateway starts the server; nothing below it names the gateway.
@@ -54,7 +56,7 @@ LAYERS = [
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.
     (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync",
-         "telemetry"]),
+         "telemetry", "tls"]),
 ]
 
 
@@ -68,8 +70,10 @@ def rank_of(m):
 
 
 # What the leaves may still use.
-LEAF_ALLOWED = {"config": ["sync", "tool_name"], "config_load": ["config", "sync", "tool_name"],
-                "audit": ["config", "sync"], "telemetry": ["config", "sync"]}
+LEAF_ALLOWED = {"config": ["sync", "tool_name"],
+                "config_load": ["config", "sync", "tool_name", "tls"],
+                "audit": ["config", "sync"], "telemetry": ["config", "sync", "tls"],
+                "tls": ["config"]}
 
 
 def module_of(path):

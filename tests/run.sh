@@ -31,6 +31,16 @@ VIRTUAL_ENV="$PWD/tests/peers/.venv" PATH="$PWD/tests/peers/.venv/bin:$PATH" \
 GATEHOUSE_BIN="$PWD/target/debug/gatehouse" \
   tests/peers/.venv/bin/python -m pytest tests/python -q -p no:cacheprovider --timeout 300
 # ---- end of the Python package block
+# ---- The shipped binary (issue 46): built as the README's quick start builds it (default
+# features, no dev-dependency's features, no debuginfo), then a black-box suite against that
+# one executable (tests/shipped: quick start, CLI verbs, kill -9 + restart, stdio and HTTPS/mTLS
+# upstreams, OTLP/HTTPS, the Python AdminClient).
+echo "== shipped binary: cargo build --release --locked, pytest tests/shipped =="
+cargo build --release --locked
+ls -l target/release/gatehouse
+GATEHOUSE_RELEASE_BIN="$PWD/target/release/gatehouse" \
+  tests/peers/.venv/bin/python -m pytest tests/shipped -q -p no:cacheprovider --timeout 300
+# ---- end of the shipped binary block
 echo "== official MCP conformance suite, directly and through the gateway =="
 bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
 echo "== RELIABILITY.md =="

@@ -694,6 +694,7 @@ impl HttpUpstream {
         let transport = Transport::Http {
             url: self.url.clone(),
             headers: BTreeMap::from([("X-Api-Key".to_owned(), "upstream-secret".to_owned())]),
+            tls: Default::default(),
         };
         TestUpstream::with_transport(transport, |_| {}).await
     }

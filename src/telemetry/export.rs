@@ -242,7 +242,23 @@ impl opentelemetry_http::HttpClient for Client {
         for (k, v) in parts.headers.iter() {
             req = req.header(k, v);
         }
-        let resp = req.send().await?;
+        let resp = match req.send().await {
+            Ok(resp) => resp,
+            Err(err) => {
+                let Some(tls) = crate::tls::describe_failure(&err, parts.uri.host().unwrap_or(""))
+                else {
+                    return Err(err.into());
+                };
+                // A TLS failure is a configuration to fix: said once at warn, then at debug.
+                static WARNED: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                let reason = format!("OTLP endpoint: TLS failure: {tls}");
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(error = %reason, "span export failed");
+                }
+                return Err(reason.into());
+            }
+        };
         let status = resp.status();
         let headers = resp.headers().clone();
         // The collector's answer is small; a large one is cut (never read whole).

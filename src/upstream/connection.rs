@@ -168,8 +168,8 @@ impl Connection {
                 cwd.as_deref(),
                 opts.shutdown_grace,
             )?),
-            Transport::Http { url, headers } => {
-                TransportHandle::Http(HttpTransport::new(&opts.upstream_id, url, headers)?)
+            Transport::Http { url, headers, tls } => {
+                TransportHandle::Http(HttpTransport::new(&opts.upstream_id, url, headers, tls)?)
             }
         };
         let conn = Connection {

@@ -12,6 +12,7 @@
 //! resumption (`Last-Event-ID`) — a stream that ends without a response fails that request.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -42,6 +43,14 @@ pub(crate) struct HttpTransport {
 struct Shared {
     upstream_id: String,
     client: reqwest::Client,
+    /// The name an HTTPS upstream's certificate is checked against (`tls_server_name` or the
+    /// URL's host), for the TLS failure's message.
+    tls_name: String,
+    /// HTTPS: whether the server asked for a client certificate (see `answered`).
+    cert_asked: Option<crate::tls::ClientCertAsked>,
+    has_client_cert: bool,
+    /// A response came: a later transport failure is not the handshake's.
+    answered: AtomicBool,
     url: Url,
     headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
@@ -54,6 +63,7 @@ impl HttpTransport {
         upstream_id: &str,
         url: &str,
         headers: &BTreeMap<String, String>,
+        tls: &crate::config::UpstreamTls,
     ) -> Result<Self, UpstreamError> {
         let url = Url::parse(url)
             .map_err(|err| UpstreamError::Config(format!("invalid upstream url {url:?}: {err}")))?;
@@ -66,13 +76,31 @@ impl HttpTransport {
                 .map_err(|_| UpstreamError::Config(format!("invalid value for header {name}")))?;
             map.insert(name, value);
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()?;
+        let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        let mut cert_asked = None;
+        if url.scheme() == "https" {
+            // Our rustls config (src/tls.rs): the platform's roots or `tls_ca_file`, the
+            // client certificate, `tls_server_name`. An `http://` URL needs none.
+            let (config, asked) = crate::tls::build_observed(tls)
+                .map_err(|e| UpstreamError::Config(format!("upstream {upstream_id:?}: {e}")))?;
+            builder = builder.use_preconfigured_tls(config);
+            cert_asked = Some(asked);
+        }
+        let client = builder.build()?;
+        // The name a certificate failure is reported against.
+        let tls_name = tls
+            .server_name
+            .clone()
+            .or_else(|| url.host_str().map(str::to_owned))
+            .unwrap_or_default();
         Ok(Self {
             shared: Arc::new(Shared {
                 upstream_id: upstream_id.to_owned(),
                 client,
+                tls_name,
+                cert_asked,
+                has_client_cert: tls.client_cert_file.is_some(),
+                answered: AtomicBool::new(false),
                 url,
                 headers: map,
                 session: Mutex::new(None),
@@ -296,11 +324,30 @@ impl Shared {
         let response = match sent {
             Ok(response) => response,
             Err(err) => {
-                let reason = format!("http transport failure: {err}");
+                let tls = crate::tls::describe_failure(&err, &self.tls_name).or_else(|| {
+                    // Asked for a client certificate, then closed before any answer: the
+                    // upstream refused ours (or our having none) without an alert.
+                    let asked = self.cert_asked.as_ref().is_some_and(|a| a.get());
+                    (asked && !self.answered.load(Ordering::Relaxed))
+                        .then(|| crate::tls::client_cert_refused(self.has_client_cert, &err))
+                });
+                let reason = match tls {
+                    // Named: unknown issuer, name mismatch, expired, client certificate
+                    // refused, with what to fix (issue 46).
+                    Some(tls) => {
+                        let reason = format!("TLS failure: {tls}");
+                        tracing::warn!(upstream = %self.upstream_id, error = %reason, "upstream TLS handshake failed");
+                        reason
+                    }
+                    None => format!("http transport failure: {}", crate::tls::chain(&err)),
+                };
                 core.mark_closed(reason.clone());
                 return Err(UpstreamError::Closed(reason));
             }
         };
+        if !self.answered.load(Ordering::Relaxed) {
+            self.answered.store(true, Ordering::Relaxed);
+        }
         let had_session = {
             let mut session = lock(&self.session);
             if session.is_none() {

@@ -123,6 +123,9 @@ pub struct UpstreamInfo {
     /// Call notifications its connections could not deliver (`NotificationsRefused`).
     pub notifications_refused: u64,
     pub connections: Vec<ConnectionInfo>,
+    /// Why its last connection attempt failed (a TLS failure names its cause), until a
+    /// connection opens again.
+    pub last_error: Option<String>,
 }
 
 /// Whether connections under `sharing` serve several registrations (their permits divided).
@@ -630,6 +633,7 @@ impl Pool {
                     restarts,
                     notifications_refused: up.spec.refused.get(),
                     connections,
+                    last_error: lock(&up.spec.last_error).clone(),
                 }
             })
             .collect()

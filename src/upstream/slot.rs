@@ -36,6 +36,8 @@ pub(super) struct Spec {
     /// The catalog fetch at the upstream's first use, as calls that waited on it link to it
     /// (tracing on).
     pub catalog_work: Mutex<Option<crate::telemetry::PoolWork>>,
+    /// Why the last connection attempt failed, until one succeeds (`GET /v1/upstreams`).
+    pub last_error: Mutex<Option<String>>,
 }
 
 impl Spec {
@@ -54,6 +56,7 @@ impl Spec {
             refused: Default::default(),
             server,
             catalog_work: Mutex::new(None),
+            last_error: Mutex::new(None),
         }
     }
 
@@ -284,9 +287,11 @@ impl Slot {
                 *guard = Some(c.clone());
                 *lock(&self.current) = Some(c.clone());
                 *lock(&self.last_used) = Instant::now();
+                *lock(&self.spec.last_error) = None;
                 Ok(c)
             }
             Err(e) => {
+                *lock(&self.spec.last_error) = Some(e.to_string());
                 self.count_crash(epoch);
                 Err(e)
             }

@@ -2,7 +2,7 @@
 """An OTLP/HTTP trace receiver for gatehouse's tests: decodes what arrives with the
 `opentelemetry-proto` protobuf classes (PyPI), nothing of gatehouse's.
 
-Usage: otel_receiver.py
+Usage: otel_receiver.py [--tls CERT KEY]   (--tls: OTLP/HTTPS with that PEM certificate and key)
 Listens on 127.0.0.1 (an ephemeral port) and prints, one JSON object per line on stdout:
     {"listening": PORT}                                           first
     {"request": {"path":..., "content_type":..., "headers": {lower-name: value}, "spans": N,
@@ -121,6 +121,13 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if len(sys.argv) == 4 and sys.argv[1] == "--tls":
+        # OTLP/HTTPS (tests/shipped, issue 46): `--tls CERT KEY` (PEM files).
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     emit({"listening": server.server_address[1]})
     server.serve_forever()
