@@ -143,7 +143,11 @@ mod tests {
 
     #[test]
     fn an_at_sign_names_the_abstract_namespace() {
-        let name = format!("gatehouse-test-{}-{}", std::process::id(), rand::random::<u64>());
+        let name = format!(
+            "gatehouse-test-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
         let listener =
             UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
                 .unwrap();

@@ -35,7 +35,14 @@ impl Manager {
         let mut buf = [0u8; 4096];
         match self.socket.recv(&mut buf) {
             Ok(n) => Some(String::from_utf8(buf[..n].to_vec()).unwrap()),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => None,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
             Err(e) => panic!("recv: {e}"),
         }
     }
@@ -68,7 +75,10 @@ impl Drop for Killed {
 fn free_ports() -> (u16, u16) {
     let a = TcpListener::bind("127.0.0.1:0").unwrap();
     let b = TcpListener::bind("127.0.0.1:0").unwrap();
-    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
 /// The status line of one `GET path` on a new connection, read within 5 s.
@@ -158,7 +168,10 @@ fn the_daemon_speaks_sd_notify_through_start_reload_and_stop() {
         stderr_of(dir.path())
     );
     assert!(get(data, "/healthz").contains(" 200 "), "data listener");
-    assert!(get(admin, "/v1/registrations").starts_with("HTTP/1.1 "), "admin listener");
+    assert!(
+        get(admin, "/v1/registrations").starts_with("HTTP/1.1 "),
+        "admin listener"
+    );
 
     // The watchdog: WatchdogSec=0.4 s asks for a ping at least every 0.4 s; pings come at half.
     let t0 = Instant::now();
@@ -175,12 +188,19 @@ fn the_daemon_speaks_sd_notify_through_start_reload_and_stop() {
     assert!((3..=8).contains(&pings), "{pings} watchdog pings in 1.1 s");
 
     // SIGHUP with a good file: RELOADING (stamped with the monotonic clock), then READY.
-    std::fs::write(&cfg, good.replace("shutdown_grace_s = 10", "shutdown_grace_s = 11")).unwrap();
+    std::fs::write(
+        &cfg,
+        good.replace("shutdown_grace_s = 10", "shutdown_grace_s = 11"),
+    )
+    .unwrap();
     let before = monotonic_usec();
     kill(pid, Signal::SIGHUP).unwrap();
     let usec = reloading_usec(&manager.next_state());
     let after = monotonic_usec();
-    assert!(before <= usec && usec <= after, "{before} <= {usec} <= {after}");
+    assert!(
+        before <= usec && usec <= after,
+        "{before} <= {usec} <= {after}"
+    );
     assert_eq!(manager.next_state(), "READY=1");
     let log = stderr_of(dir.path());
     assert!(!log.contains("config not reloaded"), "{log}");
@@ -271,7 +291,10 @@ fn systemd_version() -> u32 {
         .output()
         .expect("systemd-analyze (Debian package systemd; tests/peers/setup.sh installs it)");
     let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{text}"))
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"))
 }
 
 /// The shipped unit loads cleanly on this systemd (252 here, as on Debian 12 and RHEL 9),
@@ -284,17 +307,25 @@ fn the_unit_verifies_and_its_exposure_is_at_most_2() {
     let said = String::from_utf8_lossy(&verify.stderr).to_string()
         + &String::from_utf8_lossy(&verify.stdout);
     assert!(verify.status.success(), "{said}");
-    assert!(!said.contains("gatehouse.service"), "warnings about the unit: {said}");
+    assert!(
+        !said.contains("gatehouse.service"),
+        "warnings about the unit: {said}"
+    );
 
     let security = analyze(&["security", "--offline=true"], &unit);
     let text = String::from_utf8_lossy(&security.stdout).to_string();
     let score: f64 = text
         .lines()
-        .find_map(|l| l.split("Overall exposure level for gatehouse.service: ").nth(1))
+        .find_map(|l| {
+            l.split("Overall exposure level for gatehouse.service: ")
+                .nth(1)
+        })
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no exposure level in: {text}"));
-    println!("systemd-analyze security --offline=true gatehouse.service: exposure {score} (goal <= 2.0)");
+    println!(
+        "systemd-analyze security --offline=true gatehouse.service: exposure {score} (goal <= 2.0)"
+    );
     assert!(score <= 2.0, "exposure {score}: {text}");
 
     // LimitNOFILE lets the data listener's auto connection cap (3/4 of it) reach its top.
