@@ -34,6 +34,7 @@ mod mrtr;
 mod pins;
 mod refusals;
 mod registry;
+mod sd_notify;
 mod server;
 mod session;
 mod store;

@@ -51,7 +51,7 @@ LAYERS = [
     (5, ["hub"]),
     (4, ["upstream"]),
     (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
-    (2, ["registry", "family", "connections", "store"]),
+    (2, ["registry", "family", "connections", "store", "sd_notify"]),
     (1, ["tools", "pins", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.

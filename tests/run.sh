@@ -21,15 +21,13 @@ python3 tests/modgraph.py
 # --- end issue 16 ---
 echo "== cargo test (with --features cluster: tests/cluster.rs runs 3 real etcd members) =="
 cargo test --locked --features cluster --all-targets
-# ---- Python package (issue 15): build bindings/python into the peers' venv, run tests/python.
-# maturin builds the extension in the `wheel` profile, release without debuginfo, as
-# `pip install ./bindings/python` does (most of this block's time); pytest drives it with the
-# MCP Python SDK and a real `gatehouse serve` (target/debug/gatehouse, built by cargo test above).
-echo "== Python package: maturin develop (wheel profile), pytest tests/python =="
-VIRTUAL_ENV="$PWD/tests/peers/.venv" PATH="$PWD/tests/peers/.venv/bin:$PATH" \
-  tests/peers/.venv/bin/python -m maturin develop --profile wheel --locked -q -m bindings/python/Cargo.toml
-GATEHOUSE_BIN="$PWD/target/debug/gatehouse" \
-  tests/peers/.venv/bin/python -m pytest tests/python -q -p no:cacheprovider --timeout 300
+# ---- Python package (issues 15, 48): the wheel users install. tests/wheel.sh builds the one
+# abi3 manylinux2014 wheel (maturin + zig, `wheel` profile; most of this block's time), checks
+# it with auditwheel, installs it into a fresh venv (offline, from tests/peers/wheelhouse) and
+# runs tests/python and demos/shared_gateway.py against it with no cargo or rustc on PATH; the
+# `gatehouse` those tests run (serve included) is the wheel's console script.
+echo "== Python package: wheel (maturin --zig, manylinux2014), fresh venv without cargo, pytest tests/python, demo =="
+bash tests/wheel.sh
 # ---- end of the Python package block
 # ---- The shipped binary (issue 46): built as the README's quick start builds it (default
 # features, no dev-dependency's features, no debuginfo), then a black-box suite against that

@@ -13,6 +13,7 @@ pub mod runtime;
 pub mod serve;
 pub mod test_tools;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -65,6 +66,24 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),
         Command::EchoUpstream => demo_upstream::run_echo(),
+    }
+}
+
+/// Parses `args` (the program name first) and runs the verb: the entry of a host that is not
+/// the `gatehouse` binary (the Python wheel's `gatehouse` command, `gatehouse._native.main`).
+/// A usage error, `--help` and `--version` print as the binary's do and give clap's exit
+/// code instead of ending the host process.
+pub fn run_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli),
+        Err(e) => {
+            let _ = e.print();
+            ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2))
+        }
     }
 }
 

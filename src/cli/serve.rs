@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -14,6 +15,7 @@ use crate::audit::Record;
 use crate::config::{Config, StoreBackend};
 use crate::config_load;
 use crate::gateway::Gateway;
+use crate::sd_notify::{self, Notifier};
 
 use super::runtime::{say, say_at};
 
@@ -84,6 +86,15 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         (Ok(t), Ok(i), Ok(h)) => (t, i, h),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             return fail(format!("cannot handle signals: {e}"))
+        }
+    };
+    // systemd's `Type=notify` (deploy/gatehouse.service): READY once the listeners answer,
+    // RELOADING/READY around a SIGHUP, STOPPING on the way out, WATCHDOG if asked.
+    let notifier = match Notifier::from_env() {
+        Ok(n) => n.map(Arc::new),
+        Err(e) => {
+            say_at("WARN", format_args!("NOTIFY_SOCKET unusable: {e}"));
+            None
         }
     };
     // Before anything is sized from it (the data listener's auto connection cap).
@@ -190,17 +201,34 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
     say(format_args!("audit log {}", gw.audit().path().display()));
     say(format_args!("{restored}"));
     say(format_args!("ready"));
+    // Both listeners are bound and their accept loops run: a connection made now is answered.
+    notify(notifier.as_deref(), sd_notify::READY);
+    let watchdog = notifier.as_ref().and_then(|n| {
+        let every = n.watchdog_every()?;
+        let n = n.clone();
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                notify(Some(&n), sd_notify::WATCHDOG);
+            }
+        }))
+    });
 
     let which = loop {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
             _ = hup.recv() => {
+                let reloading = sd_notify::reloading().unwrap_or_else(|_| "RELOADING=1".into());
+                notify(notifier.as_deref(), &reloading);
                 let outcome = gw.reload_config().await;
                 match &outcome {
                     Ok(r) => say(format_args!("SIGHUP: {}", r.summary())),
                     Err(e) => say_at("WARN", format_args!("SIGHUP: config not reloaded: {e}")),
                 }
+                // Applied or refused, the daemon serves (the old config, if refused).
+                notify(notifier.as_deref(), sd_notify::READY);
             }
         }
     };
@@ -208,6 +236,7 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         "{which}: shutting down (grace {} s; a second signal forces)",
         grace.as_secs()
     ));
+    notify(notifier.as_deref(), sd_notify::STOPPING);
     // Stop accepting registrations first, then: cancel calls, end streams, release every
     // registration (audited), stop the data listener, flush the audit.
     stop_admin.cancel();
@@ -224,7 +253,7 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         // Records are written in order: once this one is, every earlier one is too.
         let _ = gw.audit().record(Record::event("daemon_stopped")).await;
     };
-    tokio::select! {
+    let code = tokio::select! {
         _ = graceful => {
             // Every upstream group was torn down by now; any left (a teardown cut short
             // whose transport is still referenced) is killed rather than left behind.
@@ -235,6 +264,21 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         _ = tokio::time::sleep(grace) => forced("grace period over"),
         _ = term.recv() => forced("second signal"),
         _ = int.recv() => forced("second signal"),
+    };
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    code
+}
+
+/// One notification to systemd, when started by a notify unit; a failed send is a warning
+/// (the daemon serves the same either way).
+fn notify(notifier: Option<&Notifier>, state: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.notify(state) {
+            let what = state.lines().next().unwrap_or(state);
+            say_at("WARN", format_args!("sd_notify {what}: {e}"));
+        }
     }
 }
 

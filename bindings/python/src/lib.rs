@@ -1355,6 +1355,18 @@ async fn forward(ctx: &ToolContext, n: Note) {
     }
 }
 
+/// The `gatehouse` command of the wheel (`gatehouse._cli`): runs `argv` (program name first)
+/// through the same CLI as the binary, every verb `serve` included, with the GIL released
+/// while it runs. Returns the exit status.
+#[pyfunction]
+fn main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    let code = py.detach(move || gatehouse::cli::run_args(argv));
+    // `ExitCode` keeps its number to itself; every status it can hold is one of these.
+    (0..=u8::MAX)
+        .find(|n| std::process::ExitCode::from(*n) == code)
+        .unwrap_or(1)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeGateway>()?;
@@ -1364,6 +1376,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Done>()?;
     m.add_class::<LoopPort>()?;
     m.add_function(wrap_pyfunction!(echo_tool, m)?)?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("LOG_LEVELS", LOG_LEVELS.to_vec())?;
     Ok(())
 }

@@ -17,14 +17,13 @@ import atexit
 import contextvars
 import json
 import os
-import shutil
 import socket
 import stat
 import threading
 import weakref
 from typing import Any, Iterable, Mapping
 
-from . import _native
+from . import _cli, _native
 from ._roots import roots_list
 from ._tools import Tool
 
@@ -180,8 +179,8 @@ class Gateway:
 
     ``config`` is the path of a gatehouse TOML file (default: built-in defaults, an ephemeral
     loopback port). Keyword arguments override it. ``gatehouse_exe`` is the binary that
-    ``command = "@self"`` upstreams run (default: ``$GATEHOUSE_SELF_EXE``, then ``gatehouse``
-    on ``PATH``).
+    ``command = "@self"`` upstreams run (default: ``$GATEHOUSE_SELF_EXE``, then this
+    installation's ``gatehouse`` command, then ``gatehouse`` on ``PATH``).
     """
 
     def __init__(
@@ -197,7 +196,7 @@ class Gateway:
         worker_threads: int = 2,
         tool_threads: int = 64,
     ) -> None:
-        exe = gatehouse_exe or os.environ.get("GATEHOUSE_SELF_EXE") or shutil.which("gatehouse")
+        exe = gatehouse_exe or _cli.self_exe()
         self._native = _native.NativeGateway(
             os.fspath(config) if config is not None else None,
             config_toml,
