@@ -139,6 +139,24 @@ async fn an_upstream_that_cannot_answer_is_named() {
     reg.release().await;
 }
 
+/// An upstream that hangs (stopped: it reads nothing, answers nothing) is named as down within
+/// the probe's deadline, not reported as the probe's own timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_upstream_is_named_within_the_deadline() {
+    let tg = TestGateway::with(|c| c.upstreams = vec![helpdesk("helpdesk", "shared", &[], "")]);
+    let reg = tg.gateway.register(spec(&["helpdesk.*"])).await.unwrap();
+    let pids = gatehouse::testing::pool(&tg.gateway).pids();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let pid = nix::unistd::Pid::from_raw(pids[0] as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let e = reg.probe(Duration::from_secs(2)).await.unwrap_err();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(e.reason(), Some(ProbeReason::UpstreamDown), "{e}");
+    assert_eq!(e.probe().upstreams_down, vec!["helpdesk".to_string()]);
+    assert!(e.to_string().contains("helpdesk"), "{e}");
+    reg.release().await;
+}
+
 // ---- the CLI: `gatehouse probe ID`, the token from --token-file or GATEHOUSE_TOKEN ----
 
 fn daemon() -> Daemon {
@@ -287,6 +305,40 @@ async fn the_admin_half_pings_the_upstreams_and_404s_for_an_unknown_id() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let p: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(p["upstreams"][0]["answered"], true, "{p}");
+}
+
+/// Through the admin API too, a hanging upstream is named before the probe's deadline: the
+/// daemon's pings get a fifth less time than is left, so their answer comes back in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_names_a_hanging_upstream_within_the_deadline() {
+    let d = Daemon::start(
+        &format!(
+            "[[upstreams]]\nid = \"helpdesk\"\ncommand = {:?}\nargs = [\"demo-upstream\"]\nsharing = \"shared\"\n",
+            env!("CARGO_BIN_EXE_gatehouse")
+        ),
+        "",
+        "warn",
+        &[],
+    );
+    let r = d
+        .register(json!({"agent_id": "prober", "tools": ["helpdesk.*"]}))
+        .await;
+    let (_, ups) = d
+        .admin_call(reqwest::Method::GET, "/v1/upstreams", None)
+        .await;
+    let pid = ups[0]["connections"][0]["pid"].as_i64().unwrap();
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let out = probe_cli(
+        &d,
+        &[r["id"].as_str().unwrap(), "--timeout", "2", "--json"],
+        r["token"].as_str(),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(p["failure"]["reason"], "upstream_down", "{p}");
+    assert_eq!(p["upstreams_down"], json!(["helpdesk"]));
 }
 
 /// A gateway node that answers every MCP request 503 (as a fenced cluster node does).

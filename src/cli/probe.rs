@@ -66,7 +66,8 @@ pub fn run(a: ProbeArgs) -> ExitCode {
         let daemon_half = |left: Duration| {
             let (admin, path) = (&admin, path.clone());
             async move {
-                let body = json!({"timeout_ms": left.as_millis().max(1) as u64});
+                let pings = probe::pings_within(left);
+                let body = json!({"timeout_ms": pings.as_millis().max(1) as u64});
                 let r = admin
                     .call(Method::POST, &path, Some(&body))
                     .await

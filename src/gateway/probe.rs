@@ -213,7 +213,7 @@ impl Gateway {
         };
         let key = id.to_string();
         let mut p = run(&http, id, mcp_url, token, timeout, |left| async move {
-            Ok(self.probe_upstreams(&key, left).await)
+            Ok(self.probe_upstreams(&key, pings_within(left)).await)
         })
         .await;
         // The server stops with the last registration: nothing listens, because it is released.
@@ -264,6 +264,12 @@ impl Gateway {
             upstreams,
         })
     }
+}
+
+/// The pings' bound when `left` remains of the probe: a fifth is kept for the answer, so an
+/// upstream that hangs is named (`upstream_down`) before the probe's own deadline passes.
+pub fn pings_within(left: Duration) -> Duration {
+    left.mul_f64(0.8).max(Duration::from_millis(1))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -334,7 +340,10 @@ where
             probe.tools = ToolsSeen::compare(Vec::new(), seen.listed);
             return finish(probe, Some(f), began);
         }
-        Err(_) => return finish(probe, Some(timed_out()), began),
+        Err(_) => {
+            probe.tools = ToolsSeen::compare(Vec::new(), seen.listed);
+            return finish(probe, Some(timed_out()), began);
+        }
     };
     probe.tools = ToolsSeen::compare(daemon_seen.tools, seen.listed);
     probe.upstreams_down = daemon_seen
