@@ -366,18 +366,11 @@ async fn the_cli_says_fenced_for_a_503() {
     let id = r["id"].as_str().unwrap();
     let (base, node) = fenced_node();
     let url = format!("{base}/gw/{id}/mcp");
-    let out = probe_cli(
-        &d,
-        &[id, "--mcp-url", &url, "--json"],
-        r["token"].as_str(),
-    );
+    let out = probe_cli(&d, &[id, "--mcp-url", &url, "--json"], r["token"].as_str());
     node.join().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let p: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(p["failure"]["reason"], "fenced", "{p}");
     assert_eq!(p["failure"]["status"], 503);
-    assert!(p["failure"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("fenced"));
+    assert!(p["failure"]["message"].as_str().unwrap().contains("fenced"));
 }

@@ -128,7 +128,12 @@ fn report(a: &ProbeArgs, p: Probe, failed: &mut bool) -> Result<(), String> {
             serde_json::to_string_pretty(&p).map_err(|e| e.to_string())?
         );
         if let Some(f) = &p.failure {
-            eprintln!("gatehouse: probe of {}: {}: {}", p.id, f.reason.as_str(), f.message);
+            eprintln!(
+                "gatehouse: probe of {}: {}: {}",
+                p.id,
+                f.reason.as_str(),
+                f.message
+            );
         }
         return Ok(());
     }

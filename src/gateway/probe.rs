@@ -553,12 +553,7 @@ async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>
                 out.extend_from_slice(&c);
             }
             Ok(None) => return Ok(out),
-            Err(e) => {
-                return Err(protocol(format!(
-                    "the answer was cut: {}",
-                    e.without_url()
-                )))
-            }
+            Err(e) => return Err(protocol(format!("the answer was cut: {}", e.without_url()))),
         }
     }
 }
