@@ -2,7 +2,10 @@
 """Seven (or --count N) sequential agent executions in one Python process, sharing one
 embedded gatehouse. Each has its own Python tool, is reached by the official MCP Python SDK's
 `sse_client` (the client of the harness that failed with a server per execution), lists only
-its own tool, calls it, is released, and its path then answers 404.
+its own tool, calls it, is released, and its path then answers 404. Before the agent connects,
+the seed's health probe is one call (`reg.probe_async()`: an MCP round trip with the
+registration's token, its tools against its grant, within 5 s); after the release the probe
+says `released`.
 
     python demos/shared_gateway.py [--count 1000] [--quiet]
 
@@ -26,6 +29,7 @@ from mcp import ClientSession
 from mcp.client.sse import sse_client
 
 PER_EXECUTION_TIMEOUT_S = 15.0
+PROBE_TIMEOUT_S = 5.0
 
 
 def tool_for(i: int) -> gatehouse.Tool:
@@ -47,6 +51,10 @@ def status_of(url: str, token: str) -> int:
 
 async def one(gw: gatehouse.Gateway, i: int) -> str:
     async with gw.register_async(f"demo-agent-{i}", tools=[tool_for(i)], label=f"run-{i}") as reg:
+        # The seed's probe: "connect and list tools within N seconds", as one call.
+        p = await reg.probe_async(timeout=PROBE_TIMEOUT_S, check=False)
+        if not (p["ok"] and p["tools"]["equal"]):
+            return f"PROBE {p['failure'] or p['tools']}"
         headers = {"Authorization": f"Bearer {reg.token}"}
         async with sse_client(reg.sse_url, headers=headers, timeout=10.0) as (read, write):
             async with ClientSession(read, write) as s:
@@ -60,7 +68,11 @@ async def one(gw: gatehouse.Gateway, i: int) -> str:
                     return f"BAD CALL {text!r}"
         sse_url, token = reg.sse_url, reg.token
     code = await asyncio.to_thread(status_of, sse_url, token)
-    return "OK" if code == 404 else f"NOT RELEASED({code})"
+    if code != 404:
+        return f"NOT RELEASED({code})"
+    p = await reg.probe_async(timeout=PROBE_TIMEOUT_S, check=False)
+    reason = (p["failure"] or {}).get("reason")
+    return "OK" if reason == "released" else f"PROBE AFTER RELEASE {reason}"
 
 
 async def main() -> int:

@@ -116,6 +116,7 @@ pub fn router(gw: Gateway, admin_token: &str) -> AdminApp {
             axum::routing::delete(delete).get(show),
         )
         .route("/v1/registrations/{id}/renew", post(renew))
+        .route("/v1/registrations/{id}/probe", post(probe))
         .route("/v1/upstreams", get(upstreams))
         .route("/v1/reload", post(reload))
         .route("/metrics", get(metrics))
@@ -393,6 +394,43 @@ async fn renew(
         Ok(Some(expires_at)) => Json(json!({"id": id, "expires_at": expires_at})).into_response(),
         Ok(None) => no_such_registration(&st.gw, &id),
         Err(e) => store_failed(e),
+    }
+}
+
+/// `POST /v1/registrations/<id>/probe`: the daemon's half of a probe (`gateway::probe`): the
+/// granted tools, and each upstream its tools come from pinged, within `timeout_ms` (default
+/// 5000, at most 60000). The MCP round trip is the caller's, who holds the token.
+async fn probe(
+    State(st): State<AdminState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    use crate::gateway::probe::{DEFAULT_TIMEOUT, MAX_TIMEOUT};
+    let mut timeout = DEFAULT_TIMEOUT;
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return bad_request(format!("body is not JSON: {e}")),
+        };
+        let Value::Object(mut m) = v else {
+            return bad_request("body must be a JSON object, e.g. {\"timeout_ms\": 5000}");
+        };
+        match m.remove("timeout_ms") {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => {
+                    timeout = std::time::Duration::from_millis(n).min(MAX_TIMEOUT);
+                }
+                _ => return bad_request("timeout_ms: must be a positive integer (milliseconds)"),
+            },
+        }
+        if let Some(k) = m.keys().next() {
+            return bad_request(format!("{k}: unknown field (expected timeout_ms)"));
+        }
+    }
+    match st.gw.probe_upstreams(&id, timeout).await {
+        Some(seen) => Json(seen).into_response(),
+        None => no_such_registration(&st.gw, &id),
     }
 }
 

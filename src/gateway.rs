@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+pub mod probe;
 mod reload;
 #[cfg(feature = "cluster")]
 mod replica;

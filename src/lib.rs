@@ -47,6 +47,10 @@ mod tools;
 mod upstream;
 
 pub use config::{Config, ConfigError};
+pub use gateway::probe::{
+    Failure as ProbeFailure, Probe, ProbeError, Reason as ProbeReason, ToolsSeen, UpstreamSeen,
+    UpstreamsSeen,
+};
 pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
 pub use mcp::LOG_LEVELS;
 pub use registry::{Limits, RegistrationSpec, Root};

@@ -39,6 +39,13 @@ ls -l target/release/gatehouse
 GATEHOUSE_RELEASE_BIN="$PWD/target/release/gatehouse" \
   tests/peers/.venv/bin/python -m pytest tests/shipped -q -p no:cacheprovider --timeout 300
 # ---- end of the shipped binary block
+# ---- TypeScript client (issue 48): bindings/typescript against target/debug/gatehouse (built
+# by cargo test above): npm ci (committed lock), tsc (ESM + CJS), node --test (a real daemon per
+# test; the `npm pack` tarball installed into a fresh folder runs the SDK example).
+echo "== TypeScript client: npm ci, tsc, node --test (bindings/typescript) =="
+(cd bindings/typescript && npm ci --no-audit --no-fund && npm run build \
+  && GATEHOUSE_BIN="$PWD/../../target/debug/gatehouse" npm test)
+# ---- end of the TypeScript client block
 echo "== official MCP conformance suite, directly and through the gateway =="
 bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
 echo "== RELIABILITY.md =="

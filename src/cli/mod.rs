@@ -5,6 +5,7 @@ pub mod audit;
 pub mod check_config;
 pub mod demo_upstream;
 pub mod list;
+pub mod probe;
 pub mod register;
 pub mod release;
 pub mod reload;
@@ -41,6 +42,9 @@ pub enum Command {
     Reload(reload::ReloadArgs),
     /// List live registrations (never their tokens).
     List(list::ListArgs),
+    /// Probe a registration as its agent would reach it (MCP round trip with its token, tools
+    /// against the grant, upstreams pinged); exit 1 with the reason when it is not healthy.
+    Probe(probe::ProbeArgs),
     /// Read, filter and summarise an audit file.
     Audit(Box<audit::AuditArgs>),
     /// Validate a config file and exit (non-zero on error), before anything binds.
@@ -62,6 +66,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Release(a) => release::run(a),
         Command::Reload(a) => reload::run(a),
         Command::List(a) => list::run(a),
+        Command::Probe(a) => probe::run(a),
         Command::Audit(a) => audit::run(*a),
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),

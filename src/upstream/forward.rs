@@ -645,3 +645,51 @@ fn lease_of(slot: &Slot, registration: &RegistrationState) -> Option<String> {
         .load(Ordering::SeqCst)
         .then(|| slot.leases.lease_for(&registration.id))
 }
+
+impl Pool {
+    /// A probe's question to one upstream (`gateway::probe`): `ping` on the connection that
+    /// serves `registration_id` (spawned or respawned if need be, as its next call would),
+    /// within `timeout`. Any JSON-RPC answer, an error included, is an answer. The error names
+    /// its kind only, never an upstream's command or URL.
+    pub async fn ping(
+        &self,
+        upstream: &str,
+        registration_id: &str,
+        timeout: Duration,
+    ) -> Result<(), &'static str> {
+        let cancel = CancellationToken::new();
+        let _stop = cancel.clone().drop_guard();
+        let asked = async {
+            let in_use = self.acquire(upstream, registration_id, &cancel).await?;
+            let opts = RequestOptions {
+                timeout: Some(timeout),
+                cancel: cancel.clone(),
+                ..Default::default()
+            };
+            in_use.conn.request("ping", Value::Null, opts).await?;
+            in_use.slot.answered();
+            Ok::<(), ForwardError>(())
+        };
+        match tokio::time::timeout(timeout, asked).await {
+            // Its share of the connection's permits is in use: its calls are running there.
+            Ok(Ok(())) | Ok(Err(ForwardError::Busy { .. })) => Ok(()),
+            Err(_) | Ok(Err(ForwardError::Upstream(UpstreamError::Timeout(_)))) => {
+                Err("no answer within the deadline")
+            }
+            Ok(Err(e)) => Err(match e {
+                ForwardError::UnknownUpstream(_) => "not configured (removed by a reload?)",
+                ForwardError::ShuttingDown => "shutting down",
+                ForwardError::Unavailable { .. } => "unavailable: cannot connect",
+                ForwardError::Upstream(UpstreamError::Spawn(_)) => "cannot be spawned",
+                ForwardError::Upstream(UpstreamError::Closed(_)) => "connection closed",
+                ForwardError::Upstream(UpstreamError::HttpStatus { .. }) => {
+                    "answered an HTTP error status"
+                }
+                ForwardError::Upstream(UpstreamError::Http(_) | UpstreamError::Io(_)) => {
+                    "cannot connect"
+                }
+                _ => "failed",
+            }),
+        }
+    }
+}

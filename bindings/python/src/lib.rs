@@ -477,6 +477,30 @@ impl NativeRegistration {
         Ok(())
     }
 
+    /// The probe (`Registration::probe`, issue 48) within `timeout_s`: its JSON, the same shape
+    /// in every API, whether it succeeded or not (`ok`, `failure`).
+    #[pyo3(signature = (timeout_s=5.0))]
+    fn probe(&self, py: Python<'_>, timeout_s: f64) -> PyResult<String> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= 600.0) {
+            return Err(PyValueError::new_err(
+                "timeout_s: seconds, more than 0 and at most 600",
+            ));
+        }
+        let gw = self.shared.check(py)?;
+        let (id, url, token) = (self.id.clone(), self.mcp_url.clone(), self.token.clone());
+        let handle = self.shared.handle.clone();
+        let timeout = Duration::from_secs_f64(timeout_s);
+        let probe = py.detach(move || {
+            handle.block_on(async move {
+                match gw.probe(&id, &url, &token, timeout).await {
+                    Ok(p) => p,
+                    Err(e) => *e.0,
+                }
+            })
+        });
+        serde_json::to_string(&probe).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<gatehouse registration {} agent_id={:?}>",

@@ -25,6 +25,7 @@ from ._errors import (
     GatehouseError,
     GatewayStopped,
     InvalidTool,
+    ProbeFailed,
     RegistrationError,
     UnknownGrant,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "GatewayStopped",
     "InvalidTool",
     "LOG_LEVELS",
+    "ProbeFailed",
     "Registration",
     "RegistrationError",
     "Tool",

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from ._roots import roots_list
 from ._errors import AdminError, BadConfig, RegistrationError, UnknownGrant
+from . import _probe
 
 DEFAULT_CONFIG_PATH = "config/gatehouse.toml"
 
@@ -121,6 +122,13 @@ class AdminRegistration:
             agent_id, tools, label=label, ttl_s=ttl_s, limits=limits, renew=renew, parent=self.id
         )
 
+    def probe(self, timeout: float = _probe.DEFAULT_TIMEOUT, *, check: bool = True) -> dict[str, Any]:
+        """The MCP round trip with this registration's token, its tools against its grant, its
+        upstreams pinged, within ``timeout`` seconds (see :meth:`AdminClient.probe`)."""
+        return self._client.probe(
+            self.id, self.token, mcp_url=self.mcp_url, timeout=timeout, check=check
+        )
+
     def release(self) -> bool:
         """Stops renewing and releases (False if it was already gone)."""
         self._stop.set()
@@ -177,14 +185,16 @@ class AdminClient:
     def __repr__(self) -> str:
         return f"<gatehouse.AdminClient {self.url}>"
 
-    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def _call(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self._token}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
@@ -277,3 +287,59 @@ class AdminClient:
         if status == 404:
             return False
         raise self._fail(status, payload, f"release {registration_id}")
+
+    def probe(
+        self,
+        registration_id: str,
+        token: str,
+        *,
+        mcp_url: str | None = None,
+        timeout: float = _probe.DEFAULT_TIMEOUT,
+        check: bool = True,
+    ) -> dict[str, Any]:
+        """Probes a registration as its agent would reach it: the MCP round trip with its
+        ``token`` (the daemon keeps only a digest), then ``POST /v1/registrations/<id>/probe``
+        (its grant, each upstream pinged); all within ``timeout`` seconds. Returns the probe
+        (``ok``, ``reachable``, ``latency_ms``, ``tools`` against the grant, ``upstreams``,
+        ``upstreams_down``, ``failure``); raises ``ProbeFailed`` with the reason when it failed,
+        unless ``check=False``. ``mcp_url`` defaults to where the daemon serves it."""
+        rid = urllib.parse.quote(registration_id, safe="")
+
+        def daemon_half(left: float) -> dict[str, Any] | None:
+            try:
+                status, payload = self._call(
+                    "POST",
+                    f"/v1/registrations/{rid}/probe",
+                    # A fifth kept for the answer: a hanging upstream is named, not a timeout.
+                    {"timeout_ms": max(int(left * 800), 1)},
+                    timeout=max(left, 0.05),
+                )
+            except AdminError as e:
+                raise _probe._Failure("unreachable", str(e)) from e
+            if status == 404:
+                return None
+            if status != 200 or not isinstance(payload, dict):
+                raise _probe.failure_of_status(status, f"admin API: {self._message(status, payload)}")
+            return payload
+
+        if mcp_url is None:
+            try:
+                seen = daemon_half(timeout)
+            except _probe._Failure as f:
+                return _probe.checked(_failed(registration_id, f), check)
+            if seen is None or not seen.get("mcp_url"):
+                return _probe.checked(
+                    _failed(registration_id, _probe.failure_of_status(404, "no such registration")),
+                    check,
+                )
+            mcp_url = seen["mcp_url"]
+        return _probe.checked(_probe.run(registration_id, mcp_url, token, timeout, daemon_half), check)
+
+
+def _failed(registration_id: str, f: "_probe._Failure") -> dict[str, Any]:
+    return {
+        "id": registration_id, "ok": False, "reachable": False, "latency_ms": None,
+        "protocol_version": None,
+        "tools": {"equal": False, "granted": [], "listed": [], "missing": [], "unexpected": []},
+        "upstreams": [], "upstreams_down": [], "failure": f.as_dict(), "elapsed_ms": 0.0,
+    }

@@ -41,3 +41,19 @@ class AdminError(GatehouseError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ProbeFailed(GatehouseError):
+    """A registration's probe failed: ``reason`` is ``refused`` (401), ``released`` (404),
+    ``fenced`` (503), ``upstream_down`` (``probe["upstreams_down"]`` names them), ``timeout``,
+    ``unreachable`` or ``protocol``; ``probe`` is everything it saw (the shared JSON shape)."""
+
+    def __init__(self, probe: dict) -> None:  # type: ignore[type-arg]
+        f = probe.get("failure") or {}
+        self.probe = probe
+        self.reason: str = f.get("reason", "protocol")
+        self.status: int | None = f.get("status")
+        status = f" (HTTP {self.status})" if self.status else ""
+        super().__init__(
+            f"probe of {probe.get('id')}: {self.reason}{status}: {f.get('message', 'failed')}"
+        )

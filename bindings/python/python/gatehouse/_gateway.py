@@ -24,6 +24,7 @@ import weakref
 from typing import Any, Iterable, Mapping
 
 from . import _cli, _native
+from ._errors import ProbeFailed
 from ._roots import roots_list
 from ._tools import Tool
 
@@ -100,6 +101,25 @@ class Registration:
 
     async def release_async(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._native.release)
+
+    def probe(self, timeout: float = 5.0, *, check: bool = True) -> dict[str, Any]:
+        """Probes this registration as its agent would reach it: the MCP round trip over the
+        real socket with its token (initialize, tools/list), its tools against its grant, each
+        upstream its tools come from pinged; all within ``timeout`` seconds. Returns the probe
+        (``ok``, ``reachable``, ``latency_ms``, ``tools``, ``upstreams``, ``upstreams_down``,
+        ``failure``: the JSON shape of every API's probe); raises ``gatehouse.ProbeFailed``
+        with the reason (refused, released, fenced, upstream_down, timeout) unless
+        ``check=False``."""
+        p = json.loads(self._native.probe(float(timeout)))
+        if check and not p["ok"]:
+            raise ProbeFailed(p)
+        return p
+
+    async def probe_async(self, timeout: float = 5.0, *, check: bool = True) -> dict[str, Any]:
+        """:meth:`probe` without blocking the event loop (in the default executor)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.probe(timeout, check=check)
+        )
 
     def renew(self, ttl_s: int | None = None) -> str | None:
         """Extends the lease by ``ttl_s`` (default: its own); returns the new expiry."""
