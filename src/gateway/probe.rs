@@ -299,18 +299,7 @@ where
     Fut: std::future::Future<Output = Result<Option<UpstreamsSeen>, Failure>>,
 {
     let began = Instant::now();
-    let mut probe = Probe {
-        id: id.to_string(),
-        ok: false,
-        reachable: false,
-        latency_ms: None,
-        protocol_version: None,
-        tools: ToolsSeen::default(),
-        upstreams: Vec::new(),
-        upstreams_down: Vec::new(),
-        failure: None,
-        elapsed_ms: 0.0,
-    };
+    let mut probe = Probe::nothing_seen(id);
     let timed_out = || Failure {
         reason: Reason::Timeout,
         status: None,
@@ -370,9 +359,9 @@ where
     finish(probe, failure, began)
 }
 
-/// A probe that could not start (`failure` says why).
-pub fn failed(id: &str, failure: Failure) -> Probe {
-    finish(
+impl Probe {
+    /// A probe of `id` that has seen nothing yet.
+    fn nothing_seen(id: &str) -> Probe {
         Probe {
             id: id.to_string(),
             ok: false,
@@ -384,10 +373,13 @@ pub fn failed(id: &str, failure: Failure) -> Probe {
             upstreams_down: Vec::new(),
             failure: None,
             elapsed_ms: 0.0,
-        },
-        Some(failure),
-        Instant::now(),
-    )
+        }
+    }
+}
+
+/// A probe that could not start (`failure` says why).
+pub fn failed(id: &str, failure: Failure) -> Probe {
+    finish(Probe::nothing_seen(id), Some(failure), Instant::now())
 }
 
 fn finish(mut probe: Probe, failure: Option<Failure>, began: Instant) -> Probe {
