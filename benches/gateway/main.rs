@@ -1485,17 +1485,18 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     let dir = tempfile::tempdir()?;
     // Issue 46: the gateway in front of a Streamable HTTP upstream over http and over https,
     // only when `--targets` names those rows (`upstream_http`; bench/callgrind_tls.sh).
-    let http_upstreams = if upstream_http::wanted(&o.targets) {
-        let rt = upstream_http::upstream_runtime()?;
-        let ups = upstream_http::start(&rt, dir.path())?;
-        Some((rt, ups))
-    } else {
-        None
+    let http_upstreams = match upstream_http::wanted(&o.targets) {
+        (false, false) => None,
+        which => {
+            let rt = upstream_http::upstream_runtime()?;
+            let ups = upstream_http::start(&rt, dir.path(), which)?;
+            Some((rt, ups))
+        }
     };
     let more = http_upstreams
-        .as_ref()
-        .map(|(_, ups)| ups.clone())
-        .unwrap_or_default();
+        .iter()
+        .flat_map(|(_, ups)| ups.iter().map(|(_, up)| up.clone()))
+        .collect();
     let gw = echo_gateway_with(srv, dir.path(), more)?;
     let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant("echo.echo")))?;
     let addr = gw.local_addr().context("no listener")?;
@@ -1504,12 +1505,9 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     // One registration per HTTP upstream (`plain.echo`, `https.echo`), each its row.
     let mut http_regs = Vec::new();
     let mut http_targets = Vec::new();
-    if http_upstreams.is_some() {
-        for (row, up) in [
-            (upstream_http::HTTP_ROW, "plain"),
-            (upstream_http::HTTPS_ROW, "https"),
-        ] {
-            let tool = format!("{up}.echo");
+    if let Some((_, ups)) = &http_upstreams {
+        for (row, up) in ups {
+            let tool = format!("{}.echo", up.id);
             let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant(&tool)))?;
             http_targets.push((
                 row.to_string(),

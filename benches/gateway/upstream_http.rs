@@ -57,29 +57,38 @@ pub fn upstream_runtime() -> Result<Runtime> {
 pub const HTTP_ROW: &str = "gateway → http upstream, Streamable HTTP";
 pub const HTTPS_ROW: &str = "gateway → https upstream, Streamable HTTP";
 
-/// Whether `--targets` asks for either row (an entry containing "http upstream" or
-/// "https upstream").
-pub fn wanted(targets: &[String]) -> bool {
-    targets
-        .iter()
-        .any(|t| t.contains("http upstream") || t.contains("https upstream"))
+/// Which of the two rows `--targets` asks for (an entry containing "http upstream",
+/// "https upstream"): (http, https).
+pub fn wanted(targets: &[String]) -> (bool, bool) {
+    let has = |s: &str| targets.iter().any(|t| t.contains(s));
+    (has("http upstream"), has("https upstream"))
 }
 
-/// The two upstreams, started: the gateway's upstream configs (`plain` over http, `https`
-/// over https with `tls_ca_file`). The servers live as long as `rt`.
-pub fn start(rt: &Runtime, dir: &Path) -> Result<Vec<UpstreamConfig>> {
-    let pki = make_pki(&dir.join("pki"))?;
-    let tls = server_config(&pki)?;
-    let plain = rt.block_on(serve(None))?;
-    let https = rt.block_on(serve(Some(tls)))?;
-    let plain: UpstreamConfig = serde_json::from_value(json!({
-        "id": "plain", "url": format!("http://{plain}/mcp"),
-    }))?;
-    let https: UpstreamConfig = serde_json::from_value(json!({
-        "id": "https", "url": format!("https://{https}/mcp"),
-        "tls_ca_file": pki.ca,
-    }))?;
-    Ok(vec![plain, https])
+/// The upstreams asked for, started; their rows and the gateway's upstream configs (`plain`
+/// over http, `https` over https with `tls_ca_file`). The servers live as long as `rt`.
+pub fn start(
+    rt: &Runtime,
+    dir: &Path,
+    (http, https): (bool, bool),
+) -> Result<Vec<(&'static str, UpstreamConfig)>> {
+    let mut ups = Vec::new();
+    if http {
+        let addr = rt.block_on(serve(None))?;
+        let up = serde_json::from_value(json!({
+            "id": "plain", "url": format!("http://{addr}/mcp"),
+        }))?;
+        ups.push((HTTP_ROW, up));
+    }
+    if https {
+        let pki = make_pki(&dir.join("pki"))?;
+        let addr = rt.block_on(serve(Some(server_config(&pki)?)))?;
+        let up = serde_json::from_value(json!({
+            "id": "https", "url": format!("https://{addr}/mcp"),
+            "tls_ca_file": pki.ca,
+        }))?;
+        ups.push((HTTPS_ROW, up));
+    }
+    Ok(ups)
 }
 
 struct Pki {
@@ -109,11 +118,35 @@ fn make_pki(dir: &Path) -> Result<Pki> {
     );
     const EC: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
     let steps: [Vec<&str>; 3] = [
-        [&["req", "-x509", "-nodes"][..], &EC, &["-keyout", &ca_key, "-out", &ca_pem]].concat(),
-        [&["req", "-nodes"][..], &EC, &["-keyout", &leaf_key, "-out", &leaf_csr]].concat(),
+        [
+            &["req", "-x509", "-nodes"][..],
+            &EC,
+            &["-keyout", &ca_key, "-out", &ca_pem],
+        ]
+        .concat(),
+        [
+            &["req", "-nodes"][..],
+            &EC,
+            &["-keyout", &leaf_key, "-out", &leaf_csr],
+        ]
+        .concat(),
         vec![
-            "x509", "-req", "-in", &leaf_csr, "-CA", &ca_pem, "-CAkey", &ca_key, "-set_serial",
-            "2", "-days", "2", "-extfile", &ext, "-out", &leaf_pem,
+            "x509",
+            "-req",
+            "-in",
+            &leaf_csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-set_serial",
+            "2",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &leaf_pem,
         ],
     ];
     let extra: [&[&str]; 3] = [
@@ -135,7 +168,9 @@ fn make_pki(dir: &Path) -> Result<Pki> {
             .args(args)
             .args(extra)
             .output()
-            .context("the HTTPS upstream row needs the `openssl` command (Debian: apt-get install openssl)")?;
+            .context(
+            "the HTTPS upstream row needs the `openssl` command (Debian: apt-get install openssl)",
+        )?;
         if !out.status.success() {
             bail!(
                 "openssl {:?}: {}",
@@ -160,6 +195,12 @@ fn server_config(pki: &Pki) -> Result<Arc<rustls::ServerConfig>> {
     .with_safe_default_protocol_versions()?
     .with_no_client_auth()
     .with_single_cert(chain, key)?;
+    // No resumption: every handshake is a full one (x25519 and the certificate's ECDSA check),
+    // so that two runs with the same number of handshakes (bench/callgrind_tls.sh checks it)
+    // did the same handshake work, however the pooled connections raced for a ticket.
+    let mut cfg = cfg;
+    cfg.send_tls13_tickets = 0;
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Arc::new(cfg))
 }
 
