@@ -6,6 +6,9 @@
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
+//! The proxy section's rows with an HTTP upstream over http and over https (issue 46) exist
+//! only when `--targets` names them ("gateway → http upstream", "gateway → https upstream";
+//! `upstream_http`, bench/callgrind_tls.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The allocator `gatehouse serve` runs with (src/main.rs), so that the embedded gateway is
