@@ -20,7 +20,8 @@
 # itself measures the noise: instruction counts repeat within about ±0.7% for one binary (the
 # polls and wake-ups of 8 clients depend on timing), so a Δ inside ±1% is not a difference.
 # CG_COMPARE_MINIMAL=1 adds the minimal proxy (the bench's own baseline, no gateway code) as a
-# control row. Takes ~10 minutes per revision to build and ~4 minutes per row and revision.
+# control row. Here: 1.5-4 minutes to build a revision (seeded), then ~30-60 s per row,
+# revision and repetition (two callgrind runs).
 # Needs valgrind. Not run by tests/run.sh or CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
