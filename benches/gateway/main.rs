@@ -6,6 +6,9 @@
 //!  [--external NAME=KIND:URL ...]`
 //!
 //! Figures are printed, never asserted. Targets are ratios against a baseline in the same run.
+//! The proxy section's rows with an HTTP upstream over http and over https (issue 46) exist
+//! only when `--targets` names them ("gateway → http upstream", "gateway → https upstream";
+//! `upstream_http`, bench/callgrind_tls.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 // The allocator `gatehouse serve` runs with (src/main.rs), so that the embedded gateway is
@@ -37,6 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod console;
 mod store;
+mod upstream_http;
 
 const GATEHOUSE_BIN: &str = env!("CARGO_BIN_EXE_gatehouse");
 
@@ -1462,21 +1466,65 @@ fn transports(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<
 
 /// The bench's gateway (`gateway_config`) with one upstream, `echo`: `gatehouse echo-upstream`.
 fn echo_gateway(srv: &Runtime, dir: &std::path::Path) -> Result<Gateway> {
+    echo_gateway_with(srv, dir, Vec::new())
+}
+
+/// [`echo_gateway`] with more upstreams after `echo`.
+fn echo_gateway_with(
+    srv: &Runtime,
+    dir: &std::path::Path,
+    more: Vec<UpstreamConfig>,
+) -> Result<Gateway> {
     let mut cfg = gateway_config(dir);
     let up: UpstreamConfig = serde_json::from_value(json!({
         "id": "echo", "command": GATEHOUSE_BIN, "args": ["echo-upstream"]
     }))?;
     cfg.upstreams.push(up);
+    cfg.upstreams.extend(more);
     Ok(srv.block_on(async { Gateway::new(cfg) })?)
 }
 
 fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let gw = echo_gateway(srv, dir.path())?;
+    // Issue 46: the gateway in front of a Streamable HTTP upstream over http and over https,
+    // only when `--targets` names those rows (`upstream_http`; bench/callgrind_tls.sh).
+    let http_upstreams = match upstream_http::wanted(&o.targets) {
+        (false, false) => None,
+        which => {
+            let rt = upstream_http::upstream_runtime()?;
+            let ups = upstream_http::start(&rt, dir.path(), which)?;
+            Some((rt, ups))
+        }
+    };
+    let more = http_upstreams
+        .iter()
+        .flat_map(|(_, ups)| ups.iter().map(|(_, up)| up.clone()))
+        .collect();
+    let gw = echo_gateway_with(srv, dir.path(), more)?;
     let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant("echo.echo")))?;
     let addr = gw.local_addr().context("no listener")?;
     let id = reg.id().to_string();
     let token = Some(reg.token().to_string());
+    // One registration per HTTP upstream (`plain.echo`, `https.echo`), each its row.
+    let mut http_regs = Vec::new();
+    let mut http_targets = Vec::new();
+    if let Some((_, ups)) = &http_upstreams {
+        for (row, up) in ups {
+            let tool = format!("{}.echo", up.id);
+            let reg = srv.block_on(gw.register(RegistrationSpec::new("bench").grant(&tool)))?;
+            http_targets.push((
+                row.to_string(),
+                Target::Streamable {
+                    addr,
+                    path: format!("/gw/{}/mcp", reg.id()),
+                    token: Some(reg.token().to_string()),
+                    tool,
+                    version: "2025-06-18",
+                },
+            ));
+            http_regs.push(reg);
+        }
+    }
     let (mux, _child) = srv.block_on(StdioMux::spawn())?;
     let direct = Target::Stdio(mux);
     let mut targets: Vec<(String, Target)> = vec![
@@ -1500,6 +1548,7 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
             },
         ),
     ];
+    targets.extend(http_targets);
     targets.extend(o.external.iter().cloned());
     // The section's ceiling: a minimal HTTP -> stdio proxy in front of its own child.
     let (min_addr, _min_child) = srv.block_on(minimal_proxy(None))?;
@@ -1729,8 +1778,14 @@ fn proxy(r: &mut Report, o: &Opts, srv: &Runtime, cli: &Runtime) -> Result<()> {
     }
     srv.block_on(async {
         reg.release().await;
+        for reg in http_regs {
+            reg.release().await;
+        }
         gw.shutdown().await;
     });
+    if let Some((rt, _)) = http_upstreams {
+        rt.shutdown_timeout(Duration::from_secs(1));
+    }
     Ok(())
 }
 
@@ -2159,6 +2214,7 @@ fn main() -> Result<()> {
     let cli = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("client")
+        .on_thread_start(upstream_http::bench_role_client_thread)
         .enable_all()
         .build()?;
     let mut r = Report::default();
