@@ -1278,6 +1278,93 @@ async fn register_jobs(tg: &TestGateway, agent: &str) -> Registration {
         .unwrap()
 }
 
+/// A 2026 client polling, without a pause, a 2025-11-25 upstream's task that asks
+/// (tests/fixtures/task_server.py's `confirm_delete`, on a `per_registration` connection that
+/// declares elicitation) never sees `input_required` without `inputRequests` (a MUST of
+/// SEP-2322): the upstream says `input_required` on `tasks/get` and hands its request over
+/// only on the `tasks/result` the gateway opens then, so the task shows `working` until the
+/// request is parked. Five tasks, each answered and completed. (`run.sh tasks`'
+/// tasks-mrtr-input failed its first check on this now and then, issue 50 item 7.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_upstreams_task_is_input_required_only_with_its_input_requests() {
+    let python = peers::peer(".venv-mcp1/bin/python");
+    let script = repo_root().join("tests/fixtures/task_server.py");
+    let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
+        "id = \"jobs\"\ncommand = {:?}\nargs = [{:?}]\nsharing = \"per_registration\"\ncall_timeout_s = 30\n",
+        python.display().to_string(),
+        script.display().to_string()
+    ))
+    .unwrap();
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![up];
+    });
+    let reg = register_jobs(&tg, "asker").await;
+    let caps = modern_caps(json!({"elicitation": {}}));
+    for round in 0..5 {
+        let file = format!("f{round}");
+        let r = modern(
+            &reg,
+            "tools/call",
+            json!({"name": "jobs.confirm_delete", "arguments": {"filename": file}}),
+            &caps,
+            None,
+        )
+        .await;
+        let id = r["result"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let inputs = loop {
+            let r = modern(&reg, "tasks/get", json!({"taskId": id}), &caps, None).await;
+            let status = &r["result"]["status"];
+            if status == "input_required" {
+                let inputs = r["result"]["inputRequests"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(
+                    !inputs.is_empty(),
+                    "task {round}: input_required without inputRequests: {r}"
+                );
+                break inputs;
+            }
+            assert_eq!(status, "working", "task {round}: {r}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "task {round} never asked: {r}"
+            );
+        };
+        let mut responses = serde_json::Map::new();
+        for key in inputs.keys() {
+            responses.insert(
+                key.clone(),
+                json!({"action": "accept", "content": {"confirm": true}}),
+            );
+        }
+        let ack = modern(
+            &reg,
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": responses}),
+            &caps,
+            None,
+        )
+        .await;
+        assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+        let done = modern_until_not_working(&reg, &id, &caps).await;
+        assert_eq!(
+            done["result"]["status"], "completed",
+            "task {round}: {done}"
+        );
+        assert_eq!(
+            done["result"]["result"]["content"][0]["text"],
+            format!("deleted {file}"),
+            "{done}"
+        );
+    }
+}
+
 /// How many `tasks/get` the fixture answered so far.
 async fn upstream_gets(c: &mut SseClient) -> u64 {
     let r = c.call("jobs.gets", json!({})).await;

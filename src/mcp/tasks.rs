@@ -735,9 +735,11 @@ fn detailed(task: &Task) -> Value {
             let inputs = task.inputs();
             if !inputs.is_empty() {
                 m.insert("status".into(), json!("input_required"));
-            } else if task.upstream_modern && m.get("status") == Some(&json!("input_required")) {
-                // Every request answered (sent upstream): working on them until the next poll
-                // says otherwise.
+            } else if m.get("status") == Some(&json!("input_required")) {
+                // Nothing to answer: every request answered (sent upstream), or none handed
+                // over yet (a 2025-11-25 upstream's come on the `tasks/result` opened once its
+                // status is seen): working until one is parked (SEP-2322: never
+                // `input_required` without `inputRequests`).
                 m.insert("status".into(), json!("working"));
             }
             if m.get("status") == Some(&json!("input_required")) {

@@ -504,7 +504,9 @@ pub fn etcd_node(name: &str, endpoints: &[String], bound: Duration) -> Daemon {
 pub struct ReadYourWrites {
     /// Per create, sorted: from the POST sent to its 201.
     pub creates: Vec<Duration>,
-    /// First calls on another node, sent at once after the 201, that were served.
+    /// First calls on another node, sent at once after a 201.
+    pub calls: usize,
+    /// Those that were served.
     pub served: usize,
     /// Those answered otherwise: (status, body) of the first few.
     pub missed: Vec<(u16, Value)>,
@@ -514,14 +516,75 @@ impl ReadYourWrites {
     pub fn line(&self) -> String {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         format!(
-            "{} of {} first calls on another node served; create p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            "{} of {} first calls on another node served ({} creates); create p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
             self.served,
+            self.calls,
             self.creates.len(),
             ms(pct(&self.creates, 0.5)),
             ms(pct(&self.creates, 0.99)),
             ms(self.creates[self.creates.len() - 1]),
         )
     }
+}
+
+/// Issue 50 item 1, the shape that reproduces the old miss on debug builds too: `workers`
+/// clients at once, each making `per_worker` registrations in a tight loop (no sleep) on
+/// its own node (round robin) and, at once after each 201, calling it on every other node
+/// concurrently. The creates of the others keep each node's watch busy applying, so a node
+/// that answers from its replica before it applied the create is caught. Counts every
+/// first call (`calls`: `workers * per_worker * (nodes - 1)`).
+pub async fn concurrent_creates_then_every_other_node(
+    nodes: &[&Daemon],
+    workers: usize,
+    per_worker: usize,
+) -> ReadYourWrites {
+    let len = nodes.len();
+    let worker = |w: usize| async move {
+        let http = super::http();
+        let mine = nodes[w % len];
+        let mut creates = Vec::with_capacity(per_worker);
+        let (mut served, mut missed) = (0, Vec::new());
+        for i in 0..per_worker {
+            let t0 = Instant::now();
+            let r = mine
+                .register(json!({"agent_id": format!("agent-ryw-{w}-{i}"), "tools": ["demo.*"]}))
+                .await;
+            creates.push(t0.elapsed());
+            let (id, token) = (r["id"].as_str().unwrap(), r["token"].as_str().unwrap());
+            let calls = (1..len).map(|k| {
+                call(
+                    &http,
+                    nodes[(w + k) % len],
+                    id,
+                    token,
+                    "demo.echo",
+                    json!({"text":"x"}),
+                )
+            });
+            for (s, v) in futures::future::join_all(calls).await {
+                if s == 200 && echo_ok(&v) {
+                    served += 1;
+                } else if missed.len() < 5 {
+                    missed.push((s, v));
+                }
+            }
+        }
+        (creates, served, missed)
+    };
+    let mut out = ReadYourWrites {
+        creates: Vec::with_capacity(workers * per_worker),
+        calls: workers * per_worker * (len - 1),
+        served: 0,
+        missed: Vec::new(),
+    };
+    for (creates, served, missed) in futures::future::join_all((0..workers).map(worker)).await {
+        out.creates.extend(creates);
+        out.served += served;
+        out.missed
+            .extend(missed.into_iter().take(5 - out.missed.len().min(5)));
+    }
+    out.creates.sort();
+    out
 }
 
 /// Issue 50 item 1: `n` registrations, each made on one node (round robin) and called once,
@@ -558,6 +621,7 @@ pub async fn creates_then_another_node(nodes: &[&Daemon], n: usize) -> ReadYourW
     creates.sort();
     ReadYourWrites {
         creates,
+        calls: n,
         served,
         missed,
     }
