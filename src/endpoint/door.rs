@@ -2,7 +2,7 @@
 //! the one `Rejection` (and its reason): Host and Origin, registration and token
 //! ([`authorize`]), content type and body limits ([`json_body`]), the parse of what the direct
 //! read left alone ([`parse_body`]), the session lookup ([`session`]); a request is then served
-//! with `RequestCtx::new`. The transports (`sse`, `streamable_http`, `stateless`) keep only
+//! with the context [`request_ctx`] builds whole (trace headers included). The transports (`sse`, `streamable_http`, `stateless`) keep only
 //! what differs: their routes, `Accept`, versions, and what a message leads to.
 
 use std::sync::Arc;
@@ -108,7 +108,24 @@ pub(crate) fn authorize_with(
     Err(oauth::unauthorized(gw, headers, id, surface, why).auth_failed(reg, transport))
 }
 
-/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
+/// A request's context, complete: every transport builds it here, once, so none can leave out
+/// the trace headers (a batch once did).
+pub(crate) fn request_ctx(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    session: Option<&Arc<Session>>,
+    transport: Transport,
+    headers: &HeaderMap,
+) -> crate::mcp::request::RequestCtx {
+    crate::mcp::request::RequestCtx::new(
+        gw.clone(),
+        reg.clone(),
+        session.cloned(),
+        transport,
+        trace_headers(gw, headers),
+    )
+}
+
 /// The request's W3C `traceparent` (with `tracestate` and `baggage`), read only when tracing
 /// is on: with it off a request pays one `None` check here.
 pub(crate) fn trace_headers(
@@ -129,6 +146,7 @@ pub(crate) fn trace_headers(
     }))
 }
 
+/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
 pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
     let Some(v) = content_type else {
         return false;

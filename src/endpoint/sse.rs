@@ -17,7 +17,6 @@ use super::{query_param, Rejection};
 use crate::hub::Hub;
 use crate::mcp::dispatch;
 use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
-use crate::mcp::request::RequestCtx;
 use crate::session::{Outbound, Transport};
 
 /// Closes the session when the stream is dropped (client gone, release, shutdown).
@@ -86,13 +85,7 @@ pub fn message(
             None => general_message(&bytes)?,
         };
         // A request gets its own notes channel (`reply::to_session_stream`).
-        let mut ctx = RequestCtx::new(
-            gw.clone(),
-            reg.clone(),
-            Some(session.clone()),
-            Transport::Sse,
-        );
-        ctx.trace_headers = door::trace_headers(&gw, headers);
+        let ctx = door::request_ctx(&gw, &reg, Some(&session), Transport::Sse, headers);
         match msg {
             Message::Request { id, method, params } => {
                 let cancel = session

@@ -308,8 +308,7 @@ fn plan(
             None,
         ));
     }
-    let mut ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
-    ctx.trace_headers = super::door::trace_headers(gw, headers);
+    let ctx = super::door::request_ctx(gw, reg, None, Transport::Stateless, headers);
     if method == "subscriptions/listen" {
         return Ok(Plan::Listen(ctx, id, params));
     }

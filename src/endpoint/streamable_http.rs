@@ -141,8 +141,7 @@ pub fn post(
             return if stateless {
                 super::stateless::handle(gw, reg, headers, Ok(msg)).await
             } else {
-                let trace = door::trace_headers(&gw, &headers);
-                legacy_single(gw, reg, &heads, Ok(msg), trace).await
+                legacy_single(gw, reg, &headers, &heads, Ok(msg)).await
             };
         }
         // Everything else (responses, batches, malformed messages) is rare and boxed, like
@@ -166,8 +165,8 @@ async fn post_general(
             if super::stateless::is_stateless(method, v.get("params"), &headers) {
                 super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
             } else {
-                let trace = door::trace_headers(&gw, &headers);
-                legacy_single(gw, reg, &Heads::of(&headers), jsonrpc::classify(v), trace).await
+                let heads = Heads::of(&headers);
+                legacy_single(gw, reg, &headers, &heads, jsonrpc::classify(v)).await
             }
         }
         RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
@@ -178,21 +177,20 @@ async fn post_general(
 async fn legacy_single(
     gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
+    headers: &HeaderMap,
     heads: &Heads<'_>,
     msg: Result<Message, jsonrpc::RpcError>,
-    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
 ) -> Result<Response, Rejection> {
     // Only whether priming events are sent depends on the version: no copy of it is kept.
     let priming = legacy_version_of(heads.version)? >= PRIMING_SINCE;
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return Box::pin(initialize(gw, reg, id.clone(), params.clone(), trace)).await;
+            return Box::pin(initialize(gw, reg, id.clone(), params.clone(), headers)).await;
         }
     }
     let session = require_session(&gw, &reg, heads.session)?;
-    let mut ctx = session_ctx(&gw, &reg, &session);
-    ctx.trace_headers = trace;
+    let ctx = session_ctx(&gw, &reg, &session, headers);
     match msg {
         Message::Request { id, method, params } => {
             let cancel = session
@@ -221,13 +219,14 @@ async fn legacy_single(
     }
 }
 
-fn session_ctx(gw: &Arc<Hub>, reg: &Arc<RegistrationState>, session: &Arc<Session>) -> RequestCtx {
-    RequestCtx::new(
-        gw.clone(),
-        reg.clone(),
-        Some(session.clone()),
-        Transport::StreamableHttp,
-    )
+/// A session's request context ([`door::request_ctx`]: the HTTP trace headers included).
+fn session_ctx(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    session: &Arc<Session>,
+    headers: &HeaderMap,
+) -> RequestCtx {
+    door::request_ctx(gw, reg, Some(session), Transport::StreamableHttp, headers)
 }
 
 /// `initialize`: mints a session bound to the registration. The session enters the table
@@ -237,15 +236,14 @@ async fn initialize(
     reg: Arc<RegistrationState>,
     id: Value,
     params: Option<Value>,
-    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
+    headers: &HeaderMap,
 ) -> Result<Response, Rejection> {
     let session = gw
         .sessions()
         .create(&reg, Transport::StreamableHttp)
         .map_err(|e| Rejection::unavailable(e.to_string()))?;
-    let mut ctx = session_ctx(&gw, &reg, &session);
     // The HTTP `traceparent` (tracing on) is the span's parent when `_meta` has none.
-    ctx.trace_headers = trace;
+    let ctx = session_ctx(&gw, &reg, &session, headers);
     let reply =
         dispatch::handle_request(&ctx, id, "initialize", params, session.cancel.child_token())
             .await
@@ -286,7 +284,7 @@ async fn legacy_batch(
             format!("invalid request: JSON-RPC batches are accepted for protocol version {BATCH_VERSION} only"),
         ));
     }
-    let ctx = session_ctx(&gw, &reg, &session);
+    let ctx = session_ctx(&gw, &reg, &session, headers);
     let mut calls = Vec::new();
     let mut replies = Vec::new();
     for item in items {
