@@ -14,7 +14,8 @@ use bytes::Bytes;
 use super::oauth::{self, Surface};
 use super::{origin, Rejection, SESSION_NAME, VERSION_NAME};
 use crate::hub::Hub;
-use crate::mcp::jsonrpc;
+use crate::protocol::jsonrpc;
+use crate::protocol::RpcError;
 use crate::registry::RegistrationState;
 use crate::session::{Session, Transport};
 
@@ -116,8 +117,8 @@ pub(crate) fn request_ctx(
     session: Option<&Arc<Session>>,
     transport: Transport,
     headers: &HeaderMap,
-) -> crate::mcp::request::RequestCtx {
-    crate::mcp::request::RequestCtx::new(
+) -> crate::methods::request::RequestCtx {
+    crate::methods::request::RequestCtx::new(
         gw.clone(),
         reg.clone(),
         session.cloned(),
@@ -226,11 +227,10 @@ async fn read_rest(
         Err(_) => Err(Rejection::new(
             crate::refusals::Reason::BodyTimeout,
             StatusCode::REQUEST_TIMEOUT,
-            jsonrpc::INVALID_REQUEST,
-            format!(
+            RpcError::invalid_request(format!(
                 "request body not received within {} s (connections.body_timeout_s)",
                 within.as_secs()
-            ),
+            )),
         )),
     }
 }
@@ -255,8 +255,9 @@ impl Read {
             Rejection::new(
                 crate::refusals::Reason::BodyTooLarge,
                 StatusCode::PAYLOAD_TOO_LARGE,
-                jsonrpc::INVALID_REQUEST,
-                format!("request body exceeds the limit of {limit} bytes"),
+                RpcError::invalid_request(format!(
+                    "request body exceeds the limit of {limit} bytes"
+                )),
             )
         };
         let Ok(data) = frame.map_err(|_| too_large())?.into_data() else {
@@ -299,8 +300,9 @@ pub(crate) fn json_body<'c>(
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            jsonrpc::INVALID_REQUEST,
-            "unsupported media type: Content-Type must be application/json",
+            RpcError::invalid_request(
+                "unsupported media type: Content-Type must be application/json",
+            ),
         ));
     }
     Ok(read_body(body, config))

@@ -15,8 +15,8 @@ use super::event_stream::{self, sse_event};
 use super::reply;
 use super::{query_param, Rejection};
 use crate::hub::Hub;
-use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
+use crate::methods::dispatch;
+use crate::protocol::jsonrpc::{self, Body as RpcBody, Message};
 use crate::session::{Outbound, Transport};
 
 /// Closes the session when the stream is dropped (client gone, release, shutdown).

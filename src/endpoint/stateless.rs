@@ -13,15 +13,15 @@ use serde_json::{json, Map, Value};
 use super::reply::{reply, resume, Mrtr, ReplyOpts};
 use super::{header_str, json_response, Rejection, SESSION_NAME, VERSION_NAME};
 use crate::hub::Hub;
-use crate::mcp::jsonrpc::{self, Message, RpcError};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Message, RpcError};
+use crate::protocol::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::registry::RegistrationState;
 use crate::session::Transport;
 
-pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-pub const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+pub use crate::protocol::meta::CLIENT_CAPABILITIES as META_CAPABILITIES;
+pub use crate::protocol::meta::PROTOCOL_VERSION as META_VERSION;
+pub use crate::protocol::meta::SERVER_INFO as META_SERVER_INFO;
 /// How long a client may cache `server/discover` (its content is fixed per build).
 const DISCOVER_TTL_MS: u64 = 60_000;
 /// Lists change when an upstream's do, which a `subscriptions/listen` stream hears at once;
@@ -56,7 +56,7 @@ const METHODS: &[&str] = &[
 /// A message's `_meta`, from its params.
 fn meta(params: Option<&Value>) -> Option<&Map<String, Value>> {
     // Runs on every POST: `jsonrpc::member` (no hashing of the key).
-    jsonrpc::member(params?.as_object()?, "_meta")?.as_object()
+    jsonrpc::member(params?.as_object()?, crate::protocol::meta::META)?.as_object()
 }
 
 /// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has
@@ -88,19 +88,6 @@ pub(crate) fn is_stateless_with(
         && version
             .and_then(|v| v.to_str().ok())
             .is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
-}
-
-fn error(
-    reason: crate::refusals::Reason,
-    status: StatusCode,
-    id: Option<Value>,
-    code: i64,
-    msg: &str,
-    data: Option<Value>,
-) -> Rejection {
-    Rejection::new(reason, status, code, msg)
-        .with_id(id)
-        .with_data(data)
 }
 
 /// Decodes a mirrored header value (`=?base64?…?=` form included; a plain value is borrowed).
@@ -167,7 +154,7 @@ fn start(
         Plan::Discover(ctx, id, method, params) => Either::Right(
             async move {
                 // Observed as dispatched methods are (the metric; a SERVER span, tracing on).
-                let began = crate::mcp::dispatch::begin(&ctx, &id, &method, params.as_ref());
+                let began = crate::methods::dispatch::begin(&ctx, &id, &method, params.as_ref());
                 drop(params);
                 let reply = finish(jsonrpc::success(id, discover(&ctx).await), &method);
                 began.end(&ctx, Some(&reply));
@@ -200,13 +187,12 @@ fn plan(
         Message::Request { id, method, params } => (Some(id), method, params),
         Message::Notification { method, params } => (None, method, params),
         Message::Response { .. } => {
-            return Err(error(
+            return Err(Rejection::new(
                 crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
-                None,
-                jsonrpc::INVALID_REQUEST,
-                "invalid request: 2026-07-28 clients do not send responses",
-                None,
+                RpcError::invalid_request(
+                    "invalid request: 2026-07-28 clients do not send responses",
+                ),
             ))
         }
     };
@@ -218,13 +204,12 @@ fn plan(
         .and_then(|m| m.get(META_CAPABILITIES))
         .is_some_and(Value::is_object);
     let unsupported = |requested: &str| {
-        error(
+        Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
-            id.clone(),
-            jsonrpc::UNSUPPORTED_VERSION,
-            &format!("unsupported protocol version: {requested}"),
-            Some(json!({"supported": ALL_VERSIONS, "requested": requested})),
+            RpcError::unsupported_version(format!("unsupported protocol version: {requested}"))
+                .with_id(id.clone())
+                .with_data(json!({"supported": ALL_VERSIONS, "requested": requested})),
         )
     };
     let Some(version) = meta_version else {
@@ -233,26 +218,26 @@ fn plan(
                 return Err(unsupported(h));
             }
         }
-        return Err(error(
+        return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
-            id,
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: _meta[\"{META_VERSION}\"] is required"),
-            None,
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_VERSION}\"] is required"
+            ))
+            .with_id(id),
         ));
     };
     if version != MODERN_VERSION {
         return Err(unsupported(&version));
     }
     if id.is_some() && !has_caps {
-        return Err(error(
+        return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
-            id,
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: _meta[\"{META_CAPABILITIES}\"] is required"),
-            None,
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_CAPABILITIES}\"] is required"
+            ))
+            .with_id(id),
         ));
     }
     // The mirrored headers, in order: the version always; for requests the method, and the
@@ -283,13 +268,10 @@ fn plan(
     ];
     for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
         if let Err(m) = mirror(headers, h, expected) {
-            return Err(error(
+            return Err(Rejection::new(
                 crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
-                id,
-                jsonrpc::HEADER_MISMATCH,
-                &m,
-                None,
+                RpcError::header_mismatch(m).with_id(id),
             ));
         }
     }
@@ -299,13 +281,10 @@ fn plan(
         return Ok(Plan::Answered(StatusCode::ACCEPTED.into_response()));
     };
     if !METHODS.contains(&method.as_str()) {
-        return Err(error(
+        return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::NOT_FOUND,
-            Some(id),
-            jsonrpc::METHOD_NOT_FOUND,
-            &format!("method not found: {method}"),
-            None,
+            RpcError::method_not_found(format!("method not found: {method}")).to(id),
         ));
     }
     let ctx = super::door::request_ctx(gw, reg, None, Transport::Stateless, headers);
@@ -321,7 +300,7 @@ fn plan(
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
         mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
-            declared: crate::mcp::ClientCapability::bits_of(
+            declared: crate::protocol::ClientCapability::bits_of(
                 meta(params.as_ref()).and_then(|m| m.get(META_CAPABILITIES)),
             ),
         }),
@@ -334,25 +313,22 @@ fn plan(
     if let Some(state) = retry {
         // An MRTR retry: it continues the held call; it is not forwarded again.
         let Some(state) = state.as_str() else {
-            return Err(error(
+            return Err(Rejection::new(
                 crate::refusals::Reason::BadRequest,
                 StatusCode::BAD_REQUEST,
-                Some(id),
-                jsonrpc::INVALID_PARAMS,
-                "invalid params: requestState must be the string this gateway issued",
-                None,
+                RpcError::invalid_params(
+                    "invalid params: requestState must be the string this gateway issued",
+                )
+                .to(id),
             ));
         };
         let mut held = match gw.held().resume(&reg.id, state) {
             Ok(h) => h,
             Err(e) => {
-                return Err(error(
+                return Err(Rejection::new(
                     crate::refusals::Reason::BadRequest,
                     StatusCode::BAD_REQUEST,
-                    Some(id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!("invalid params: {e}"),
-                    None,
+                    RpcError::invalid_params(format!("invalid params: {e}")).to(id),
                 ))
             }
         };
@@ -384,13 +360,10 @@ fn plan(
 /// (or the registration ends: then a final `complete` result).
 async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Response, Rejection> {
     let bad = |msg: &str| {
-        error(
+        Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::BAD_REQUEST,
-            Some(id.clone()),
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: {msg}"),
-            None,
+            RpcError::invalid_params(format!("invalid params: {msg}")).to(id.clone()),
         )
     };
     let Some(wanted) = params
@@ -420,7 +393,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     let cancel = ctx.registration.cancel.child_token();
     let mut honored_uris = Vec::new();
     for uri in uris {
-        let r = crate::mcp::proxy::handle(
+        let r = crate::methods::proxy::handle(
             &ctx,
             id.clone(),
             "resources/subscribe",
@@ -491,17 +464,10 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     let registration = ctx.registration.clone();
     drop(ctx);
     let Some((key, rx)) = hub.listeners().add(&registration.id, id.clone(), filter) else {
-        return Err(error(
-            crate::refusals::Reason::RateLimited,
-            StatusCode::TOO_MANY_REQUESTS,
-            Some(id),
-            jsonrpc::BUSY,
-            &format!(
+        return Err(Rejection::new(crate::refusals::Reason::RateLimited, StatusCode::TOO_MANY_REQUESTS, RpcError::busy(format!(
                 "too many subscriptions/listen streams for this registration (at most {}): close one first",
                 crate::listen::MAX_LISTENERS_PER_REGISTRATION
-            ),
-            None,
-        ));
+            )).to(id)));
     };
     let ack = jsonrpc::notification(
         "notifications/subscriptions/acknowledged",
@@ -579,13 +545,13 @@ async fn next_listen_event(
 async fn discover(ctx: &RequestCtx) -> Value {
     // List changes (and resource updates, where an upstream takes subscriptions) are heard on
     // `subscriptions/listen`; no `logging/setLevel` statelessly.
-    let mut caps = crate::mcp::proxy::capabilities(ctx).await;
+    let mut caps = crate::methods::proxy::capabilities(ctx).await;
     caps["tools"] = json!({"listChanged": true});
     if caps.get("prompts").is_some() {
         caps["prompts"] = json!({"listChanged": true});
     }
     if caps.get("resources").is_some() {
-        let subscribe = crate::mcp::proxy::resources_subscribable(ctx).await;
+        let subscribe = crate::methods::proxy::resources_subscribable(ctx).await;
         caps["resources"] = json!({"listChanged": true, "subscribe": subscribe});
     }
     if let Some(m) = caps.as_object_mut() {
@@ -594,7 +560,7 @@ async fn discover(ctx: &RequestCtx) -> Value {
     json!({
         "supportedVersions": ALL_VERSIONS,
         "capabilities": caps,
-        "serverInfo": crate::mcp::server_info(),
+        "serverInfo": crate::protocol::server_info(),
         "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
 }
@@ -603,10 +569,12 @@ async fn discover(ctx: &RequestCtx) -> Value {
 fn finish(mut reply: Value, method: &str) -> Value {
     if let Some(Value::Object(r)) = reply.get_mut("result") {
         r.entry("resultType").or_insert_with(|| json!("complete"));
-        let meta = r.entry("_meta").or_insert_with(|| json!({}));
+        let meta = r
+            .entry(crate::protocol::meta::META)
+            .or_insert_with(|| json!({}));
         if let Value::Object(m) = meta {
             m.entry(META_SERVER_INFO)
-                .or_insert_with(crate::mcp::server_info);
+                .or_insert_with(crate::protocol::server_info);
         }
         let ttl = match method {
             "server/discover" => Some(DISCOVER_TTL_MS),

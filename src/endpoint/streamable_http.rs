@@ -28,15 +28,16 @@ use super::{
     VERSION_NAME,
 };
 use crate::hub::Hub;
-use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::{ALL_VERSIONS, BATCH_VERSION, LEGACY_VERSIONS, PRIMING_SINCE};
+use crate::methods::dispatch;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Body as RpcBody, Message};
+use crate::protocol::RpcError;
+use crate::protocol::{Version, ALL_VERSIONS, BATCH_VERSION};
 use crate::registry::RegistrationState;
 use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
-const ASSUMED_VERSION: &str = BATCH_VERSION;
+const ASSUMED_VERSION: Version = Version::BATCH;
 
 /// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
 const COMMON_ACCEPTS: [&[u8]; 4] = [
@@ -87,16 +88,16 @@ fn require_session(
 }
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
-fn legacy_version(headers: &HeaderMap) -> Result<&str, Rejection> {
+fn legacy_version(headers: &HeaderMap) -> Result<Version, Rejection> {
     legacy_version_of(headers.get(&VERSION_NAME))
 }
 
 /// [`legacy_version`] of the request's first `MCP-Protocol-Version` value.
-fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
+fn legacy_version_of(version: Option<&HeaderValue>) -> Result<Version, Rejection> {
     match version {
         None => Ok(ASSUMED_VERSION),
-        Some(v) => match v.to_str() {
-            Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
+        Some(v) => match v.to_str().ok().and_then(Version::parse) {
+            Some(v) if v.is_legacy() => Ok(v),
             _ => Err(Rejection::bad_request(format!(
                 "bad request: unsupported MCP-Protocol-Version (supported: {})",
                 ALL_VERSIONS.join(", ")
@@ -125,8 +126,9 @@ pub fn post(
             return Err(Rejection::new(
                 crate::refusals::Reason::BadRequest,
                 StatusCode::NOT_ACCEPTABLE,
-                jsonrpc::INVALID_REQUEST,
-                "not acceptable: Accept must list application/json and text/event-stream",
+                RpcError::invalid_request(
+                    "not acceptable: Accept must list application/json and text/event-stream",
+                ),
             ));
         }
         let bytes = door::json_body(&heads, body, gw.config())?.await?;
@@ -182,7 +184,7 @@ async fn legacy_single(
     msg: Result<Message, jsonrpc::RpcError>,
 ) -> Result<Response, Rejection> {
     // Only whether priming events are sent depends on the version: no copy of it is kept.
-    let priming = legacy_version_of(heads.version)? >= PRIMING_SINCE;
+    let priming = legacy_version_of(heads.version)? >= Version::PRIMING_SINCE;
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
@@ -279,7 +281,7 @@ async fn legacy_batch(
         return Err(Rejection::bad_request("invalid request: empty batch"));
     }
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
-    if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
+    if version != Version::BATCH || session.protocol_version() != Some(BATCH_VERSION) {
         return Err(Rejection::bad_request(
             format!("invalid request: JSON-RPC batches are accepted for protocol version {BATCH_VERSION} only"),
         ));
@@ -291,11 +293,10 @@ async fn legacy_batch(
         match jsonrpc::classify(item) {
             Err(e) => replies.push(e.to_value()),
             Ok(Message::Request { id, method, .. }) if method == "initialize" => replies.push(
-                jsonrpc::RpcError::new(
-                    Some(id),
-                    jsonrpc::INVALID_REQUEST,
+                jsonrpc::RpcError::invalid_request(
                     "invalid request: initialize must not be part of a batch",
                 )
+                .to(id)
                 .to_value(),
             ),
             Ok(Message::Request { id, method, params }) => {
@@ -365,29 +366,26 @@ pub async fn get(
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::NOT_ACCEPTABLE,
-            jsonrpc::INVALID_REQUEST,
-            "not acceptable: Accept must list text/event-stream",
+            RpcError::invalid_request("not acceptable: Accept must list text/event-stream"),
         ));
     }
     if headers.get(SESSION_HEADER).is_none()
-        && header_str(&headers, VERSION_HEADER) == Some(crate::mcp::MODERN_VERSION)
+        && header_str(&headers, VERSION_HEADER) == Some(crate::protocol::MODERN_VERSION)
     {
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::METHOD_NOT_ALLOWED,
-            jsonrpc::INVALID_REQUEST,
-            "method not allowed: 2026-07-28 has no GET stream",
+            RpcError::invalid_request("method not allowed: 2026-07-28 has no GET stream"),
         )
         .with_header(header::ALLOW, HeaderValue::from_static("POST")));
     }
-    let version = legacy_version(&headers)?.to_string();
+    let version = legacy_version(&headers)?;
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     if session.has_outbound() {
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::CONFLICT,
-            jsonrpc::INVALID_REQUEST,
-            "conflict: this session already has a GET stream",
+            RpcError::invalid_request("conflict: this session already has a GET stream"),
         ));
     }
     let (tx, rx) = Outbound::new(gw.sessions().config());
@@ -395,7 +393,7 @@ pub async fn get(
     session.stream_opened();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let mut first = VecDeque::new();
-    if version.as_str() >= PRIMING_SINCE {
+    if version >= Version::PRIMING_SINCE {
         first.push_back(event_stream::priming_event());
     }
     let guard = GetStreamGuard {

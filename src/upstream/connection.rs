@@ -659,21 +659,23 @@ impl Envelope {
                 c.insert("extensions".into(), json!({ TASKS_EXTENSION: {} }));
             }
         }
-        let meta = p.entry("_meta").or_insert_with(|| json!({}));
+        let meta = p
+            .entry(crate::protocol::meta::META)
+            .or_insert_with(|| json!({}));
         if !meta.is_object() {
             *meta = json!({});
         }
         if let Some(m) = meta.as_object_mut() {
             m.insert(
-                "io.modelcontextprotocol/protocolVersion".into(),
+                crate::protocol::meta::PROTOCOL_VERSION.into(),
                 Value::from(MODERN_PROTOCOL_VERSION),
             );
             m.insert(
-                "io.modelcontextprotocol/clientCapabilities".into(),
+                crate::protocol::meta::CLIENT_CAPABILITIES.into(),
                 capabilities,
             );
             m.insert(
-                "io.modelcontextprotocol/clientInfo".into(),
+                crate::protocol::meta::CLIENT_INFO.into(),
                 self.client_info.clone(),
             );
         }
@@ -760,7 +762,7 @@ fn traced(params: &mut Value, trace: Option<&crate::telemetry::TraceMeta>) -> Re
                 Value::String(s.clone()),
             );
         }
-        p.insert("_meta".into(), Value::Object(meta));
+        p.insert(crate::protocol::meta::META.into(), Value::Object(meta));
     }
     RequestOptions {
         trace: Some(Box::new(t.clone())),
