@@ -187,94 +187,13 @@ fn plan(
         Message::Request { id, method, params } => (Some(id), method, params),
         Message::Notification { method, params } => (None, method, params),
         Message::Response { .. } => {
-            return Err(Rejection::new(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                RpcError::invalid_request(
-                    "invalid request: 2026-07-28 clients do not send responses",
-                ),
-            ))
+            return Err(Rejection::malformed(RpcError::invalid_request(
+                "invalid request: 2026-07-28 clients do not send responses",
+            )))
         }
     };
-    let meta_version = meta(params.as_ref())
-        .and_then(|m| m.get(META_VERSION))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let has_caps = meta(params.as_ref())
-        .and_then(|m| m.get(META_CAPABILITIES))
-        .is_some_and(Value::is_object);
-    let unsupported = |requested: &str| {
-        Rejection::new(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            RpcError::unsupported_version(format!("unsupported protocol version: {requested}"))
-                .with_id(id.clone())
-                .with_data(json!({"supported": ALL_VERSIONS, "requested": requested})),
-        )
-    };
-    let Some(version) = meta_version else {
-        if let Some(h) = header_str(headers, &VERSION_NAME) {
-            if h != MODERN_VERSION {
-                return Err(unsupported(h));
-            }
-        }
-        return Err(Rejection::new(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            RpcError::invalid_params(format!(
-                "invalid params: _meta[\"{META_VERSION}\"] is required"
-            ))
-            .with_id(id),
-        ));
-    };
-    if version != MODERN_VERSION {
-        return Err(unsupported(&version));
-    }
-    if id.is_some() && !has_caps {
-        return Err(Rejection::new(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            RpcError::invalid_params(format!(
-                "invalid params: _meta[\"{META_CAPABILITIES}\"] is required"
-            ))
-            .with_id(id),
-        ));
-    }
-    // The mirrored headers, in order: the version always; for requests the method, and the
-    // name (or URI) for the methods that have one.
-    let name_field = match method.as_str() {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        // `Mcp-Name` carries the task id (SEP-2663): a mismatch is -32020; absent, it is
-        // not required (SEP-2243 requires it of `tools/call`, `resources/read` and
-        // `prompts/get` only, and fastmcp-tasks 4.1's client sends none on `tasks/*`).
-        "tasks/get" | "tasks/update" | "tasks/cancel" if headers.contains_key(&NAME_NAME) => {
-            Some("taskId")
-        }
-        _ => None,
-    };
-    let name = name_field.map(|field| {
-        params
-            .as_ref()
-            .and_then(|p| p.get(field))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    });
-    let is_request = id.is_some();
-    let checks = [
-        (&VERSION_NAME, Some(version.as_str())),
-        (&METHOD_NAME, is_request.then_some(method.as_str())),
-        (&NAME_NAME, name.filter(|_| is_request)),
-    ];
-    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
-        if let Err(m) = mirror(headers, h, expected) {
-            return Err(Rejection::new(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                RpcError::header_mismatch(m).with_id(id),
-            ));
-        }
-    }
+    let version = check_version(headers, &id, params.as_ref())?;
+    check_mirrors(headers, &id, &method, params.as_ref(), &version)?;
     let Some(id) = id else {
         // Notifications carry nothing the gateway acts on statelessly (cancellation is
         // closing the response stream).
@@ -312,47 +231,146 @@ fn plan(
         .flatten();
     if let Some(state) = retry {
         // An MRTR retry: it continues the held call; it is not forwarded again.
-        let Some(state) = state.as_str() else {
-            return Err(Rejection::new(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                RpcError::invalid_params(
-                    "invalid params: requestState must be the string this gateway issued",
-                )
-                .to(id),
-            ));
-        };
-        let mut held = match gw.held().resume(&reg.id, state) {
-            Ok(h) => h,
-            Err(e) => {
-                return Err(Rejection::new(
-                    crate::refusals::Reason::BadRequest,
-                    StatusCode::BAD_REQUEST,
-                    RpcError::invalid_params(format!("invalid params: {e}")).to(id),
-                ))
-            }
-        };
-        let responses = params
-            .as_ref()
-            .and_then(|p| p.get("inputResponses"))
-            .and_then(Value::as_object);
-        for asked in std::mem::take(&mut held.asked) {
-            let body = match responses.and_then(|r| r.get(&asked)) {
-                Some(r) => json!({ "result": r }),
-                None => crate::hub::refusal_body(&format!(
-                    "the client's retry carried no inputResponses[{asked:?}]"
-                )),
-            };
-            gw.pool().client_response(
-                &reg.id,
-                crate::upstream::STATELESS_SESSION,
-                &Value::String(asked),
-                &body,
-            );
-        }
-        return Ok(Plan::Resume(id, held, opts));
+        return resume_retry(gw, reg, id, state, params.as_ref(), opts);
     }
     Ok(Plan::Reply(ctx, id, method, params, opts))
+}
+
+/// The protocol version in `_meta` (the header's when `_meta` has none and it is not this
+/// one: -32022), and for a request the declared capabilities (-32602 without them).
+fn check_version(
+    headers: &HeaderMap,
+    id: &Option<Value>,
+    params: Option<&Value>,
+) -> Result<String, Rejection> {
+    let meta_version = meta(params)
+        .and_then(|m| m.get(META_VERSION))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let has_caps = meta(params)
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(Value::is_object);
+    let unsupported = |requested: &str| {
+        Rejection::malformed(
+            RpcError::unsupported_version(format!("unsupported protocol version: {requested}"))
+                .with_id(id.clone())
+                .with_data(json!({"supported": ALL_VERSIONS, "requested": requested})),
+        )
+    };
+    let Some(version) = meta_version else {
+        if let Some(h) = header_str(headers, &VERSION_NAME) {
+            if h != MODERN_VERSION {
+                return Err(unsupported(h));
+            }
+        }
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_VERSION}\"] is required"
+            ))
+            .with_id(id.clone()),
+        ));
+    };
+    if version != MODERN_VERSION {
+        return Err(unsupported(&version));
+    }
+    if id.is_some() && !has_caps {
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_CAPABILITIES}\"] is required"
+            ))
+            .with_id(id.clone()),
+        ));
+    }
+    Ok(version)
+}
+
+/// The mirrored headers, in order (-32020 on the first that is absent or differs): the
+/// version always; for requests the method, and the name (or URI) for the methods that have
+/// one.
+fn check_mirrors(
+    headers: &HeaderMap,
+    id: &Option<Value>,
+    method: &str,
+    params: Option<&Value>,
+    version: &str,
+) -> Result<(), Rejection> {
+    let name_field = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        // `Mcp-Name` carries the task id (SEP-2663): a mismatch is -32020; absent, it is
+        // not required (SEP-2243 requires it of `tools/call`, `resources/read` and
+        // `prompts/get` only, and fastmcp-tasks 4.1's client sends none on `tasks/*`).
+        "tasks/get" | "tasks/update" | "tasks/cancel" if headers.contains_key(&NAME_NAME) => {
+            Some("taskId")
+        }
+        _ => None,
+    };
+    let name = name_field.map(|field| {
+        params
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    });
+    let is_request = id.is_some();
+    let checks = [
+        (&VERSION_NAME, Some(version)),
+        (&METHOD_NAME, is_request.then_some(method)),
+        (&NAME_NAME, name.filter(|_| is_request)),
+    ];
+    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
+        if let Err(m) = mirror(headers, h, expected) {
+            return Err(Rejection::malformed(
+                RpcError::header_mismatch(m).with_id(id.clone()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An MRTR retry (`requestState`): the held call it continues, its server requests answered
+/// from the retry's `inputResponses` (a missing one refused on the gateway's behalf).
+fn resume_retry(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    id: Value,
+    state: &Value,
+    params: Option<&Value>,
+    opts: ReplyOpts,
+) -> Result<Plan, Rejection> {
+    let Some(state) = state.as_str() else {
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(
+                "invalid params: requestState must be the string this gateway issued",
+            )
+            .to(id),
+        ));
+    };
+    let mut held = match gw.held().resume(&reg.id, state) {
+        Ok(h) => h,
+        Err(e) => {
+            return Err(Rejection::malformed(
+                RpcError::invalid_params(format!("invalid params: {e}")).to(id),
+            ))
+        }
+    };
+    let responses = params
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object);
+    for asked in std::mem::take(&mut held.asked) {
+        let body = match responses.and_then(|r| r.get(&asked)) {
+            Some(r) => json!({ "result": r }),
+            None => crate::hub::refusal_body(&format!(
+                "the client's retry carried no inputResponses[{asked:?}]"
+            )),
+        };
+        gw.pool().client_response(
+            &reg.id,
+            crate::upstream::STATELESS_SESSION,
+            &Value::String(asked),
+            &body,
+        );
+    }
+    Ok(Plan::Resume(id, held, opts))
 }
 
 /// `subscriptions/listen`: acknowledges the honored subset, then streams the registration's

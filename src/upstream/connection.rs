@@ -606,7 +606,10 @@ impl Connection {
         }
         let msg = match outcome {
             Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
-            Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+            // The error object as the client (or the gateway, refusing) wrote it.
+            Err(error) => crate::protocol::RpcError::from_peer_or(&error, "")
+                .to(id)
+                .to_value(),
         };
         self.inner.transport.send(core, &msg).await
     }
