@@ -373,14 +373,30 @@ fn resume_retry(
     Ok(Plan::Resume(id, held, opts))
 }
 
+/// A `subscriptions/listen` list of strings (`key`; absent or null: none), at most
+/// `listen::MAX_URIS` of them; what is wrong with it otherwise.
+fn string_list(wanted: &Map<String, Value>, key: &str, what: &str) -> Result<Vec<String>, String> {
+    match wanted.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => a
+            .iter()
+            .map(|u| u.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| format!("{key} must be strings")),
+        Some(Value::Array(_)) => Err(format!(
+            "at most {} {key} per stream",
+            crate::listen::MAX_URIS
+        )),
+        Some(_) => Err(format!("{key} must be an array of {what}")),
+    }
+}
+
 /// `subscriptions/listen`: acknowledges the honored subset, then streams the registration's
 /// list changes and updates of the subscribed resources until the client closes the stream
 /// (or the registration ends: then a final `complete` result).
 async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Response, Rejection> {
     let bad = |msg: &str| {
-        Rejection::new(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
+        Rejection::malformed(
             RpcError::invalid_params(format!("invalid params: {msg}")).to(id.clone()),
         )
     };
@@ -392,21 +408,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
         return Err(bad("params.notifications (an object) is required"));
     };
     let flag = |k: &str| wanted.get(k).and_then(Value::as_bool).unwrap_or(false);
-    let uris: Vec<String> = match wanted.get("resourceSubscriptions") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
-            let uris: Option<Vec<String>> =
-                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
-            uris.ok_or_else(|| bad("resourceSubscriptions must be strings"))?
-        }
-        Some(Value::Array(_)) => {
-            return Err(bad(&format!(
-                "at most {} resourceSubscriptions per stream",
-                crate::listen::MAX_URIS
-            )))
-        }
-        Some(_) => return Err(bad("resourceSubscriptions must be an array of URIs")),
-    };
+    let uris = string_list(wanted, "resourceSubscriptions", "URIs").map_err(|m| bad(&m))?;
     // A URI is honored once the upstream that lists it accepted `resources/subscribe`.
     let cancel = ctx.registration.cancel.child_token();
     let mut honored_uris = Vec::new();
@@ -428,21 +430,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     }
     // Task ids: honored when the request declared the tasks extension, and only the
     // registration's own (another's id and an unknown one alike are left out).
-    let task_ids: Vec<String> = match wanted.get("taskIds") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
-            let ids: Option<Vec<String>> =
-                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
-            ids.ok_or_else(|| bad("taskIds must be strings"))?
-        }
-        Some(Value::Array(_)) => {
-            return Err(bad(&format!(
-                "at most {} taskIds per stream",
-                crate::listen::MAX_URIS
-            )))
-        }
-        Some(_) => return Err(bad("taskIds must be an array of task ids")),
-    };
+    let task_ids = string_list(wanted, "taskIds", "task ids").map_err(|m| bad(&m))?;
     let declared = crate::mcp::tasks::declares_tasks(params.as_ref());
     let honored_tasks: Vec<String> = task_ids
         .into_iter()

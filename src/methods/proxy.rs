@@ -367,74 +367,97 @@ async fn serve(
             .await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-            let uri = params
-                .get("uri")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
-                return Err(
-                    RpcError::resource_not_found(format!("Resource not found: {uri}"))
-                        .to(id.clone())
-                        .with_data(json!({ "uri": uri }))
-                        .to_value(),
-                );
-            };
-            let target = Target::Resource(&uri);
-            let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
-                Target::None
-            } else {
-                target
-            };
-            let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
-            // The session hears `resources/updated` for what it subscribed to (and the
-            // upstream accepted), and for nothing else.
-            if let (Ok(_), Some(s)) = (&r, &ctx.session) {
-                match method {
-                    "resources/subscribe" if !s.subscribe(&uri) => {
-                        tracing::warn!(session = %s.id, "too many resource subscriptions; not recorded");
-                    }
-                    "resources/unsubscribe" => s.unsubscribe(&uri),
-                    _ => {}
-                }
-            }
-            r
+            serve_resource(ctx, id, method, params, cancel, trace).await
         }
-        "completion/complete" => {
-            let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
-            let target = match r#ref.get("type").and_then(Value::as_str) {
-                Some("ref/prompt") => {
-                    let name = r#ref
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    match find_prompt(ctx, id, name, cancel, trace).await? {
-                        Some((up, own)) => {
-                            params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
-                            Some(up)
-                        }
-                        None => None,
-                    }
-                }
-                Some("ref/resource") => {
-                    let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
-                    find_resource(ctx, id, uri, cancel, trace).await?
-                }
-                _ => None,
-            };
-            let Some(up) = target else {
-                return Err(RpcError::invalid_params(
-                    "completion/complete: ref names no prompt or resource of this registration",
-                )
-                .to(id.clone())
-                .to_value());
-            };
-            call(ctx, id, &up, method, params, cancel, trace, Target::None).await
-        }
+        "completion/complete" => serve_completion(ctx, id, method, params, cancel, trace).await,
         _ => Err(
             RpcError::method_not_found(format!("method not found: {method}"))
                 .to(id.clone())
                 .to_value(),
         ),
     }
+}
+
+/// `resources/read`, `resources/subscribe`, `resources/unsubscribe`: to the upstream that lists
+/// the URI (-32002 when none does); a session records what it subscribed to.
+async fn serve_resource(
+    ctx: &RequestCtx,
+    id: &Value,
+    method: &str,
+    params: Map<String, Value>,
+    cancel: &CancellationToken,
+    trace: Trace<'_>,
+) -> Result<Value, Value> {
+    let uri = params
+        .get("uri")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
+        return Err(
+            RpcError::resource_not_found(format!("Resource not found: {uri}"))
+                .to(id.clone())
+                .with_data(json!({ "uri": uri }))
+                .to_value(),
+        );
+    };
+    let target = Target::Resource(&uri);
+    let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
+        Target::None
+    } else {
+        target
+    };
+    let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
+    // The session hears `resources/updated` for what it subscribed to (and the
+    // upstream accepted), and for nothing else.
+    if let (Ok(_), Some(s)) = (&r, &ctx.session) {
+        match method {
+            "resources/subscribe" if !s.subscribe(&uri) => {
+                tracing::warn!(session = %s.id, "too many resource subscriptions; not recorded");
+            }
+            "resources/unsubscribe" => s.unsubscribe(&uri),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// `completion/complete`: to the upstream of the prompt or resource its `ref` names.
+async fn serve_completion(
+    ctx: &RequestCtx,
+    id: &Value,
+    method: &str,
+    mut params: Map<String, Value>,
+    cancel: &CancellationToken,
+    trace: Trace<'_>,
+) -> Result<Value, Value> {
+    let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
+    let target = match r#ref.get("type").and_then(Value::as_str) {
+        Some("ref/prompt") => {
+            let name = r#ref
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match find_prompt(ctx, id, name, cancel, trace).await? {
+                Some((up, own)) => {
+                    params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
+                    Some(up)
+                }
+                None => None,
+            }
+        }
+        Some("ref/resource") => {
+            let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
+            find_resource(ctx, id, uri, cancel, trace).await?
+        }
+        _ => None,
+    };
+    let Some(up) = target else {
+        return Err(RpcError::invalid_params(
+            "completion/complete: ref names no prompt or resource of this registration",
+        )
+        .to(id.clone())
+        .to_value());
+    };
+    call(ctx, id, &up, method, params, cancel, trace, Target::None).await
 }
