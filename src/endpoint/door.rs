@@ -13,7 +13,11 @@ use bytes::Bytes;
 
 use super::oauth::{self, Surface};
 use super::{origin, Rejection, SESSION_NAME, VERSION_NAME};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
 use crate::hub::Hub;
+use crate::methods::request::RequestCtx;
 use crate::protocol::jsonrpc;
 use crate::protocol::RpcError;
 use crate::registry::RegistrationState;
@@ -117,14 +121,57 @@ pub(crate) fn request_ctx(
     session: Option<&Arc<Session>>,
     transport: Transport,
     headers: &HeaderMap,
-) -> crate::methods::request::RequestCtx {
-    crate::methods::request::RequestCtx::new(
+) -> RequestCtx {
+    RequestCtx::new(
         gw.clone(),
         reg.clone(),
         session.cloned(),
         transport,
         trace_headers(gw, headers),
     )
+}
+
+/// What a session's message leads to ([`route`]).
+pub(crate) enum Routed {
+    /// A request, begun on the session (its id in flight): the call the transport answers.
+    Call {
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        cancel: CancellationToken,
+    },
+    /// A request the session refuses (its id in flight already, or too many in flight).
+    Refused(crate::session::CallRefused, Value),
+    /// A notification or the client's response, handled: nothing to answer.
+    Handled,
+}
+
+/// A session's message, matched once for every session transport (legacy SSE, Streamable
+/// HTTP and its batches): a notification is dispatched and a client's response delivered
+/// here; a request is begun on the session and handed back as the call to answer.
+pub(crate) fn route(ctx: &RequestCtx, session: &Session, msg: jsonrpc::Message) -> Routed {
+    match msg {
+        jsonrpc::Message::Request { id, method, params } => match session.begin_call(&id) {
+            Ok(cancel) => Routed::Call {
+                id,
+                method,
+                params,
+                cancel,
+            },
+            Err(why) => Routed::Refused(why, id),
+        },
+        jsonrpc::Message::Notification { method, params } => {
+            crate::methods::dispatch::handle_notification(ctx, &method, params.as_ref());
+            Routed::Handled
+        }
+        jsonrpc::Message::Response { id, body } => {
+            let pool = ctx.hub.pool();
+            if !pool.client_response(&ctx.registration.id, &session.id, &id, &body) {
+                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+            }
+            Routed::Handled
+        }
+    }
 }
 
 /// The request's W3C `traceparent` (with `tracestate` and `baggage`), read only when tracing

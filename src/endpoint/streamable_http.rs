@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::door::{self, authorize, Heads};
+use super::door::{self, authorize, Heads, Routed};
 use super::event_stream;
 use super::reply::{call_work, reply, ReplyOpts};
 use super::{
@@ -193,11 +193,13 @@ async fn legacy_single(
     }
     let session = require_session(&gw, &reg, heads.session)?;
     let ctx = session_ctx(&gw, &reg, &session, headers);
-    match msg {
-        Message::Request { id, method, params } => {
-            let cancel = session
-                .begin_call(&id)
-                .map_err(|why| Rejection::call_refused(why, id.clone()))?;
+    match door::route(&ctx, &session, msg) {
+        Routed::Call {
+            id,
+            method,
+            params,
+            cancel,
+        } => {
             let opts = ReplyOpts {
                 priming,
                 cancel_on_drop: false,
@@ -208,16 +210,8 @@ async fn legacy_single(
             };
             reply(ctx, id, method, params, cancel, opts).await
         }
-        Message::Notification { method, params } => {
-            dispatch::handle_notification(&ctx, &method, params.as_ref());
-            accepted()
-        }
-        Message::Response { id, body } => {
-            if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
-                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
-            }
-            accepted()
-        }
+        Routed::Refused(why, id) => Err(Rejection::call_refused(why, id)),
+        Routed::Handled => accepted(),
     }
 }
 
@@ -299,27 +293,19 @@ async fn legacy_batch(
                 .to(id)
                 .to_value(),
             ),
-            Ok(Message::Request { id, method, params }) => {
-                let cancel = match session.begin_call(&id) {
-                    Ok(c) => c,
-                    Err(why) => {
-                        replies.push(Rejection::call_refused_value(why, id));
-                        continue;
-                    }
-                };
+            Ok(msg) => match door::route(&ctx, &session, msg) {
                 // Through the reply engine's `CallWork`, like every other call: if the client
                 // goes away, the rest of each call is spawned, so it ends, is audited and
                 // leaves the session's in-flight ids.
-                calls.push(call_work(ctx.clone(), id, method, params, cancel));
-            }
-            Ok(Message::Notification { method, params }) => {
-                dispatch::handle_notification(&ctx, &method, params.as_ref())
-            }
-            Ok(Message::Response { id, body }) => {
-                ctx.hub
-                    .pool()
-                    .client_response(&ctx.registration.id, &session.id, &id, &body);
-            }
+                Routed::Call {
+                    id,
+                    method,
+                    params,
+                    cancel,
+                } => calls.push(call_work(ctx.clone(), id, method, params, cancel)),
+                Routed::Refused(why, id) => replies.push(Rejection::call_refused_value(why, id)),
+                Routed::Handled => {}
+            },
         }
     }
     replies.extend(
