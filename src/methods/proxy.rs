@@ -164,11 +164,9 @@ async fn call(
     match answered {
         Ok(Ok(v)) => Ok(v),
         // The upstream's error as it came, but for members besides code, message and data.
-        Ok(Err(e)) => Err(RpcError::from_peer(&e).bare().to(id.clone()).to_value()),
+        Ok(Err(e)) => Err(RpcError::from_peer(&e).bare().answer(id)),
         Err(why) => Err(
-            RpcError::internal(format!("upstream {upstream:?} is unavailable: {why}"))
-                .to(id.clone())
-                .to_value(),
+            RpcError::internal(format!("upstream {upstream:?} is unavailable: {why}")).answer(id),
         ),
     }
 }
@@ -294,6 +292,30 @@ pub async fn handle(
     }
 }
 
+/// One proxied request, as [`serve`] hands it to the method that serves it.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    ctx: &'a RequestCtx,
+    id: &'a Value,
+    method: &'a str,
+    cancel: &'a CancellationToken,
+    trace: Trace<'a>,
+}
+
+impl<'a> Asked<'a> {
+    fn parts(
+        self,
+    ) -> (
+        &'a RequestCtx,
+        &'a Value,
+        &'a str,
+        &'a CancellationToken,
+        Trace<'a>,
+    ) {
+        (self.ctx, self.id, self.method, self.cancel, self.trace)
+    }
+}
+
 async fn serve(
     ctx: &RequestCtx,
     id: &Value,
@@ -316,8 +338,7 @@ async fn serve(
         return Err(RpcError::method_not_found(format!(
             "method not found: {method} (no granted upstream offers it)"
         ))
-        .to(id.clone())
-        .to_value());
+        .answer(id));
     }
     let (cap, key) = match method {
         "resources/list" => ("resources", "resources"),
@@ -341,6 +362,13 @@ async fn serve(
         }
         return Ok(json!({ key: all }));
     }
+    let asked = Asked {
+        ctx,
+        id,
+        method,
+        cancel,
+        trace,
+    };
     match method {
         "prompts/get" => {
             let name = params
@@ -349,9 +377,7 @@ async fn serve(
                 .unwrap_or_default()
                 .to_string();
             let Some((up, own)) = find_prompt(ctx, id, &name, cancel, trace).await? else {
-                return Err(RpcError::invalid_params(format!("Unknown prompt: {name}"))
-                    .to(id.clone())
-                    .to_value());
+                return Err(RpcError::invalid_params(format!("Unknown prompt: {name}")).answer(id));
             };
             params.insert("name".into(), json!(own));
             call(
@@ -367,27 +393,17 @@ async fn serve(
             .await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-            serve_resource(ctx, id, method, params, cancel, trace).await
+            serve_resource(asked, params).await
         }
-        "completion/complete" => serve_completion(ctx, id, method, params, cancel, trace).await,
-        _ => Err(
-            RpcError::method_not_found(format!("method not found: {method}"))
-                .to(id.clone())
-                .to_value(),
-        ),
+        "completion/complete" => serve_completion(asked, params).await,
+        _ => Err(RpcError::method_not_found(format!("method not found: {method}")).answer(id)),
     }
 }
 
 /// `resources/read`, `resources/subscribe`, `resources/unsubscribe`: to the upstream that lists
 /// the URI (-32002 when none does); a session records what it subscribed to.
-async fn serve_resource(
-    ctx: &RequestCtx,
-    id: &Value,
-    method: &str,
-    params: Map<String, Value>,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
-) -> Result<Value, Value> {
+async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<Value, Value> {
+    let (ctx, id, method, cancel, trace) = asked.parts();
     let uri = params
         .get("uri")
         .and_then(Value::as_str)
@@ -424,13 +440,10 @@ async fn serve_resource(
 
 /// `completion/complete`: to the upstream of the prompt or resource its `ref` names.
 async fn serve_completion(
-    ctx: &RequestCtx,
-    id: &Value,
-    method: &str,
+    asked: Asked<'_>,
     mut params: Map<String, Value>,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
 ) -> Result<Value, Value> {
+    let (ctx, id, method, cancel, trace) = asked.parts();
     let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
     let target = match r#ref.get("type").and_then(Value::as_str) {
         Some("ref/prompt") => {
@@ -456,8 +469,7 @@ async fn serve_completion(
         return Err(RpcError::invalid_params(
             "completion/complete: ref names no prompt or resource of this registration",
         )
-        .to(id.clone())
-        .to_value());
+        .answer(id));
     };
     call(ctx, id, &up, method, params, cancel, trace, Target::None).await
 }

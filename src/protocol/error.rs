@@ -27,6 +27,18 @@ pub const URL_ELICITATION_REQUIRED: i64 = -32042;
 /// A request cancelled.
 pub const REQUEST_CANCELLED: i64 = -32800;
 
+/// A constructor per code: `name => CODE;`, the error answering no id yet (`to`, `with_id`).
+macro_rules! constructors {
+    ($($(#[$doc:meta])* $name:ident => $code:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(message: impl Into<String>) -> Self {
+                Self::new(None, $code, message)
+            }
+        )*
+    };
+}
+
 /// A JSON-RPC error, with the id it answers (None: the id could not be read, written `null`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcError {
@@ -51,54 +63,27 @@ impl RpcError {
         }
     }
 
-    /// -32700: the body is not JSON.
-    pub fn parse_error(message: impl Into<String>) -> Self {
-        Self::new(None, PARSE_ERROR, message)
-    }
-
-    /// -32600: not a valid JSON-RPC request (or refused before it is read: HTTP checks).
-    pub fn invalid_request(message: impl Into<String>) -> Self {
-        Self::new(None, INVALID_REQUEST, message)
-    }
-
-    /// -32601.
-    pub fn method_not_found(message: impl Into<String>) -> Self {
-        Self::new(None, METHOD_NOT_FOUND, message)
-    }
-
-    /// -32602.
-    pub fn invalid_params(message: impl Into<String>) -> Self {
-        Self::new(None, INVALID_PARAMS, message)
-    }
-
-    /// -32603: the gateway (or what it relies on) failed.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(None, INTERNAL_ERROR, message)
-    }
-
-    /// -32002: no such resource.
-    pub fn resource_not_found(message: impl Into<String>) -> Self {
-        Self::new(None, RESOURCE_NOT_FOUND, message)
-    }
-
-    /// -32030: too many requests of this caller in flight ([`BUSY`]).
-    pub fn busy(message: impl Into<String>) -> Self {
-        Self::new(None, BUSY, message)
-    }
-
-    /// -32020: a mirrored header disagrees with the body.
-    pub fn header_mismatch(message: impl Into<String>) -> Self {
-        Self::new(None, HEADER_MISMATCH, message)
-    }
-
-    /// -32021: a client capability or extension not declared.
-    pub fn missing_capability(message: impl Into<String>) -> Self {
-        Self::new(None, MISSING_CAPABILITY, message)
-    }
-
-    /// -32022: a protocol version not served.
-    pub fn unsupported_version(message: impl Into<String>) -> Self {
-        Self::new(None, UNSUPPORTED_VERSION, message)
+    constructors! {
+        /// -32700: the body is not JSON.
+        parse_error => PARSE_ERROR;
+        /// -32600: not a valid JSON-RPC request (or refused before it is read: HTTP checks).
+        invalid_request => INVALID_REQUEST;
+        /// -32601.
+        method_not_found => METHOD_NOT_FOUND;
+        /// -32602.
+        invalid_params => INVALID_PARAMS;
+        /// -32603: the gateway (or what it relies on) failed.
+        internal => INTERNAL_ERROR;
+        /// -32002: no such resource.
+        resource_not_found => RESOURCE_NOT_FOUND;
+        /// -32030: too many requests of this caller in flight ([`BUSY`]).
+        busy => BUSY;
+        /// -32020: a mirrored header disagrees with the body.
+        header_mismatch => HEADER_MISMATCH;
+        /// -32021: a client capability or extension not declared.
+        missing_capability => MISSING_CAPABILITY;
+        /// -32022: a protocol version not served.
+        unsupported_version => UNSUPPORTED_VERSION;
     }
 
     /// An error object another party sent (an upstream's, a client's), kept as it came: its
@@ -150,6 +135,11 @@ impl RpcError {
     pub fn to(mut self, id: Value) -> Self {
         self.id = Some(id);
         self
+    }
+
+    /// The response answering `id`: `.to(id).to_value()` for an id held by reference.
+    pub fn answer(self, id: &Value) -> Value {
+        self.to(id.clone()).to_value()
     }
 
     /// Answers `id` (None: written `null`).
