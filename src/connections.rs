@@ -68,8 +68,10 @@ impl Limits {
             0 => auto_max(nofile_soft_limit()),
             n => n,
         };
-        let body = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"gateway connection limit reached: retry later"}}"#;
-        Limits::new(config, max, body)
+        let mut body = Vec::new();
+        crate::protocol::RpcError::internal("gateway connection limit reached: retry later")
+            .write_json(&mut body);
+        Limits::new(config, max, &body)
     }
 
     /// The admin listener's: the same timeouts, its own cap (1/16 of the open-files limit,

@@ -22,10 +22,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::protocol::RpcError;
+
 /// Key of the lease capability in `capabilities.experimental`.
-pub const LEASE_CAPABILITY: &str = "io.gatehouse/lease";
+pub use crate::protocol::meta::LEASE as LEASE_CAPABILITY;
 /// `_meta` key carrying the lease id on every request.
-pub const LEASE_META_KEY: &str = "io.gatehouse/lease";
+pub use crate::protocol::meta::LEASE as LEASE_META_KEY;
 /// Notification releasing a lease: `{"lease": id}`.
 pub const LEASE_RELEASED_METHOD: &str = "notifications/io.gatehouse/lease_released";
 /// Request `_meta` flag (`true`) asking for the request's `_meta` to be echoed in the result.
@@ -46,11 +48,6 @@ const OUTBOX_CAPACITY: usize = 1024;
 const PROGRESS_INTERVAL_MS: u64 = 100;
 /// Upper bound for `slow_ms` (keeps deadline arithmetic far from overflow).
 const MAX_SLOW_MS: u64 = 24 * 60 * 60 * 1000;
-
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
-const METHOD_NOT_FOUND: i64 = -32601;
-const INVALID_PARAMS: i64 = -32602;
 
 /// How the helpdesk behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,7 +203,7 @@ where
             Decoded::Message(Message::Request { id, method, params }) => {
                 Some(match echo_request(&method, params.as_ref()) {
                     Ok(result) => response(id, result),
-                    Err(err) => error_response(id, &err),
+                    Err(err) => error_response(id, err),
                 })
             }
             Decoded::Message(Message::Notification { .. } | Message::Response) => None,
@@ -448,11 +445,13 @@ async fn handle_request(
         "ping" => Some(Ok(json!({}))),
         "tools/list" => Some(Ok(json!({ "tools": helpdesk_tools() }))),
         "tools/call" => call_tool(ctx, &guard.cancel, params.as_ref()).await,
-        other => Some(Err(RpcError::method_not_found(other))),
+        other => Some(Err(RpcError::method_not_found(format!(
+            "Method not found: {other}"
+        )))),
     };
     match outcome {
         Some(Ok(result)) => ctx.outbox.send(response(id, result)).await,
-        Some(Err(err)) => ctx.outbox.send(error_response(id, &err)).await,
+        Some(Err(err)) => ctx.outbox.send(error_response(id, err)).await,
         None => tracing::debug!("cancelled; no response"),
     }
 }
@@ -577,7 +576,9 @@ impl<'a> Call<'a> {
             Some(Value::Object(args)) => args.clone(),
             Some(_) => return Err(RpcError::invalid_params("\"arguments\" must be an object")),
         };
-        let meta = params.get("_meta").and_then(Value::as_object);
+        let meta = params
+            .get(crate::protocol::meta::META)
+            .and_then(Value::as_object);
         let lease = match meta.and_then(|m| m.get(LEASE_META_KEY)) {
             _ if !lease_extension => String::new(),
             None => String::new(),
@@ -598,7 +599,7 @@ impl<'a> Call<'a> {
 
     fn progress_token(&self) -> Option<Value> {
         self.meta
-            .and_then(|m| m.get("progressToken"))
+            .and_then(|m| m.get(crate::protocol::meta::PROGRESS_TOKEN))
             .filter(|t| t.is_string() || t.is_number())
             .cloned()
     }
@@ -645,7 +646,7 @@ impl<'a> Call<'a> {
                 );
             }
         }
-        result["_meta"] = Value::Object(meta);
+        result[crate::protocol::meta::META] = Value::Object(meta);
         result
     }
 }
@@ -839,7 +840,9 @@ fn echo_request(method: &str, params: Option<&Value>) -> Result<Value, RpcError>
                 }),
             })
         }
-        other => Err(RpcError::method_not_found(other)),
+        other => Err(RpcError::method_not_found(format!(
+            "Method not found: {other}"
+        ))),
     }
 }
 
@@ -867,40 +870,12 @@ fn initialize_result(
     })
 }
 
-/// A JSON-RPC error to answer a request with.
-#[derive(Debug, thiserror::Error)]
-#[error("{message} ({code})")]
-struct RpcError {
-    code: i64,
-    message: String,
-}
-
-impl RpcError {
-    fn invalid_params(message: impl Into<String>) -> Self {
-        Self {
-            code: INVALID_PARAMS,
-            message: message.into(),
-        }
-    }
-
-    fn method_not_found(method: &str) -> Self {
-        Self {
-            code: METHOD_NOT_FOUND,
-            message: format!("Method not found: {method}"),
-        }
-    }
-}
-
 fn response(id: Value, result: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "result": result })
 }
 
-fn error_response(id: Value, err: &RpcError) -> Value {
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": err.code, "message": err.message }
-    })
+fn error_response(id: Value, err: RpcError) -> Value {
+    err.to(id).to_value()
 }
 
 /// One well-formed incoming JSON-RPC message.
@@ -933,10 +908,9 @@ fn decode(frame: Frame) -> Decoded {
         Frame::TooLong => {
             return Decoded::Reply(error_response(
                 Value::Null,
-                &RpcError {
-                    code: PARSE_ERROR,
-                    message: format!("Parse error: line longer than {MAX_LINE_BYTES} bytes"),
-                },
+                RpcError::parse_error(format!(
+                    "Parse error: line longer than {MAX_LINE_BYTES} bytes"
+                )),
             ))
         }
     };
@@ -949,10 +923,7 @@ fn decode(frame: Frame) -> Decoded {
             tracing::debug!(error = %err, "unparsable input line");
             return Decoded::Reply(error_response(
                 Value::Null,
-                &RpcError {
-                    code: PARSE_ERROR,
-                    message: "Parse error".into(),
-                },
+                RpcError::parse_error("Parse error"),
             ));
         }
     };
@@ -960,10 +931,7 @@ fn decode(frame: Frame) -> Decoded {
         Ok(msg) => Decoded::Message(msg),
         Err((id, reason)) => Decoded::Reply(error_response(
             id,
-            &RpcError {
-                code: INVALID_REQUEST,
-                message: format!("Invalid Request: {reason}"),
-            },
+            RpcError::invalid_request(format!("Invalid Request: {reason}")),
         )),
     }
 }

@@ -11,10 +11,10 @@ use serde_json::Value;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::listen::Listeners;
-use crate::mcp::{jsonrpc, Notice};
 use crate::metrics::Metrics;
 use crate::mrtr::{Held, HeldCalls};
 use crate::pins::Drift;
+use crate::protocol::{jsonrpc, Notice};
 use crate::registry::{RegistrationState, Registry};
 use crate::session::{Session, SessionTable};
 use crate::store::Store;
@@ -23,7 +23,7 @@ use crate::upstream::{Downstream, Pool, STATELESS_SESSION};
 
 /// The client-response body that refuses a server → client request on the gateway's behalf.
 pub(crate) fn refusal_body(why: &str) -> Value {
-    serde_json::json!({"error": {"code": -32603, "message": format!("gatehouse: {why}")}})
+    crate::protocol::RpcError::internal(format!("gatehouse: {why}")).to_body()
 }
 
 pub struct Hub {
@@ -163,12 +163,12 @@ impl Hub {
     pub(crate) fn related_task_to_client(&self, registration_id: &str, msg: &mut Value) {
         let Some(meta) = msg
             .get_mut("params")
-            .and_then(|p| p.get_mut("_meta"))
+            .and_then(|p| p.get_mut(crate::protocol::meta::META))
             .and_then(Value::as_object_mut)
         else {
             return;
         };
-        let Some(related) = meta.get(crate::tasks::RELATED_TASK) else {
+        let Some(related) = meta.get(crate::protocol::meta::RELATED_TASK) else {
             return;
         };
         let ours = related
@@ -179,12 +179,12 @@ impl Hub {
         match ours {
             Some(t) => {
                 meta.insert(
-                    crate::tasks::RELATED_TASK.into(),
+                    crate::protocol::meta::RELATED_TASK.into(),
                     serde_json::json!({"taskId": t.id}),
                 );
             }
             None => {
-                meta.remove(crate::tasks::RELATED_TASK);
+                meta.remove(crate::protocol::meta::RELATED_TASK);
             }
         }
     }
@@ -324,10 +324,10 @@ impl Downstream for Hub {
     fn notify<'a>(
         &'a self,
         upstream_id: &'a str,
-        route: crate::mcp::Route,
+        route: crate::protocol::Route,
         msg: Value,
     ) -> BoxFuture<'a, usize> {
-        use crate::mcp::Route;
+        use crate::protocol::Route;
         Box::pin(async move {
             match route {
                 Route::Registration(id, notice) => self.to_registration(&id, notice, &msg).await,
@@ -372,7 +372,7 @@ impl Downstream for Hub {
         Box::pin(async move {
             let mut params = params;
             let task = params
-                .get("progressToken")
+                .get(crate::protocol::meta::PROGRESS_TOKEN)
                 .and_then(Value::as_str)
                 .and_then(|t| self.tasks.by_progress(upstream_id, t))
                 .filter(|t| !t.is_settled());
@@ -381,7 +381,7 @@ impl Downstream for Hub {
                 return;
             };
             let Some(p) = &task.progress else { return };
-            params["progressToken"] = p.client_token.clone();
+            params[crate::protocol::meta::PROGRESS_TOKEN] = p.client_token.clone();
             let msg = jsonrpc::notification("notifications/progress", Some(params));
             match &p.to {
                 crate::tasks::ProgressTo::Session(s) => {

@@ -29,9 +29,11 @@ mod gateway;
 mod hub;
 mod listen;
 mod mcp;
+mod methods;
 mod metrics;
 mod mrtr;
 mod pins;
+mod protocol;
 mod refusals;
 mod registry;
 mod sd_notify;
@@ -52,7 +54,7 @@ pub use gateway::probe::{
     UpstreamsSeen,
 };
 pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
-pub use mcp::LOG_LEVELS;
+pub use protocol::LOG_LEVELS;
 pub use registry::{Limits, RegistrationSpec, Root};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
 
@@ -63,7 +65,7 @@ pub mod testing {
 
     pub use crate::endpoint::event_stream::sse_event;
     pub use crate::endpoint::SESSION_HEADER;
-    pub use crate::mcp::jsonrpc;
+    pub use crate::protocol::jsonrpc;
 
     pub mod admin {
         pub use crate::admin::{router, serve};

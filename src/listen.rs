@@ -21,7 +21,7 @@ pub const MAX_LISTENERS_PER_REGISTRATION: usize = 64;
 /// Resource URIs one stream may subscribe to.
 pub const MAX_URIS: usize = 256;
 
-pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+pub use crate::protocol::meta::SUBSCRIPTION_ID;
 
 /// A task's status change, on the listen streams that named it (2026-07-28 tasks extension).
 pub const TASKS_METHOD: &str = "notifications/tasks";
@@ -40,7 +40,7 @@ pub struct Filter {
 
 impl Filter {
     fn wants(&self, msg: &Value) -> bool {
-        use crate::mcp::Notice;
+        use crate::protocol::Notice;
         match Notice::of_message(msg) {
             Notice::ToolsListChanged => self.tools,
             Notice::PromptsListChanged => self.prompts,
@@ -125,7 +125,7 @@ impl Listeners {
             }) {
                 if let Some(meta) = p
                     .as_object_mut()
-                    .map(|p| p.entry("_meta").or_insert_with(|| Value::Object(Default::default())))
+                    .map(|p| p.entry(crate::protocol::meta::META).or_insert_with(|| Value::Object(Default::default())))
                     .and_then(Value::as_object_mut)
                 {
                     meta.insert(SUBSCRIPTION_ID.into(), l.subscription_id.clone());

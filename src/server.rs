@@ -98,8 +98,7 @@ fn dispatch(hub: &Arc<Hub>, router: &TowerToHyperService<Router>, req: Request<B
             // 400, 431 or 501: framing or headers.
             Reason::BadRequest,
             refused.status,
-            crate::mcp::jsonrpc::INVALID_REQUEST,
-            refused.message,
+            crate::protocol::RpcError::invalid_request(refused.message),
         )
         .into_response();
         refused.close(&mut resp);

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SessionConfig;
-use crate::mcp::jsonrpc::{IdKey, Reply};
-use crate::mcp::{log_level_index, ClientCapability};
+use crate::protocol::jsonrpc::{IdKey, Reply};
+use crate::protocol::{log_level_index, ClientCapability};
 use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
 

@@ -495,7 +495,7 @@ impl<'a> Inbound<'a> {
 
     /// The trace keys of a request's `params._meta`.
     pub fn with_meta(mut self, params: &'a serde_json::Map<String, Value>) -> Self {
-        if let Some(Value::Object(meta)) = params.get("_meta") {
+        if let Some(Value::Object(meta)) = params.get(crate::protocol::meta::META) {
             let s = |k| meta.get(k).and_then(Value::as_str);
             self.meta_parent = s(TRACEPARENT);
             self.meta_state = s(TRACESTATE);
@@ -737,18 +737,7 @@ impl ClientSpan {
 /// `error.type` of a JSON-RPC error code: the code as a string when it is one of the
 /// protocol's own (bounded: a metric label), else `_OTHER`.
 pub fn code_error_type(code: i64) -> &'static str {
-    match code {
-        -32700 => "-32700",
-        -32600 => "-32600",
-        -32601 => "-32601",
-        -32602 => "-32602",
-        -32603 => "-32603",
-        -32002 => "-32002",
-        -32030 => "-32030",
-        -32042 => "-32042",
-        -32800 => "-32800",
-        _ => "_OTHER",
-    }
+    crate::protocol::RpcError::type_of(code)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::{jsonrpc, LOG_LEVELS};
+use crate::protocol::{jsonrpc, LOG_LEVELS};
 
 /// The boxed future an in-process tool handler returns.
 pub type ToolFuture = Pin<Box<dyn Future<Output = Result<ToolResult, ToolError>> + Send>>;

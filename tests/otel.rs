@@ -1638,3 +1638,56 @@ async fn task_requests_get_client_spans_under_their_server_span() {
     );
     drop(reg);
 }
+
+/// A JSON-RPC batch (2025-03-26) with a `traceparent` header: each call's server span is
+/// parented from the header, as a single request's is (the batch's request context once
+/// lacked the trace headers).
+#[tokio::test]
+async fn a_streamable_batch_is_parented_from_the_http_header() {
+    let rx = Receiver::start();
+    let d = daemon(&rx, &[]);
+    let reg = d
+        .register(json!({"agent_id": "agent-batch", "tools": ["traced.*"]}))
+        .await;
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(reg["mcp_url"].as_str().unwrap())
+            .bearer_auth(reg["token"].as_str().unwrap())
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+    };
+    let r = post(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    )
+    .send()
+    .await
+    .unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let t = "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd";
+    let r = post(json!([
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+    ]))
+    .header("mcp-session-id", &sid)
+    .header("mcp-protocol-version", "2025-03-26")
+    .header("traceparent", format!("00-{t}-5555555555555555-01"))
+    .send()
+    .await
+    .unwrap();
+    let replies: Value = r.json().await.unwrap();
+    assert_eq!(replies.as_array().map(Vec::len), Some(2), "{replies}");
+    let spans = rx
+        .wait_spans(30, |s| {
+            named(&of_trace(s, t), "gatehouse-test", SERVER, "tools/list").is_some()
+        })
+        .await;
+    let s = named(&of_trace(&spans, t), "gatehouse-test", SERVER, "tools/list")
+        .unwrap_or_else(|| panic!("no tools/list span in the header's trace"));
+    assert_eq!(
+        s["parent_span_id"], "5555555555555555",
+        "the header's context: {s:#}"
+    );
+}

@@ -29,7 +29,7 @@ pub const LOCAL: &str = "_local";
 /// were malformed): they fail with JSON-RPC invalid params (-32602), and counting them under
 /// their own names would let a client fill the tool keys (as the metrics' `_unknown` label).
 pub const UNKNOWN: &str = "_unknown";
-const INVALID_PARAMS: i64 = -32602;
+use crate::protocol::error::INVALID_PARAMS;
 /// The longest key kept (bytes); a longer one is cut at a character boundary.
 pub const MAX_KEY_BYTES: usize = 128;
 /// Latency buckets: bucket `i` holds durations up to `10 µs · √2^i` (the last: everything
@@ -565,7 +565,7 @@ mod tests {
         for i in 0..100 {
             let tool = format!("made-up-{i}");
             let mut r = call("a", None, &tool, "denied", 0.1);
-            r.error_code = Some(-32602);
+            r.error_code = Some(INVALID_PARAMS);
             s2.observe_at(t0, &r);
         }
         s2.observe_at(t0, &call("a", None, "real", "ok", 0.1));

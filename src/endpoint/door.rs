@@ -2,7 +2,7 @@
 //! the one `Rejection` (and its reason): Host and Origin, registration and token
 //! ([`authorize`]), content type and body limits ([`json_body`]), the parse of what the direct
 //! read left alone ([`parse_body`]), the session lookup ([`session`]); a request is then served
-//! with `RequestCtx::new`. The transports (`sse`, `streamable_http`, `stateless`) keep only
+//! with the context [`request_ctx`] builds whole (trace headers included). The transports (`sse`, `streamable_http`, `stateless`) keep only
 //! what differs: their routes, `Accept`, versions, and what a message leads to.
 
 use std::sync::Arc;
@@ -13,8 +13,13 @@ use bytes::Bytes;
 
 use super::oauth::{self, Surface};
 use super::{origin, Rejection, SESSION_NAME, VERSION_NAME};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
 use crate::hub::Hub;
-use crate::mcp::jsonrpc;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc;
+use crate::protocol::RpcError;
 use crate::registry::RegistrationState;
 use crate::session::{Session, Transport};
 
@@ -108,7 +113,67 @@ pub(crate) fn authorize_with(
     Err(oauth::unauthorized(gw, headers, id, surface, why).auth_failed(reg, transport))
 }
 
-/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
+/// A request's context, complete: every transport builds it here, once, so none can leave out
+/// the trace headers (a batch once did).
+pub(crate) fn request_ctx(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    session: Option<&Arc<Session>>,
+    transport: Transport,
+    headers: &HeaderMap,
+) -> RequestCtx {
+    RequestCtx::new(
+        gw.clone(),
+        reg.clone(),
+        session.cloned(),
+        transport,
+        trace_headers(gw, headers),
+    )
+}
+
+/// What a session's message leads to ([`route`]).
+pub(crate) enum Routed {
+    /// A request, begun on the session (its id in flight): the call the transport answers.
+    Call {
+        id: Value,
+        method: String,
+        params: Option<Value>,
+        cancel: CancellationToken,
+    },
+    /// A request the session refuses (its id in flight already, or too many in flight).
+    Refused(crate::session::CallRefused, Value),
+    /// A notification or the client's response, handled: nothing to answer.
+    Handled,
+}
+
+/// A session's message, matched once for every session transport (legacy SSE, Streamable
+/// HTTP and its batches): a notification is dispatched and a client's response delivered
+/// here; a request is begun on the session and handed back as the call to answer.
+pub(crate) fn route(ctx: &RequestCtx, session: &Session, msg: jsonrpc::Message) -> Routed {
+    match msg {
+        jsonrpc::Message::Request { id, method, params } => match session.begin_call(&id) {
+            Ok(cancel) => Routed::Call {
+                id,
+                method,
+                params,
+                cancel,
+            },
+            Err(why) => Routed::Refused(why, id),
+        },
+        jsonrpc::Message::Notification { method, params } => {
+            crate::methods::dispatch::handle_notification(ctx, &method, params.as_ref());
+            Routed::Handled
+        }
+        jsonrpc::Message::Response { id, body } => {
+            let pool = ctx.hub.pool();
+            if !pool.client_response(&ctx.registration.id, &session.id, &id, &body) {
+                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
+            }
+            Routed::Handled
+        }
+    }
+}
+
 /// The request's W3C `traceparent` (with `tracestate` and `baggage`), read only when tracing
 /// is on: with it off a request pays one `None` check here.
 pub(crate) fn trace_headers(
@@ -129,6 +194,7 @@ pub(crate) fn trace_headers(
     }))
 }
 
+/// Is the request's Content-Type (its first value, [`Heads::content_type`]) JSON?
 pub(crate) fn is_json(content_type: Option<&HeaderValue>) -> bool {
     let Some(v) = content_type else {
         return false;
@@ -208,11 +274,10 @@ async fn read_rest(
         Err(_) => Err(Rejection::new(
             crate::refusals::Reason::BodyTimeout,
             StatusCode::REQUEST_TIMEOUT,
-            jsonrpc::INVALID_REQUEST,
-            format!(
+            RpcError::invalid_request(format!(
                 "request body not received within {} s (connections.body_timeout_s)",
                 within.as_secs()
-            ),
+            )),
         )),
     }
 }
@@ -237,8 +302,9 @@ impl Read {
             Rejection::new(
                 crate::refusals::Reason::BodyTooLarge,
                 StatusCode::PAYLOAD_TOO_LARGE,
-                jsonrpc::INVALID_REQUEST,
-                format!("request body exceeds the limit of {limit} bytes"),
+                RpcError::invalid_request(format!(
+                    "request body exceeds the limit of {limit} bytes"
+                )),
             )
         };
         let Ok(data) = frame.map_err(|_| too_large())?.into_data() else {
@@ -281,8 +347,9 @@ pub(crate) fn json_body<'c>(
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            jsonrpc::INVALID_REQUEST,
-            "unsupported media type: Content-Type must be application/json",
+            RpcError::invalid_request(
+                "unsupported media type: Content-Type must be application/json",
+            ),
         ));
     }
     Ok(read_body(body, config))

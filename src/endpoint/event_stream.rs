@@ -25,7 +25,7 @@ pub const KEEPALIVE: &[u8] = b": keepalive\n\n";
 
 /// A response as a `message` event (compact JSON and a passed-through result hold no line
 /// break: one `data:` line), framed as a session's queued messages are.
-pub fn reply_event(reply: &crate::mcp::jsonrpc::Reply) -> Bytes {
+pub fn reply_event(reply: &crate::protocol::jsonrpc::Reply) -> Bytes {
     Bytes::from(crate::session::message_event(reply))
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use super::origin::check_host_origin;
 use super::{json_response, Rejection};
 use crate::hub::Hub;
+use crate::protocol::RpcError;
 
 /// Which endpoint of a registration a request is for (its 401 points at that endpoint's
 /// protected-resource metadata).
@@ -101,8 +102,7 @@ pub fn unauthorized(
     let r = Rejection::new(
         reason,
         StatusCode::UNAUTHORIZED,
-        crate::mcp::jsonrpc::INVALID_REQUEST,
-        message,
+        RpcError::invalid_request(message),
     )
     .about(id);
     let metadata = format!(

@@ -1,5 +1,5 @@
-//! Why an endpoint refuses a request, as one type: the HTTP status, the JSON-RPC error (code,
-//! message, the request id where it could be read, data) and the header the status calls for
+//! Why an endpoint refuses a request, as one type: the HTTP status, the one JSON-RPC error
+//! value (`protocol::RpcError`: code, message, the request id where it could be read, data) and the header the status calls for
 //! (`WWW-Authenticate` on 401, `Allow` on 405). Its one `IntoResponse` writes them all, and
 //! marks the response with why it was refused (`refusals::Refused`, read by the accept loop).
 
@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::mcp::jsonrpc::{self, RpcError};
+use crate::protocol::RpcError;
 use crate::refusals::{AuthFailure, Reason, Refused};
 
 #[derive(Debug)]
@@ -23,12 +23,8 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    pub fn new(reason: Reason, status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self::rpc(reason, status, RpcError::new(None, code, message))
-    }
-
     /// A JSON-RPC error as the body, under `status`, refused for `reason`.
-    pub fn rpc(reason: Reason, status: StatusCode, error: RpcError) -> Self {
+    pub fn new(reason: Reason, status: StatusCode, error: RpcError) -> Self {
         Rejection {
             status,
             error,
@@ -71,17 +67,12 @@ impl Rejection {
 
     /// A malformed message (400, `bad_request`), with the id where it could be read.
     pub fn malformed(error: RpcError) -> Self {
-        Self::rpc(Reason::BadRequest, StatusCode::BAD_REQUEST, error)
+        Self::new(Reason::BadRequest, StatusCode::BAD_REQUEST, error)
     }
 
     /// 400 with -32600 (`bad_request`).
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(
-            Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            jsonrpc::INVALID_REQUEST,
-            message,
-        )
+        Self::malformed(RpcError::invalid_request(message))
     }
 
     /// 404 with -32600, for `reason` (no route, an unknown session, a released registration).
@@ -89,8 +80,7 @@ impl Rejection {
         Self::new(
             reason,
             StatusCode::NOT_FOUND,
-            jsonrpc::INVALID_REQUEST,
-            message,
+            RpcError::invalid_request(message),
         )
     }
 
@@ -109,8 +99,7 @@ impl Rejection {
         Self::new(
             reason,
             StatusCode::FORBIDDEN,
-            jsonrpc::INVALID_REQUEST,
-            message,
+            RpcError::invalid_request(message),
         )
     }
 
@@ -119,8 +108,7 @@ impl Rejection {
         Self::new(
             Reason::Overloaded,
             StatusCode::SERVICE_UNAVAILABLE,
-            jsonrpc::INTERNAL_ERROR,
-            message,
+            RpcError::internal(message),
         )
     }
 
@@ -130,8 +118,7 @@ impl Rejection {
         Self::new(
             Reason::Fenced,
             StatusCode::SERVICE_UNAVAILABLE,
-            jsonrpc::INTERNAL_ERROR,
-            message,
+            RpcError::internal(message),
         )
         .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
@@ -145,8 +132,7 @@ impl Rejection {
             crate::session::CallRefused::TooMany(_) => Self::new(
                 Reason::RateLimited,
                 StatusCode::TOO_MANY_REQUESTS,
-                jsonrpc::BUSY,
-                why.to_string(),
+                RpcError::busy(why.to_string()),
             )
             .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")),
         };
@@ -155,20 +141,11 @@ impl Rejection {
 
     /// The same refusal as a JSON-RPC error object (one item of a batch).
     pub fn call_refused_value(why: crate::session::CallRefused, id: Value) -> Value {
-        let code = match why {
-            crate::session::CallRefused::DuplicateId => jsonrpc::INVALID_REQUEST,
-            crate::session::CallRefused::TooMany(_) => jsonrpc::BUSY,
-        };
-        RpcError::new(Some(id), code, why.to_string()).to_value()
+        Self::call_refused(why, id).error.to_value()
     }
 
     pub fn with_id(mut self, id: Option<Value>) -> Self {
         self.error.id = id;
-        self
-    }
-
-    pub fn with_data(mut self, data: Option<Value>) -> Self {
-        self.error.data = data;
         self
     }
 
@@ -190,7 +167,7 @@ impl IntoResponse for Rejection {
 }
 
 /// A 200 with a response's JSON (a passed-through result is written as it came).
-pub fn reply_response(reply: &crate::mcp::jsonrpc::Reply) -> Response {
+pub fn reply_response(reply: &crate::protocol::jsonrpc::Reply) -> Response {
     json_bytes(StatusCode::OK, reply.to_vec())
 }
 
@@ -222,22 +199,16 @@ mod tests {
     /// Every constructor of a `Rejection`, with the status and the reason it carries, and
     /// the reason its response is marked with (what `/metrics` and the logs count). Every
     /// `Reason` a request handler can give is made here at least once, `fenced` among them
-    /// (a fenced node's 503 was counted `overloaded`, issue 50). `new` and `rpc` take the
+    /// (a fenced node's 503 was counted `overloaded`, issue 50). `new` takes the
     /// reason (there is no default); the named ones fix it.
     #[test]
     fn every_constructor_carries_its_reason() {
         let registry = crate::registry::Registry::default();
-        let err = || RpcError::new(None, jsonrpc::INVALID_REQUEST, "x");
+        let err = || RpcError::invalid_request("x");
         let cases: Vec<(&str, Rejection, StatusCode, Reason)> = vec![
             (
                 "new",
-                Rejection::new(Reason::BodyTimeout, StatusCode::REQUEST_TIMEOUT, -1, "x"),
-                StatusCode::REQUEST_TIMEOUT,
-                Reason::BodyTimeout,
-            ),
-            (
-                "rpc",
-                Rejection::rpc(Reason::BodyTooLarge, StatusCode::PAYLOAD_TOO_LARGE, err()),
+                Rejection::new(Reason::BodyTooLarge, StatusCode::PAYLOAD_TOO_LARGE, err()),
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Reason::BodyTooLarge,
             ),
@@ -299,10 +270,7 @@ mod tests {
         for (what, r, status, reason) in cases {
             assert_eq!((r.status(), r.reason()), (status, reason), "{what}");
             // The modifiers keep the reason.
-            let r = r
-                .with_id(Some(Value::from(7)))
-                .with_data(None)
-                .about("abcdefghijkl");
+            let r = r.with_id(Some(Value::from(7))).about("abcdefghijkl");
             assert_eq!(r.reason(), reason, "{what}");
             let resp = r.into_response();
             assert_eq!(resp.status(), status, "{what}");

@@ -19,10 +19,10 @@ use tokio_util::sync::CancellationToken;
 use super::event_stream::{self, sse_json, KEEPALIVE};
 use super::{json_response, reply_response, Rejection};
 use crate::hub::Hub;
-use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::{self, Reply, RpcError};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::ClientCapability;
+use crate::methods::dispatch;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{Reply, RpcError};
+use crate::protocol::ClientCapability;
 use crate::session::Session;
 
 /// How a request's reply is framed.
@@ -142,7 +142,7 @@ impl Hold<'_> {
         });
         let mut requests = serde_json::Map::new();
         requests.insert(key, Value::Object(input));
-        crate::mcp::jsonrpc::success(
+        crate::protocol::jsonrpc::success(
             id.clone(),
             serde_json::json!({
                 "resultType": "input_required",
@@ -509,7 +509,7 @@ async fn next_event(mut st: ReplyStream) -> Option<(Result<Bytes, Infallible>, R
                         return None;
                     }
                     let id = Some(st.fence.1.clone());
-                    let e = RpcError::new(id, jsonrpc::INTERNAL_ERROR, FENCED_CALL);
+                    let e = RpcError::internal(FENCED_CALL).with_id(id);
                     st.notes = None;
                     st.pending.push_back(sse_json("message", &e.to_value()));
                     continue;

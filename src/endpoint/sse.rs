@@ -10,14 +10,12 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use super::door::{self, authorize, Heads};
+use super::door::{self, authorize, Heads, Routed};
 use super::event_stream::{self, sse_event};
 use super::reply;
 use super::{query_param, Rejection};
 use crate::hub::Hub;
-use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
-use crate::mcp::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Body as RpcBody, Message};
 use crate::session::{Outbound, Transport};
 
 /// Closes the session when the stream is dropped (client gone, release, shutdown).
@@ -86,28 +84,16 @@ pub fn message(
             None => general_message(&bytes)?,
         };
         // A request gets its own notes channel (`reply::to_session_stream`).
-        let mut ctx = RequestCtx::new(
-            gw.clone(),
-            reg.clone(),
-            Some(session.clone()),
-            Transport::Sse,
-        );
-        ctx.trace_headers = door::trace_headers(&gw, headers);
-        match msg {
-            Message::Request { id, method, params } => {
-                let cancel = session
-                    .begin_call(&id)
-                    .map_err(|why| Rejection::call_refused(why, id.clone()))?;
-                reply::to_session_stream(ctx, session, id, method, params, cancel);
-            }
-            Message::Notification { method, params } => {
-                dispatch::handle_notification(&ctx, &method, params.as_ref());
-            }
-            Message::Response { id, body } => {
-                if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
-                    tracing::debug!(session = %session.id, "response from client ignored: no request pending");
-                }
-            }
+        let ctx = door::request_ctx(&gw, &reg, Some(&session), Transport::Sse, headers);
+        match door::route(&ctx, &session, msg) {
+            Routed::Call {
+                id,
+                method,
+                params,
+                cancel,
+            } => reply::to_session_stream(ctx, session, id, method, params, cancel),
+            Routed::Refused(why, id) => return Err(Rejection::call_refused(why, id)),
+            Routed::Handled => {}
         }
         // As the TypeScript SDK's SSE transport answers: 202 and "Accepted", no other header
         // (a `(StatusCode, &str)` response would add a `Content-Type`, a header insert per call).

@@ -13,15 +13,15 @@ use serde_json::{json, Map, Value};
 use super::reply::{reply, resume, Mrtr, ReplyOpts};
 use super::{header_str, json_response, Rejection, SESSION_NAME, VERSION_NAME};
 use crate::hub::Hub;
-use crate::mcp::jsonrpc::{self, Message, RpcError};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Message, RpcError};
+use crate::protocol::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::registry::RegistrationState;
 use crate::session::Transport;
 
-pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-pub const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+pub use crate::protocol::meta::CLIENT_CAPABILITIES as META_CAPABILITIES;
+pub use crate::protocol::meta::PROTOCOL_VERSION as META_VERSION;
+pub use crate::protocol::meta::SERVER_INFO as META_SERVER_INFO;
 /// How long a client may cache `server/discover` (its content is fixed per build).
 const DISCOVER_TTL_MS: u64 = 60_000;
 /// Lists change when an upstream's do, which a `subscriptions/listen` stream hears at once;
@@ -56,7 +56,7 @@ const METHODS: &[&str] = &[
 /// A message's `_meta`, from its params.
 fn meta(params: Option<&Value>) -> Option<&Map<String, Value>> {
     // Runs on every POST: `jsonrpc::member` (no hashing of the key).
-    jsonrpc::member(params?.as_object()?, "_meta")?.as_object()
+    jsonrpc::member(params?.as_object()?, crate::protocol::meta::META)?.as_object()
 }
 
 /// Is this POST a stateless (2026-07-28) one? Its `_meta` names a protocol version, or it has
@@ -88,19 +88,6 @@ pub(crate) fn is_stateless_with(
         && version
             .and_then(|v| v.to_str().ok())
             .is_some_and(|h| !LEGACY_VERSIONS.contains(&h))
-}
-
-fn error(
-    reason: crate::refusals::Reason,
-    status: StatusCode,
-    id: Option<Value>,
-    code: i64,
-    msg: &str,
-    data: Option<Value>,
-) -> Rejection {
-    Rejection::new(reason, status, code, msg)
-        .with_id(id)
-        .with_data(data)
 }
 
 /// Decodes a mirrored header value (`=?base64?…?=` form included; a plain value is borrowed).
@@ -167,7 +154,7 @@ fn start(
         Plan::Discover(ctx, id, method, params) => Either::Right(
             async move {
                 // Observed as dispatched methods are (the metric; a SERVER span, tracing on).
-                let began = crate::mcp::dispatch::begin(&ctx, &id, &method, params.as_ref());
+                let began = crate::methods::dispatch::begin(&ctx, &id, &method, params.as_ref());
                 drop(params);
                 let reply = finish(jsonrpc::success(id, discover(&ctx).await), &method);
                 began.end(&ctx, Some(&reply));
@@ -200,116 +187,26 @@ fn plan(
         Message::Request { id, method, params } => (Some(id), method, params),
         Message::Notification { method, params } => (None, method, params),
         Message::Response { .. } => {
-            return Err(error(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                None,
-                jsonrpc::INVALID_REQUEST,
+            return Err(Rejection::malformed(RpcError::invalid_request(
                 "invalid request: 2026-07-28 clients do not send responses",
-                None,
-            ))
+            )))
         }
     };
-    let meta_version = meta(params.as_ref())
-        .and_then(|m| m.get(META_VERSION))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let has_caps = meta(params.as_ref())
-        .and_then(|m| m.get(META_CAPABILITIES))
-        .is_some_and(Value::is_object);
-    let unsupported = |requested: &str| {
-        error(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            id.clone(),
-            jsonrpc::UNSUPPORTED_VERSION,
-            &format!("unsupported protocol version: {requested}"),
-            Some(json!({"supported": ALL_VERSIONS, "requested": requested})),
-        )
-    };
-    let Some(version) = meta_version else {
-        if let Some(h) = header_str(headers, &VERSION_NAME) {
-            if h != MODERN_VERSION {
-                return Err(unsupported(h));
-            }
-        }
-        return Err(error(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            id,
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: _meta[\"{META_VERSION}\"] is required"),
-            None,
-        ));
-    };
-    if version != MODERN_VERSION {
-        return Err(unsupported(&version));
-    }
-    if id.is_some() && !has_caps {
-        return Err(error(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            id,
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: _meta[\"{META_CAPABILITIES}\"] is required"),
-            None,
-        ));
-    }
-    // The mirrored headers, in order: the version always; for requests the method, and the
-    // name (or URI) for the methods that have one.
-    let name_field = match method.as_str() {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        // `Mcp-Name` carries the task id (SEP-2663): a mismatch is -32020; absent, it is
-        // not required (SEP-2243 requires it of `tools/call`, `resources/read` and
-        // `prompts/get` only, and fastmcp-tasks 4.1's client sends none on `tasks/*`).
-        "tasks/get" | "tasks/update" | "tasks/cancel" if headers.contains_key(&NAME_NAME) => {
-            Some("taskId")
-        }
-        _ => None,
-    };
-    let name = name_field.map(|field| {
-        params
-            .as_ref()
-            .and_then(|p| p.get(field))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-    });
-    let is_request = id.is_some();
-    let checks = [
-        (&VERSION_NAME, Some(version.as_str())),
-        (&METHOD_NAME, is_request.then_some(method.as_str())),
-        (&NAME_NAME, name.filter(|_| is_request)),
-    ];
-    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
-        if let Err(m) = mirror(headers, h, expected) {
-            return Err(error(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                id,
-                jsonrpc::HEADER_MISMATCH,
-                &m,
-                None,
-            ));
-        }
-    }
+    let version = check_version(headers, &id, params.as_ref())?;
+    check_mirrors(headers, &id, &method, params.as_ref(), &version)?;
     let Some(id) = id else {
         // Notifications carry nothing the gateway acts on statelessly (cancellation is
         // closing the response stream).
         return Ok(Plan::Answered(StatusCode::ACCEPTED.into_response()));
     };
     if !METHODS.contains(&method.as_str()) {
-        return Err(error(
+        return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::NOT_FOUND,
-            Some(id),
-            jsonrpc::METHOD_NOT_FOUND,
-            &format!("method not found: {method}"),
-            None,
+            RpcError::method_not_found(format!("method not found: {method}")).to(id),
         ));
     }
-    let mut ctx = RequestCtx::new(gw.clone(), reg.clone(), None, Transport::Stateless);
-    ctx.trace_headers = super::door::trace_headers(gw, headers);
+    let ctx = super::door::request_ctx(gw, reg, None, Transport::Stateless, headers);
     if method == "subscriptions/listen" {
         return Ok(Plan::Listen(ctx, id, params));
     }
@@ -322,7 +219,7 @@ fn plan(
         method: method.clone(),
         finish: Some(finish as fn(Value, &str) -> Value),
         mrtr: MRTR_METHODS.contains(&method.as_str()).then(|| Mrtr {
-            declared: crate::mcp::ClientCapability::bits_of(
+            declared: crate::protocol::ClientCapability::bits_of(
                 meta(params.as_ref()).and_then(|m| m.get(META_CAPABILITIES)),
             ),
         }),
@@ -334,50 +231,164 @@ fn plan(
         .flatten();
     if let Some(state) = retry {
         // An MRTR retry: it continues the held call; it is not forwarded again.
-        let Some(state) = state.as_str() else {
-            return Err(error(
-                crate::refusals::Reason::BadRequest,
-                StatusCode::BAD_REQUEST,
-                Some(id),
-                jsonrpc::INVALID_PARAMS,
-                "invalid params: requestState must be the string this gateway issued",
-                None,
-            ));
-        };
-        let mut held = match gw.held().resume(&reg.id, state) {
-            Ok(h) => h,
-            Err(e) => {
-                return Err(error(
-                    crate::refusals::Reason::BadRequest,
-                    StatusCode::BAD_REQUEST,
-                    Some(id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!("invalid params: {e}"),
-                    None,
-                ))
-            }
-        };
-        let responses = params
-            .as_ref()
-            .and_then(|p| p.get("inputResponses"))
-            .and_then(Value::as_object);
-        for asked in std::mem::take(&mut held.asked) {
-            let body = match responses.and_then(|r| r.get(&asked)) {
-                Some(r) => json!({ "result": r }),
-                None => crate::hub::refusal_body(&format!(
-                    "the client's retry carried no inputResponses[{asked:?}]"
-                )),
-            };
-            gw.pool().client_response(
-                &reg.id,
-                crate::upstream::STATELESS_SESSION,
-                &Value::String(asked),
-                &body,
-            );
-        }
-        return Ok(Plan::Resume(id, held, opts));
+        return resume_retry(gw, reg, id, state, params.as_ref(), opts);
     }
     Ok(Plan::Reply(ctx, id, method, params, opts))
+}
+
+/// The protocol version in `_meta` (the header's when `_meta` has none and it is not this
+/// one: -32022), and for a request the declared capabilities (-32602 without them).
+fn check_version(
+    headers: &HeaderMap,
+    id: &Option<Value>,
+    params: Option<&Value>,
+) -> Result<String, Rejection> {
+    let meta_version = meta(params)
+        .and_then(|m| m.get(META_VERSION))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let has_caps = meta(params)
+        .and_then(|m| m.get(META_CAPABILITIES))
+        .is_some_and(Value::is_object);
+    let unsupported = |requested: &str| {
+        Rejection::malformed(
+            RpcError::unsupported_version(format!("unsupported protocol version: {requested}"))
+                .with_id(id.clone())
+                .with_data(json!({"supported": ALL_VERSIONS, "requested": requested})),
+        )
+    };
+    let Some(version) = meta_version else {
+        if let Some(h) = header_str(headers, &VERSION_NAME) {
+            if h != MODERN_VERSION {
+                return Err(unsupported(h));
+            }
+        }
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_VERSION}\"] is required"
+            ))
+            .with_id(id.clone()),
+        ));
+    };
+    if version != MODERN_VERSION {
+        return Err(unsupported(&version));
+    }
+    if id.is_some() && !has_caps {
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(format!(
+                "invalid params: _meta[\"{META_CAPABILITIES}\"] is required"
+            ))
+            .with_id(id.clone()),
+        ));
+    }
+    Ok(version)
+}
+
+/// The mirrored headers, in order (-32020 on the first that is absent or differs): the
+/// version always; for requests the method, and the name (or URI) for the methods that have
+/// one.
+fn check_mirrors(
+    headers: &HeaderMap,
+    id: &Option<Value>,
+    method: &str,
+    params: Option<&Value>,
+    version: &str,
+) -> Result<(), Rejection> {
+    let name_field = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        // `Mcp-Name` carries the task id (SEP-2663): a mismatch is -32020; absent, it is
+        // not required (SEP-2243 requires it of `tools/call`, `resources/read` and
+        // `prompts/get` only, and fastmcp-tasks 4.1's client sends none on `tasks/*`).
+        "tasks/get" | "tasks/update" | "tasks/cancel" if headers.contains_key(&NAME_NAME) => {
+            Some("taskId")
+        }
+        _ => None,
+    };
+    let name = name_field.map(|field| {
+        params
+            .and_then(|p| p.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    });
+    let is_request = id.is_some();
+    let checks = [
+        (&VERSION_NAME, Some(version)),
+        (&METHOD_NAME, is_request.then_some(method)),
+        (&NAME_NAME, name.filter(|_| is_request)),
+    ];
+    for (h, expected) in checks.iter().filter_map(|(h, e)| e.map(|e| (*h, e))) {
+        if let Err(m) = mirror(headers, h, expected) {
+            return Err(Rejection::malformed(
+                RpcError::header_mismatch(m).with_id(id.clone()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An MRTR retry (`requestState`): the held call it continues, its server requests answered
+/// from the retry's `inputResponses` (a missing one refused on the gateway's behalf).
+fn resume_retry(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    id: Value,
+    state: &Value,
+    params: Option<&Value>,
+    opts: ReplyOpts,
+) -> Result<Plan, Rejection> {
+    let Some(state) = state.as_str() else {
+        return Err(Rejection::malformed(
+            RpcError::invalid_params(
+                "invalid params: requestState must be the string this gateway issued",
+            )
+            .to(id),
+        ));
+    };
+    let mut held = match gw.held().resume(&reg.id, state) {
+        Ok(h) => h,
+        Err(e) => {
+            return Err(Rejection::malformed(
+                RpcError::invalid_params(format!("invalid params: {e}")).to(id),
+            ))
+        }
+    };
+    let responses = params
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object);
+    for asked in std::mem::take(&mut held.asked) {
+        let body = match responses.and_then(|r| r.get(&asked)) {
+            Some(r) => json!({ "result": r }),
+            None => crate::hub::refusal_body(&format!(
+                "the client's retry carried no inputResponses[{asked:?}]"
+            )),
+        };
+        gw.pool().client_response(
+            &reg.id,
+            crate::upstream::STATELESS_SESSION,
+            &Value::String(asked),
+            &body,
+        );
+    }
+    Ok(Plan::Resume(id, held, opts))
+}
+
+/// A `subscriptions/listen` list of strings (`key`; absent or null: none), at most
+/// `listen::MAX_URIS` of them; what is wrong with it otherwise.
+fn string_list(wanted: &Map<String, Value>, key: &str, what: &str) -> Result<Vec<String>, String> {
+    match wanted.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => a
+            .iter()
+            .map(|u| u.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| format!("{key} must be strings")),
+        Some(Value::Array(_)) => Err(format!(
+            "at most {} {key} per stream",
+            crate::listen::MAX_URIS
+        )),
+        Some(_) => Err(format!("{key} must be an array of {what}")),
+    }
 }
 
 /// `subscriptions/listen`: acknowledges the honored subset, then streams the registration's
@@ -385,13 +396,8 @@ fn plan(
 /// (or the registration ends: then a final `complete` result).
 async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Response, Rejection> {
     let bad = |msg: &str| {
-        error(
-            crate::refusals::Reason::BadRequest,
-            StatusCode::BAD_REQUEST,
-            Some(id.clone()),
-            jsonrpc::INVALID_PARAMS,
-            &format!("invalid params: {msg}"),
-            None,
+        Rejection::malformed(
+            RpcError::invalid_params(format!("invalid params: {msg}")).to(id.clone()),
         )
     };
     let Some(wanted) = params
@@ -402,26 +408,12 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
         return Err(bad("params.notifications (an object) is required"));
     };
     let flag = |k: &str| wanted.get(k).and_then(Value::as_bool).unwrap_or(false);
-    let uris: Vec<String> = match wanted.get("resourceSubscriptions") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
-            let uris: Option<Vec<String>> =
-                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
-            uris.ok_or_else(|| bad("resourceSubscriptions must be strings"))?
-        }
-        Some(Value::Array(_)) => {
-            return Err(bad(&format!(
-                "at most {} resourceSubscriptions per stream",
-                crate::listen::MAX_URIS
-            )))
-        }
-        Some(_) => return Err(bad("resourceSubscriptions must be an array of URIs")),
-    };
+    let uris = string_list(wanted, "resourceSubscriptions", "URIs").map_err(|m| bad(&m))?;
     // A URI is honored once the upstream that lists it accepted `resources/subscribe`.
     let cancel = ctx.registration.cancel.child_token();
     let mut honored_uris = Vec::new();
     for uri in uris {
-        let r = crate::mcp::proxy::handle(
+        let r = crate::methods::proxy::handle(
             &ctx,
             id.clone(),
             "resources/subscribe",
@@ -438,21 +430,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     }
     // Task ids: honored when the request declared the tasks extension, and only the
     // registration's own (another's id and an unknown one alike are left out).
-    let task_ids: Vec<String> = match wanted.get("taskIds") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.len() <= crate::listen::MAX_URIS => {
-            let ids: Option<Vec<String>> =
-                a.iter().map(|u| u.as_str().map(str::to_owned)).collect();
-            ids.ok_or_else(|| bad("taskIds must be strings"))?
-        }
-        Some(Value::Array(_)) => {
-            return Err(bad(&format!(
-                "at most {} taskIds per stream",
-                crate::listen::MAX_URIS
-            )))
-        }
-        Some(_) => return Err(bad("taskIds must be an array of task ids")),
-    };
+    let task_ids = string_list(wanted, "taskIds", "task ids").map_err(|m| bad(&m))?;
     let declared = crate::mcp::tasks::declares_tasks(params.as_ref());
     let honored_tasks: Vec<String> = task_ids
         .into_iter()
@@ -492,17 +470,10 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     let registration = ctx.registration.clone();
     drop(ctx);
     let Some((key, rx)) = hub.listeners().add(&registration.id, id.clone(), filter) else {
-        return Err(error(
-            crate::refusals::Reason::RateLimited,
-            StatusCode::TOO_MANY_REQUESTS,
-            Some(id),
-            jsonrpc::BUSY,
-            &format!(
+        return Err(Rejection::new(crate::refusals::Reason::RateLimited, StatusCode::TOO_MANY_REQUESTS, RpcError::busy(format!(
                 "too many subscriptions/listen streams for this registration (at most {}): close one first",
                 crate::listen::MAX_LISTENERS_PER_REGISTRATION
-            ),
-            None,
-        ));
+            )).to(id)));
     };
     let ack = jsonrpc::notification(
         "notifications/subscriptions/acknowledged",
@@ -580,13 +551,13 @@ async fn next_listen_event(
 async fn discover(ctx: &RequestCtx) -> Value {
     // List changes (and resource updates, where an upstream takes subscriptions) are heard on
     // `subscriptions/listen`; no `logging/setLevel` statelessly.
-    let mut caps = crate::mcp::proxy::capabilities(ctx).await;
+    let mut caps = crate::methods::proxy::capabilities(ctx).await;
     caps["tools"] = json!({"listChanged": true});
     if caps.get("prompts").is_some() {
         caps["prompts"] = json!({"listChanged": true});
     }
     if caps.get("resources").is_some() {
-        let subscribe = crate::mcp::proxy::resources_subscribable(ctx).await;
+        let subscribe = crate::methods::proxy::resources_subscribable(ctx).await;
         caps["resources"] = json!({"listChanged": true, "subscribe": subscribe});
     }
     if let Some(m) = caps.as_object_mut() {
@@ -595,7 +566,7 @@ async fn discover(ctx: &RequestCtx) -> Value {
     json!({
         "supportedVersions": ALL_VERSIONS,
         "capabilities": caps,
-        "serverInfo": crate::mcp::server_info(),
+        "serverInfo": crate::protocol::server_info(),
         "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
 }
@@ -604,10 +575,12 @@ async fn discover(ctx: &RequestCtx) -> Value {
 fn finish(mut reply: Value, method: &str) -> Value {
     if let Some(Value::Object(r)) = reply.get_mut("result") {
         r.entry("resultType").or_insert_with(|| json!("complete"));
-        let meta = r.entry("_meta").or_insert_with(|| json!({}));
+        let meta = r
+            .entry(crate::protocol::meta::META)
+            .or_insert_with(|| json!({}));
         if let Value::Object(m) = meta {
             m.entry(META_SERVER_INFO)
-                .or_insert_with(crate::mcp::server_info);
+                .or_insert_with(crate::protocol::server_info);
         }
         let ttl = match method {
             "server/discover" => Some(DISCOVER_TTL_MS),

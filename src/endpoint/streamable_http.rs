@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::door::{self, authorize, Heads};
+use super::door::{self, authorize, Heads, Routed};
 use super::event_stream;
 use super::reply::{call_work, reply, ReplyOpts};
 use super::{
@@ -28,15 +28,16 @@ use super::{
     VERSION_NAME,
 };
 use crate::hub::Hub;
-use crate::mcp::dispatch;
-use crate::mcp::jsonrpc::{self, Body as RpcBody, Message};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::{ALL_VERSIONS, BATCH_VERSION, LEGACY_VERSIONS, PRIMING_SINCE};
+use crate::methods::dispatch;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Body as RpcBody, Message};
+use crate::protocol::RpcError;
+use crate::protocol::{Version, ALL_VERSIONS, BATCH_VERSION};
 use crate::registry::RegistrationState;
 use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.
-const ASSUMED_VERSION: &str = BATCH_VERSION;
+const ASSUMED_VERSION: Version = Version::BATCH;
 
 /// `Accept` values listing exactly `application/json` and `text/event-stream`, as SDKs write them.
 const COMMON_ACCEPTS: [&[u8]; 4] = [
@@ -87,16 +88,16 @@ fn require_session(
 }
 
 /// The handshake-era version of a request: the header, validated, or 2025-03-26.
-fn legacy_version(headers: &HeaderMap) -> Result<&str, Rejection> {
+fn legacy_version(headers: &HeaderMap) -> Result<Version, Rejection> {
     legacy_version_of(headers.get(&VERSION_NAME))
 }
 
 /// [`legacy_version`] of the request's first `MCP-Protocol-Version` value.
-fn legacy_version_of(version: Option<&HeaderValue>) -> Result<&str, Rejection> {
+fn legacy_version_of(version: Option<&HeaderValue>) -> Result<Version, Rejection> {
     match version {
         None => Ok(ASSUMED_VERSION),
-        Some(v) => match v.to_str() {
-            Ok(v) if LEGACY_VERSIONS.contains(&v) => Ok(v),
+        Some(v) => match v.to_str().ok().and_then(Version::parse) {
+            Some(v) if v.is_legacy() => Ok(v),
             _ => Err(Rejection::bad_request(format!(
                 "bad request: unsupported MCP-Protocol-Version (supported: {})",
                 ALL_VERSIONS.join(", ")
@@ -125,8 +126,9 @@ pub fn post(
             return Err(Rejection::new(
                 crate::refusals::Reason::BadRequest,
                 StatusCode::NOT_ACCEPTABLE,
-                jsonrpc::INVALID_REQUEST,
-                "not acceptable: Accept must list application/json and text/event-stream",
+                RpcError::invalid_request(
+                    "not acceptable: Accept must list application/json and text/event-stream",
+                ),
             ));
         }
         let bytes = door::json_body(&heads, body, gw.config())?.await?;
@@ -141,8 +143,7 @@ pub fn post(
             return if stateless {
                 super::stateless::handle(gw, reg, headers, Ok(msg)).await
             } else {
-                let trace = door::trace_headers(&gw, &headers);
-                legacy_single(gw, reg, &heads, Ok(msg), trace).await
+                legacy_single(gw, reg, &headers, &heads, Ok(msg)).await
             };
         }
         // Everything else (responses, batches, malformed messages) is rare and boxed, like
@@ -166,8 +167,8 @@ async fn post_general(
             if super::stateless::is_stateless(method, v.get("params"), &headers) {
                 super::stateless::handle(gw, reg, headers, jsonrpc::classify(v)).await
             } else {
-                let trace = door::trace_headers(&gw, &headers);
-                legacy_single(gw, reg, &Heads::of(&headers), jsonrpc::classify(v), trace).await
+                let heads = Heads::of(&headers);
+                legacy_single(gw, reg, &headers, &heads, jsonrpc::classify(v)).await
             }
         }
         RpcBody::Batch(items) => legacy_batch(gw, reg, &headers, items).await,
@@ -178,26 +179,27 @@ async fn post_general(
 async fn legacy_single(
     gw: Arc<Hub>,
     reg: Arc<RegistrationState>,
+    headers: &HeaderMap,
     heads: &Heads<'_>,
     msg: Result<Message, jsonrpc::RpcError>,
-    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
 ) -> Result<Response, Rejection> {
     // Only whether priming events are sent depends on the version: no copy of it is kept.
-    let priming = legacy_version_of(heads.version)? >= PRIMING_SINCE;
+    let priming = legacy_version_of(heads.version)? >= Version::PRIMING_SINCE;
     let msg = msg.map_err(Rejection::malformed)?;
     if let Message::Request { id, method, params } = &msg {
         if method == "initialize" {
-            return Box::pin(initialize(gw, reg, id.clone(), params.clone(), trace)).await;
+            return Box::pin(initialize(gw, reg, id.clone(), params.clone(), headers)).await;
         }
     }
     let session = require_session(&gw, &reg, heads.session)?;
-    let mut ctx = session_ctx(&gw, &reg, &session);
-    ctx.trace_headers = trace;
-    match msg {
-        Message::Request { id, method, params } => {
-            let cancel = session
-                .begin_call(&id)
-                .map_err(|why| Rejection::call_refused(why, id.clone()))?;
+    let ctx = session_ctx(&gw, &reg, &session, headers);
+    match door::route(&ctx, &session, msg) {
+        Routed::Call {
+            id,
+            method,
+            params,
+            cancel,
+        } => {
             let opts = ReplyOpts {
                 priming,
                 cancel_on_drop: false,
@@ -208,26 +210,19 @@ async fn legacy_single(
             };
             reply(ctx, id, method, params, cancel, opts).await
         }
-        Message::Notification { method, params } => {
-            dispatch::handle_notification(&ctx, &method, params.as_ref());
-            accepted()
-        }
-        Message::Response { id, body } => {
-            if !gw.pool().client_response(&reg.id, &session.id, &id, &body) {
-                tracing::debug!(session = %session.id, "response from client ignored: no request pending");
-            }
-            accepted()
-        }
+        Routed::Refused(why, id) => Err(Rejection::call_refused(why, id)),
+        Routed::Handled => accepted(),
     }
 }
 
-fn session_ctx(gw: &Arc<Hub>, reg: &Arc<RegistrationState>, session: &Arc<Session>) -> RequestCtx {
-    RequestCtx::new(
-        gw.clone(),
-        reg.clone(),
-        Some(session.clone()),
-        Transport::StreamableHttp,
-    )
+/// A session's request context ([`door::request_ctx`]: the HTTP trace headers included).
+fn session_ctx(
+    gw: &Arc<Hub>,
+    reg: &Arc<RegistrationState>,
+    session: &Arc<Session>,
+    headers: &HeaderMap,
+) -> RequestCtx {
+    door::request_ctx(gw, reg, Some(session), Transport::StreamableHttp, headers)
 }
 
 /// `initialize`: mints a session bound to the registration. The session enters the table
@@ -237,15 +232,14 @@ async fn initialize(
     reg: Arc<RegistrationState>,
     id: Value,
     params: Option<Value>,
-    trace: Option<Arc<crate::telemetry::TraceHeaders>>,
+    headers: &HeaderMap,
 ) -> Result<Response, Rejection> {
     let session = gw
         .sessions()
         .create(&reg, Transport::StreamableHttp)
         .map_err(|e| Rejection::unavailable(e.to_string()))?;
-    let mut ctx = session_ctx(&gw, &reg, &session);
     // The HTTP `traceparent` (tracing on) is the span's parent when `_meta` has none.
-    ctx.trace_headers = trace;
+    let ctx = session_ctx(&gw, &reg, &session, headers);
     let reply =
         dispatch::handle_request(&ctx, id, "initialize", params, session.cancel.child_token())
             .await
@@ -281,46 +275,37 @@ async fn legacy_batch(
         return Err(Rejection::bad_request("invalid request: empty batch"));
     }
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
-    if version != BATCH_VERSION || session.protocol_version() != Some(BATCH_VERSION) {
+    if version != Version::BATCH || session.protocol_version() != Some(BATCH_VERSION) {
         return Err(Rejection::bad_request(
             format!("invalid request: JSON-RPC batches are accepted for protocol version {BATCH_VERSION} only"),
         ));
     }
-    let ctx = session_ctx(&gw, &reg, &session);
+    let ctx = session_ctx(&gw, &reg, &session, headers);
     let mut calls = Vec::new();
     let mut replies = Vec::new();
     for item in items {
         match jsonrpc::classify(item) {
             Err(e) => replies.push(e.to_value()),
             Ok(Message::Request { id, method, .. }) if method == "initialize" => replies.push(
-                jsonrpc::RpcError::new(
-                    Some(id),
-                    jsonrpc::INVALID_REQUEST,
+                jsonrpc::RpcError::invalid_request(
                     "invalid request: initialize must not be part of a batch",
                 )
+                .to(id)
                 .to_value(),
             ),
-            Ok(Message::Request { id, method, params }) => {
-                let cancel = match session.begin_call(&id) {
-                    Ok(c) => c,
-                    Err(why) => {
-                        replies.push(Rejection::call_refused_value(why, id));
-                        continue;
-                    }
-                };
+            Ok(msg) => match door::route(&ctx, &session, msg) {
                 // Through the reply engine's `CallWork`, like every other call: if the client
                 // goes away, the rest of each call is spawned, so it ends, is audited and
                 // leaves the session's in-flight ids.
-                calls.push(call_work(ctx.clone(), id, method, params, cancel));
-            }
-            Ok(Message::Notification { method, params }) => {
-                dispatch::handle_notification(&ctx, &method, params.as_ref())
-            }
-            Ok(Message::Response { id, body }) => {
-                ctx.hub
-                    .pool()
-                    .client_response(&ctx.registration.id, &session.id, &id, &body);
-            }
+                Routed::Call {
+                    id,
+                    method,
+                    params,
+                    cancel,
+                } => calls.push(call_work(ctx.clone(), id, method, params, cancel)),
+                Routed::Refused(why, id) => replies.push(Rejection::call_refused_value(why, id)),
+                Routed::Handled => {}
+            },
         }
     }
     replies.extend(
@@ -367,29 +352,26 @@ pub async fn get(
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::NOT_ACCEPTABLE,
-            jsonrpc::INVALID_REQUEST,
-            "not acceptable: Accept must list text/event-stream",
+            RpcError::invalid_request("not acceptable: Accept must list text/event-stream"),
         ));
     }
     if headers.get(SESSION_HEADER).is_none()
-        && header_str(&headers, VERSION_HEADER) == Some(crate::mcp::MODERN_VERSION)
+        && header_str(&headers, VERSION_HEADER) == Some(crate::protocol::MODERN_VERSION)
     {
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::METHOD_NOT_ALLOWED,
-            jsonrpc::INVALID_REQUEST,
-            "method not allowed: 2026-07-28 has no GET stream",
+            RpcError::invalid_request("method not allowed: 2026-07-28 has no GET stream"),
         )
         .with_header(header::ALLOW, HeaderValue::from_static("POST")));
     }
-    let version = legacy_version(&headers)?.to_string();
+    let version = legacy_version(&headers)?;
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     if session.has_outbound() {
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
             StatusCode::CONFLICT,
-            jsonrpc::INVALID_REQUEST,
-            "conflict: this session already has a GET stream",
+            RpcError::invalid_request("conflict: this session already has a GET stream"),
         ));
     }
     let (tx, rx) = Outbound::new(gw.sessions().config());
@@ -397,7 +379,7 @@ pub async fn get(
     session.stream_opened();
     let period = Duration::from_secs(gw.config().keepalive_s.max(1));
     let mut first = VecDeque::new();
-    if version.as_str() >= PRIMING_SINCE {
+    if version >= Version::PRIMING_SINCE {
         first.push_back(event_stream::priming_event());
     }
     let guard = GetStreamGuard {

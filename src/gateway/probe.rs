@@ -419,7 +419,7 @@ async fn round_trip(http: &reqwest::Client, url: &str, token: &str) -> Result<Se
     let init = json!({
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {
-            "protocolVersion": crate::mcp::LATEST_LEGACY,
+            "protocolVersion": crate::protocol::LATEST_LEGACY,
             "capabilities": {},
             "clientInfo": {"name": "gatehouse-probe", "version": env!("CARGO_PKG_VERSION")},
         },

@@ -606,7 +606,10 @@ impl Connection {
         }
         let msg = match outcome {
             Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
-            Err(error) => json!({ "jsonrpc": "2.0", "id": id, "error": error }),
+            // The error object as the client (or the gateway, refusing) wrote it.
+            Err(error) => crate::protocol::RpcError::from_peer_or(&error, "")
+                .to(id)
+                .to_value(),
         };
         self.inner.transport.send(core, &msg).await
     }
@@ -659,21 +662,23 @@ impl Envelope {
                 c.insert("extensions".into(), json!({ TASKS_EXTENSION: {} }));
             }
         }
-        let meta = p.entry("_meta").or_insert_with(|| json!({}));
+        let meta = p
+            .entry(crate::protocol::meta::META)
+            .or_insert_with(|| json!({}));
         if !meta.is_object() {
             *meta = json!({});
         }
         if let Some(m) = meta.as_object_mut() {
             m.insert(
-                "io.modelcontextprotocol/protocolVersion".into(),
+                crate::protocol::meta::PROTOCOL_VERSION.into(),
                 Value::from(MODERN_PROTOCOL_VERSION),
             );
             m.insert(
-                "io.modelcontextprotocol/clientCapabilities".into(),
+                crate::protocol::meta::CLIENT_CAPABILITIES.into(),
                 capabilities,
             );
             m.insert(
-                "io.modelcontextprotocol/clientInfo".into(),
+                crate::protocol::meta::CLIENT_INFO.into(),
                 self.client_info.clone(),
             );
         }
@@ -760,7 +765,7 @@ fn traced(params: &mut Value, trace: Option<&crate::telemetry::TraceMeta>) -> Re
                 Value::String(s.clone()),
             );
         }
-        p.insert("_meta".into(), Value::Object(meta));
+        p.insert(crate::protocol::meta::META.into(), Value::Object(meta));
     }
     RequestOptions {
         trace: Some(Box::new(t.clone())),

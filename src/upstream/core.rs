@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::events::{EventSink, Limiter, Refusal, EVENT_BURST, EVENT_RATE_PER_S};
 use super::types::Answer;
 use super::{IdCounter, LogFilter, NotificationsRefused, RequestTag, UpstreamError, UpstreamEvent};
+use crate::protocol::RpcError;
 use crate::sync::lock;
 
 /// The connection-unique progress token for upstream request `id`.
@@ -32,8 +33,9 @@ pub(super) fn rewrite_progress_token(
     as_messages: bool,
 ) -> Option<ProgressRoute> {
     // Most calls have no `_meta`: found without hashing the key (`jsonrpc::member_mut`).
-    let slot = crate::mcp::jsonrpc::member_mut(params.as_object_mut()?, "_meta")
-        .and_then(|meta| meta.get_mut("progressToken"))?;
+    let slot =
+        crate::protocol::jsonrpc::member_mut(params.as_object_mut()?, crate::protocol::meta::META)
+            .and_then(|meta| meta.get_mut(crate::protocol::meta::PROGRESS_TOKEN))?;
     let token = progress_token(epoch, id);
     let original = std::mem::replace(slot, Value::String(token.clone()));
     Some(ProgressRoute {
@@ -300,10 +302,7 @@ impl Core {
         let Some(pending) = lock(&self.state).pending.remove(&id) else {
             return false;
         };
-        let error = json!({
-            "code": -32603,
-            "message": format!("the upstream's response is larger than {max} bytes (the gateway's line limit); it was skipped"),
-        });
+        let error = RpcError::internal(format!("the upstream's response is larger than {max} bytes (the gateway's line limit); it was skipped")).object();
         let _ = pending.tx.send(Err(error));
         true
     }
@@ -408,7 +407,10 @@ impl Core {
     }
 
     async fn on_progress(&self, mut params: Value) {
-        let Some(token) = params.get("progressToken").and_then(Value::as_str) else {
+        let Some(token) = params
+            .get(crate::protocol::meta::PROGRESS_TOKEN)
+            .and_then(Value::as_str)
+        else {
             tracing::debug!(upstream = %self.upstream_id, "dropping progress with a token we never issued");
             return;
         };
@@ -442,7 +444,7 @@ impl Core {
             });
             return;
         };
-        if let Some(slot) = params.get_mut("progressToken") {
+        if let Some(slot) = params.get_mut(crate::protocol::meta::PROGRESS_TOKEN) {
             *slot = original;
         }
         match sink {
@@ -497,10 +499,9 @@ impl Core {
         });
         // A request the gateway cannot queue is answered at once: the server never waits.
         refused.err().map(|why| {
-            json!({"jsonrpc": "2.0", "id": answer_to, "error": {
-                "code": -32603,
-                "message": format!("gatehouse: server request refused: {why} (at most {EVENT_RATE_PER_S}/s, burst {EVENT_BURST})"),
-            }})
+            RpcError::internal(format!("gatehouse: server request refused: {why} (at most {EVENT_RATE_PER_S}/s, burst {EVENT_BURST})"))
+                .to(answer_to)
+                .to_value()
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::registry::{random_b64, RegistrationState};
 use crate::sync::lock;
 
 /// `_meta` key carrying the lease id on every forwarded request.
-pub const LEASE_META_KEY: &str = "io.gatehouse/lease";
+pub use crate::protocol::meta::LEASE as LEASE_META_KEY;
 /// Notification releasing a lease: `{"lease": id}`.
 pub const LEASE_RELEASED_METHOD: &str = "notifications/io.gatehouse/lease_released";
 /// Upper bound for releasing one registration's resources on one upstream.
@@ -95,11 +95,11 @@ pub(super) fn upstream_meta(
 ) {
     // Most requests have no `_meta` (looked for without hashing the key), and then, without a
     // lease, there is nothing to do.
-    let present = crate::mcp::jsonrpc::member(params, "_meta").is_some();
+    let present = crate::protocol::jsonrpc::member(params, crate::protocol::meta::META).is_some();
     if !present && lease.is_none() && trace.is_none() {
         return;
     }
-    let mut meta = match params.remove("_meta") {
+    let mut meta = match params.remove(crate::protocol::meta::META) {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
@@ -125,7 +125,7 @@ pub(super) fn upstream_meta(
         }
     }
     if !meta.is_empty() {
-        params.insert("_meta".into(), Value::Object(meta));
+        params.insert(crate::protocol::meta::META.into(), Value::Object(meta));
     }
 }
 
@@ -134,5 +134,5 @@ pub(super) fn upstream_meta(
 /// gateway, not the gateway's connection to the upstream, and a handshake-era upstream rejects
 /// requests that carry it.
 pub fn strip_envelope(meta: &mut Map<String, Value>) {
-    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+    meta.retain(|k, _| !k.starts_with(crate::protocol::meta::RESERVED_PREFIX));
 }

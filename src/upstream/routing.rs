@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Connection, Downstream, RequestTag};
 use crate::config::UpstreamConfig;
-use crate::mcp::ClientCapability;
+use crate::protocol::{ClientCapability, RpcError};
 use crate::session::Session;
 use crate::sync::lock;
 
@@ -25,8 +25,6 @@ use crate::sync::lock;
 /// client's MRTR `inputResponses` (no real session has an empty id).
 pub const STATELESS_SESSION: &str = "";
 
-/// JSON-RPC error code for server → client requests the gateway refuses.
-const REFUSED: i64 = -32603;
 /// How long a server → client request may wait for room on a client stream.
 const CLIENT_REQUEST_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -160,15 +158,15 @@ impl ClientRequests {
         } = req;
         let refuse = |why: &str| {
             tracing::warn!(upstream = %upstream_id, method, why, "server → client request refused");
-            json!({"code": REFUSED, "message": format!("gatehouse: {method} refused: {why}")})
+            RpcError::internal(format!("gatehouse: {method} refused: {why}")).object()
         };
         // A request naming a 2026-form task whose side channel the gateway holds open goes
         // there (stdio cannot tell which pending request it belongs to).
         let task_sink = downstream.as_ref().and_then(|ds| {
             let up_task = params
                 .as_ref()?
-                .get("_meta")?
-                .get(crate::tasks::RELATED_TASK)?
+                .get(crate::protocol::meta::META)?
+                .get(crate::protocol::meta::RELATED_TASK)?
                 .get("taskId")?
                 .as_str()?;
             ds.task_inputs(&upstream_id, conn.epoch(), up_task)
@@ -225,7 +223,8 @@ impl ClientRequests {
             (stale, full)
         };
         for r in stale {
-            let err = json!({"code": REFUSED, "message": "gatehouse: the client session closed before answering"});
+            let err = RpcError::internal("gatehouse: the client session closed before answering")
+                .object();
             r.to.refuse(err).await;
         }
         if full {
@@ -286,9 +285,7 @@ impl ClientRequests {
         let outcome = match (body.get("result"), body.get("error")) {
             (Some(r), _) => Ok(r.clone()),
             (None, Some(e)) => Err(e.clone()),
-            (None, None) => {
-                Err(json!({"code": REFUSED, "message": "client sent an empty response"}))
-            }
+            (None, None) => Err(RpcError::internal("client sent an empty response").object()),
         };
         Some((req.to, outcome))
     }

@@ -14,16 +14,16 @@ use tokio_util::sync::CancellationToken;
 pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-06-18";
 
 /// The 2026-07-28 tasks extension (SEP-2663), declared per request.
-pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub use crate::protocol::meta::TASKS_EXTENSION;
 
 /// The stateless revision an upstream may be configured to speak instead of the handshake.
 pub const MODERN_PROTOCOL_VERSION: &str = crate::config::MODERN_PROTOCOL;
 
 /// Protocol versions this layer accepts in an `InitializeResult` (all legacy-handshake revisions).
-pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = crate::mcp::LEGACY_VERSIONS;
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = crate::protocol::LEGACY_VERSIONS;
 
 /// The `capabilities.experimental` key a server uses to advertise the gatehouse lease extension.
-pub const LEASE_CAPABILITY: &str = "io.gatehouse/lease";
+pub use crate::protocol::meta::LEASE as LEASE_CAPABILITY;
 
 pub use crate::config::UpstreamTransport as Transport;
 
@@ -218,7 +218,7 @@ impl Answer {
     pub fn into_value(self) -> Value {
         match self {
             Answer::Parsed(v) => v,
-            Answer::Raw(r) => crate::mcp::jsonrpc::raw_value(&r),
+            Answer::Raw(r) => crate::protocol::jsonrpc::raw_value(&r),
         }
     }
 
@@ -339,14 +339,14 @@ impl UpstreamError {
 pub trait Downstream: Send + Sync {
     /// An upstream's tools changed: tell the sessions of every registration granted one.
     fn tools_changed<'a>(&'a self, upstream_id: &'a str) -> BoxFuture<'a, ()>;
-    /// A notification outside any call, where [`crate::mcp::Notice::route`] sent it (a
+    /// A notification outside any call, where [`crate::protocol::Notice::route`] sent it (a
     /// registration's sessions and listen streams, or every registration granted
     /// `upstream_id`; a resource update only to subscribers of its URI, a log only where its
     /// level reaches). How many sessions and streams it was queued on.
     fn notify<'a>(
         &'a self,
         upstream_id: &'a str,
-        route: crate::mcp::Route,
+        route: crate::protocol::Route,
         msg: Value,
     ) -> BoxFuture<'a, usize>;
     /// An upstream's `notifications/tasks/status` (2025-11-25): to the registration that owns

@@ -17,20 +17,15 @@
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::jsonrpc::{self, RpcError};
-use crate::mcp::request::RequestCtx;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, RpcError};
 use crate::telemetry::{CallTrace, Target};
 
 /// The request's SERVER span (tracing on): each upstream request gets a CLIENT span, its child.
 type Trace<'a> = Option<&'a CallTrace>;
 
-/// JSON-RPC code for an unknown resource.
-pub const RESOURCE_NOT_FOUND: i64 = -32002;
 /// Upper bound of pages fetched from one upstream for one list.
 const MAX_PAGES: usize = 100;
-
-/// The methods this module serves.
-pub const METHODS: &[&str] = crate::mcp::PROXIED_METHODS;
 
 /// The upstreams this registration holds a grant on, in grant order.
 pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
@@ -69,7 +64,7 @@ pub async fn resources_subscribable(ctx: &RequestCtx) -> bool {
 /// The server capabilities for this registration: tools and logging always; `resources`,
 /// `prompts`, `completions` when a granted upstream advertised them.
 pub async fn capabilities(ctx: &RequestCtx) -> Value {
-    let mut caps = crate::mcp::server_capabilities();
+    let mut caps = crate::protocol::server_capabilities();
     let resources = upstreams_with(ctx, "resources").await;
     if !resources.is_empty() {
         let subscribe = resources
@@ -113,10 +108,6 @@ fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
     }
 }
 
-fn err(id: Value, code: i64, msg: impl Into<String>) -> Value {
-    RpcError::new(Some(id), code, msg).to_value()
-}
-
 /// One request to one upstream: the result, or the JSON-RPC reply to send instead; observed
 /// in `mcp_client_operation_duration_seconds` (and a CLIENT span, with `trace`).
 #[allow(clippy::too_many_arguments)]
@@ -154,9 +145,7 @@ async fn call(
         .await;
     let error_type = match &answered {
         Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(crate::telemetry::code_error_type(
-            e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
-        )),
+        Ok(Err(e)) => Some(RpcError::type_of(RpcError::code_of(e))),
         Err(crate::upstream::ForwardError::Cancelled) => Some("cancelled"),
         Err(crate::upstream::ForwardError::Upstream(crate::upstream::UpstreamError::Timeout(
             _,
@@ -166,7 +155,7 @@ async fn call(
     if let Some(transport) = ctx.hub.pool().network_transport(upstream) {
         ctx.hub.metrics().observe_operation(
             true,
-            crate::mcp::method_name(method),
+            crate::protocol::method_name(method),
             error_type,
             transport,
             started.elapsed(),
@@ -174,17 +163,11 @@ async fn call(
     }
     match answered {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(mut e)) => {
-            if let Some(m) = e.as_object_mut() {
-                m.retain(|k, _| matches!(k.as_str(), "code" | "message" | "data"));
-            }
-            Err(json!({"jsonrpc": "2.0", "id": id, "error": e}))
-        }
-        Err(why) => Err(err(
-            id.clone(),
-            jsonrpc::INTERNAL_ERROR,
-            format!("upstream {upstream:?} is unavailable: {why}"),
-        )),
+        // The upstream's error as it came, but for members besides code, message and data.
+        Ok(Err(e)) => Err(RpcError::from_peer(&e).bare().answer(id)),
+        Err(why) => Err(
+            RpcError::internal(format!("upstream {upstream:?} is unavailable: {why}")).answer(id),
+        ),
     }
 }
 
@@ -309,6 +292,30 @@ pub async fn handle(
     }
 }
 
+/// One proxied request, as [`serve`] hands it to the method that serves it.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    ctx: &'a RequestCtx,
+    id: &'a Value,
+    method: &'a str,
+    cancel: &'a CancellationToken,
+    trace: Trace<'a>,
+}
+
+impl<'a> Asked<'a> {
+    fn parts(
+        self,
+    ) -> (
+        &'a RequestCtx,
+        &'a Value,
+        &'a str,
+        &'a CancellationToken,
+        Trace<'a>,
+    ) {
+        (self.ctx, self.id, self.method, self.cancel, self.trace)
+    }
+}
+
 async fn serve(
     ctx: &RequestCtx,
     id: &Value,
@@ -328,11 +335,10 @@ async fn serve(
         offered = offered || !upstreams_with(ctx, cap).await.is_empty();
     }
     if !offered {
-        return Err(err(
-            id.clone(),
-            jsonrpc::METHOD_NOT_FOUND,
-            format!("method not found: {method} (no granted upstream offers it)"),
-        ));
+        return Err(RpcError::method_not_found(format!(
+            "method not found: {method} (no granted upstream offers it)"
+        ))
+        .answer(id));
     }
     let (cap, key) = match method {
         "resources/list" => ("resources", "resources"),
@@ -356,6 +362,13 @@ async fn serve(
         }
         return Ok(json!({ key: all }));
     }
+    let asked = Asked {
+        ctx,
+        id,
+        method,
+        cancel,
+        trace,
+    };
     match method {
         "prompts/get" => {
             let name = params
@@ -364,11 +377,7 @@ async fn serve(
                 .unwrap_or_default()
                 .to_string();
             let Some((up, own)) = find_prompt(ctx, id, &name, cancel, trace).await? else {
-                return Err(err(
-                    id.clone(),
-                    jsonrpc::INVALID_PARAMS,
-                    format!("Unknown prompt: {name}"),
-                ));
+                return Err(RpcError::invalid_params(format!("Unknown prompt: {name}")).answer(id));
             };
             params.insert("name".into(), json!(own));
             call(
@@ -384,77 +393,83 @@ async fn serve(
             .await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-            let uri = params
-                .get("uri")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
-                return Err(RpcError {
-                    data: Some(json!({ "uri": uri })),
-                    ..RpcError::new(
-                        Some(id.clone()),
-                        RESOURCE_NOT_FOUND,
-                        format!("Resource not found: {uri}"),
-                    )
-                }
-                .to_value());
-            };
-            let target = Target::Resource(&uri);
-            let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
-                Target::None
-            } else {
-                target
-            };
-            let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
-            // The session hears `resources/updated` for what it subscribed to (and the
-            // upstream accepted), and for nothing else.
-            if let (Ok(_), Some(s)) = (&r, &ctx.session) {
-                match method {
-                    "resources/subscribe" if !s.subscribe(&uri) => {
-                        tracing::warn!(session = %s.id, "too many resource subscriptions; not recorded");
-                    }
-                    "resources/unsubscribe" => s.unsubscribe(&uri),
-                    _ => {}
-                }
-            }
-            r
+            serve_resource(asked, params).await
         }
-        "completion/complete" => {
-            let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
-            let target = match r#ref.get("type").and_then(Value::as_str) {
-                Some("ref/prompt") => {
-                    let name = r#ref
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    match find_prompt(ctx, id, name, cancel, trace).await? {
-                        Some((up, own)) => {
-                            params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
-                            Some(up)
-                        }
-                        None => None,
-                    }
-                }
-                Some("ref/resource") => {
-                    let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
-                    find_resource(ctx, id, uri, cancel, trace).await?
-                }
-                _ => None,
-            };
-            let Some(up) = target else {
-                return Err(err(
-                    id.clone(),
-                    jsonrpc::INVALID_PARAMS,
-                    "completion/complete: ref names no prompt or resource of this registration",
-                ));
-            };
-            call(ctx, id, &up, method, params, cancel, trace, Target::None).await
-        }
-        _ => Err(err(
-            id.clone(),
-            jsonrpc::METHOD_NOT_FOUND,
-            format!("method not found: {method}"),
-        )),
+        "completion/complete" => serve_completion(asked, params).await,
+        _ => Err(RpcError::method_not_found(format!("method not found: {method}")).answer(id)),
     }
+}
+
+/// `resources/read`, `resources/subscribe`, `resources/unsubscribe`: to the upstream that lists
+/// the URI (-32002 when none does); a session records what it subscribed to.
+async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<Value, Value> {
+    let (ctx, id, method, cancel, trace) = asked.parts();
+    let uri = params
+        .get("uri")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
+        return Err(
+            RpcError::resource_not_found(format!("Resource not found: {uri}"))
+                .to(id.clone())
+                .with_data(json!({ "uri": uri }))
+                .to_value(),
+        );
+    };
+    let target = Target::Resource(&uri);
+    let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
+        Target::None
+    } else {
+        target
+    };
+    let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
+    // The session hears `resources/updated` for what it subscribed to (and the
+    // upstream accepted), and for nothing else.
+    if let (Ok(_), Some(s)) = (&r, &ctx.session) {
+        match method {
+            "resources/subscribe" if !s.subscribe(&uri) => {
+                tracing::warn!(session = %s.id, "too many resource subscriptions; not recorded");
+            }
+            "resources/unsubscribe" => s.unsubscribe(&uri),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// `completion/complete`: to the upstream of the prompt or resource its `ref` names.
+async fn serve_completion(
+    asked: Asked<'_>,
+    mut params: Map<String, Value>,
+) -> Result<Value, Value> {
+    let (ctx, id, method, cancel, trace) = asked.parts();
+    let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
+    let target = match r#ref.get("type").and_then(Value::as_str) {
+        Some("ref/prompt") => {
+            let name = r#ref
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match find_prompt(ctx, id, name, cancel, trace).await? {
+                Some((up, own)) => {
+                    params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
+                    Some(up)
+                }
+                None => None,
+            }
+        }
+        Some("ref/resource") => {
+            let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
+            find_resource(ctx, id, uri, cancel, trace).await?
+        }
+        _ => None,
+    };
+    let Some(up) = target else {
+        return Err(RpcError::invalid_params(
+            "completion/complete: ref names no prompt or resource of this registration",
+        )
+        .answer(id));
+    };
+    call(ctx, id, &up, method, params, cancel, trace, Target::None).await
 }

@@ -4,23 +4,23 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::call;
-use crate::mcp::jsonrpc::{self, Reply, RpcError};
-use crate::mcp::request::RequestCtx;
-use crate::mcp::server_info;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Reply, RpcError};
+use crate::protocol::{server_info, Method};
 
 /// The `initialize` result for a requested version; records the version on the session.
 pub async fn initialize(ctx: &RequestCtx, params: Option<&Value>) -> Value {
     let requested = params
         .and_then(|p| p.get("protocolVersion"))
         .and_then(Value::as_str);
-    let version = crate::mcp::negotiate(requested);
+    let version = crate::protocol::negotiate(requested);
     if let Some(s) = &ctx.session {
         s.set_protocol_version(version);
         s.set_client_capabilities(params.and_then(|p| p.get("capabilities")));
     }
     json!({
         "protocolVersion": version,
-        "capabilities": crate::mcp::proxy::capabilities(ctx).await,
+        "capabilities": crate::methods::proxy::capabilities(ctx).await,
         "serverInfo": server_info(),
         "instructions": format!("Tools granted to agent {}.", ctx.registration.agent_id),
     })
@@ -41,13 +41,10 @@ pub async fn handle_request(
     if let Some(s) = &ctx.session {
         if needs_init && s.protocol_version().is_none() {
             return Some(
-                RpcError::new(
-                    Some(id),
-                    jsonrpc::INVALID_REQUEST,
-                    "session not initialized: send initialize first",
-                )
-                .to_value()
-                .into(),
+                RpcError::invalid_request("session not initialized: send initialize first")
+                    .to(id)
+                    .to_value()
+                    .into(),
             );
         }
     }
@@ -83,7 +80,7 @@ pub(crate) struct Began {
 
 /// Begins observing a request other than `tools/call` (the stateless `server/discover` too).
 pub(crate) fn begin(ctx: &RequestCtx, id: &Value, method: &str, params: Option<&Value>) -> Began {
-    let method = crate::mcp::method_name(method);
+    let method = crate::protocol::method_name(method);
     Began {
         started: std::time::Instant::now(),
         method,
@@ -205,41 +202,46 @@ async fn handle_other(
     cancel: CancellationToken,
     trace: Option<&crate::telemetry::CallTrace>,
 ) -> Option<Value> {
-    match method {
-        "initialize" => {
+    // The message's method read once; the match names each kind once.
+    match Method::of(method) {
+        Method::Initialize => {
             if ctx
                 .session
                 .as_ref()
                 .is_some_and(|s| s.protocol_version().is_some())
             {
                 return Some(
-                    RpcError::new(
-                        Some(id),
-                        jsonrpc::INVALID_REQUEST,
+                    RpcError::invalid_request(
                         "invalid request: this session is already initialized",
                     )
+                    .to(id)
                     .to_value(),
                 );
             }
             let result = Box::pin(initialize(ctx, params.as_ref())).await;
             Some(jsonrpc::success(id, result))
         }
-        "ping" => Some(jsonrpc::success(id, json!({}))),
-        "tools/list" => Some(tools_list(ctx, id, params.as_ref())),
-        "logging/setLevel" => Some(set_log_level(ctx, id, params.as_ref())),
-        m if crate::mcp::tasks::METHODS.contains(&m) => {
-            Box::pin(crate::mcp::tasks::handle(ctx, id, m, params, cancel, trace)).await
+        Method::Ping => Some(jsonrpc::success(id, json!({}))),
+        Method::ToolsList => Some(tools_list(ctx, id, params.as_ref())),
+        Method::LoggingSetLevel => Some(set_log_level(ctx, id, params.as_ref())),
+        m if m.is_task() => {
+            // TEMPORARY (issue 51): `mcp::tasks` keeps its list until call51 merges.
+            debug_assert!(crate::mcp::tasks::METHODS.contains(&method));
+            Box::pin(crate::mcp::tasks::handle(
+                ctx, id, method, params, cancel, trace,
+            ))
+            .await
         }
-        m if crate::mcp::proxy::METHODS.contains(&m) => {
-            Some(Box::pin(crate::mcp::proxy::handle(ctx, id, m, params, cancel, trace)).await)
-        }
+        m if m.is_proxied() => Some(
+            Box::pin(crate::methods::proxy::handle(
+                ctx, id, method, params, cancel, trace,
+            ))
+            .await,
+        ),
         _ => Some(
-            RpcError::new(
-                Some(id),
-                jsonrpc::METHOD_NOT_FOUND,
-                format!("method not found: {method}"),
-            )
-            .to_value(),
+            RpcError::method_not_found(format!("method not found: {method}"))
+                .to(id)
+                .to_value(),
         ),
     }
 }
@@ -249,12 +251,8 @@ async fn handle_other(
 /// (stateless requests) there is nothing to remember; the request is acknowledged.
 fn set_log_level(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     let level = params.and_then(|p| p.get("level")).and_then(Value::as_str);
-    let Some(level) = level.filter(|l| crate::mcp::log_level_index(l).is_some()) else {
-        return RpcError::new(
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            "logging/setLevel: \"level\" must be one of debug, info, notice, warning, error, critical, alert, emergency",
-        )
+    let Some(level) = level.filter(|l| crate::protocol::log_level_index(l).is_some()) else {
+        return RpcError::invalid_params("logging/setLevel: \"level\" must be one of debug, info, notice, warning, error, critical, alert, emergency").to(id)
         .to_value();
     };
     if let Some(s) = &ctx.session {
@@ -266,11 +264,10 @@ fn set_log_level(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
 fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     if let Some(c) = params.and_then(|p| p.get("cursor")) {
         if !c.is_null() && c != "" {
-            return RpcError::new(
-                Some(id),
-                jsonrpc::INVALID_PARAMS,
+            return RpcError::invalid_params(
                 "invalid cursor: this gateway returns every tool in one page",
             )
+            .to(id)
             .to_value();
         }
     }
@@ -305,7 +302,7 @@ pub fn handle_notification(ctx: &RequestCtx, method: &str, params: Option<&Value
             let declared = ctx
                 .session
                 .as_ref()
-                .is_some_and(|s| s.declares(crate::mcp::ClientCapability::Roots));
+                .is_some_and(|s| s.declares(crate::protocol::ClientCapability::Roots));
             if declared && ctx.registration.roots.is_none() {
                 ctx.hub.pool().roots_list_changed(&ctx.registration.id);
             }

@@ -19,18 +19,20 @@ pub struct RequestCtx {
     pub transport: Transport,
     /// Where notifications related to this request (progress, logs) go.
     pub notify: Option<mpsc::Sender<Value>>,
-    /// The request's W3C trace headers; read (set by the transport) only when tracing is on.
+    /// The request's W3C trace headers; read (by the front door) only when tracing is on.
     pub trace_headers: Option<Arc<crate::telemetry::TraceHeaders>>,
 }
 
 impl RequestCtx {
-    /// The one constructor: a request's context as the front door hands it on (its
-    /// notifications' channel is set by the reply engine, per call).
+    /// The one constructor: a request's context as the front door hands it on, complete
+    /// (`door::request_ctx` reads the trace headers; its notifications' channel is set by the
+    /// reply engine, per call).
     pub fn new(
         hub: Arc<Hub>,
         registration: Arc<RegistrationState>,
         session: Option<Arc<Session>>,
         transport: Transport,
+        trace_headers: Option<Arc<crate::telemetry::TraceHeaders>>,
     ) -> Self {
         RequestCtx {
             hub,
@@ -38,7 +40,7 @@ impl RequestCtx {
             session,
             transport,
             notify: None,
-            trace_headers: None,
+            trace_headers,
         }
     }
 
