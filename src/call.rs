@@ -53,7 +53,7 @@ pub(crate) struct ToolCall {
     /// get it back there, `upstream::forward`).
     pub params: Map<String, Value>,
     pub progress_token: Option<Value>,
-    /// The params hold a `task` member (2025-11-25 tasks; `mcp::tasks::prepare_call`).
+    /// The params hold a `task` member (2025-11-25 tasks; `tasks::prepare_call`).
     pub task: bool,
 }
 
@@ -442,7 +442,7 @@ pub fn run<'c>(
         // requests (read by `parse`'s one pass: most calls have none, and a lookup hashes).
         let max_ttl = Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1));
         let asks_task =
-            task && crate::mcp::tasks::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
+            task && crate::tasks::wire::prepare_call(&mut params, ctx.session.is_some(), max_ttl);
         let (digest, recorded) = asked(ctx, &arguments);
         let reg = &ctx.registration;
         let budget = Budget {
@@ -463,17 +463,17 @@ pub fn run<'c>(
             }
         };
         // A tool its upstream runs only as a task, called without one: the gateway asks for
-        // the task and waits for its end itself (`mcp::tasks::run_for_call`), unless a
+        // the task and waits for its end itself (`tasks::run_for_call`), unless a
         // stateless client declared the 2026-07-28 tasks extension (it gets the task). A
         // stateless client that declared it gets a task of an `optional` tool too (the
         // server decides, and runs such a tool as a task for a client that opted in).
         // What a task call keeps for its task (boxed: the call's future grows by one pointer).
         let mut task_call: Option<Box<TaskCall>> = None;
         if !asks_task
-            && (crate::mcp::tasks::requires_task(tool)
-                || crate::mcp::tasks::stateless_asks(tool, &params, ctx.session.is_none()))
+            && (crate::tasks::wire::requires_task(tool)
+                || crate::tasks::wire::stateless_asks(tool, &params, ctx.session.is_none()))
         {
-            let modern = crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+            let modern = crate::tasks::wire::ask_task(&mut params, max_ttl, ctx.session.is_none());
             let progress = progress_token.clone();
             task_call = Some(Box::new(TaskCall { modern, progress }));
         } else if asks_task {
@@ -487,7 +487,7 @@ pub fn run<'c>(
         // upstream that runs it only as a task answers -32021 (the tasks extension not
         // declared), and the call is then made again asking for one. What that needs is
         // kept (boxed: one pointer in every call's future; set only for such tools).
-        let again = (task_call.is_none() && crate::mcp::tasks::may_answer_task(tool, false))
+        let again = (task_call.is_none() && crate::tasks::wire::may_answer_task(tool, false))
             .then(|| Box::new((params.clone(), arguments.clone(), progress_token.clone())));
         let timeout = reg
             .limits
@@ -507,11 +507,11 @@ pub fn run<'c>(
         };
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
         if let Some(again) = again {
-            if matches!(&ended, Ended::Error(code, ..) if *code == crate::mcp::tasks::EXTENSION_NOT_DECLARED)
+            if matches!(&ended, Ended::Error(code, ..) if *code == crate::tasks::wire::EXTENSION_NOT_DECLARED)
             {
                 let (mut params, arguments, progress_token) = *again;
                 let modern =
-                    crate::mcp::tasks::ask_task(&mut params, max_ttl, ctx.session.is_none());
+                    crate::tasks::wire::ask_task(&mut params, max_ttl, ctx.session.is_none());
                 task_call = Some(Box::new(TaskCall {
                     modern,
                     progress: progress_token.clone(),
@@ -532,10 +532,10 @@ pub fn run<'c>(
         if let Ended::Raw(raw, Outcome::Ok) = &ended {
             // Scanned only where a task may be the answer (not a `taskSupport`-less tool's
             // result: most calls).
-            let created = if crate::mcp::tasks::may_answer_task(tool, asks_task) {
+            let created = if crate::tasks::wire::may_answer_task(tool, asks_task) {
                 tool.upstream()
                     .zip(ids.epoch())
-                    .zip(crate::mcp::tasks::create_task_result(raw.get()))
+                    .zip(crate::tasks::wire::create_task_result(raw.get()))
             } else {
                 None
             };
@@ -558,7 +558,7 @@ pub fn run<'c>(
             if let (Ended::Raw(raw, _), Some(upstream), Some(epoch)) =
                 (&ended, tool.upstream(), ids.epoch())
             {
-                if crate::mcp::tasks::modern_upstream(&ctx.hub, upstream) {
+                if crate::tasks::serve::modern_upstream(&ctx.hub, upstream) {
                     let result = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
                     (ended, reason) =
                         Box::pin(ended_at_once(ctx, &name, upstream, epoch, result)).await;
@@ -661,16 +661,16 @@ struct TaskMade<'a> {
 }
 
 /// An upstream answered a call with a `CreateTaskResult`: the task is the gateway's now
-/// (`mcp::tasks::created`). A client that asked for it gets it under the gateway's id; one
-/// that did not gets the task's result on this call (`mcp::tasks::run_for_call`).
+/// (`tasks::created`). A client that asked for it gets it under the gateway's id; one
+/// that did not gets the task's result on this call (`tasks::run_for_call`).
 async fn task_created(
     ctx: &RequestCtx,
     made: TaskMade<'_>,
     cancel: &CancellationToken,
 ) -> (Ended, Option<Cow<'static, str>>) {
-    use crate::mcp::tasks::NotCreated;
+    use crate::tasks::serve::NotCreated;
     let internal = !made.for_client && made.modern.is_none();
-    let created = crate::mcp::tasks::created(
+    let created = crate::tasks::serve::created(
         ctx,
         made.name,
         made.upstream,
@@ -684,7 +684,7 @@ async fn task_created(
     match created {
         Ok(task) if internal => {
             let why = format!("run as task {} for a client without tasks", task.id);
-            let ended = match crate::mcp::tasks::run_for_call(ctx, &task, cancel).await {
+            let ended = match crate::tasks::serve::run_for_call(ctx, &task, cancel).await {
                 None => Ended::Cancelled,
                 Some(f) => match &*f {
                     Ok(result) => {
@@ -712,7 +712,7 @@ async fn task_created(
         Ok(task) => {
             let why = format!("task created: {}", task.id);
             let result = match made.modern {
-                Some(_) => crate::mcp::tasks::modern_created(&task),
+                Some(_) => crate::tasks::wire::modern_created(&task),
                 None => json!({"task": task.view()}),
             };
             (Ended::Result(result, Outcome::Ok), Some(why.into()))
@@ -728,7 +728,7 @@ async fn task_created(
     }
 }
 
-/// A task that ended at once ([`crate::mcp::tasks::ended_at_once`]), for the client that asked.
+/// A task that ended at once ([`crate::tasks::serve::ended_at_once`]), for the client that asked.
 async fn ended_at_once(
     ctx: &RequestCtx,
     name: &str,
@@ -736,7 +736,7 @@ async fn ended_at_once(
     epoch: u64,
     result: Value,
 ) -> (Ended, Option<Cow<'static, str>>) {
-    match crate::mcp::tasks::ended_at_once(ctx, name, upstream, epoch, result).await {
+    match crate::tasks::serve::ended_at_once(ctx, name, upstream, epoch, result).await {
         Ok(task) => {
             let why = format!("task created: {} (answered at once upstream)", task.id);
             (
@@ -744,14 +744,14 @@ async fn ended_at_once(
                 Some(why.into()),
             )
         }
-        Err(crate::mcp::tasks::NotCreated::Full(n)) => {
+        Err(crate::tasks::serve::NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached");
             (
                 Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
                 Some(why.into()),
             )
         }
-        Err(crate::mcp::tasks::NotCreated::Released) => (Ended::Cancelled, None),
+        Err(crate::tasks::serve::NotCreated::Released) => (Ended::Cancelled, None),
     }
 }
 

@@ -38,6 +38,14 @@ RULES = [
     ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
      ["axum", "hyper"]),
+    # Tasks (issue 51): the table only keeps state; the wire forms are pure translation (no
+    # hub, no pool: nothing that does I/O); nothing in tasks/ names the call or a transport.
+    ("tasks::table", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch",
+                      "tasks::wire", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
+    ("tasks::wire", ["gateway", "hub", "server", "endpoint", "call", "mcp::dispatch",
+                     "mcp::request", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
+    ("tasks", ["gateway", "server", "endpoint", "admin", "call", "mcp::dispatch", "cli"],
+     ["axum", "hyper"]),
 ]
 # The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
@@ -47,9 +55,9 @@ LAYERS = [
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),
-    (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "mcp::tasks", "call"]),
-    (5, ["hub"]),
-    (4, ["upstream"]),
+    (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "mcp::tasks", "call", "tasks::serve"]),
+    (5, ["hub", "tasks::settle", "tasks::driver"]),
+    (4, ["upstream", "tasks::wire"]),
     (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
     (2, ["registry", "family", "connections", "store", "sd_notify"]),
     (1, ["tools", "pins", "demo_upstream"]),
