@@ -137,6 +137,15 @@ impl CallIds {
         Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
     }
 
+    /// The wait for the upstream's connection began at `began` (the call's end reads the
+    /// upstream's answer time from it); `stdio`: a stdio upstream.
+    fn waited(&self, began: tokio::time::Instant, stdio: bool) {
+        let after = began.into_std().saturating_duration_since(self.started);
+        let ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.stdio.store(stdio, Ordering::Release);
+        self.waited_from_ns.store(ns + 1, Ordering::Release);
+    }
+
     /// How long the upstream took to answer (from the wait for its connection to the call's
     /// end, `elapsed` after `started`), and whether it is a stdio upstream; `None` if it did
     /// not answer.
@@ -301,39 +310,9 @@ impl Pool {
             // Timed from the wait for a permit to the call's end (no clock read here).
             let began =
                 in_use.deadline - Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
-            let after = began.into_std().saturating_duration_since(ids.started);
-            let ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX - 1);
-            ids.stdio.store(stdio, Ordering::Release);
-            ids.waited_from_ns.store(ns + 1, Ordering::Release);
+            ids.waited(began, stdio);
         }
-        fwd.outcome = match result {
-            Ok(resp) => {
-                slot.answered();
-                fwd.upstream_request_id = Some(resp.upstream_id);
-                match resp.outcome {
-                    Ok(answer) => match answer.into_raw() {
-                        Ok(raw) => ForwardOutcome::Result(raw),
-                        Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
-                            UpstreamError::Protocol(format!("result not encodable: {e}")),
-                        )),
-                    },
-                    Err(e) => ForwardOutcome::RpcError {
-                        code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
-                        message: e
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("upstream error")
-                            .to_string(),
-                    },
-                }
-            }
-            Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
-            // The whole of `call_timeout_s` (the request had what the permit wait left of it).
-            Err(UpstreamError::Timeout(_)) => {
-                ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
-            }
-            Err(e) => ForwardOutcome::Failed(e.into()),
-        };
+        fwd.outcome = call_outcome(result, slot, &mut fwd.upstream_request_id);
         fwd
     }
 
@@ -491,6 +470,43 @@ impl Pool {
             _share: share,
             _busy: busy,
         })
+    }
+}
+
+/// How a forwarded `tools/call` ended, from its request's end (the upstream's request id
+/// read from its answer into `request_id`).
+fn call_outcome(
+    result: Result<super::Answered, UpstreamError>,
+    slot: &Slot,
+    request_id: &mut Option<u64>,
+) -> ForwardOutcome {
+    match result {
+        Ok(resp) => {
+            slot.answered();
+            *request_id = Some(resp.upstream_id);
+            match resp.outcome {
+                Ok(answer) => match answer.into_raw() {
+                    Ok(raw) => ForwardOutcome::Result(raw),
+                    Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
+                        UpstreamError::Protocol(format!("result not encodable: {e}")),
+                    )),
+                },
+                Err(e) => ForwardOutcome::RpcError {
+                    code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+                    message: e
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("upstream error")
+                        .to_string(),
+                },
+            }
+        }
+        Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
+        // The whole of `call_timeout_s` (the request had what the permit wait left of it).
+        Err(UpstreamError::Timeout(_)) => {
+            ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
+        }
+        Err(e) => ForwardOutcome::Failed(e.into()),
     }
 }
 
