@@ -29,6 +29,28 @@ pub(crate) struct Execution<'a> {
     pub trace: Option<&'a CallTrace>,
 }
 
+impl<'a> Execution<'a> {
+    /// The execution of `tool` with the call's parts (`params`, `arguments` and progress token,
+    /// as the plan prepared them).
+    pub(crate) fn new(
+        tool: &'a GrantedTool,
+        name: &'a str,
+        (params, arguments, progress_token): (Map<String, Value>, Value, Option<Value>),
+        ids: &'a CallIds,
+        trace: Option<&'a CallTrace>,
+    ) -> Self {
+        Self {
+            tool,
+            name,
+            params,
+            arguments,
+            progress_token,
+            ids,
+            trace,
+        }
+    }
+}
+
 /// Step 3: runs an admitted call, in-process or upstream, under the registration's timeout
 /// and the call's cancellation. A call whose cancellation raced with its end counts as
 /// cancelled.

@@ -97,26 +97,11 @@ pub fn run<'c>(
             .map(Duration::from_secs_f64);
         // The upstream request id and epoch, kept even if the timeout drops the execution.
         let ids = CallIds::new(started.into_std());
-        let exec = Execution {
-            tool,
-            name: &name,
-            params,
-            arguments,
-            progress_token,
-            ids: &ids,
-            trace: trace.as_deref(),
-        };
+        let parts = (params, arguments, progress_token);
+        let exec = Execution::new(tool, &name, parts, &ids, trace.as_deref());
         let mut ended = execute(ctx, exec, &cancel, timeout).await;
-        if let Some((params, arguments, progress_token)) = plan.retry(ctx, &ended) {
-            let exec = Execution {
-                tool,
-                name: &name,
-                params,
-                arguments,
-                progress_token,
-                ids: &ids,
-                trace: trace.as_deref(),
-            };
+        if let Some(parts) = plan.retry(ctx, &ended) {
+            let exec = Execution::new(tool, &name, parts, &ids, trace.as_deref());
             ended = Box::pin(execute(ctx, exec, &cancel, timeout)).await;
         }
         let mut reason = None;

@@ -358,28 +358,23 @@ pub(crate) fn cancelled_error(why: &str) -> Value {
 mod tests {
     use super::*;
 
+    fn params(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
     #[test]
     fn task_params_are_capped_and_dropped_without_a_session() {
         let max = Duration::from_secs(60);
-        let mut p = json!({"name": "x", "task": {"ttl": 999_999_999}})
-            .as_object()
-            .cloned()
-            .unwrap();
+        let mut p = params(json!({"name": "x", "task": {"ttl": 999_999_999}}));
         assert!(prepare_call(&mut p, true, max));
         assert_eq!(p["task"]["ttl"], 60_000);
-        let mut p = json!({"name": "x", "task": {}})
-            .as_object()
-            .cloned()
-            .unwrap();
+        let mut p = params(json!({"name": "x", "task": {}}));
         assert!(prepare_call(&mut p, true, max));
         assert_eq!(p["task"]["ttl"], 60_000);
-        let mut p = json!({"name": "x", "task": {}})
-            .as_object()
-            .cloned()
-            .unwrap();
+        let mut p = params(json!({"name": "x", "task": {}}));
         assert!(!prepare_call(&mut p, false, max));
         assert!(!p.contains_key("task"));
-        let mut p = json!({"name": "x"}).as_object().cloned().unwrap();
+        let mut p = params(json!({"name": "x"}));
         assert!(!prepare_call(&mut p, true, max));
         assert!(create_task_result(r#"{"task":{"taskId":"u","status":"working"}}"#).is_some());
         assert!(create_task_result(r#"{"content":[{"type":"text","text":"taskId"}]}"#).is_none());

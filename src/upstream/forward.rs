@@ -330,18 +330,10 @@ impl Pool {
         &self,
         request: Request<'_>,
     ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
-        let Request {
-            registration,
-            upstream,
-            method,
-            params,
-            cancel,
-            on,
-            timeout,
-            owner,
-            trace,
-        } = request;
-        let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
+        let (registration, upstream, on) = (request.registration, request.upstream, request.on);
+        let in_use = self
+            .acquire(upstream, &registration.id, &request.cancel)
+            .await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let current = match on {
             On::Current => true,
@@ -351,14 +343,21 @@ impl Pool {
         if !current {
             return Ok(None);
         }
-        let span = trace.map(|(t, target)| {
+        let method = request.method;
+        let span = request.trace.map(|(t, target)| {
             client_span(t, slot, upstream, crate::mcp::method_name(method), target)
         });
-        let mut params = params;
-        let tag = dress(&mut params, slot, registration, span.as_ref(), owner);
+        let mut params = request.params;
+        let tag = dress(
+            &mut params,
+            slot,
+            registration,
+            span.as_ref(),
+            request.owner,
+        );
         let opts = RequestOptions {
-            timeout: Some(timeout.unwrap_or_else(|| in_use.remaining())),
-            cancel,
+            timeout: Some(request.timeout.unwrap_or_else(|| in_use.remaining())),
+            cancel: request.cancel,
             tag: Some(tag),
             trace: span.as_ref().map(|s| Box::new(s.meta().clone())),
             ..RequestOptions::default()
