@@ -24,6 +24,7 @@
 //! sessions. Those are built on top of this API.
 
 mod catalog;
+mod clients;
 mod connection;
 mod core;
 mod events;
