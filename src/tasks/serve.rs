@@ -18,10 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{
-    cancel_task, end_on_release, refresh, spawn_poller, take_result, update_upstream,
-    SETTLED_ASK_GRACE,
-};
+use super::driver::{spawn_poller, Driver, SETTLED_ASK_GRACE};
 use super::settle::{ask, cancel_and_settle, cancel_upstream_id, settle};
 use super::wire::{answer, cancelled_error, detailed, is_error, stateless, upstream_request};
 use crate::hub::Hub;
@@ -107,7 +104,7 @@ pub async fn created(
     rec.rare_mut().ttl_ms = u64::try_from(ttl.as_millis()).ok();
     let _ = hub.audit().record(rec).await;
     if ctx.registration.is_released() {
-        end_on_release(hub, &task).await;
+        Driver::new(hub, &task).end_on_release().await;
         return Err(NotCreated::Released);
     }
     spawn_poller(hub.clone(), task.clone());
@@ -150,7 +147,7 @@ pub async fn ended_at_once(
 /// call's upstream request id given, a plain call's own stream (the gateway runs the task for
 /// it) or the creating session (2025-11-25); none for a 2026 task (the extension has no
 /// progress for tasks).
-pub(crate) fn progress_route(
+fn progress_route(
     ctx: &RequestCtx,
     epoch: u64,
     progress: Option<(Value, u64)>,
@@ -204,11 +201,7 @@ pub async fn run_for_call(
 
 /// The registration's task `id`, or the -32602 that an unknown id and another
 /// registration's id alike get.
-pub(crate) fn lookup(
-    ctx: &RequestCtx,
-    id: &Value,
-    params: Option<&Value>,
-) -> Result<Arc<Task>, Value> {
+fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Task>, Value> {
     let task_id = params.and_then(|p| p.get("taskId")).and_then(Value::as_str);
     task_id
         .and_then(|t| ctx.hub.tasks().get(&ctx.registration.id, t))
@@ -257,12 +250,12 @@ pub async fn handle(
     match method {
         "tasks/get" => {
             if !task.is_settled() && !task.polled_lately() {
-                refresh(hub, &task, trace).await;
+                Driver::new(hub, &task).refresh(trace).await;
             }
             Some(jsonrpc::success(id, task.view()))
         }
         "tasks/result" => result(ctx, id, &task, cancel, trace).await,
-        _ => Some(cancel_task(hub, id, &task, trace).await),
+        _ => Some(Driver::new(hub, &task).cancel(id, trace).await),
     }
 }
 
@@ -274,12 +267,7 @@ pub async fn handle(
 /// shown in the 2026 form: `tasks/get` inlines the result (`completed` even with `isError`)
 /// or the error (`failed`) and the pending `inputRequests`; `tasks/cancel` and `tasks/update`
 /// are acknowledged empty (a cancel of a task that ended is no error there).
-pub(crate) async fn modern(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<&Value>,
-) -> Value {
+async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value>) -> Value {
     if let Some(e) = stateless(id.clone(), method, params) {
         return e;
     }
@@ -299,7 +287,7 @@ pub(crate) async fn modern(
                 .and_then(Status::parse)
                 .is_some_and(Status::is_terminal);
             if !task.is_settled() && (heard_end || !task.polled_lately()) {
-                refresh(hub, &task, None).await;
+                Driver::new(hub, &task).refresh(None).await;
             }
             jsonrpc::success(id, detailed(&task))
         }
@@ -316,7 +304,7 @@ pub(crate) async fn modern(
                 .to_value();
             };
             if task.upstream_modern {
-                return update_upstream(hub, id, &task, responses).await;
+                return Driver::new(hub, &task).update_upstream(id, responses).await;
             }
             for (key, response) in responses {
                 // Keys this task does not wait on are ignored (an answer may cross the end).
@@ -334,7 +322,7 @@ pub(crate) async fn modern(
         }
         _ => {
             if !task.is_settled() {
-                let r = cancel_task(hub, id.clone(), &task, None).await;
+                let r = Driver::new(hub, &task).cancel(id.clone(), None).await;
                 if r.get("error").and_then(|e| e.get("code"))
                     == Some(&json!(jsonrpc::INTERNAL_ERROR))
                 {
@@ -346,7 +334,7 @@ pub(crate) async fn modern(
     }
 }
 
-pub(crate) fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
+fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     if let Some(c) = params.and_then(|p| p.get("cursor")) {
         if !c.is_null() && c != "" {
             return RpcError::new(
@@ -372,7 +360,7 @@ pub(crate) fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value
 /// asked on the caller's behalf (so what the upstream sends the client meanwhile, such as an
 /// elicitation, reaches its session); whichever ends first, it or another sighting of the end
 /// (the poller, a cancel, the TTL), settles the task, and the settled answer is sent.
-pub(crate) async fn result(
+async fn result(
     ctx: &RequestCtx,
     id: Value,
     task: &Arc<Task>,
@@ -386,7 +374,7 @@ pub(crate) async fn result(
 /// Waits for a task's end (`None`: `cancel` fired first), asking the upstream's blocking
 /// `tasks/result` meanwhile on the session's behalf (for at most the upstream's
 /// `call_timeout_s`).
-pub(crate) async fn wait_final(
+async fn wait_final(
     ctx: &RequestCtx,
     task: &Arc<Task>,
     cancel: &CancellationToken,
@@ -434,7 +422,7 @@ pub(crate) async fn wait_final(
         }
         r = &mut ask => r,
     };
-    take_result(hub, task, r).await;
+    Driver::new(hub, task).take_result(r).await;
     tokio::select! {
         biased;
         () = cancel.cancelled() => None,

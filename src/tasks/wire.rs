@@ -137,7 +137,7 @@ pub fn declares_tasks(params: Option<&Value>) -> bool {
 }
 
 /// Whether client capabilities (a 2026-07-28 request's `_meta`) declare the tasks extension.
-pub(crate) fn declares_extension(caps: &Value) -> bool {
+fn declares_extension(caps: &Value) -> bool {
     caps.get("extensions")
         .and_then(|e| e.get(EXTENSION))
         .is_some_and(|v| !v.is_null())
@@ -181,7 +181,7 @@ pub fn create_task_result(result: &str) -> Option<(Value, bool)> {
 }
 
 /// The fields a task has alike in both forms.
-pub(crate) fn common_fields(t: &Value) -> Map<String, Value> {
+fn common_fields(t: &Value) -> Map<String, Value> {
     [
         "taskId",
         "status",
@@ -207,7 +207,7 @@ pub(crate) fn from_modern(t: &Value) -> Value {
 }
 
 /// A task's common fields in the 2026-07-28 form (flat; `ttlMs`, `pollIntervalMs`).
-pub(crate) fn modern_fields(task: &Task) -> Map<String, Value> {
+fn modern_fields(task: &Task) -> Map<String, Value> {
     let view = task.view();
     let mut m = common_fields(&view);
     m.insert(
@@ -322,7 +322,7 @@ pub(crate) fn answer(id: Value, task: &Task, f: &Final) -> Value {
 }
 
 /// `{taskId: <upstream id>}`.
-pub(crate) fn upstream_params(task: &Task) -> Map<String, Value> {
+fn upstream_params(task: &Task) -> Map<String, Value> {
     let mut p = Map::new();
     p.insert("taskId".into(), Value::String(task.upstream_id.clone()));
     p
