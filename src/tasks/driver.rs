@@ -39,8 +39,7 @@ fn park(hub: &Hub, task: &Task, declared: u8, mut msg: Value) {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let allowed =
-        crate::mcp::ClientCapability::for_method(&method).is_some_and(|c| c.in_bits(declared));
+    let undeclared = crate::mrtr::input::undeclared(&method, declared);
     let mut params = msg
         .get_mut("params")
         .map(Value::take)
@@ -53,14 +52,14 @@ fn park(hub: &Hub, task: &Task, declared: u8, mut msg: Value) {
             }
         }
     }
-    let parked =
-        allowed && task.park_input(key.clone(), json!({"method": method, "params": params}));
+    let parked = undeclared.is_none() && {
+        let request = crate::mrtr::input::request(Value::String(method.clone()), Some(params));
+        task.park_input(key.clone(), request)
+    };
     if !parked {
-        let why = if allowed {
+        let why = undeclared.unwrap_or_else(|| {
             format!("{method} refused: the task holds too many unanswered input requests")
-        } else {
-            format!("{method} refused: the client did not declare the capability it needs")
-        };
+        });
         hub.pool().client_response(
             &task.registration.id,
             crate::upstream::STATELESS_SESSION,

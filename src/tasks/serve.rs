@@ -313,7 +313,7 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
                         &task.registration.id,
                         crate::upstream::STATELESS_SESSION,
                         &Value::String(key.clone()),
-                        &json!({ "result": response }),
+                        &crate::mrtr::input::answered(response),
                     );
                 }
             }

@@ -257,8 +257,14 @@ impl Pool {
             session: call.session.clone(),
             notify: call.notify.clone(),
         };
-        let span = fwd.client_span.as_deref();
-        let tag = dress(&mut params, slot, call.registration, span, owner);
+        // (No local for the span: a `Copy` local stays in the future's state to its scope's end.)
+        let tag = dress(
+            &mut params,
+            slot,
+            call.registration,
+            fwd.client_span.as_deref(),
+            owner,
+        );
 
         let (started_tx, started_rx) = oneshot::channel();
         // The call's progress and logs go straight to the caller's channel, in the upstream's
