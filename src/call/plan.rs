@@ -52,9 +52,22 @@ pub(super) enum Plan {
     GatewayTask(Box<TaskCall>),
 }
 
-/// The TTL a task is asked for with, at most (`[tasks] max_ttl_s`).
-fn max_ttl(ctx: &RequestCtx) -> Duration {
-    Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1))
+/// What the plan reads of the request besides the call: whether it is stateless, and the
+/// TTL a task is asked for with, at most (`[tasks] max_ttl_s`). Read again where needed, not
+/// kept in the call's future.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Asking {
+    stateless: bool,
+    max_ttl: Duration,
+}
+
+impl Asking {
+    fn of(ctx: &RequestCtx) -> Self {
+        Self {
+            stateless: ctx.session.is_none(),
+            max_ttl: Duration::from_secs(ctx.hub.config().tasks.max_ttl_s.max(1)),
+        }
+    }
 }
 
 /// The plan of an admitted call of `tool`; `params` are prepared for it (`task` kept with its
@@ -68,16 +81,33 @@ pub(super) fn plan(
     arguments: &Value,
     progress_token: &Option<Value>,
 ) -> Plan {
-    let stateless = ctx.session.is_none();
+    decide(
+        tool,
+        params,
+        task,
+        (arguments, progress_token),
+        Asking::of(ctx),
+    )
+}
+
+/// [`plan`], of what it reads of the request.
+fn decide(
+    tool: &GrantedTool,
+    params: &mut Map<String, Value>,
+    task: bool,
+    (arguments, progress_token): (&Value, &Option<Value>),
+    asking: Asking,
+) -> Plan {
+    let stateless = asking.stateless;
     // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless requests.
-    let asks_task = task && wire::prepare_call(params, !stateless, max_ttl(ctx));
+    let asks_task = task && wire::prepare_call(params, !stateless, asking.max_ttl);
     // A tool its upstream runs only as a task, called without one: the gateway asks for the
     // task and waits for its end itself (`tasks::serve::run_for_call`), unless a stateless
     // client declared the 2026-07-28 tasks extension (it gets the task). A stateless client
     // that declared it gets a task of an `optional` tool too (the server decides, and runs
     // such a tool as a task for a client that opted in).
     if !asks_task && (wire::requires_task(tool) || wire::stateless_asks(tool, params, stateless)) {
-        return asked_by_gateway(ctx, params, progress_token.clone());
+        return asked_by_gateway(params, progress_token.clone(), asking);
     }
     if asks_task {
         let progress = progress_token.clone();
@@ -96,11 +126,11 @@ pub(super) fn plan(
 /// The gateway asks the upstream for a task (`params.task`): for a stateless client that
 /// declared the 2026-07-28 tasks extension, or to run it itself.
 fn asked_by_gateway(
-    ctx: &RequestCtx,
     params: &mut Map<String, Value>,
     progress: Option<Value>,
+    asking: Asking,
 ) -> Plan {
-    let modern = wire::ask_task(params, max_ttl(ctx), ctx.session.is_none());
+    let modern = wire::ask_task(params, asking.max_ttl, asking.stateless);
     let call = Box::new(TaskCall { modern, progress });
     match modern {
         Some(_) => Plan::ModernClientTask(call),
@@ -118,14 +148,25 @@ impl Plan {
     /// task the gateway asks for, and the params, arguments and progress token to make the
     /// call again with are returned.
     pub(super) fn retry(&mut self, ctx: &RequestCtx, ended: &Ended) -> Option<Again> {
-        if !matches!(ended, Ended::Error(code, ..) if *code == wire::EXTENSION_NOT_DECLARED) {
+        let refused =
+            matches!(ended, Ended::Error(code, ..) if *code == wire::EXTENSION_NOT_DECLARED);
+        if !refused {
+            return None;
+        }
+        self.again_as_task(Asking::of(ctx))
+    }
+
+    /// [`Plan::retry`] once the upstream refused: only a plain call that may run as a task is
+    /// made again (as one); any other plan is kept as it is.
+    fn again_as_task(&mut self, asking: Asking) -> Option<Again> {
+        if !matches!(self, Plan::MayRunAsTask(_)) {
             return None;
         }
         let Plan::MayRunAsTask(again) = std::mem::replace(self, Plan::Plain) else {
             return None;
         };
         let (mut params, arguments, progress_token) = *again;
-        *self = asked_by_gateway(ctx, &mut params, progress_token.clone());
+        *self = asked_by_gateway(&mut params, progress_token.clone(), asking);
         Some((params, arguments, progress_token))
     }
 
@@ -298,5 +339,131 @@ pub(super) async fn ended_at_once(
             )
         }
         Err(crate::tasks::serve::NotCreated::Released) => (Ended::Cancelled, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::tools::{Backend, TaskSupport};
+
+    fn tool(task_support: TaskSupport) -> GrantedTool {
+        GrantedTool {
+            name: "u.t".into(),
+            descriptor: Arc::new(json!({"name": "u.t"})),
+            backend: Backend::Upstream {
+                upstream: "u".into(),
+                tool: "t".into(),
+                grant_name: "u.t".into(),
+                task_support,
+            },
+        }
+    }
+
+    fn params(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    const SESSION: Asking = Asking {
+        stateless: false,
+        max_ttl: Duration::from_secs(60),
+    };
+    const STATELESS: Asking = Asking {
+        stateless: true,
+        max_ttl: Duration::from_secs(60),
+    };
+
+    /// The plan's name, and the params it leaves for the upstream.
+    fn decided(ts: TaskSupport, p: Value, asking: Asking) -> (&'static str, Value) {
+        let mut p = params(p);
+        let task = p.contains_key("task");
+        let progress = Some(json!("tok"));
+        let plan = decide(&tool(ts), &mut p, task, (&json!({}), &progress), asking);
+        (name(&plan), Value::Object(p))
+    }
+
+    fn name(plan: &Plan) -> &'static str {
+        match plan {
+            Plan::Plain => "plain",
+            Plan::MayRunAsTask(_) => "may run as task",
+            Plan::ClientTask(_) => "client task",
+            Plan::ModernClientTask(_) => "modern client task",
+            Plan::GatewayTask(_) => "gateway task",
+        }
+    }
+
+    #[test]
+    fn each_call_gets_one_plan_and_params_to_match() {
+        use TaskSupport::{Forbidden, Optional, Required};
+        let declared = json!({"name": "t", "_meta": {"io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}}}});
+        let with_task = json!({"name": "t", "task": {"ttl": 999_999_999}});
+        assert_eq!(decided(Forbidden, json!({"name": "t"}), SESSION).0, "plain");
+        assert_eq!(
+            decided(Optional, json!({"name": "t"}), SESSION).0,
+            "may run as task"
+        );
+        // The client's task: its TTL capped on a session, dropped on a stateless request.
+        let (plan, p) = decided(Forbidden, with_task.clone(), SESSION);
+        assert_eq!((plan, &p["task"]["ttl"]), ("client task", &json!(60_000)));
+        let (plan, p) = decided(Forbidden, with_task.clone(), STATELESS);
+        assert_eq!((plan, p.get("task")), ("plain", None));
+        let (plan, p) = decided(Required, with_task, SESSION);
+        assert_eq!((plan, &p["task"]["ttl"]), ("client task", &json!(60_000)));
+        // The gateway asks: for itself, or for a stateless client that declared the extension.
+        let (plan, p) = decided(Required, json!({"name": "t"}), SESSION);
+        assert_eq!(
+            (plan, &p["task"]),
+            ("gateway task", &json!({"ttl": 60_000}))
+        );
+        assert_eq!(
+            decided(Required, json!({"name": "t"}), STATELESS).0,
+            "gateway task"
+        );
+        assert_eq!(
+            decided(Required, declared.clone(), STATELESS).0,
+            "modern client task"
+        );
+        assert_eq!(
+            decided(Optional, declared.clone(), STATELESS).0,
+            "modern client task"
+        );
+        assert_eq!(decided(Optional, declared, SESSION).0, "may run as task");
+    }
+
+    #[test]
+    fn only_a_call_that_may_run_as_a_task_is_made_again_as_one() {
+        let mut p = params(json!({"name": "t"}));
+        let progress = Some(json!("tok"));
+        let args = json!({"a": 1});
+        let mut plan = decide(
+            &tool(TaskSupport::Optional),
+            &mut p,
+            false,
+            (&args, &progress),
+            SESSION,
+        );
+        let (again, arguments, token) = plan.again_as_task(SESSION).unwrap();
+        assert_eq!(name(&plan), "gateway task");
+        assert_eq!(again.get("task"), Some(&json!({"ttl": 60_000})));
+        assert_eq!((&arguments, &token), (&args, &progress));
+        // Once a task, never again; a plan that is no plain call is kept as it is.
+        assert!(plan.again_as_task(SESSION).is_none());
+        assert_eq!(name(&plan), "gateway task");
+        let mut p = params(json!({"name": "t", "task": {}}));
+        let none = None;
+        let mut plan = decide(
+            &tool(TaskSupport::Optional),
+            &mut p,
+            true,
+            (&args, &none),
+            SESSION,
+        );
+        assert!(plan.again_as_task(SESSION).is_none());
+        assert!(plan.asks_task());
     }
 }
