@@ -435,18 +435,17 @@ mod tests {
         assert_eq!(decided(Optional, declared, SESSION).0, "may run as task");
     }
 
+    /// The plan of a call of an `optional` tool on a session.
+    fn optional(p: &mut Map<String, Value>, task: bool, parts: (&Value, &Option<Value>)) -> Plan {
+        decide(&tool(TaskSupport::Optional), p, task, parts, SESSION)
+    }
+
     #[test]
     fn only_a_call_that_may_run_as_a_task_is_made_again_as_one() {
         let mut p = params(json!({"name": "t"}));
         let progress = Some(json!("tok"));
         let args = json!({"a": 1});
-        let mut plan = decide(
-            &tool(TaskSupport::Optional),
-            &mut p,
-            false,
-            (&args, &progress),
-            SESSION,
-        );
+        let mut plan = optional(&mut p, false, (&args, &progress));
         let (again, arguments, token) = plan.again_as_task(SESSION).unwrap();
         assert_eq!(name(&plan), "gateway task");
         assert_eq!(again.get("task"), Some(&json!({"ttl": 60_000})));
@@ -456,13 +455,7 @@ mod tests {
         assert_eq!(name(&plan), "gateway task");
         let mut p = params(json!({"name": "t", "task": {}}));
         let none = None;
-        let mut plan = decide(
-            &tool(TaskSupport::Optional),
-            &mut p,
-            true,
-            (&args, &none),
-            SESSION,
-        );
+        let mut plan = optional(&mut p, true, (&args, &none));
         assert!(plan.again_as_task(SESSION).is_none());
         assert!(plan.asks_task());
     }

@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::settle::{ask, cancel_and_settle, lose, observe_told, settle, tell_listeners};
+use super::settle::{
+    ask, cancel_and_settle, lose, observe_told, settle, settle_cancelled, tell_listeners,
+};
 use super::wire::{cancelled_error, from_modern, is_error, upstream_request};
 use crate::hub::Hub;
 use crate::mcp::jsonrpc::{self, RpcError};
@@ -401,16 +403,7 @@ impl<'a> Driver<'a> {
                     // 2026-07-28: an empty acknowledgement, not the task.
                     task.observe(t);
                 }
-                let won = settle(
-                    hub,
-                    task,
-                    Status::Cancelled,
-                    None,
-                    Err(cancelled_error("cancelled by its client")),
-                    TaskOutcome::Cancelled,
-                    None,
-                )
-                .await;
+                let won = settle_cancelled(hub, task, "cancelled by its client").await;
                 if won || task.outcome() == Some(TaskOutcome::Cancelled) {
                     jsonrpc::success(id, task.view())
                 } else {
@@ -527,16 +520,7 @@ impl<'a> Driver<'a> {
                 .await;
             }
             Some(Status::Cancelled) => {
-                settle(
-                    hub,
-                    task,
-                    Status::Cancelled,
-                    None,
-                    Err(cancelled_error("cancelled upstream")),
-                    TaskOutcome::Cancelled,
-                    None,
-                )
-                .await;
+                settle_cancelled(hub, task, "cancelled upstream").await;
             }
             Some(Status::InputRequired) => {
                 // Parked under keys of the gateway's (the upstream's may name its task id): shown
@@ -573,16 +557,7 @@ impl<'a> Driver<'a> {
     async fn settle_terminal(self, status: Status) {
         let Driver { hub, task } = self;
         if status == Status::Cancelled {
-            settle(
-                hub,
-                task,
-                status,
-                None,
-                Err(cancelled_error("cancelled upstream")),
-                TaskOutcome::Cancelled,
-                None,
-            )
-            .await;
+            settle_cancelled(hub, task, "cancelled upstream").await;
             return;
         }
         // Not the task's `stop`: the task is terminal upstream, so this answers at once; were it

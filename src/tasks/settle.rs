@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::wire::detailed;
+use super::wire::{cancelled_error, detailed};
 use crate::hub::Hub;
 use crate::mcp::jsonrpc;
 use crate::tasks::{Final, Status, Task, TaskOutcome, RELATED_TASK};
@@ -168,4 +168,19 @@ pub(crate) async fn cancel_and_settle(
         None,
     )
     .await;
+}
+
+/// Settles a task `cancelled` (`why` in its error); whether this call settled it.
+pub(crate) async fn settle_cancelled(hub: &Arc<Hub>, task: &Arc<Task>, why: &str) -> bool {
+    let err = Err(cancelled_error(why));
+    settle(
+        hub,
+        task,
+        Status::Cancelled,
+        None,
+        err,
+        TaskOutcome::Cancelled,
+        None,
+    )
+    .await
 }
