@@ -780,7 +780,7 @@ impl Gateway {
         let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
         // Its live tasks are cancelled upstream (`tasks/cancel`) and audited while its
         // connections and leases still serve it.
-        crate::mcp::tasks::release(&self.inner.hub, state).await;
+        crate::tasks::driver::release(&self.inner.hub, state).await;
         let _ = tokio::time::timeout(
             Duration::from_secs(10),
             self.inner.hub.pool().release_registration(&state.id),

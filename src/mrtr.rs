@@ -190,9 +190,63 @@ impl HeldCalls {
     }
 }
 
+/// Input requests, alike for MRTR's held calls and for 2026 tasks: a server → client request
+/// put to a stateless client as one of `inputRequests`, keyed by the gateway's id of the
+/// request (its routing id on `upstream::STATELESS_SESSION`), and answered by the client's
+/// `inputResponses` under that key.
+pub mod input {
+    use serde_json::{json, Map, Value};
+
+    use crate::mcp::ClientCapability;
+
+    /// Why `method` may not be asked of a client whose request declared `declared`
+    /// (`ClientCapability::bits_of`): it did not declare the capability the method needs.
+    pub fn undeclared(method: &str, declared: u8) -> Option<String> {
+        let ok = ClientCapability::for_method(method).is_some_and(|c| c.in_bits(declared));
+        (!ok).then(|| {
+            format!("{method} refused: the client did not declare the capability it needs")
+        })
+    }
+
+    /// The `inputRequests` entry of a request: its method and, if it has them, its params.
+    pub fn request(method: Value, params: Option<Value>) -> Value {
+        let mut entry = Map::new();
+        entry.insert("method".into(), method);
+        if let Some(p) = params {
+            entry.insert("params".into(), p);
+        }
+        Value::Object(entry)
+    }
+
+    /// What goes upstream for the client's response to one: its result.
+    pub fn answered(response: &Value) -> Value {
+        json!({ "result": response })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_input_request_is_asked_only_with_its_capability_and_answered_by_its_result() {
+        let elicit = crate::mcp::ClientCapability::for_method("elicitation/create")
+            .map(|c| {
+                crate::mcp::ClientCapability::bits_of(Some(&serde_json::json!({c.as_str(): {}})))
+            })
+            .unwrap_or(0);
+        assert!(input::undeclared("elicitation/create", 0).is_some());
+        assert_eq!(input::undeclared("elicitation/create", elicit), None);
+        assert!(input::undeclared("sampling/createMessage", elicit).is_some());
+        let r = input::request("roots/list".into(), None);
+        assert_eq!(r, serde_json::json!({"method": "roots/list"}));
+        let r = input::request("x".into(), Some(serde_json::json!({"a": 1})));
+        assert_eq!(r, serde_json::json!({"method": "x", "params": {"a": 1}}));
+        assert_eq!(
+            input::answered(&serde_json::json!({})),
+            serde_json::json!({"result": {}})
+        );
+    }
 
     fn held(reg: &str) -> (Held, tokio_util::sync::CancellationToken) {
         let (_tx, notes) = mpsc::channel(1);

@@ -40,6 +40,13 @@ RULES = [
     ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "methods", "cli"], []),
     ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
      ["axum", "hyper"]),
+    # Tasks (issue 51): the table only keeps state; the wire forms are pure translation (no
+    # hub, no pool: nothing that does I/O); nothing in tasks/ names the call or a transport.
+    ("tasks::table", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch",
+                      "tasks::wire", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
+    ("tasks::wire", ["gateway", "hub", "server", "endpoint", "call", "methods", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
+    ("tasks", ["gateway", "server", "endpoint", "admin", "call", "methods::dispatch", "cli"],
+     ["axum", "hyper"]),
 ]
 # The layers of ARCHITECTURE.md ("Layers") as ranks: an arrow may point to a module of the
 # same rank or a lower one, never up. The longest matching prefix gives a module's rank; a
@@ -49,10 +56,10 @@ LAYERS = [
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),
-    # `mcp` is a re-export shim (and `mcp::tasks`) until the tasks split lands (issue 51).
-    (6, ["methods", "mcp", "call"]),
-    (5, ["hub"]),
-    (4, ["upstream"]),
+    # `mcp` is a re-export shim (and `mcp::tasks`) until it goes (issue 51).
+    (6, ["methods", "mcp", "call", "tasks::serve"]),
+    (5, ["hub", "tasks::settle", "tasks::driver"]),
+    (4, ["upstream", "tasks::wire"]),
     (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
     (2, ["registry", "family", "connections", "store", "sd_notify"]),
     (1, ["tools", "pins", "demo_upstream"]),

@@ -40,12 +40,67 @@ pub struct ForwardCall<'a> {
     pub trace: Option<&'a crate::telemetry::CallTrace>,
 }
 
-/// Where a task request's server → client requests go: the session's, or (a stateless
-/// 2026 task) a sink of the gateway's own.
+/// Where a request's server → client requests go: the session's, or (a stateless 2026 task)
+/// a sink of the gateway's own.
 #[derive(Default)]
 pub struct TaskOwner {
     pub session: Option<Arc<Session>>,
     pub notify: Option<mpsc::Sender<Value>>,
+}
+
+/// Which connection of the slot a [`Request`] may be answered on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// Whichever is live (spawned or reconnected if need be).
+    Current,
+    /// Only the connection of this epoch, the one a task was created on (a respawned child
+    /// does not know the task).
+    Epoch(u64),
+    /// The current connection if it is an HTTP one (a task probed after its connection
+    /// ended: a respawned child never knows the tasks of the one before).
+    Reconnected,
+}
+
+/// One request for [`Pool::send`]: everything but a `tools/call`.
+pub struct Request<'a> {
+    pub registration: &'a Arc<RegistrationState>,
+    pub upstream: &'a str,
+    pub method: &'a str,
+    pub params: Map<String, Value>,
+    pub cancel: CancellationToken,
+    pub on: On,
+    /// Instead of the upstream's `call_timeout_s` (a blocking `tasks/result` may wait longer).
+    pub timeout: Option<Duration>,
+    pub owner: TaskOwner,
+    /// The SERVER span of the request that asked (tracing on) and what the request is about.
+    pub trace: Option<(
+        &'a crate::telemetry::CallTrace,
+        crate::telemetry::Target<'a>,
+    )>,
+}
+
+impl<'a> Request<'a> {
+    /// A request with no owner, no trace and the upstream's own timeout.
+    pub fn new(
+        registration: &'a Arc<RegistrationState>,
+        upstream: &'a str,
+        method: &'a str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+        on: On,
+    ) -> Self {
+        Self {
+            registration,
+            upstream,
+            method,
+            params,
+            cancel,
+            on,
+            timeout: None,
+            owner: TaskOwner::default(),
+            trace: None,
+        }
+    }
 }
 
 /// The upstream request id and epoch of a forwarded call (0 = not known yet: both start at 1).
@@ -80,6 +135,15 @@ impl CallIds {
 
     pub fn request_id(&self) -> Option<u64> {
         Some(self.request_id.load(Ordering::Acquire)).filter(|i| *i != 0)
+    }
+
+    /// The wait for the upstream's connection began at `began` (the call's end reads the
+    /// upstream's answer time from it); `stdio`: a stdio upstream.
+    fn waited(&self, began: tokio::time::Instant, stdio: bool) {
+        let after = began.into_std().saturating_duration_since(self.started);
+        let ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.stdio.store(stdio, Ordering::Release);
+        self.waited_from_ns.store(ns + 1, Ordering::Release);
     }
 
     /// How long the upstream took to answer (from the wait for its connection to the call's
@@ -186,20 +250,20 @@ impl Pool {
         jsonrpc::set_member(&mut params, "name", Value::String(call.tool.to_string()));
         jsonrpc::set_member(&mut params, "arguments", call.arguments);
         fwd.client_span = call.trace.map(|t| {
-            let [spawned, catalog] = slot.pool_work();
-            Box::new(t.client_span(crate::telemetry::Upstreamed {
-                upstream: call.upstream,
-                method: "tools/call",
-                target: crate::telemetry::Target::Tool(call.tool),
-                peer: slot.spec.peer(),
-                waited: [spawned.as_ref(), catalog.as_ref()],
-            }))
+            let target = crate::telemetry::Target::Tool(call.tool);
+            Box::new(client_span(t, slot, call.upstream, "tools/call", target))
         });
-        upstream_meta(
+        let owner = TaskOwner {
+            session: call.session.clone(),
+            notify: call.notify.clone(),
+        };
+        // (No local for the span: a `Copy` local stays in the future's state to its scope's end.)
+        let tag = dress(
             &mut params,
+            slot,
             call.registration,
-            lease_of(slot, call.registration),
-            fwd.client_span.as_ref().map(|s| s.meta()),
+            fwd.client_span.as_deref(),
+            owner,
         );
 
         let (started_tx, started_rx) = oneshot::channel();
@@ -213,18 +277,13 @@ impl Pool {
             .clone()
             .map(|s| super::LogFilter(Arc::new(move |level: &str| s.wants_log(level))));
         let timeout = in_use.remaining();
-        let owner = CallOwner {
-            registration_id: call.registration.id.clone(),
-            session: call.session.clone(),
-            notify: call.notify.clone(),
-        };
         let opts = RequestOptions {
             timeout: Some(timeout),
             cancel: call.cancel.clone(),
             progress: call.notify.clone(),
             started: Some(started_tx),
             notifications: call.notify,
-            tag: Some(owner.tag()),
+            tag: Some(tag),
             progress_as_messages: true,
             log_filter,
             raw_result: true,
@@ -257,231 +316,55 @@ impl Pool {
             // Timed from the wait for a permit to the call's end (no clock read here).
             let began =
                 in_use.deadline - Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
-            let after = began.into_std().saturating_duration_since(ids.started);
-            let ns = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX - 1);
-            ids.stdio.store(stdio, Ordering::Release);
-            ids.waited_from_ns.store(ns + 1, Ordering::Release);
+            ids.waited(began, stdio);
         }
-        fwd.outcome = match result {
-            Ok(resp) => {
-                slot.answered();
-                fwd.upstream_request_id = Some(resp.upstream_id);
-                match resp.outcome {
-                    Ok(answer) => match answer.into_raw() {
-                        Ok(raw) => ForwardOutcome::Result(raw),
-                        Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
-                            UpstreamError::Protocol(format!("result not encodable: {e}")),
-                        )),
-                    },
-                    Err(e) => ForwardOutcome::RpcError {
-                        code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
-                        message: e
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("upstream error")
-                            .to_string(),
-                    },
-                }
-            }
-            Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
-            // The whole of `call_timeout_s` (the request had what the permit wait left of it).
-            Err(UpstreamError::Timeout(_)) => {
-                ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
-            }
-            Err(e) => ForwardOutcome::Failed(e.into()),
-        };
+        fwd.outcome = call_outcome(result, slot, &mut fwd.upstream_request_id);
         fwd
     }
 
-    /// Forwards one non-tool request (`resources/*`, `prompts/*`, `completion/complete`) to an
-    /// upstream on the registration's connection: same slot, permits, lease `_meta` and timeout
-    /// as [`Pool::forward`]; no progress or log routing. Server → client requests it causes go
-    /// to `session` / `notify` as a call's do. `Ok(Ok(result))`, `Ok(Err(error object))` as the
-    /// upstream sent it, or why the upstream could not answer. With `trace` (tracing on), the
-    /// request has a CLIENT span, the child of the request's SERVER span, whose context goes
-    /// into `_meta` (and headers, to HTTP upstreams).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn forward_request(
+    /// Sends one request other than a `tools/call` to an upstream on the registration's slot
+    /// (`resources/*`, `prompts/*`, `completion/complete`, a task's `tasks/*`): same slot,
+    /// permits, lease `_meta` and timeout as [`Pool::forward`]; no progress or log routing.
+    /// Server → client requests it causes go to `request.owner` as a call's do. With
+    /// `request.trace` (tracing on), it has a CLIENT span, the child of the request's SERVER
+    /// span, whose context goes into `_meta` (and headers, to HTTP upstreams).
+    ///
+    /// `Ok(Some((epoch, answer)))`: the epoch it was asked on and the upstream's answer, a
+    /// result or the error object it sent; `Ok(None)`: the connection `request.on` names is
+    /// not the live one (never for [`On::Current`]); `Err`: why the upstream could not answer.
+    pub async fn send(
         &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        method: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-        session: Option<Arc<Session>>,
-        notify: Option<mpsc::Sender<Value>>,
-        trace: Option<(&crate::telemetry::CallTrace, crate::telemetry::Target<'_>)>,
-    ) -> Result<Result<Value, Value>, ForwardError> {
-        let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
-        let (slot, conn) = (&in_use.slot, &in_use.conn);
-        let span = trace.map(|(t, target)| client_span(t, slot, upstream, method, target));
-        let mut params = params;
-        upstream_meta(
-            &mut params,
-            registration,
-            lease_of(slot, registration),
-            span.as_ref().map(|s| s.meta()),
-        );
-        let owner = CallOwner {
-            registration_id: registration.id.clone(),
-            session,
-            notify,
-        };
-        let opts = RequestOptions {
-            timeout: Some(in_use.remaining()),
-            cancel,
-            tag: Some(owner.tag()),
-            trace: span.as_ref().map(|s| Box::new(s.meta().clone())),
-            ..RequestOptions::default()
-        };
-        let answered = conn.request(method, Value::Object(params), opts).await;
-        if let Some(span) = span {
-            end_client_span(span, &answered);
-        }
-        match answered {
-            Ok(resp) => {
-                slot.answered();
-                Ok(resp.outcome)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// [`Pool::forward_request`] for a task's request (`tasks/get|result|cancel`): only on the
-    /// connection of `epoch`, the one the task was created on. `Ok(None)`: that connection is
-    /// gone (a respawned child does not know the task). `timeout`: instead of the upstream's
-    /// `call_timeout_s` (a blocking `tasks/result` may wait longer).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn forward_task(
-        &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        epoch: u64,
-        method: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-        timeout: Option<Duration>,
-        session: Option<Arc<Session>>,
-        trace: Option<&crate::telemetry::CallTrace>,
-    ) -> Result<Option<Result<Value, Value>>, ForwardError> {
-        let to = TaskOwner {
-            session,
-            notify: None,
-        };
-        self.forward_task_to(
-            registration,
-            upstream,
-            epoch,
-            method,
-            params,
-            cancel,
-            timeout,
-            to,
-            trace,
-        )
-        .await
-    }
-
-    /// [`Pool::forward_task`] whose server → client requests go to `to` (a 2026 task's
-    /// upstream `tasks/result`: its side-channel requests become the task's `inputRequests`).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn forward_task_to(
-        &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        epoch: u64,
-        method: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-        timeout: Option<Duration>,
-        to: TaskOwner,
-        trace: Option<&crate::telemetry::CallTrace>,
-    ) -> Result<Option<Result<Value, Value>>, ForwardError> {
-        let sent = self
-            .send_task(
-                registration,
-                upstream,
-                Some(epoch),
-                method,
-                params,
-                cancel,
-                timeout,
-                to,
-                trace,
-            )
+        request: Request<'_>,
+    ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
+        let (registration, upstream, on) = (request.registration, request.upstream, request.on);
+        let in_use = self
+            .acquire(upstream, &registration.id, &request.cancel)
             .await?;
-        Ok(sent.map(|(_, outcome)| outcome))
-    }
-
-    /// After a task's connection ended: `tasks/get` of it (`params`) on its HTTP upstream's
-    /// current connection, which may know it still (servers whose task ids are bearer tokens
-    /// do; session-scoped ones do not). `Ok(None)`: a stdio upstream (a respawned child never
-    /// knows the tasks of the one before), or the connection is gone again; else the epoch
-    /// asked on and the answer.
-    pub async fn probe_task(
-        &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-    ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
-        self.send_task(
-            registration,
-            upstream,
-            None,
-            "tasks/get",
-            params,
-            cancel,
-            None,
-            TaskOwner::default(),
-            None,
-        )
-        .await
-    }
-
-    /// A task's request on the connection of `epoch` (`None`: the current one, if it is an
-    /// HTTP one); `Ok(None)` when that connection is not the live one.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_task(
-        &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        epoch: Option<u64>,
-        method: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-        timeout: Option<Duration>,
-        to: TaskOwner,
-        trace: Option<&crate::telemetry::CallTrace>,
-    ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
-        let TaskOwner { session, notify } = to;
-        let in_use = self.acquire(upstream, &registration.id, &cancel).await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
-        let current = match epoch {
-            Some(e) => conn.epoch() == e,
-            None => conn.pid().is_none(),
+        let current = match on {
+            On::Current => true,
+            On::Epoch(e) => conn.epoch() == e,
+            On::Reconnected => conn.pid().is_none(),
         };
         if !current {
             return Ok(None);
         }
-        let span =
-            trace.map(|t| client_span(t, slot, upstream, method, crate::telemetry::Target::None));
-        let mut params = params;
-        upstream_meta(
+        let method = request.method;
+        let span = request.trace.map(|(t, target)| {
+            client_span(t, slot, upstream, crate::mcp::method_name(method), target)
+        });
+        let mut params = request.params;
+        let tag = dress(
             &mut params,
+            slot,
             registration,
-            lease_of(slot, registration),
-            span.as_ref().map(|s| s.meta()),
+            span.as_ref(),
+            request.owner,
         );
-        let owner = CallOwner {
-            registration_id: registration.id.clone(),
-            session,
-            notify,
-        };
         let opts = RequestOptions {
-            timeout: Some(timeout.unwrap_or_else(|| in_use.remaining())),
-            cancel,
-            tag: Some(owner.tag()),
+            timeout: Some(request.timeout.unwrap_or_else(|| in_use.remaining())),
+            cancel: request.cancel,
+            tag: Some(tag),
             trace: span.as_ref().map(|s| Box::new(s.meta().clone())),
             ..RequestOptions::default()
         };
@@ -494,11 +377,36 @@ impl Pool {
                 slot.answered();
                 Ok(Some((conn.epoch(), resp.outcome)))
             }
-            Err(UpstreamError::Closed(_)) if conn.is_closed() => Ok(None),
+            Err(UpstreamError::Closed(_)) if on != On::Current && conn.is_closed() => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
+    /// [`Pool::send`] on the current connection, as the proxied methods asked before it
+    /// (`mcp::proxy`): `Ok(answer)` or why the upstream could not answer.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward_request(
+        &self,
+        registration: &Arc<RegistrationState>,
+        upstream: &str,
+        method: &str,
+        params: Map<String, Value>,
+        cancel: CancellationToken,
+        session: Option<Arc<Session>>,
+        notify: Option<mpsc::Sender<Value>>,
+        trace: Option<(&crate::telemetry::CallTrace, crate::telemetry::Target<'_>)>,
+    ) -> Result<Result<Value, Value>, ForwardError> {
+        let request = Request {
+            owner: TaskOwner { session, notify },
+            trace,
+            ..Request::new(registration, upstream, method, params, cancel, On::Current)
+        };
+        let sent = self.send(request).await?;
+        sent.map(|(_, answer)| answer)
+            .ok_or(ForwardError::Upstream(UpstreamError::Closed(
+                "connection replaced".into(),
+            )))
+    }
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
     /// (spawned if needed) — each step abandoned when `cancel` fires, and the whole bounded by
     /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's
@@ -570,6 +478,43 @@ impl Pool {
     }
 }
 
+/// How a forwarded `tools/call` ended, from its request's end (the upstream's request id
+/// read from its answer into `request_id`).
+fn call_outcome(
+    result: Result<super::Answered, UpstreamError>,
+    slot: &Slot,
+    request_id: &mut Option<u64>,
+) -> ForwardOutcome {
+    match result {
+        Ok(resp) => {
+            slot.answered();
+            *request_id = Some(resp.upstream_id);
+            match resp.outcome {
+                Ok(answer) => match answer.into_raw() {
+                    Ok(raw) => ForwardOutcome::Result(raw),
+                    Err(e) => ForwardOutcome::Failed(ForwardError::Upstream(
+                        UpstreamError::Protocol(format!("result not encodable: {e}")),
+                    )),
+                },
+                Err(e) => ForwardOutcome::RpcError {
+                    code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+                    message: e
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("upstream error")
+                        .to_string(),
+                },
+            }
+        }
+        Err(UpstreamError::Cancelled) => ForwardOutcome::Cancelled,
+        // The whole of `call_timeout_s` (the request had what the permit wait left of it).
+        Err(UpstreamError::Timeout(_)) => {
+            ForwardOutcome::Timeout(Duration::from_secs(slot.spec.config.call_timeout_s.max(1)))
+        }
+        Err(e) => ForwardOutcome::Failed(e.into()),
+    }
+}
+
 /// Why a call of `upstream`'s `tool` must not be sent for `registration` any more: its pinned
 /// definition was found removed or changed (`on_tool_change = "refuse"`). One atomic load when
 /// nothing drifted.
@@ -605,13 +550,13 @@ fn client_span(
     trace: &crate::telemetry::CallTrace,
     slot: &Slot,
     upstream: &str,
-    method: &str,
+    method: &'static str,
     target: crate::telemetry::Target<'_>,
 ) -> crate::telemetry::ClientSpan {
     let [spawned, catalog] = slot.pool_work();
     trace.client_span(crate::telemetry::Upstreamed {
         upstream,
-        method: crate::mcp::method_name(method),
+        method,
         target,
         peer: slot.spec.peer(),
         waited: [spawned.as_ref(), catalog.as_ref()],
@@ -644,6 +589,30 @@ fn lease_of(slot: &Slot, registration: &RegistrationState) -> Option<String> {
     slot.leased
         .load(Ordering::SeqCst)
         .then(|| slot.leases.lease_for(&registration.id))
+}
+
+/// What every request sent for a registration carries: its `_meta` (the lease on a leased
+/// slot, the CLIENT span's context) set in `params`, and the tag routing the server → client
+/// requests it causes to `owner`.
+fn dress(
+    params: &mut Map<String, Value>,
+    slot: &Slot,
+    registration: &RegistrationState,
+    span: Option<&crate::telemetry::ClientSpan>,
+    owner: TaskOwner,
+) -> super::RequestTag {
+    upstream_meta(
+        params,
+        registration,
+        lease_of(slot, registration),
+        span.map(|s| s.meta()),
+    );
+    CallOwner {
+        registration_id: registration.id.clone(),
+        session: owner.session,
+        notify: owner.notify,
+    }
+    .tag()
 }
 
 impl Pool {

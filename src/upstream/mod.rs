@@ -24,6 +24,7 @@
 //! sessions. Those are built on top of this API.
 
 mod catalog;
+mod clients;
 mod connection;
 mod core;
 mod events;
@@ -42,7 +43,7 @@ pub(crate) use core::progress_token;
 pub use events::{
     channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
 };
-pub use forward::{CallIds, ForwardCall, ForwardOutcome, TaskOwner};
+pub use forward::{CallIds, ForwardCall, ForwardOutcome, On, Request, TaskOwner};
 pub use pool::{Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;

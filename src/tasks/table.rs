@@ -10,7 +10,7 @@
 //! the gateway's id in it), and once known its final answer (the `tasks/result` reply) and
 //! its outcome. The outcome is settled once ([`Task::settle`]: a latch), which also gives back
 //! the registration's `max_concurrent` slot the task held while live. What talks to the
-//! upstream (polls, cancels, the poller) is `mcp::tasks`; this module only keeps the state.
+//! upstream (polls, cancels, the poller) is `tasks::driver`; this module only keeps the state.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
