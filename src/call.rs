@@ -216,7 +216,7 @@ async fn take_call(budget: Budget<'_>, reg: &RegistrationState, max: u64) -> Res
             }
             // A cluster node learns the store's count from its replica (a block given back
             // on another node lowers it); a single node counts its own reservations.
-            let own_count = budget.store.kind() != "etcd";
+            let own_count = budget.store.kind() != crate::store::StoreKind::Etcd;
             let block = crate::store::block_of(&reg.limits, budget.block, true);
             match budget.store.reserve(&reg.id, block).await {
                 Ok(0) => {

@@ -463,6 +463,17 @@ pub enum StoreBackend {
     Etcd,
 }
 
+impl StoreBackend {
+    /// The name in the config and in messages: `memory`, `sqlite` or `etcd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreBackend::Memory => "memory",
+            StoreBackend::Sqlite => "sqlite",
+            StoreBackend::Etcd => "etcd",
+        }
+    }
+}
+
 /// The registration store.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -878,6 +889,29 @@ impl Config {
                 "store.queue must be 16-1048576".into(),
             ));
         }
+        self.validate_bounds()?;
+        self.validate_cluster()?;
+        let mut seen = std::collections::BTreeSet::new();
+        for u in &self.upstreams {
+            if !valid_tool_name(&u.id) || u.id.contains('.') {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream id {:?} must be 1-128 characters of [A-Za-z0-9_-]",
+                    u.id
+                )));
+            }
+            if !seen.insert(u.id.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream id {:?} is declared twice",
+                    u.id
+                )));
+            }
+            self.validate_upstream(u)?;
+        }
+        Ok(())
+    }
+
+    /// The bounds of connections, tasks and sessions.
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
         let c = &self.connections;
         if !(1..=3600).contains(&c.header_timeout_s) {
             return Err(ConfigError::Invalid(
@@ -927,6 +961,11 @@ impl Config {
                 "sessions.max_in_flight must be 1-65536".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// The node id, an `etcd` store's settings, the cluster's timings and the separator.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
         if let Some(node) = &self.node_id {
             if !valid_node_id(node) {
                 return Err(ConfigError::Invalid(format!(
@@ -968,92 +1007,82 @@ impl Config {
                 self.tool_name_separator
             )));
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for u in &self.upstreams {
-            if !valid_tool_name(&u.id) || u.id.contains('.') {
+        Ok(())
+    }
+
+    /// One upstream's settings (its id's shape and uniqueness are checked by the caller).
+    fn validate_upstream(&self, u: &UpstreamConfig) -> Result<(), ConfigError> {
+        if u.max_in_flight == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "upstream {:?}: max_in_flight must be at least 1",
+                u.id
+            )));
+        }
+        if let Some(n) = u.max_in_flight_per_registration {
+            if n == 0 || n > u.max_in_flight {
                 return Err(ConfigError::Invalid(format!(
-                    "upstream id {:?} must be 1-128 characters of [A-Za-z0-9_-]",
+                    "upstream {:?}: max_in_flight_per_registration must be 1-{} (its max_in_flight)",
+                    u.id, u.max_in_flight
+                )));
+            }
+        }
+        match (&u.command, &u.url) {
+            (Some(_), None) | (None, Some(_)) => {}
+            _ => {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
+                    u.id
+                )))
+            }
+        }
+        u.validate_tls().map_err(ConfigError::Invalid)?;
+        match u.protocol.as_deref() {
+            None | Some(MODERN_PROTOCOL) => {}
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?}: protocol = {other:?}: expected \"2026-07-28\" (or leave it unset for the handshake)",
+                    u.id
+                )))
+            }
+        }
+        if let Some(caps) = &u.client_capabilities {
+            if let Some(bad) = caps
+                .iter()
+                .find(|c| !CLIENT_CAPABILITIES.contains(&c.as_str()))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {:?}: client_capabilities: unknown capability {bad:?} (expected \"sampling\", \"elicitation\", \"roots\")",
                     u.id
                 )));
             }
-            if !seen.insert(u.id.clone()) {
+            if u.sharing == Sharing::Shared && !caps.is_empty() {
                 return Err(ConfigError::Invalid(format!(
-                    "upstream id {:?} is declared twice",
+                    "upstream {:?}: client_capabilities cannot be declared on a shared connection: no registration can be named to answer the server's requests (use sharing = \"per_registration\" or \"leased\")",
                     u.id
                 )));
             }
-            if u.max_in_flight == 0 {
+        }
+        if let Some(sep) = &u.name_separator {
+            if crate::tool_name::Separator::parse(sep).is_none() {
                 return Err(ConfigError::Invalid(format!(
-                    "upstream {:?}: max_in_flight must be at least 1",
+                    "upstream {:?}: name_separator = {sep:?}: must be \".\", \"_\" or \"__\"",
                     u.id
                 )));
             }
-            if let Some(n) = u.max_in_flight_per_registration {
-                if n == 0 || n > u.max_in_flight {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: max_in_flight_per_registration must be 1-{} (its max_in_flight)",
-                        u.id, u.max_in_flight
-                    )));
-                }
-            }
-            match (&u.command, &u.url) {
-                (Some(_), None) | (None, Some(_)) => {}
-                _ => {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
-                        u.id
-                    )))
-                }
-            }
-            u.validate_tls().map_err(ConfigError::Invalid)?;
-            match u.protocol.as_deref() {
-                None | Some(MODERN_PROTOCOL) => {}
-                Some(other) => {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: protocol = {other:?}: expected \"2026-07-28\" (or leave it unset for the handshake)",
-                        u.id
-                    )))
-                }
-            }
-            if let Some(caps) = &u.client_capabilities {
-                if let Some(bad) = caps
-                    .iter()
-                    .find(|c| !CLIENT_CAPABILITIES.contains(&c.as_str()))
-                {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: client_capabilities: unknown capability {bad:?} (expected \"sampling\", \"elicitation\", \"roots\")",
-                        u.id
-                    )));
-                }
-                if u.sharing == Sharing::Shared && !caps.is_empty() {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: client_capabilities cannot be declared on a shared connection: no registration can be named to answer the server's requests (use sharing = \"per_registration\" or \"leased\")",
-                        u.id
-                    )));
-                }
-            }
-            if let Some(sep) = &u.name_separator {
-                if crate::tool_name::Separator::parse(sep).is_none() {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: name_separator = {sep:?}: must be \".\", \"_\" or \"__\"",
-                        u.id
-                    )));
-                }
-            }
-            let rule = self.name_rule_of(u);
-            if rule.model_safe && !rule.bare && rule.separator == crate::tool_name::Separator::Dot {
+        }
+        let rule = self.name_rule_of(u);
+        if rule.model_safe && !rule.bare && rule.separator == crate::tool_name::Separator::Dot {
+            return Err(ConfigError::Invalid(format!(
+                "upstream {:?}: model-safe tool names cannot contain \".\": set name_separator (or tool_name_separator) to \"_\" or \"__\"",
+                u.id
+            )));
+        }
+        for (from, to) in &u.rename {
+            if !valid_tool_name(to) {
                 return Err(ConfigError::Invalid(format!(
-                    "upstream {:?}: model-safe tool names cannot contain \".\": set name_separator (or tool_name_separator) to \"_\" or \"__\"",
+                    "upstream {:?}: rename {from:?} -> {to:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
                     u.id
                 )));
-            }
-            for (from, to) in &u.rename {
-                if !valid_tool_name(to) {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: rename {from:?} -> {to:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
-                        u.id
-                    )));
-                }
             }
         }
         Ok(())

@@ -240,7 +240,10 @@ impl Gateway {
     /// The store's kind (`memory`, `sqlite`) and file.
     pub fn store_location(&self) -> (&'static str, Option<std::path::PathBuf>) {
         let s = self.store();
-        (s.kind(), s.path().map(std::path::Path::to_path_buf))
+        (
+            s.kind().as_str(),
+            s.path().map(std::path::Path::to_path_buf),
+        )
     }
 
     /// Whether registrations outlive the process in the store (`sqlite`, `etcd`).
@@ -328,7 +331,7 @@ impl Gateway {
         };
         // In a cluster any node serves any registration: its id names no node.
         let node = match self.store().kind() {
-            "etcd" => None,
+            crate::store::StoreKind::Etcd => None,
             _ => self.inner.hub.config().node_id.as_deref(),
         };
         let id = new_registration_id_on(node);
@@ -346,7 +349,11 @@ impl Gateway {
         if state.limits.max_calls.is_some() {
             // A cluster node holds none: the first call on any node reserves a block sized to
             // what is left over the live nodes, so no budget waits on a node without traffic.
-            let block = if store.kind() == "etcd" { 0 } else { block };
+            let block = if store.kind() == crate::store::StoreKind::Etcd {
+                0
+            } else {
+                block
+            };
             state.calls_left.store(block, Ordering::Release);
             state.store_reserved.store(block, Ordering::Release);
         }
@@ -846,7 +853,7 @@ impl Gateway {
             format!(
                 "{} registration(s) kept in the {} store for the next start; {returned} reserved call(s) returned",
                 kept.len(),
-                self.store().kind()
+                self.store().kind().as_str()
             )
             .into(),
         );

@@ -567,8 +567,8 @@ impl EtcdStore {
 }
 
 impl Store for EtcdStore {
-    fn kind(&self) -> &'static str {
-        "etcd"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Etcd
     }
 
     fn path(&self) -> Option<&Path> {

@@ -24,8 +24,8 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "memory"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Memory
     }
 
     fn path(&self) -> Option<&Path> {

@@ -431,8 +431,8 @@ fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<StoredRegist
 }
 
 impl Store for SqliteStore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Sqlite
     }
 
     fn path(&self) -> Option<&Path> {

@@ -10,6 +10,9 @@ use serde_json::Value;
 
 use crate::registry::{Limits, Root};
 
+/// Which backend a store is: the config's `[store] backend` names the same three.
+pub use crate::config::StoreBackend as StoreKind;
+
 /// Why a store operation failed. Messages name the file, never a token.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -103,8 +106,8 @@ pub struct StoreStats {
 
 /// The registration store. Every write resolves once it is durable (committed), or fails.
 pub trait Store: Send + Sync {
-    /// `memory` or `sqlite`.
-    fn kind(&self) -> &'static str;
+    /// Which backend this is (`memory`, `sqlite` or `etcd`).
+    fn kind(&self) -> StoreKind;
     /// The file, for a file-backed store.
     fn path(&self) -> Option<&Path>;
     /// Whether registrations survive the process (then budgets are reserved block by block).
