@@ -24,16 +24,16 @@ use tokio_util::task::TaskTracker;
 use crate::audit::{Audit, AuditError, Record};
 use crate::config::Config;
 use crate::config::StoreBackend;
-use crate::expiry::Deadlines;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
-use crate::registry::{
-    new_registration_id_on, new_token, RegistrationSpec, RegistrationState, Registry,
+use crate::registration::expiry::Deadlines;
+use crate::registration::{
+    new_registration_id_on, new_token, Family, Grant, RegistrationSpec, RegistrationState, Registry,
 };
 use crate::session::SessionTable;
 use crate::store::{Store, StoredRegistration, StoredTool};
 use crate::sync::lock;
-use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, InProcessTool, ToolSet};
+use crate::tools::{Backend, GrantedTool, InProcessTool, ToolSet};
 use crate::upstream::Pool;
 
 /// Why a gateway operation failed.
@@ -289,20 +289,7 @@ impl Gateway {
         if self.inner.shutdown.is_cancelled() {
             return Err(GatewayError::ShuttingDown);
         }
-        let agent = spec.agent_id.trim();
-        if agent.is_empty() {
-            return Err(GatewayError::InvalidSpec(
-                "agent_id must not be empty".into(),
-            ));
-        }
-        if spec.agent_id.len() > 256 || spec.agent_id.chars().any(char::is_control) {
-            return Err(GatewayError::InvalidSpec(
-                "agent_id must be at most 256 characters, without control characters".into(),
-            ));
-        }
-        if let Some(roots) = &spec.roots {
-            crate::registry::validate_roots(roots).map_err(GatewayError::InvalidSpec)?;
-        }
+        spec.check().map_err(GatewayError::InvalidSpec)?;
         // A child (a sub-agent) resolves among its parent's tools, within its parent's bounds.
         let (tools, family, spec) = match spec.parent.clone() {
             None => {
@@ -314,7 +301,7 @@ impl Gateway {
                     .await
                     .map_err(GatewayError::InvalidSpec)?;
                 let tools = self.resolve_grants(&spec, &upstream_tools)?;
-                (tools, crate::registry::Family::default(), spec)
+                (tools, Family::default(), spec)
             }
             Some(pid) => {
                 let parent = self.inner.hub.registry().get(&pid).ok_or_else(|| {
@@ -324,7 +311,7 @@ impl Gateway {
                 })?;
                 let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
                 let caps = &self.inner.hub.config().children;
-                let c = crate::family::child_of(&parent, spec, caps, now)
+                let c = crate::registration::family::child_of(&parent, spec, caps, now)
                     .map_err(GatewayError::InvalidSpec)?;
                 (c.tools, c.family, c.spec)
             }
@@ -336,9 +323,7 @@ impl Gateway {
         };
         let id = new_registration_id_on(node);
         let token = new_token();
-        let mut state = RegistrationState::new(id, &token, &spec, tools);
-        state.family = family;
-        let state = Arc::new(state);
+        let state = Arc::new(RegistrationState::new(id, &token, &spec, tools).with_family(family));
         // Written through before it is served: the 201 follows the store's commit.
         let store = self.store();
         let block = crate::store::block_of(
@@ -354,11 +339,10 @@ impl Gateway {
             } else {
                 block
             };
-            state.calls_left.store(block, Ordering::Release);
-            state.store_reserved.store(block, Ordering::Release);
+            state.budget().first_block(block);
         }
         lock(&self.inner.creating).insert(state.id.clone());
-        let reserved = state.store_reserved.load(Ordering::Acquire);
+        let reserved = state.budget().store_reserved();
         let created = store.create(stored_of(&state, reserved)).await;
         let served = created.map_err(GatewayError::from).and_then(|()| {
             let mut lc = lock(&self.inner.lifecycle);
@@ -384,7 +368,7 @@ impl Gateway {
             }
         };
         if let Some(parent) = &state.family.parent {
-            lock(&parent.family.children).push(state.id.clone());
+            parent.family.add_child(&state.id);
             // A parent released meanwhile took no note of this child: end it now.
             if parent.is_released() {
                 if let Some(s) = self.close_registration(&state.id, ReleaseReason::Released) {
@@ -431,12 +415,6 @@ impl Gateway {
         let catalog = lock(&self.inner.catalog).clone();
         let mut granted: Vec<GrantedTool> = Vec::new();
         for t in &spec.local_tools {
-            if !crate::config::valid_tool_name(t.name()) {
-                return Err(GatewayError::InvalidSpec(format!(
-                    "tool name {:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
-                    t.name()
-                )));
-            }
             granted.push(GrantedTool {
                 name: t.name().to_string(),
                 descriptor: t.shared_descriptor(),
@@ -444,13 +422,9 @@ impl Gateway {
             });
         }
         for pattern in &spec.tools {
-            if !valid_grant(pattern) {
-                return Err(GatewayError::InvalidSpec(format!(
-                    "bad grant {pattern:?}: use a tool name, or a prefix ending in one '*' (e.g. \"helpdesk.*\")"
-                )));
-            }
+            let grant = Grant::parse(pattern).map_err(GatewayError::InvalidSpec)?;
             let before = granted.len();
-            for (name, t) in catalog.iter().filter(|(n, _)| grant_matches(pattern, n)) {
+            for (name, t) in catalog.iter().filter(|(n, _)| grant.matches(n)) {
                 granted.push(GrantedTool {
                     name: name.clone(),
                     descriptor: t.shared_descriptor(),
@@ -460,11 +434,11 @@ impl Gateway {
             granted.extend(
                 upstream_tools
                     .iter()
-                    .filter(|t| grant_matches_upstream(pattern, t))
+                    .filter(|t| matches!(t.backend, Backend::Upstream { .. }) && grant.grants(t))
                     .cloned(),
             );
             if granted.len() == before {
-                let prefix = crate::tools::Grant::new(pattern).upstream();
+                let prefix = grant.upstream();
                 return Err(GatewayError::InvalidSpec(match prefix {
                     Some(p) if self.inner.hub.pool().has_upstream(p) => format!(
                         "grant {pattern:?} matches no tool: upstream {p:?} has no tool by that name"
@@ -573,9 +547,9 @@ impl Gateway {
             removed
         };
         let state = removed?;
-        lock(&state.family.closed_children).extend(closed_children);
+        state.family.closed_with(closed_children);
         if let Some(parent) = &state.family.parent {
-            lock(&parent.family.children).retain(|c| c != id);
+            parent.family.remove_child(id);
         }
         self.inner.deadlines.remove(id);
         self.inner
@@ -583,7 +557,7 @@ impl Gateway {
             .metrics()
             .registration_closed(reason.as_str());
         state.release();
-        state.calls.close();
+        state.close_calls();
         let closed = self.inner.hub.sessions().close_registration(id);
         tracing::info!(registration = %id, sessions = closed, ?reason, "released");
         Some(state)
@@ -619,7 +593,7 @@ impl Gateway {
     /// from a later instant).
     fn set_deadline(&self, state: &RegistrationState, ttl_s: u64) {
         let (at, after) = deadline_of(state, ttl_s);
-        state.expires_at_ms.store(at, Ordering::Relaxed);
+        state.move_expiry(at);
         self.arm_deadline(&state.id, after);
     }
 
@@ -668,7 +642,7 @@ impl Gateway {
         };
         // A child's lease ends no later than its parent's.
         if let Some(parent) = &state.family.parent {
-            let end = parent.expires_at_ms.load(Ordering::Relaxed);
+            let end = parent.expires_at_ms();
             if end != 0 {
                 let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
                 ttl = ttl.min(end.saturating_sub(now).div_ceil(1000).max(1));
@@ -678,9 +652,9 @@ impl Gateway {
         // taken by the sweep is not moved, and the renewal is answered 404.
         let (at, after) = deadline_of(&state, ttl);
         let renewal = self.inner.deadlines.renew(id, after, || {
-            state.expires_at_ms.store(at, Ordering::Relaxed)
+            state.move_expiry(at);
         });
-        if renewal == crate::expiry::Renewal::Expired {
+        if renewal == crate::registration::expiry::Renewal::Expired {
             return Ok(None);
         }
         self.start_sweep();
@@ -689,9 +663,7 @@ impl Gateway {
             self.inner.deadlines.remove(id);
             return Ok(None);
         }
-        self.store()
-            .renew(id, state.expires_at_ms.load(Ordering::Relaxed))
-            .await?;
+        self.store().renew(id, state.expires_at_ms()).await?;
         let _ = self
             .inner
             .hub
@@ -768,7 +740,7 @@ impl Gateway {
         replica: Replica,
     ) -> Result<(), crate::store::StoreError> {
         // The children closed with it end first (their store rows, calls, leases and records).
-        let children = std::mem::take(&mut *lock(&state.family.closed_children));
+        let children = state.family.take_closed();
         for child in children {
             if let Err(e) = Box::pin(self.finish_release_from(&child, reason, replica)).await {
                 tracing::error!(registration = %child.id, error = %e, "a child's release not stored");
@@ -829,8 +801,7 @@ impl Gateway {
         self.inner.shutdown.cancel();
         let kept = self.inner.hub.registry().all();
         for state in &kept {
-            state.cancel.cancel();
-            state.calls.close();
+            state.stop_calls();
         }
         for state in &kept {
             let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
@@ -939,9 +910,9 @@ impl Gateway {
             // A child comes back under its parent (stored before it); one whose parent did not
             // come back ended with it.
             let family = match &s.parent {
-                None => crate::registry::Family::default(),
+                None => Family::default(),
                 Some(pid) => match self.inner.hub.registry().get(pid) {
-                    Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
+                    Some(p) => Family::child_of(&p, &s.agent_id),
                     None => {
                         let mut rec = Record::about(
                             "registration_released",
@@ -1041,13 +1012,17 @@ fn stored_of(state: &RegistrationState, calls_reserved: u64) -> StoredRegistrati
         agent_id: state.agent_id.to_string(),
         label: state.label.clone(),
         token_sha256: state.token_sha256(),
-        grants: state.grants.clone(),
+        grants: state
+            .grants
+            .iter()
+            .map(|g| g.as_str().to_string())
+            .collect(),
         tools,
         limits: state.limits.clone(),
         roots: state.roots.clone(),
         ttl_s: state.ttl_s,
         created_at_ms: state.created_at.timestamp_millis(),
-        expires_at_ms: state.expires_at_ms.load(Ordering::Relaxed),
+        expires_at_ms: state.expires_at_ms(),
         node: state.id.split_once('.').map(|(n, _)| n.to_string()),
         calls_reserved,
         parent: state.family.parent.as_ref().map(|p| p.id.clone()),
@@ -1063,7 +1038,7 @@ impl Gateway {
         &self,
         s: &StoredRegistration,
         catalog: &BTreeMap<String, InProcessTool>,
-        family: crate::registry::Family,
+        family: Family,
         now: u64,
     ) -> Result<Arc<RegistrationState>, GatewayError> {
         let spec = RegistrationSpec {
@@ -1078,7 +1053,7 @@ impl Gateway {
         };
         // Calls reserved so far (by any node) count as spent: a node reserves its own
         // blocks (compare-and-set on the store) before its first call.
-        let mut state = RegistrationState::restored(
+        let state = RegistrationState::restored(
             s.id.clone(),
             s.token_sha256,
             &spec,
@@ -1086,11 +1061,11 @@ impl Gateway {
             s.created_at_ms,
             s.expires_at_ms,
             s.calls_reserved,
-        );
-        state.family = family;
+        )
+        .with_family(family);
         let state = Arc::new(state);
         if let Some(p) = &state.family.parent {
-            lock(&p.family.children).push(state.id.clone());
+            p.family.add_child(&state.id);
         }
         {
             let mut lc = lock(&self.inner.lifecycle);
@@ -1148,7 +1123,7 @@ fn deadline_of(state: &RegistrationState, ttl_s: u64) -> (u64, Duration) {
     let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
     let mut at = wall.saturating_add(ttl_s.saturating_mul(1000));
     if let Some(parent) = &state.family.parent {
-        let cap = parent.expires_at_ms.load(Ordering::Relaxed);
+        let cap = parent.expires_at_ms();
         if cap != 0 {
             at = at.min(cap);
         }
@@ -1365,15 +1340,5 @@ impl Drop for Registration {
                 }
             }
         }
-    }
-}
-
-/// An upstream tool is granted by its grant name `<upstream>.<tool>` (and `<upstream>.*`),
-/// and only by it, whatever its exposed name (`bare_names`, separator, model-safe rule;
-/// `tool_name`): one rule, so a grant means the same under every naming config.
-fn grant_matches_upstream(pattern: &str, t: &GrantedTool) -> bool {
-    match &t.backend {
-        Backend::Upstream { grant_name, .. } => grant_matches(pattern, grant_name),
-        Backend::InProcess(_) => false,
     }
 }

@@ -34,6 +34,9 @@ RULES = [
     ("server", ["gateway", "admin", "cli"], []),
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
+    # The registration wing reaches the server through `registration::lifecycle`'s trait only.
+    ("registration", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session",
+                      "mcp::dispatch", "mcp::proxy", "mcp::request", "cli"], []),
     # Refusals are observed, never served: no transport, no dispatch, no gateway.
     ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch", "cli"], []),
     ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
@@ -50,9 +53,10 @@ LAYERS = [
     (6, ["mcp::dispatch", "mcp::proxy", "mcp::request", "mcp::tasks", "call"]),
     (5, ["hub"]),
     (4, ["upstream"]),
-    (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
-    (2, ["registry", "family", "connections", "store", "sd_notify"]),
-    (1, ["tools", "pins", "demo_upstream"]),
+    (3, ["session", "listen", "mrtr", "tasks", "metrics", "refusals", "fence"]),
+    # `registry` is the old path of the registration wing's names (a shim).
+    (2, ["registration", "registry", "connections", "store", "sd_notify"]),
+    (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: protocol versions and JSON-RPC (`mcp`, `mcp::jsonrpc`
     # — no dispatch), the config, names, the audit trail, the std-lock helpers.
     (0, ["mcp", "mcp::jsonrpc", "config", "config_load", "tool_name", "audit", "sync",

@@ -513,11 +513,11 @@ async fn budget_keeper(node: Arc<Node>, stop: CancellationToken) {
         let mut due = Vec::new();
         let mut holding = std::collections::HashSet::new();
         for reg in gw.registry().all() {
-            if reg.limits.max_calls.is_none() || reg.calls_left.load(Ordering::Acquire) == 0 {
+            if reg.limits.max_calls.is_none() || reg.budget().in_hand() == 0 {
                 continue;
             }
             holding.insert(reg.id.clone());
-            let started = reg.calls_started.load(Ordering::Acquire);
+            let started = reg.budget().started();
             let e = seen.entry(reg.id.clone()).or_insert((started, now));
             if e.0 != started {
                 *e = (started, now);

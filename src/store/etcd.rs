@@ -23,7 +23,8 @@ use futures::future::{BoxFuture, FutureExt};
 use serde::{Deserialize, Serialize};
 
 use super::types::{Store, StoreError, StoreStats, StoredRegistration, StoredTool};
-use crate::registry::{Limits, Root};
+use crate::registration::Limits;
+use crate::registration::Root;
 use crate::sync::lock;
 
 /// Compare-and-set retries before a budget or renewal write gives up (contention only).

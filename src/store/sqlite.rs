@@ -16,7 +16,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBeha
 use tokio::sync::{mpsc, oneshot};
 
 use super::types::{Store, StoreError, StoreStats, StoredRegistration, StoredTool};
-use crate::registry::{Limits, Root};
+use crate::registration::Limits;
+use crate::registration::Root;
 use crate::sync::lock;
 
 /// The schema this build writes and reads. A file of a higher version is refused.

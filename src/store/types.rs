@@ -8,7 +8,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::registry::{Limits, Root};
+use crate::registration::Limits;
+use crate::registration::Root;
 
 /// Which backend a store is: the config's `[store] backend` names the same three.
 pub use crate::config::StoreBackend as StoreKind;
