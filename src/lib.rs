@@ -47,11 +47,12 @@ mod tools;
 mod upstream;
 
 pub use config::{Config, ConfigError};
+pub use gateway::handle::Registration;
 pub use gateway::probe::{
     Failure as ProbeFailure, Probe, ProbeError, Reason as ProbeReason, ToolsSeen, UpstreamSeen,
     UpstreamsSeen,
 };
-pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
+pub use gateway::{Gateway, GatewayError, ReleaseReason};
 pub use mcp::LOG_LEVELS;
 pub use registration::{Limits, RegistrationSpec, Root};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};

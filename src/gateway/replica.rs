@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Gateway, GatewayError, ReleaseReason, Replica};
-use crate::store::StoredRegistration;
+use crate::registration::Record as Stored;
 use crate::sync::lock;
 
 impl Gateway {
     /// Serves a registration of the store here (a put seen in the watch or a full read). One
     /// already here only takes the store's expiry (a renewal made on another node). True if
     /// it is served here from now on (its creator waits for this node's acknowledgement).
-    pub(crate) fn adopt(&self, s: StoredRegistration) -> Result<bool, GatewayError> {
+    pub(crate) fn adopt(&self, s: Stored) -> Result<bool, GatewayError> {
         let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
         if let Some(state) = self.registry().get(&s.id) {
             // The budget the store has handed out (a block reserved or given back anywhere).
@@ -84,7 +84,7 @@ impl Gateway {
     pub(crate) fn reconcile(
         &self,
         before: Vec<String>,
-        all: Vec<StoredRegistration>,
+        all: Vec<Stored>,
         revision: Option<u64>,
     ) -> usize {
         let present: std::collections::HashSet<String> = all.iter().map(|s| s.id.clone()).collect();

@@ -3,6 +3,7 @@
 //! - [`spec`]: what a harness asks for ([`RegistrationSpec`], the admin API's body) and the
 //!   checks every registration passes;
 //! - [`grant`]: a grant, parsed once, and the one rule that matches it;
+//! - [`record`]: the durable fields, exactly as every store keeps them ([`Record`]);
 //! - [`state`]: the live registration ([`RegistrationState`]), whose changing parts change
 //!   through its methods only;
 //! - [`budget`]: the call counters, written by its methods only; [`slot`]: the admission of
@@ -20,6 +21,7 @@ pub mod family;
 mod grant;
 mod ids;
 pub mod pins;
+mod record;
 mod slot;
 mod spec;
 mod state;
@@ -29,8 +31,9 @@ pub use budget::Budget;
 pub(crate) use budget::Reserve;
 pub use grant::Grant;
 pub use ids::{id_shaped, new_registration_id, new_registration_id_on, new_token, random_b64};
+pub use record::{agent_paths, restore_order, Record, StoredTool};
 pub(crate) use slot::Slot;
-pub use spec::{Limits, RegistrationSpec, Root};
+pub use spec::{resolve, Limits, RegistrationSpec, Root};
 pub use state::Family;
 pub use state::RegistrationState;
 pub use table::Registry;

@@ -1,9 +1,13 @@
 //! What a harness asks for when it registers an execution ([`RegistrationSpec`]), with its
 //! limits and roots, and the checks every registration passes before anything is resolved.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::tools::InProcessTool;
+use crate::tools::{Backend, GrantedTool, InProcessTool, ToolSet};
+
+use super::Grant;
 
 /// Limits bound to a registration (not to a session, so reconnecting does not reset them).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -169,7 +173,7 @@ impl RegistrationSpec {
             }
         }
         for pattern in &self.tools {
-            super::Grant::parse(pattern)?;
+            Grant::parse(pattern)?;
         }
         Ok(())
     }
@@ -243,4 +247,68 @@ impl RegistrationSpec {
             parent,
         })
     }
+}
+
+/// The tools a (root) registration's grants give: its own tools, then per grant the
+/// in-process tools of `catalog` and the upstream tools it matches. Each grant must match a
+/// tool (the error says why it matched none: `has_upstream` tells a configured upstream), and
+/// no two tools may be exposed under one name.
+pub fn resolve(
+    spec: &RegistrationSpec,
+    catalog: &BTreeMap<String, InProcessTool>,
+    upstream_tools: &[GrantedTool],
+    has_upstream: impl Fn(&str) -> bool,
+) -> Result<ToolSet, String> {
+    let mut granted: Vec<GrantedTool> = Vec::new();
+    for t in &spec.local_tools {
+        granted.push(GrantedTool {
+            name: t.name().to_string(),
+            descriptor: t.shared_descriptor(),
+            backend: Backend::InProcess(t.clone()),
+        });
+    }
+    for pattern in &spec.tools {
+        let grant = Grant::parse(pattern)?;
+        let before = granted.len();
+        for (name, t) in catalog.iter().filter(|(n, _)| grant.matches(n)) {
+            granted.push(GrantedTool {
+                name: name.clone(),
+                descriptor: t.shared_descriptor(),
+                backend: Backend::InProcess(t.clone()),
+            });
+        }
+        granted.extend(
+            upstream_tools
+                .iter()
+                .filter(|t| matches!(t.backend, Backend::Upstream { .. }) && grant.grants(t))
+                .cloned(),
+        );
+        if granted.len() == before {
+            let prefix = grant.upstream();
+            return Err(match prefix {
+                Some(p) if has_upstream(p) => format!(
+                    "grant {pattern:?} matches no tool: upstream {p:?} has no tool by that name"
+                ),
+                Some(p) => format!(
+                    "grant {pattern:?} matches no tool: {p:?} is not a configured upstream and no in-process tool has that name"
+                ),
+                None => format!(
+                    "grant {pattern:?} matches no tool: no in-process tool or upstream tool has that name"
+                ),
+            });
+        }
+    }
+    let described = granted.iter().map(|t| {
+        let who = match &t.backend {
+            Backend::InProcess(_) => format!("in-process tool {:?}", t.name),
+            Backend::Upstream { grant_name, .. } => format!("upstream tool {grant_name:?}"),
+        };
+        (t.name.as_str(), who)
+    });
+    if let Some((name, a, b)) = crate::tool_name::first_collision(described) {
+        return Err(format!(
+            "tool name collision: {a} and {b} are both exposed as {name:?}; rename one (the upstream's `rename`) or choose another separator"
+        ));
+    }
+    Ok(ToolSet::new(granted))
 }

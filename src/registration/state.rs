@@ -19,7 +19,7 @@ use crate::tools::ToolSet;
 use super::ids::token_digest;
 use crate::sync::lock;
 
-use super::{Budget, Grant, Limits, RegistrationSpec, Root};
+use super::{Budget, Grant, Limits, Record, RegistrationSpec, Root, StoredTool};
 
 /// The live state of one registration. Shared by the registry, its sessions and its calls.
 pub struct RegistrationState {
@@ -223,36 +223,53 @@ impl RegistrationState {
         self
     }
 
-    /// A registration read back from the store (`spec` holds what the harness asked for):
-    /// its token digest, times and budget as stored (calls reserved before the restart count
-    /// as spent: a crash loses the block in hand, never gives calls back).
-    pub(crate) fn restored(
-        id: String,
-        token_sha256: [u8; 32],
-        spec: &RegistrationSpec,
-        tools: ToolSet,
-        created_at_ms: i64,
-        expires_at_ms: u64,
-        calls_reserved: u64,
-    ) -> Self {
-        let created_at =
-            chrono::DateTime::from_timestamp_millis(created_at_ms).unwrap_or_else(chrono::Utc::now);
-        let mut state = RegistrationState::new(id, "", spec, tools);
-        state.token_digest = token_sha256;
-        state.created_at = created_at;
-        state.expires_at_ms = AtomicU64::new(expires_at_ms);
-        state.budget = Budget::restored(calls_reserved);
+    /// A registration read back from the store, served with `tools`: its token digest,
+    /// times and budget as stored (calls reserved before the restart count as spent: a crash
+    /// loses the block in hand, never gives calls back).
+    pub(crate) fn from_record(r: &Record, tools: ToolSet) -> Self {
+        let spec = RegistrationSpec {
+            agent_id: r.agent_id.clone(),
+            tools: r.grants.clone(),
+            label: r.label.clone(),
+            ttl_s: r.ttl_s,
+            limits: r.limits.clone(),
+            local_tools: Vec::new(),
+            roots: r.roots.clone(),
+            parent: r.parent.clone(),
+        };
+        let mut state = RegistrationState::new(r.id.clone(), "", &spec, tools);
+        state.token_digest = r.token_sha256;
+        state.created_at = chrono::DateTime::from_timestamp_millis(r.created_at_ms)
+            .unwrap_or_else(chrono::Utc::now);
+        state.expires_at_ms = AtomicU64::new(r.expires_at_ms);
+        state.budget = Budget::restored(r.calls_reserved);
         state
+    }
+
+    /// This registration as the store keeps it (the token's digest, never the token), with
+    /// `calls_reserved` of its budget handed out.
+    pub(crate) fn record(&self, calls_reserved: u64) -> Record {
+        Record {
+            id: self.id.clone(),
+            agent_id: self.agent_id.to_string(),
+            label: self.label.clone(),
+            token_sha256: self.token_digest,
+            grants: self.grants.iter().map(|g| g.as_str().to_string()).collect(),
+            tools: self.tools.iter().map(StoredTool::of).collect(),
+            limits: self.limits.clone(),
+            roots: self.roots.clone(),
+            ttl_s: self.ttl_s,
+            created_at_ms: self.created_at.timestamp_millis(),
+            expires_at_ms: self.expires_at_ms(),
+            node: self.id.split_once('.').map(|(n, _)| n.to_string()),
+            calls_reserved,
+            parent: self.family.parent.as_ref().map(|p| p.id.clone()),
+        }
     }
 
     /// The call counters (read them here; [`Budget`] is their only writer).
     pub fn budget(&self) -> &Budget {
         &self.budget
-    }
-
-    /// The SHA-256 digest of the token (what the store keeps; never the token).
-    pub(crate) fn token_sha256(&self) -> [u8; 32] {
-        self.token_digest
     }
 
     /// Takes every reserved call not spent out of this node's hand (to give it back to the
@@ -329,6 +346,37 @@ impl RegistrationState {
     /// returns the old one.
     pub(crate) fn move_expiry(&self, at_ms: u64) -> u64 {
         self.expires_at_ms.swap(at_ms, Ordering::Relaxed)
+    }
+
+    /// The wall-clock end (ms) of this registration's lease renewed for `ttl_s` from now,
+    /// never past its parent's, and the time until it.
+    pub(crate) fn renewed_deadline(&self, ttl_s: u64) -> (u64, std::time::Duration) {
+        let wall = chrono::Utc::now().timestamp_millis().max(0) as u64;
+        let mut at = wall.saturating_add(ttl_s.saturating_mul(1000));
+        if let Some(parent) = &self.family.parent {
+            let cap = parent.expires_at_ms();
+            if cap != 0 {
+                at = at.min(cap);
+            }
+        }
+        (
+            at,
+            std::time::Duration::from_millis(at.saturating_sub(wall)),
+        )
+    }
+
+    /// A renewal's TTL: `ttl_s` (default: its own), cut so that a child's lease ends no later
+    /// than its parent's. `None`: it has no TTL.
+    pub(crate) fn renewal_ttl(&self, ttl_s: Option<u64>) -> Option<u64> {
+        let mut ttl = ttl_s.or(self.ttl_s)?;
+        if let Some(parent) = &self.family.parent {
+            let end = parent.expires_at_ms();
+            if end != 0 {
+                let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+                ttl = ttl.min(end.saturating_sub(now).div_ceil(1000).max(1));
+            }
+        }
+        Some(ttl)
     }
 
     /// The expiry as RFC 3339, if the registration has a TTL.
