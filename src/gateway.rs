@@ -56,31 +56,8 @@ pub enum GatewayError {
     Store(#[from] crate::store::StoreError),
 }
 
-/// Why a registration ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseReason {
-    Released,
-    Expired,
-    Shutdown,
-}
-
-impl ReleaseReason {
-    fn event(self) -> &'static str {
-        match self {
-            ReleaseReason::Released | ReleaseReason::Shutdown => "registration_released",
-            ReleaseReason::Expired => "registration_expired",
-        }
-    }
-
-    /// The metrics label of the reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReleaseReason::Released => "released",
-            ReleaseReason::Expired => "expired",
-            ReleaseReason::Shutdown => "shutdown",
-        }
-    }
-}
+pub use crate::registration::lifecycle::ReleaseReason;
+pub(crate) use crate::registration::lifecycle::Replica;
 
 struct RunningServer {
     addr: SocketAddr,
@@ -466,20 +443,6 @@ impl Gateway {
     fn create_revision(&self, _id: &str) -> Option<u64> {
         None
     }
-}
-
-/// Where a release's end comes from: this node's own release (it deletes the store's row),
-/// or a delete a cluster node saw in the store's watch.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Replica {
-    No,
-    /// `why`: the record's reason (`None`: the delete was this node's own release, seen
-    /// before its request finished); `revision`: the delete's.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    Deleted {
-        why: Option<&'static str>,
-        revision: Option<u64>,
-    },
 }
 
 fn lifecycle_record<'a>(event: &'a str, state: &'a RegistrationState) -> Record<'a> {

@@ -170,51 +170,14 @@ impl Gateway {
         }
     }
 
-    /// The one release path: explicit release, guard drop, TTL expiry, admin DELETE, shutdown.
-    /// The registry entry goes first, so the very next request answers 404.
+    /// The one release path: explicit release, guard drop, TTL expiry, admin DELETE, shutdown
+    /// (`registration::lifecycle::close`).
     pub(crate) fn close_registration(
         &self,
         id: &str,
         reason: ReleaseReason,
     ) -> Option<Arc<RegistrationState>> {
-        // Its descendants first, deepest first, each closed like this one; its release
-        // (`finish_release`) finishes theirs before its own.
-        let children = self
-            .inner
-            .hub
-            .registry()
-            .get(id)
-            .map(|s| s.family.children())
-            .unwrap_or_default();
-        let mut closed_children = Vec::new();
-        for child in children {
-            if let Some(c) = self.close_registration(&child, reason) {
-                closed_children.push(c);
-            }
-        }
-        let removed = {
-            let mut lc = lock(&self.inner.lifecycle);
-            let removed = self.inner.hub.registry().remove(id);
-            if removed.is_some() && self.inner.hub.registry().is_empty() && lc.pins == 0 {
-                self.schedule_stop(&mut lc);
-            }
-            removed
-        };
-        let state = removed?;
-        state.family.closed_with(closed_children);
-        if let Some(parent) = &state.family.parent {
-            parent.family.remove_child(id);
-        }
-        self.inner.deadlines.remove(id);
-        self.inner
-            .hub
-            .metrics()
-            .registration_closed(reason.as_str());
-        state.release();
-        state.close_calls();
-        let closed = self.inner.hub.sessions().close_registration(id);
-        tracing::info!(registration = %id, sessions = closed, ?reason, "released");
-        Some(state)
+        crate::registration::lifecycle::close(self, id, reason)
     }
 
     /// Extends a registration's TTL by `ttl_s` (default: its own `ttl_s`) from now and
@@ -232,41 +195,14 @@ impl Gateway {
         }
     }
 
-    /// [`Gateway::renew`], answered only once the store has committed the new expiry.
+    /// [`Gateway::renew`], answered only once the store has committed the new expiry
+    /// (`registration::lifecycle::renew`).
     pub async fn renew_committed(
         &self,
         id: &str,
         ttl_s: Option<u64>,
     ) -> Result<Option<Option<String>>, GatewayError> {
-        let Some(state) = self.inner.hub.registry().get(id) else {
-            return Ok(None);
-        };
-        let Some(ttl) = state.renewal_ttl(ttl_s) else {
-            return Ok(Some(None));
-        };
-        // One decision with the expiry (`expiry::Deadlines::renew`): a deadline passed or
-        // taken by the sweep is not moved, and the renewal is answered 404.
-        let (at, after) = state.renewed_deadline(ttl);
-        let renewal = self.inner.deadlines.renew(id, after, || {
-            state.move_expiry(at);
-        });
-        if renewal == crate::registration::expiry::Renewal::Expired {
-            return Ok(None);
-        }
-        self.start_sweep();
-        // A release that raced with the renewal wins: do not leave a deadline behind.
-        if self.inner.hub.registry().get(id).is_none() || state.is_released() {
-            self.inner.deadlines.remove(id);
-            return Ok(None);
-        }
-        self.store().renew(id, state.expires_at_ms()).await?;
-        let _ = self
-            .inner
-            .hub
-            .audit()
-            .record(lifecycle_record("registration_renewed", &state))
-            .await;
-        Ok(Some(state.expires_at()))
+        Ok(crate::registration::lifecycle::renew(self, id, ttl_s).await?)
     }
 
     /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
@@ -335,50 +271,7 @@ impl Gateway {
         reason: ReleaseReason,
         replica: Replica,
     ) -> Result<(), crate::store::StoreError> {
-        // The children closed with it end first (their store rows, calls, leases and records).
-        let children = state.family.take_closed();
-        for child in children {
-            if let Err(e) = Box::pin(self.finish_release_from(&child, reason, replica)).await {
-                tracing::error!(registration = %child.id, error = %e, "a child's release not stored");
-            }
-        }
-        let (stored, elsewhere, revision) = match replica {
-            Replica::No => (
-                self.store().release(&state.id).await.map(|_| ()),
-                None,
-                self.release_revision(&state.id),
-            ),
-            Replica::Deleted { why, revision } => (Ok(()), why, revision),
-        };
-        // Cancel first (the calls' tokens fired in `close_registration`; each upstream call sends
-        // `notifications/cancelled` before its task ends), then release leases and connections.
-        let _ = tokio::time::timeout(Duration::from_secs(5), state.calls.wait()).await;
-        // Its live tasks are cancelled upstream (`tasks/cancel`) and audited while its
-        // connections and leases still serve it.
-        crate::mcp::tasks::release(&self.inner.hub, state).await;
-        let _ = tokio::time::timeout(
-            Duration::from_secs(10),
-            self.inner.hub.pool().release_registration(&state.id),
-        )
-        .await;
-        // Its folded failed authentications first: a record about it never follows its end.
-        self.inner.hub.refusals().flush_registration(&state.id);
-        let mut rec = lifecycle_record(reason.event(), state);
-        if reason == ReleaseReason::Shutdown {
-            rec.reason = Some("shutdown".into());
-        }
-        if let Some(why) = elsewhere {
-            rec.reason = Some(why.into());
-        }
-        // A cluster node: the revision of the store's delete (R), the release's decision.
-        rec.store_revision = revision;
-        let cascade;
-        if let Some(parent) = state.family.parent.as_ref().filter(|p| p.is_released()) {
-            cascade = format!("with its parent {}", parent.id);
-            rec.reason = Some(cascade.as_str().into());
-        }
-        let _ = self.inner.hub.audit().record(rec).await;
-        stored
+        crate::registration::lifecycle::finish(self, state, reason, replica).await
     }
 
     /// Stops everything but keeps the registrations in the store for the next start (a
@@ -561,4 +454,66 @@ pub struct Restored {
     pub live: usize,
     /// Expired while the process was down: audited and released.
     pub expired: usize,
+}
+
+/// The server's side of the registration lifecycle (`registration::lifecycle`).
+impl crate::registration::lifecycle::Server for Gateway {
+    fn registry(&self) -> &crate::registration::Registry {
+        self.inner.hub.registry()
+    }
+
+    fn deadlines(&self) -> &crate::registration::expiry::Deadlines {
+        &self.inner.deadlines
+    }
+
+    fn store(&self) -> &dyn crate::store::Store {
+        &**self.inner.hub.store()
+    }
+
+    fn audit(&self) -> &crate::audit::Audit {
+        self.inner.hub.audit()
+    }
+
+    fn unserve(&self, id: &str) -> Option<Arc<RegistrationState>> {
+        let mut lc = lock(&self.inner.lifecycle);
+        let removed = self.inner.hub.registry().remove(id);
+        if removed.is_some() && self.inner.hub.registry().is_empty() && lc.pins == 0 {
+            self.schedule_stop(&mut lc);
+        }
+        removed
+    }
+
+    fn close_sessions(&self, id: &str, reason: ReleaseReason) -> usize {
+        self.inner
+            .hub
+            .metrics()
+            .registration_closed(reason.as_str());
+        self.inner.hub.sessions().close_registration(id)
+    }
+
+    fn start_sweep(&self) {
+        Gateway::start_sweep(self);
+    }
+
+    fn end_served<'a>(
+        &'a self,
+        state: &'a Arc<RegistrationState>,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // Its live tasks are cancelled upstream (`tasks/cancel`) and audited while its
+            // connections and leases still serve it.
+            crate::mcp::tasks::release(&self.inner.hub, state).await;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(10),
+                self.inner.hub.pool().release_registration(&state.id),
+            )
+            .await;
+            // Its folded failed authentications first: a record about it never follows its end.
+            self.inner.hub.refusals().flush_registration(&state.id);
+        })
+    }
+
+    fn release_revision(&self, id: &str) -> Option<u64> {
+        Gateway::release_revision(self, id)
+    }
 }

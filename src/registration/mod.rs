@@ -10,6 +10,8 @@
 //!   a call against them, which hands out a [`Slot`] guard;
 //! - [`family`], [`expiry`], [`pins`]: sub-agents, TTL deadlines, pinned tool definitions;
 //! - [`table`]: the live registrations by id ([`Registry`]);
+//! - [`lifecycle`]: close, finish and renew, one path each, reaching the server through
+//!   `lifecycle::Server` (the gateway implements it);
 //! - [`ids`]: registration ids and bearer tokens.
 //!
 //! Invariant: a token is compared (in constant time) with its own registration's token only;
@@ -20,6 +22,7 @@ pub mod expiry;
 pub mod family;
 mod grant;
 mod ids;
+pub mod lifecycle;
 pub mod pins;
 mod record;
 mod slot;
