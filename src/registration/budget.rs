@@ -80,6 +80,7 @@ impl Budget {
     }
 
     /// What the store has handed out, as a cluster node's replica read it.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn learn_store_reserved(&self, reserved: u64) {
         self.store_reserved.store(reserved, Ordering::Release);
     }
