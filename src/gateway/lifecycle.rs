@@ -317,100 +317,10 @@ impl Gateway {
     /// Loads the store's registrations (the daemon's start): each whose TTL has not passed is
     /// served again under its id and token (its sessions are gone: clients initialize again,
     /// and its upstream connections open on its first call); each whose TTL passed while the
-    /// process was down is audited `registration_expired` with the time, then released.
-    pub async fn restore(&self) -> Result<Restored, GatewayError> {
-        let mut all = self.store().load_all().await?;
-        crate::registration::restore_order(&mut all);
-        // A child's agent path, from the stored rows (a child that does not come back is
-        // audited with its chain too, as it would have been live).
-        let paths = crate::registration::agent_paths(&all);
-        let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
-        let catalog = lock(&self.inner.catalog).clone();
-        let mut done = Restored::default();
-        for s in all {
-            if s.expired_at(now) {
-                let mut rec = Record::about(
-                    "registration_expired",
-                    &s.id,
-                    &s.agent_id,
-                    s.label.as_deref(),
-                );
-                rec.reason = Some("expired while the daemon was down".into());
-                if let Some(pid) = &s.parent {
-                    rec.rare_mut().parent_registration_id = Some(pid.as_str().into());
-                    rec.rare_mut().agent_path = paths.get(&s.id).map(|p| p.as_slice().into());
-                }
-                rec.rare_mut().expired_at =
-                    chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64).map(|t| {
-                        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-                            .into()
-                    });
-                self.audit().record(rec).await?;
-                self.store().release(&s.id).await?;
-                done.expired += 1;
-                continue;
-            }
-            // A child comes back under its parent (stored before it); one whose parent did not
-            // come back ended with it.
-            let family = match &s.parent {
-                None => Family::default(),
-                Some(pid) => match self.inner.hub.registry().get(pid) {
-                    Some(p) => Family::child_of(&p, &s.agent_id),
-                    None => {
-                        let mut rec = Record::about(
-                            "registration_released",
-                            &s.id,
-                            &s.agent_id,
-                            s.label.as_deref(),
-                        );
-                        rec.reason = Some(format!("its parent {pid} did not come back").into());
-                        rec.rare_mut().parent_registration_id = Some(pid.as_str().into());
-                        rec.rare_mut().agent_path = paths.get(&s.id).map(|p| p.as_slice().into());
-                        self.audit().record(rec).await?;
-                        self.store().release(&s.id).await?;
-                        done.expired += 1;
-                        continue;
-                    }
-                },
-            };
-            let state = self.serve_stored(&s, &catalog, family, now)?;
-            let mut rec = lifecycle_record("registration_restored", &state);
-            rec.tools = Some(state.tools.names());
-            self.audit().record(rec).await?;
-            self.metrics().registration_created();
-            done.live += 1;
-        }
-        // The upstreams' tools may have changed while the process was down: each upstream a
-        // restored registration uses is asked for its catalog now, in the background, and
-        // every registration compared with its pins (`pins`), as on a `list_changed`.
-        let upstreams: std::collections::BTreeSet<String> = self
-            .inner
-            .hub
-            .registry()
-            .all()
-            .iter()
-            .flat_map(|r| {
-                r.tools
-                    .iter()
-                    .filter_map(|t| t.upstream().map(str::to_string))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        if !upstreams.is_empty() {
-            let hub = self.inner.hub.clone();
-            self.inner.tasks.spawn(async move {
-                for id in upstreams {
-                    match hub.pool().catalog(&id).await {
-                        Ok(_) => {
-                            use crate::upstream::Downstream;
-                            hub.tools_changed(&id).await;
-                        }
-                        Err(e) => tracing::warn!(upstream = %id, error = %e, "restored registrations: the upstream's tools could not be read to compare with their pins"),
-                    }
-                }
-            });
-        }
-        Ok(done)
+    /// process was down is audited `registration_expired` with the time, then released
+    /// (`registration::lifecycle::restore`).
+    pub async fn restore(&self) -> Result<crate::registration::lifecycle::Restored, GatewayError> {
+        crate::registration::lifecycle::restore(self).await
     }
 
     /// Serves a stored registration here under its id and token digest, in `family` (a
@@ -447,17 +357,10 @@ impl Gateway {
     }
 }
 
-/// What [`Gateway::restore`] found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Restored {
-    /// Served again.
-    pub live: usize,
-    /// Expired while the process was down: audited and released.
-    pub expired: usize,
-}
-
 /// The server's side of the registration lifecycle (`registration::lifecycle`).
 impl crate::registration::lifecycle::Server for Gateway {
+    type Error = GatewayError;
+
     fn registry(&self) -> &crate::registration::Registry {
         self.inner.hub.registry()
     }
@@ -515,5 +418,38 @@ impl crate::registration::lifecycle::Server for Gateway {
 
     fn release_revision(&self, id: &str) -> Option<u64> {
         Gateway::release_revision(self, id)
+    }
+
+    fn catalog(&self) -> BTreeMap<String, InProcessTool> {
+        lock(&self.inner.catalog).clone()
+    }
+
+    fn serve_record(
+        &self,
+        r: &Stored,
+        catalog: &BTreeMap<String, InProcessTool>,
+        family: Family,
+        now_ms: u64,
+    ) -> Result<Arc<RegistrationState>, GatewayError> {
+        self.serve_stored(r, catalog, family, now_ms)
+    }
+
+    fn served(&self) {
+        self.inner.hub.metrics().registration_created();
+    }
+
+    fn recheck_pins(&self, upstreams: std::collections::BTreeSet<String>) {
+        let hub = self.inner.hub.clone();
+        self.inner.tasks.spawn(async move {
+            for id in upstreams {
+                match hub.pool().catalog(&id).await {
+                    Ok(_) => {
+                        use crate::upstream::Downstream;
+                        hub.tools_changed(&id).await;
+                    }
+                    Err(e) => tracing::warn!(upstream = %id, error = %e, "restored registrations: the upstream's tools could not be read to compare with their pins"),
+                }
+            }
+        });
     }
 }

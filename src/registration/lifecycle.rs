@@ -1,25 +1,28 @@
 //! The registration's side of its lifecycle, one path each: the close every release goes
 //! through ([`close`]: explicit release, guard drop, TTL expiry, admin DELETE, shutdown), its
-//! finish ([`finish`]: store, calls, the server's part, audit), and the renewal ([`renew`]).
+//! finish ([`finish`]: store, calls, the server's part, audit), the renewal ([`renew`]) and
+//! the restore of the store's registrations at a start ([`restore`]).
 //! The server's part is reached through [`Server`], which the gateway implements, so this
-//! wing never names the gateway (no import circle). Create and restore start here too: the
-//! gateway's `register` and `restore` check and resolve through `spec`, then serve.
+//! wing never names the gateway (no import circle). A creation is the gateway's
+//! (`gateway::lifecycle::register`: it checks and resolves through `spec`, then serves).
 //!
 //! Invariant: the registry entry goes first, so the very next request answers 404; then
 //! the registration is marked released and its token fires (streams end, calls are
 //! cancelled), then its sessions close. Descendants close first, deepest first, and their
 //! finish comes before their parent's.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::audit::Audit;
+use crate::audit::{Audit, AuditError, Record as AuditRecord};
 use crate::store::{Store, StoreError};
+use crate::tools::InProcessTool;
 
 use super::expiry::{Deadlines, Renewal};
-use super::{RegistrationState, Registry};
+use super::{agent_paths, restore_order, Family, Record, RegistrationState, Registry};
 
 /// Why a registration ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +67,8 @@ pub(crate) enum Replica {
 
 /// What the lifecycle needs of the server that serves registrations (the gateway).
 pub(crate) trait Server: Sync {
+    /// Why serving failed (a store's or the audit's failure among them).
+    type Error: From<StoreError> + From<AuditError>;
     /// The live registrations.
     fn registry(&self) -> &Registry;
     /// The TTL deadlines.
@@ -85,6 +90,22 @@ pub(crate) trait Server: Sync {
     fn end_served<'a>(&'a self, state: &'a Arc<RegistrationState>) -> BoxFuture<'a, ()>;
     /// A cluster node: the store revision of this node's release of `id`.
     fn release_revision(&self, id: &str) -> Option<u64>;
+    /// The gateway's in-process tools, by name.
+    fn catalog(&self) -> BTreeMap<String, InProcessTool>;
+    /// Serves a stored registration again under its id and token digest, in `family`: its
+    /// tools found again in `catalog`, the server started if need be, its TTL armed.
+    fn serve_record(
+        &self,
+        r: &Record,
+        catalog: &BTreeMap<String, InProcessTool>,
+        family: Family,
+        now_ms: u64,
+    ) -> Result<Arc<RegistrationState>, Self::Error>;
+    /// A registration is served (created or restored): counted.
+    fn served(&self);
+    /// Asks each of `upstreams` for its tools, in the background, and compares every
+    /// registration with its pins, as on a `list_changed`.
+    fn recheck_pins(&self, upstreams: BTreeSet<String>);
 }
 
 /// The one close path: descendants first, deepest first, each closed like this one (its
@@ -197,4 +218,94 @@ pub(crate) async fn renew(
         .record(state.audit_record("registration_renewed"))
         .await;
     Ok(Some(state.expires_at()))
+}
+
+/// What [`restore`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// Served again.
+    pub live: usize,
+    /// Expired while the process was down, or a child whose parent did not come back:
+    /// audited and released.
+    pub expired: usize,
+}
+
+/// Loads the store's registrations (a start): parents before their children, each whose TTL
+/// has not passed served again under its id and token (its sessions are gone: clients
+/// initialize again, and its upstream connections open on its first call); each whose TTL
+/// passed while the process was down is audited `registration_expired` with the time, then
+/// released, and so is a child whose parent did not come back.
+pub(crate) async fn restore<S: Server>(server: &S) -> Result<Restored, S::Error> {
+    let mut all = server.store().load_all().await?;
+    restore_order(&mut all);
+    // A child's agent path, from the stored rows (a child that does not come back is
+    // audited with its chain too, as it would have been live).
+    let paths = agent_paths(&all);
+    let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+    let catalog = server.catalog();
+    let mut done = Restored::default();
+    for s in all {
+        let parent = s.parent.as_deref();
+        // A child comes back under its parent (stored before it).
+        let family = match parent.map(|pid| server.registry().get(pid)) {
+            None => Some(Family::default()),
+            Some(p) => p.map(|p| Family::child_of(&p, &s.agent_id)),
+        };
+        let ended = if s.expired_at(now) {
+            Some((
+                "registration_expired",
+                "expired while the daemon was down".to_string(),
+            ))
+        } else if family.is_none() {
+            let pid = parent.unwrap_or_default();
+            Some((
+                "registration_released",
+                format!("its parent {pid} did not come back"),
+            ))
+        } else {
+            None
+        };
+        if let Some((event, why)) = ended {
+            let mut rec = AuditRecord::about(event, &s.id, &s.agent_id, s.label.as_deref());
+            rec.reason = Some(why.into());
+            if let Some(pid) = parent {
+                rec.rare_mut().parent_registration_id = Some(pid.into());
+                rec.rare_mut().agent_path = paths.get(&s.id).map(|p| p.as_slice().into());
+            }
+            if s.expired_at(now) {
+                rec.rare_mut().expired_at =
+                    chrono::DateTime::from_timestamp_millis(s.expires_at_ms as i64).map(|t| {
+                        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                            .into()
+                    });
+            }
+            server.audit().record(rec).await?;
+            server.store().release(&s.id).await?;
+            done.expired += 1;
+            continue;
+        }
+        let state = server.serve_record(&s, &catalog, family.unwrap_or_default(), now)?;
+        let mut rec = state.audit_record("registration_restored");
+        rec.tools = Some(state.tools.names());
+        server.audit().record(rec).await?;
+        server.served();
+        done.live += 1;
+    }
+    // The upstreams' tools may have changed while the process was down: every registration
+    // is compared with its pins (`pins`) once its upstreams answered.
+    let upstreams: BTreeSet<String> = server
+        .registry()
+        .all()
+        .iter()
+        .flat_map(|r| {
+            r.tools
+                .iter()
+                .filter_map(|t| t.upstream().map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if !upstreams.is_empty() {
+        server.recheck_pins(upstreams);
+    }
+    Ok(done)
 }
