@@ -7,7 +7,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -29,7 +28,7 @@ use crate::gateway::{Gateway, GatewayError, ReleaseReason};
 use crate::hub::Hub;
 use crate::metrics::Snapshot;
 use crate::refusals::{AuthFailure, Listener, Reason, Refused};
-use crate::registry::{Limits, RegistrationSpec};
+use crate::registry::RegistrationSpec;
 
 /// Where the admin token came from (printed at start; the token itself never is).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,72 +260,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// Parses the body of `POST /v1/registrations`; errors name the field at fault.
 pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let Value::Object(mut m) = v else {
-        return Err("body must be a JSON object with agent_id and tools".into());
-    };
-    let agent_id = match m.remove("agent_id") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s,
-        Some(Value::String(_)) => return Err("agent_id: must not be empty".into()),
-        Some(_) => return Err("agent_id: must be a string".into()),
-        None => return Err("agent_id: required".into()),
-    };
-    let tools = match m.remove("tools") {
-        Some(Value::Array(a)) => a
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| match t {
-                Value::String(s) => Ok(s),
-                _ => Err(format!("tools[{i}]: must be a string")),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => return Err("tools: must be an array of tool names or globs".into()),
-        None => return Err("tools: required (an array of tool names or globs)".into()),
-    };
-    let label = match m.remove("label") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(_) => return Err("label: must be a string".into()),
-    };
-    let ttl_s = match m.remove("ttl_s") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(n) if n > 0 => Some(n),
-            _ => return Err("ttl_s: must be a positive integer (seconds)".into()),
-        },
-    };
-    let limits = match m.remove("limits") {
-        None | Some(Value::Null) => Limits::default(),
-        Some(v) => serde_json::from_value::<Limits>(v).map_err(|e| format!("limits: {e}"))?,
-    };
-    let roots = match m.remove("roots") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            serde_json::from_value::<Vec<crate::registry::Root>>(v).map_err(|e| {
-                format!("roots: {e} (an array of {{\"uri\": \"file://…\", \"name\": …}})")
-            })?,
-        ),
-    };
-    let parent = match m.remove("parent") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() => Some(s),
-        Some(_) => return Err("parent: must be a registration id (a string)".into()),
-    };
-    if let Some(k) = m.keys().next() {
-        return Err(format!(
-            "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots, parent)"
-        ));
-    }
-    Ok(RegistrationSpec {
-        agent_id,
-        tools,
-        label,
-        ttl_s,
-        limits,
-        local_tools: Vec::new(),
-        roots,
-        parent,
-    })
+    RegistrationSpec::from_json(body)
 }
 
 async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
@@ -479,8 +413,8 @@ fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
         "roots": r.roots,
         "expires_at": r.expires_at(),
         "sessions": gw.sessions().count_for(&r.id),
-        "calls_started": r.calls_started.load(Ordering::Relaxed),
-        "calls_in_flight": r.calls_in_flight.load(Ordering::Relaxed),
+        "calls_started": r.budget().started(),
+        "calls_in_flight": r.budget().in_flight(),
         // Its family (issue 39): null and [] for a root registration without children.
         "parent": r.family.parent.as_ref().map(|p| p.id.as_str()),
         "children": r.family.children(),

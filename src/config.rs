@@ -4,10 +4,11 @@
 //! the shipped `config/gatehouse.toml`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+mod validate;
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -463,6 +464,17 @@ pub enum StoreBackend {
     Etcd,
 }
 
+impl StoreBackend {
+    /// The name in the config and in messages: `memory`, `sqlite` or `etcd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreBackend::Memory => "memory",
+            StoreBackend::Sqlite => "sqlite",
+            StoreBackend::Etcd => "etcd",
+        }
+    }
+}
+
 /// The registration store.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -847,216 +859,6 @@ impl Config {
     /// The upstreams with the gateway-wide naming defaults filled in (what the pool runs).
     pub fn resolved_upstreams(&self) -> Vec<UpstreamConfig> {
         self.upstreams.iter().map(|u| self.resolved(u)).collect()
-    }
-
-    /// Checks what serde cannot: addresses, ids, one transport per upstream.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.telemetry.validate().map_err(ConfigError::Invalid)?;
-        self.listen
-            .parse::<SocketAddr>()
-            .map_err(|e| ConfigError::Invalid(format!("listen = {:?}: {e}", self.listen)))?;
-        self.admin_listen.parse::<SocketAddr>().map_err(|e| {
-            ConfigError::Invalid(format!("admin_listen = {:?}: {e}", self.admin_listen))
-        })?;
-        if self.max_body_bytes < 1024 {
-            return Err(ConfigError::Invalid(
-                "max_body_bytes must be at least 1024".into(),
-            ));
-        }
-        if self.keepalive_s == 0 {
-            return Err(ConfigError::Invalid(
-                "keepalive_s must be at least 1".into(),
-            ));
-        }
-        if !(1..=1_000_000).contains(&self.store.budget_block) {
-            return Err(ConfigError::Invalid(
-                "store.budget_block must be 1-1000000".into(),
-            ));
-        }
-        if !(16..=1_048_576).contains(&self.store.queue) {
-            return Err(ConfigError::Invalid(
-                "store.queue must be 16-1048576".into(),
-            ));
-        }
-        let c = &self.connections;
-        if !(1..=3600).contains(&c.header_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.header_timeout_s must be 1-3600".into(),
-            ));
-        }
-        if !(1..=3600).contains(&c.body_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.body_timeout_s must be 1-3600".into(),
-            ));
-        }
-        if !(1..=86_400).contains(&c.idle_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.idle_timeout_s must be 1-86400".into(),
-            ));
-        }
-        if c.max > 1_000_000 {
-            return Err(ConfigError::Invalid(
-                "connections.max must be at most 1000000 (0 = auto, from the open-files limit)"
-                    .into(),
-            ));
-        }
-        let t = &self.tasks;
-        if !(1..=7 * 86_400).contains(&t.max_ttl_s) {
-            return Err(ConfigError::Invalid(
-                "tasks.max_ttl_s must be 1-604800".into(),
-            ));
-        }
-        if !(1..=4096).contains(&t.max_live_per_registration) {
-            return Err(ConfigError::Invalid(
-                "tasks.max_live_per_registration must be 1-4096".into(),
-            ));
-        }
-        if !(100..=3_600_000).contains(&t.min_poll_interval_ms) {
-            return Err(ConfigError::Invalid(
-                "tasks.min_poll_interval_ms must be 100-3600000".into(),
-            ));
-        }
-        let s = &self.sessions;
-        if !(64 * 1024..=1 << 30).contains(&s.queue_bytes) {
-            return Err(ConfigError::Invalid(
-                "sessions.queue_bytes must be 65536-1073741824".into(),
-            ));
-        }
-        if !(1..=65_536).contains(&s.max_in_flight) {
-            return Err(ConfigError::Invalid(
-                "sessions.max_in_flight must be 1-65536".into(),
-            ));
-        }
-        if let Some(node) = &self.node_id {
-            if !valid_node_id(node) {
-                return Err(ConfigError::Invalid(format!(
-                    "node_id = {node:?}: must be 1-{NODE_ID_MAX} characters of [a-z0-9] (registration ids become <node_id>.<random>)"
-                )));
-            }
-        }
-        if self.store.backend == Some(StoreBackend::Etcd) {
-            if self.node_id.is_none() {
-                return Err(ConfigError::Invalid(
-                    "store.backend = \"etcd\" needs node_id (GATEHOUSE_NODE_ID): it names the node's heartbeat and sessions".into(),
-                ));
-            }
-            if self.store.endpoints.is_empty() {
-                return Err(ConfigError::Invalid(
-                    "store.backend = \"etcd\" needs store.endpoints (or GATEHOUSE_STORE=etcd://host:port,...)".into(),
-                ));
-            }
-            if !(100..=60_000).contains(&self.store.timeout_ms) {
-                return Err(ConfigError::Invalid(
-                    "store.timeout_ms must be 100-60000".into(),
-                ));
-            }
-        }
-        let cl = &self.cluster;
-        if !(100..=60_000).contains(&cl.release_bound_ms) {
-            return Err(ConfigError::Invalid(
-                "cluster.release_bound_ms must be 100-60000".into(),
-            ));
-        }
-        if !(10..=10_000).contains(&cl.heartbeat_ms) || cl.heartbeat_ms >= cl.release_bound_ms {
-            return Err(ConfigError::Invalid(
-                "cluster.heartbeat_ms must be 10-10000 and below cluster.release_bound_ms".into(),
-            ));
-        }
-        if crate::tool_name::Separator::parse(&self.tool_name_separator).is_none() {
-            return Err(ConfigError::Invalid(format!(
-                "tool_name_separator = {:?}: must be \".\", \"_\" or \"__\"",
-                self.tool_name_separator
-            )));
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for u in &self.upstreams {
-            if !valid_tool_name(&u.id) || u.id.contains('.') {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream id {:?} must be 1-128 characters of [A-Za-z0-9_-]",
-                    u.id
-                )));
-            }
-            if !seen.insert(u.id.clone()) {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream id {:?} is declared twice",
-                    u.id
-                )));
-            }
-            if u.max_in_flight == 0 {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream {:?}: max_in_flight must be at least 1",
-                    u.id
-                )));
-            }
-            if let Some(n) = u.max_in_flight_per_registration {
-                if n == 0 || n > u.max_in_flight {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: max_in_flight_per_registration must be 1-{} (its max_in_flight)",
-                        u.id, u.max_in_flight
-                    )));
-                }
-            }
-            match (&u.command, &u.url) {
-                (Some(_), None) | (None, Some(_)) => {}
-                _ => {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?} needs exactly one of `command` (stdio) or `url` (HTTP)",
-                        u.id
-                    )))
-                }
-            }
-            u.validate_tls().map_err(ConfigError::Invalid)?;
-            match u.protocol.as_deref() {
-                None | Some(MODERN_PROTOCOL) => {}
-                Some(other) => {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: protocol = {other:?}: expected \"2026-07-28\" (or leave it unset for the handshake)",
-                        u.id
-                    )))
-                }
-            }
-            if let Some(caps) = &u.client_capabilities {
-                if let Some(bad) = caps
-                    .iter()
-                    .find(|c| !CLIENT_CAPABILITIES.contains(&c.as_str()))
-                {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: client_capabilities: unknown capability {bad:?} (expected \"sampling\", \"elicitation\", \"roots\")",
-                        u.id
-                    )));
-                }
-                if u.sharing == Sharing::Shared && !caps.is_empty() {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: client_capabilities cannot be declared on a shared connection: no registration can be named to answer the server's requests (use sharing = \"per_registration\" or \"leased\")",
-                        u.id
-                    )));
-                }
-            }
-            if let Some(sep) = &u.name_separator {
-                if crate::tool_name::Separator::parse(sep).is_none() {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: name_separator = {sep:?}: must be \".\", \"_\" or \"__\"",
-                        u.id
-                    )));
-                }
-            }
-            let rule = self.name_rule_of(u);
-            if rule.model_safe && !rule.bare && rule.separator == crate::tool_name::Separator::Dot {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream {:?}: model-safe tool names cannot contain \".\": set name_separator (or tool_name_separator) to \"_\" or \"__\"",
-                    u.id
-                )));
-            }
-            for (from, to) in &u.rename {
-                if !valid_tool_name(to) {
-                    return Err(ConfigError::Invalid(format!(
-                        "upstream {:?}: rename {from:?} -> {to:?}: names are 1-128 characters of [A-Za-z0-9_.-]",
-                        u.id
-                    )));
-                }
-            }
-        }
-        Ok(())
     }
 }
 

@@ -6,7 +6,6 @@
 //! Invariant: nothing here returns a token or a tool argument: registrations are described
 //! field by field, audit records lose `arguments` in `audit::tail`.
 
-use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
@@ -45,7 +44,7 @@ pub fn stats(gw: &Gateway, upstreams: Value) -> Value {
         .rev()
         .take(MAX_REGISTRATION_ROWS)
         .map(|r| {
-            let expires = r.expires_at_ms.load(Ordering::Relaxed);
+            let expires = r.expires_at_ms();
             json!({
                 "id": r.id,
                 "agent_id": &*r.agent_id,
@@ -54,8 +53,8 @@ pub fn stats(gw: &Gateway, upstreams: Value) -> Value {
                 "ttl_s": r.ttl_s,
                 "ttl_left_s": (expires != 0).then(|| expires.saturating_sub(now_ms) / 1000),
                 "sessions": gw.sessions().count_for(&r.id),
-                "calls_started": r.calls_started.load(Ordering::Relaxed),
-                "calls_in_flight": r.calls_in_flight.load(Ordering::Relaxed),
+                "calls_started": r.budget().started(),
+                "calls_in_flight": r.budget().in_flight(),
                 "parent": r.family.parent.as_ref().map(|p| p.id.as_str()),
             })
         })

@@ -334,10 +334,7 @@ impl Downstream for Hub {
                 Route::Grantees(notice) => {
                     let mut n = 0;
                     for reg in self.registry.all() {
-                        let granted = reg
-                            .grants
-                            .iter()
-                            .any(|g| crate::tools::Grant::new(g).upstream() == Some(upstream_id));
+                        let granted = reg.grants.iter().any(|g| g.upstream() == Some(upstream_id));
                         if granted {
                             n += self.to_registration(&reg.id, notice, &msg).await;
                         }

@@ -22,8 +22,6 @@ mod connections;
 mod console;
 mod demo_upstream;
 mod endpoint;
-mod expiry;
-mod family;
 mod fence;
 mod gateway;
 mod hub;
@@ -32,9 +30,11 @@ mod mcp;
 mod methods;
 mod metrics;
 mod mrtr;
-mod pins;
 mod protocol;
+// The old path of `registration::pins` (modules being moved elsewhere still name it).
+pub(crate) use registration::pins;
 mod refusals;
+mod registration;
 mod registry;
 mod sd_notify;
 mod server;
@@ -49,13 +49,14 @@ mod tools;
 mod upstream;
 
 pub use config::{Config, ConfigError};
+pub use gateway::handle::Registration;
 pub use gateway::probe::{
     Failure as ProbeFailure, Probe, ProbeError, Reason as ProbeReason, ToolsSeen, UpstreamSeen,
     UpstreamsSeen,
 };
-pub use gateway::{Gateway, GatewayError, Registration, ReleaseReason};
+pub use gateway::{Gateway, GatewayError, ReleaseReason};
 pub use protocol::LOG_LEVELS;
-pub use registry::{Limits, RegistrationSpec, Root};
+pub use registration::{Limits, RegistrationSpec, Root};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
 
 /// Internals the integration tests and benches reach; not part of the public API.
@@ -86,7 +87,7 @@ pub mod testing {
         pub use crate::demo_upstream::{serve, serve_echo, HelpdeskOptions};
     }
     pub mod registry {
-        pub use crate::registry::{new_registration_id, new_token};
+        pub use crate::registration::{new_registration_id, new_token};
     }
     pub mod session {
         pub use crate::session::{SessionError, SessionTable, Transport};
@@ -115,7 +116,7 @@ pub mod testing {
         gateway.hub().sessions()
     }
 
-    pub fn registry(gateway: &Gateway) -> &crate::registry::Registry {
+    pub fn registry(gateway: &Gateway) -> &crate::registration::Registry {
         gateway.hub().registry()
     }
 
@@ -150,7 +151,7 @@ pub mod testing {
             .render(&crate::admin::snapshot(gateway))
     }
 
-    pub fn deadlines(gateway: &Gateway) -> &crate::expiry::Deadlines {
+    pub fn deadlines(gateway: &Gateway) -> &crate::registration::expiry::Deadlines {
         gateway.deadlines()
     }
 

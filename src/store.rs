@@ -17,7 +17,7 @@ pub mod memory;
 pub mod sqlite;
 mod types;
 
-pub use types::{block_of, Store, StoreError, StoreStats, StoredRegistration, StoredTool};
+pub use types::{block_of, Store, StoreError, StoreKind, StoreStats};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -280,16 +279,15 @@ async fn case(t: Transport, i: Interruption) -> Vec<String> {
     // The property, once the calls have ended (within 15 s).
     let deadline = Instant::now() + Duration::from_secs(15);
     let settled = |tg: &TestGateway| {
-        let started = state.calls_started.load(Ordering::Acquire);
+        let started = state.budget().started();
         let records = tg.calls();
         let in_flight: usize = sessions.iter().map(|s| s.in_flight()).sum();
         (started, records, in_flight)
     };
     let (started, records, in_flight) = loop {
         let (started, records, in_flight) = settled(&tg);
-        let done = started as usize == records.len()
-            && in_flight == 0
-            && state.calls_in_flight.load(Ordering::Acquire) == 0;
+        let done =
+            started as usize == records.len() && in_flight == 0 && state.budget().in_flight() == 0;
         if done || Instant::now() > deadline {
             break (started, records, in_flight);
         }

@@ -36,6 +36,9 @@ RULES = [
     ("server", ["gateway", "admin", "cli"], []),
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "methods", "cli"], []),
     ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
+    # The registration wing reaches the server through `registration::lifecycle`'s trait only.
+    ("registration", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session",
+                      "methods", "cli"], []),
     # Refusals are observed, never served: no transport, no dispatch, no gateway.
     ("refusals", ["gateway", "hub", "server", "endpoint", "upstream", "call", "methods", "cli"], []),
     ("store", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session", "cli"],
@@ -60,9 +63,10 @@ LAYERS = [
     (6, ["methods", "mcp", "call", "tasks::serve"]),
     (5, ["hub", "tasks::settle", "tasks::driver"]),
     (4, ["upstream", "tasks::wire"]),
-    (3, ["session", "listen", "mrtr", "tasks", "metrics", "expiry", "refusals", "fence"]),
-    (2, ["registry", "family", "connections", "store", "sd_notify"]),
-    (1, ["tools", "pins", "demo_upstream"]),
+    (3, ["session", "listen", "mrtr", "tasks", "metrics", "refusals", "fence"]),
+    # `registry` is the old path of the registration wing's names (a shim).
+    (2, ["registration", "registry", "connections", "store", "sd_notify"]),
+    (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: the protocol (versions, methods, JSON-RPC, the one
     # error value — no dispatch), the config, names, the audit trail, the std-lock helpers.
     (0, ["protocol", "config", "config_load", "tool_name", "audit", "sync", "telemetry", "tls"]),

@@ -1,4 +1,3 @@
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -108,27 +107,23 @@ async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
     );
     let (tool, r) = admit(&reg, "echo", false).await.unwrap_err();
     assert!(tool.is_some() && matches!(r.ended, Ended::AuditDown));
-    assert_eq!(
-        reg.calls_started.load(Ordering::Acquire),
-        0,
-        "refused before the limits"
-    );
+    assert_eq!(reg.budget().started(), 0, "refused before the limits");
     let (_, held) = admit(&reg, "echo", true).await.unwrap();
-    assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 1);
+    assert_eq!(reg.budget().in_flight(), 1);
     let (_, r) = admit(&reg, "echo", true).await.unwrap_err();
     assert!(
         matches!(&r.ended, Ended::Limited(w) if w.contains("max_concurrent")),
         "{r:?}"
     );
     drop(held);
-    assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 0, "given back");
+    assert_eq!(reg.budget().in_flight(), 0, "given back");
     let (_, r) = admit(&reg, "echo", true).await.unwrap_err();
     assert!(
         matches!(&r.ended, Ended::Limited(w) if w.contains("max_calls (2)")),
         "{r:?}"
     );
-    assert_eq!(reg.calls_started.load(Ordering::Acquire), 2);
-    assert_eq!(reg.calls_in_flight.load(Ordering::Acquire), 0);
+    assert_eq!(reg.budget().started(), 2);
+    assert_eq!(reg.budget().in_flight(), 0);
 }
 
 #[test]

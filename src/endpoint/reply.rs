@@ -381,7 +381,7 @@ async fn answer(
             result,
             fence: (gw.clone(), id.clone()),
             ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-            stop: registration.cancel.clone(),
+            stop: registration.cancel.token(),
             guard,
             finish: opts.finish,
             method: opts.method.clone(),

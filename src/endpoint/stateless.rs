@@ -484,7 +484,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
         first: Some(super::event_stream::sse_json("message", &ack)),
         rx: Some(rx),
         ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-        stop: registration.cancel.clone(),
+        stop: registration.cancel.token(),
         id,
         _guard: ListenGuard {
             hub,

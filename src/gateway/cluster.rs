@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Gateway, GatewayError, Inner};
 use crate::audit::Record;
 use crate::hub::Hub;
-use crate::store::etcd::{Doc, EtcdStore};
+use crate::store::etcd::{decode, EtcdStore};
 use crate::sync::lock;
 
 /// Heartbeats whose send time is remembered (a watch further behind proves nothing new).
@@ -131,7 +131,7 @@ impl Node {
         if let Some(id) = rest.strip_prefix("reg/") {
             let Some(gw) = self.gw() else { return false };
             match kind {
-                EventType::Put => match Doc::decode(value) {
+                EventType::Put => match decode(value) {
                     Some(s) => match gw.adopt(s) {
                         Ok(new) => ack = new,
                         Err(e) => {
@@ -171,14 +171,7 @@ impl Node {
     /// The whole prefix at one revision: registrations, peers' applied revisions, revision.
     async fn full_read(
         &self,
-    ) -> Result<
-        (
-            Vec<crate::store::StoredRegistration>,
-            BTreeMap<String, i64>,
-            i64,
-        ),
-        String,
-    > {
+    ) -> Result<(Vec<crate::registration::Record>, BTreeMap<String, i64>, i64), String> {
         let resp = self
             .store
             .read(self.store.prefix().to_string(), true)
@@ -193,7 +186,7 @@ impl Node {
                 continue;
             };
             if rest.starts_with("reg/") {
-                if let Some(s) = Doc::decode(kv.value()) {
+                if let Some(s) = decode(kv.value()) {
                     regs.push(s);
                 }
             } else if let Some(node) = rest.strip_prefix("beat/") {
@@ -513,11 +506,11 @@ async fn budget_keeper(node: Arc<Node>, stop: CancellationToken) {
         let mut due = Vec::new();
         let mut holding = std::collections::HashSet::new();
         for reg in gw.registry().all() {
-            if reg.limits.max_calls.is_none() || reg.calls_left.load(Ordering::Acquire) == 0 {
+            if reg.limits.max_calls.is_none() || reg.budget().in_hand() == 0 {
                 continue;
             }
             holding.insert(reg.id.clone());
-            let started = reg.calls_started.load(Ordering::Acquire);
+            let started = reg.budget().started();
             let e = seen.entry(reg.id.clone()).or_insert((started, now));
             if e.0 != started {
                 *e = (started, now);

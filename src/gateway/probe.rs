@@ -185,7 +185,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest deadline the admin API accepts.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 
-impl super::Registration {
+impl super::handle::Registration {
     /// Probes this registration as its agent would reach it: the MCP round trip over the real
     /// socket with its own token, its tools against its grant, a `ping` to each upstream its
     /// tools come from; all within `timeout` ([`DEFAULT_TIMEOUT`] is 5 s). `Err` carries the

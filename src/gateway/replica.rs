@@ -3,26 +3,23 @@
 //! under the same id and token digest); one released elsewhere, or whose etcd lease ended, is
 //! closed here as a release is (calls cancelled, sessions closed), without a store write.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Gateway, GatewayError, ReleaseReason, Replica};
-use crate::store::StoredRegistration;
+use crate::registration::Record as Stored;
 use crate::sync::lock;
 
 impl Gateway {
     /// Serves a registration of the store here (a put seen in the watch or a full read). One
     /// already here only takes the store's expiry (a renewal made on another node). True if
     /// it is served here from now on (its creator waits for this node's acknowledgement).
-    pub(crate) fn adopt(&self, s: StoredRegistration) -> Result<bool, GatewayError> {
+    pub(crate) fn adopt(&self, s: Stored) -> Result<bool, GatewayError> {
         let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
         if let Some(state) = self.registry().get(&s.id) {
             // The budget the store has handed out (a block reserved or given back anywhere).
-            state
-                .store_reserved
-                .store(s.calls_reserved, Ordering::Release);
-            let old = state.expires_at_ms.swap(s.expires_at_ms, Ordering::Relaxed);
+            state.budget().learn_store_reserved(s.calls_reserved);
+            let old = state.move_expiry(s.expires_at_ms);
             if old != s.expires_at_ms && s.expires_at_ms != 0 {
                 self.arm_deadline(
                     &s.id,
@@ -40,8 +37,8 @@ impl Gateway {
             return Ok(false);
         }
         let family = match s.parent.as_deref().and_then(|p| self.registry().get(p)) {
-            Some(p) => crate::registry::Family::child_of(&p, &s.agent_id),
-            None => crate::registry::Family::default(),
+            Some(p) => crate::registration::Family::child_of(&p, &s.agent_id),
+            None => crate::registration::Family::default(),
         };
         let catalog = lock(&self.inner.catalog).clone();
         self.serve_stored(&s, &catalog, family, now)?;
@@ -87,7 +84,7 @@ impl Gateway {
     pub(crate) fn reconcile(
         &self,
         before: Vec<String>,
-        all: Vec<StoredRegistration>,
+        all: Vec<Stored>,
         revision: Option<u64>,
     ) -> usize {
         let present: std::collections::HashSet<String> = all.iter().map(|s| s.id.clone()).collect();

@@ -30,7 +30,7 @@ const MAX_PAGES: usize = 100;
 /// The upstreams this registration holds a grant on, in grant order.
 pub fn granted_upstreams(ctx: &RequestCtx) -> Vec<String> {
     let pool = ctx.hub.pool();
-    crate::tools::Grant::upstreams_of(&ctx.registration.grants, |up| pool.has_upstream(up))
+    crate::registration::Grant::upstreams_of(&ctx.registration.grants, |up| pool.has_upstream(up))
         .into_iter()
         .map(str::to_string)
         .collect()

@@ -20,10 +20,9 @@ use etcd_client::{
     TxnOp, TxnResponse,
 };
 use futures::future::{BoxFuture, FutureExt};
-use serde::{Deserialize, Serialize};
 
-use super::types::{Store, StoreError, StoreStats, StoredRegistration, StoredTool};
-use crate::registry::{Limits, Root};
+use super::types::{Store, StoreError, StoreStats};
+use crate::registration::Record;
 use crate::sync::lock;
 
 /// Compare-and-set retries before a budget or renewal write gives up (contention only).
@@ -47,76 +46,10 @@ pub struct EtcdOptions {
     pub timeout: Duration,
 }
 
-/// A registration as stored in etcd (JSON).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Doc {
-    pub id: String,
-    pub agent_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
-    /// Hex SHA-256 of the token.
-    pub token_sha256: String,
-    pub grants: Vec<String>,
-    pub tools: Vec<StoredTool>,
-    pub limits: Limits,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub roots: Option<Vec<Root>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_s: Option<u64>,
-    pub created_at_ms: i64,
-    pub expires_at_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    pub calls_reserved: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent: Option<String>,
-}
-
-impl Doc {
-    pub fn of(r: &StoredRegistration) -> Doc {
-        Doc {
-            id: r.id.clone(),
-            agent_id: r.agent_id.clone(),
-            label: r.label.clone(),
-            token_sha256: hex::encode(r.token_sha256),
-            grants: r.grants.clone(),
-            tools: r.tools.clone(),
-            limits: r.limits.clone(),
-            roots: r.roots.clone(),
-            ttl_s: r.ttl_s,
-            created_at_ms: r.created_at_ms,
-            expires_at_ms: r.expires_at_ms,
-            node: r.node.clone(),
-            calls_reserved: r.calls_reserved,
-            parent: r.parent.clone(),
-        }
-    }
-
-    pub fn into_stored(self) -> Option<StoredRegistration> {
-        let mut digest = [0u8; 32];
-        hex::decode_to_slice(&self.token_sha256, &mut digest).ok()?;
-        Some(StoredRegistration {
-            id: self.id,
-            agent_id: self.agent_id,
-            label: self.label,
-            token_sha256: digest,
-            grants: self.grants,
-            tools: self.tools,
-            limits: self.limits,
-            roots: self.roots,
-            ttl_s: self.ttl_s,
-            created_at_ms: self.created_at_ms,
-            expires_at_ms: self.expires_at_ms,
-            node: self.node,
-            calls_reserved: self.calls_reserved,
-            parent: self.parent,
-        })
-    }
-
-    /// A stored value, decoded (`None`: not a registration this version understands).
-    pub fn decode(value: &[u8]) -> Option<StoredRegistration> {
-        serde_json::from_slice::<Doc>(value).ok()?.into_stored()
-    }
+/// A stored value, decoded (`None`: not a registration this version understands). The value
+/// is a [`Record`]'s JSON.
+pub fn decode(value: &[u8]) -> Option<Record> {
+    serde_json::from_slice::<Record>(value).ok()
 }
 
 pub struct EtcdStore {
@@ -353,14 +286,14 @@ impl EtcdStore {
     }
 
     /// Every registration under the prefix and the revision of the read.
-    pub async fn range(&self) -> Result<(Vec<(StoredRegistration, i64)>, i64), StoreError> {
+    pub async fn range(&self) -> Result<(Vec<(Record, i64)>, i64), StoreError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         let resp = self.read(self.reg_key(""), true).await?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let regs = resp
             .kvs()
             .iter()
-            .filter_map(|kv| Doc::decode(kv.value()).map(|r| (r, kv.mod_revision())))
+            .filter_map(|kv| decode(kv.value()).map(|r| (r, kv.mod_revision())))
             .collect();
         Ok((regs, rev))
     }
@@ -411,7 +344,7 @@ impl EtcdStore {
     async fn update<T: Copy>(
         &self,
         id: &str,
-        mut f: impl FnMut(&mut StoredRegistration) -> Option<T>,
+        mut f: impl FnMut(&mut Record) -> Option<T>,
     ) -> Result<Option<T>, StoreError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
         let key = self.reg_key(id);
@@ -419,13 +352,13 @@ impl EtcdStore {
             let Some(kv) = self.get(id).await? else {
                 return Ok(None);
             };
-            let Some(mut reg) = Doc::decode(kv.value()) else {
+            let Some(mut reg) = decode(kv.value()) else {
                 return Err(failed(format!("registration {id}: value not understood")));
             };
             let Some(out) = f(&mut reg) else {
                 return Ok(None);
             };
-            let value = serde_json::to_vec(&Doc::of(&reg)).map_err(failed)?;
+            let value = serde_json::to_vec(&reg).map_err(failed)?;
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     key.clone(),
@@ -447,9 +380,9 @@ impl EtcdStore {
         )))
     }
 
-    async fn create_on(&self, reg: StoredRegistration) -> Result<(), StoreError> {
+    async fn create_on(&self, reg: Record) -> Result<(), StoreError> {
         self.ops.fetch_add(1, Ordering::Relaxed);
-        let value = serde_json::to_vec(&Doc::of(&reg)).map_err(failed)?;
+        let value = serde_json::to_vec(&reg).map_err(failed)?;
         let mut put = PutOptions::new();
         if let Some(ttl) = reg.ttl_s.filter(|_| reg.expires_at_ms != 0) {
             // The lease runs a little past the TTL: each node expires it on its own clock
@@ -475,9 +408,8 @@ impl EtcdStore {
                 async move { c.txn(txn).await }
             })
             .await?;
-        let ours = |kv: &KeyValue| {
-            Doc::decode(kv.value()).is_some_and(|d| d.token_sha256 == reg.token_sha256)
-        };
+        let ours =
+            |kv: &KeyValue| decode(kv.value()).is_some_and(|d| d.token_sha256 == reg.token_sha256);
         let revision = match tried {
             Ok(resp) if resp.succeeded() => resp.header().map_or(0, |h| h.revision()),
             Ok(_) => match self.get(&reg.id).await? {
@@ -567,8 +499,8 @@ impl EtcdStore {
 }
 
 impl Store for EtcdStore {
-    fn kind(&self) -> &'static str {
-        "etcd"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Etcd
     }
 
     fn path(&self) -> Option<&Path> {
@@ -579,7 +511,7 @@ impl Store for EtcdStore {
         true
     }
 
-    fn load_all(&self) -> BoxFuture<'_, Result<Vec<StoredRegistration>, StoreError>> {
+    fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {
         async move {
             let (mut all, _) = self.range().await?;
             all.sort_by(|(a, _), (b, _)| {
@@ -590,7 +522,7 @@ impl Store for EtcdStore {
         .boxed()
     }
 
-    fn create(&self, reg: StoredRegistration) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn create(&self, reg: Record) -> BoxFuture<'_, Result<(), StoreError>> {
         self.create_on(reg).boxed()
     }
 

@@ -7,25 +7,26 @@ use std::sync::Mutex;
 
 use futures::future::{ready, BoxFuture, FutureExt};
 
-use super::types::{Store, StoreError, StoreStats, StoredRegistration};
+use super::types::{Store, StoreError, StoreStats};
+use crate::registration::Record;
 use crate::sync::{lock, HashMap};
 
 #[derive(Default)]
 pub struct MemoryStore {
-    map: Mutex<HashMap<String, StoredRegistration>>,
+    map: Mutex<HashMap<String, Record>>,
     ops: AtomicU64,
 }
 
 impl MemoryStore {
-    fn op<T>(&self, f: impl FnOnce(&mut HashMap<String, StoredRegistration>) -> T) -> T {
+    fn op<T>(&self, f: impl FnOnce(&mut HashMap<String, Record>) -> T) -> T {
         self.ops.fetch_add(1, Ordering::Relaxed);
         f(&mut lock(&self.map))
     }
 }
 
 impl Store for MemoryStore {
-    fn kind(&self) -> &'static str {
-        "memory"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Memory
     }
 
     fn path(&self) -> Option<&Path> {
@@ -36,15 +37,13 @@ impl Store for MemoryStore {
         false
     }
 
-    fn load_all(&self) -> BoxFuture<'_, Result<Vec<StoredRegistration>, StoreError>> {
+    fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {
         let mut all: Vec<_> = self.op(|m| m.values().cloned().collect());
-        all.sort_by(|a: &StoredRegistration, b| {
-            a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id))
-        });
+        all.sort_by(|a: &Record, b| a.created_at_ms.cmp(&b.created_at_ms).then(a.id.cmp(&b.id)));
         ready(Ok(all)).boxed()
     }
 
-    fn create(&self, reg: StoredRegistration) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn create(&self, reg: Record) -> BoxFuture<'_, Result<(), StoreError>> {
         self.op(|m| m.insert(reg.id.clone(), reg));
         ready(Ok(())).boxed()
     }

@@ -15,8 +15,11 @@ use futures::future::{BoxFuture, FutureExt};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot};
 
-use super::types::{Store, StoreError, StoreStats, StoredRegistration, StoredTool};
-use crate::registry::{Limits, Root};
+use super::types::{Store, StoreError, StoreStats};
+use crate::registration::Limits;
+use crate::registration::Record;
+use crate::registration::Root;
+use crate::registration::StoredTool;
 use crate::sync::lock;
 
 /// The schema this build writes and reads. A file of a higher version is refused.
@@ -46,12 +49,12 @@ CREATE TABLE registrations (
 ";
 
 enum Op {
-    LoadAll(oneshot::Sender<Result<Vec<StoredRegistration>, StoreError>>),
+    LoadAll(oneshot::Sender<Result<Vec<Record>, StoreError>>),
     Write(Write, oneshot::Sender<Result<u64, StoreError>>),
 }
 
 enum Write {
-    Create(Box<StoredRegistration>),
+    Create(Box<Record>),
     Renew(String, u64),
     Release(String),
     Reserve(String, u64),
@@ -388,7 +391,7 @@ fn from_json<T: serde::de::DeserializeOwned>(col: usize, s: &str) -> rusqlite::R
     })
 }
 
-fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<StoredRegistration>> {
+fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<Record>> {
     let mut stmt = tx.prepare(
         "SELECT id, agent_id, label, token_sha256, grants, tools, limits, roots, ttl_s, \
          created_at_ms, expires_at_ms, node, calls_reserved, parent FROM registrations \
@@ -410,7 +413,7 @@ fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<StoredRegist
         let ttl: Option<i64> = r.get(8)?;
         let expires: i64 = r.get(10)?;
         let reserved: i64 = r.get(12)?;
-        Ok(StoredRegistration {
+        Ok(Record {
             id: r.get(0)?,
             agent_id: r.get(1)?,
             label: r.get(2)?,
@@ -431,8 +434,8 @@ fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<StoredRegist
 }
 
 impl Store for SqliteStore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Sqlite
     }
 
     fn path(&self) -> Option<&Path> {
@@ -443,7 +446,7 @@ impl Store for SqliteStore {
         true
     }
 
-    fn load_all(&self) -> BoxFuture<'_, Result<Vec<StoredRegistration>, StoreError>> {
+    fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {
         let tx = self.sender();
         async move {
             let tx = tx.ok_or(StoreError::Closed)?;
@@ -456,7 +459,7 @@ impl Store for SqliteStore {
         .boxed()
     }
 
-    fn create(&self, reg: StoredRegistration) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn create(&self, reg: Record) -> BoxFuture<'_, Result<(), StoreError>> {
         self.write(Write::Create(Box::new(reg)))
             .map(|r| r.map(|_| ()))
             .boxed()
@@ -507,8 +510,8 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
-    fn reg(id: &str, max_calls: Option<u64>) -> StoredRegistration {
-        StoredRegistration {
+    fn reg(id: &str, max_calls: Option<u64>) -> Record {
+        Record {
             id: id.into(),
             agent_id: "agent".into(),
             label: Some("l".into()),
@@ -559,7 +562,7 @@ mod tests {
         assert_eq!(all.len(), 1);
         assert_eq!(
             all[0],
-            StoredRegistration {
+            Record {
                 expires_at_ms: 999,
                 calls_reserved: 7,
                 ..a

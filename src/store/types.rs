@@ -1,14 +1,14 @@
-//! The store's vocabulary: what is kept per registration, the trait both backends
-//! implement, and its errors.
+//! The store's vocabulary: the trait every backend implements (each keeps
+//! `registration::Record`s), and its errors.
 
 use std::path::Path;
-use std::sync::Arc;
 
+use crate::registration::Limits;
+use crate::registration::Record;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::registry::{Limits, Root};
+/// Which backend a store is: the config's `[store] backend` names the same three.
+pub use crate::config::StoreBackend as StoreKind;
 
 /// Why a store operation failed. Messages name the file, never a token.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -26,59 +26,6 @@ pub enum StoreError {
     /// The store was closed.
     #[error("registration store is closed")]
     Closed,
-}
-
-/// One tool of a registration as stored: enough to serve `tools/list` and route a call
-/// after a restart without asking the upstream first.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StoredTool {
-    /// The name the agent sees.
-    pub name: String,
-    /// Upstream tools: the upstream's id (absent: an in-process tool of the gateway catalog,
-    /// found again by name).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<String>,
-    /// Upstream tools: the tool's name at the upstream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    /// Upstream tools: `<upstream>.<tool after rename>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grant_name: Option<String>,
-    /// Upstream tools: the `Tool` object served in `tools/list`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub descriptor: Option<Arc<Value>>,
-}
-
-/// A registration as the store keeps it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredRegistration {
-    pub id: String,
-    pub agent_id: String,
-    pub label: Option<String>,
-    /// SHA-256 of the token (the token itself is never stored).
-    pub token_sha256: [u8; 32],
-    pub grants: Vec<String>,
-    pub tools: Vec<StoredTool>,
-    pub limits: Limits,
-    pub roots: Option<Vec<Root>>,
-    pub ttl_s: Option<u64>,
-    /// Unix ms.
-    pub created_at_ms: i64,
-    /// Unix ms at which the lease ends; 0 = never.
-    pub expires_at_ms: u64,
-    /// The node that created it (`node_id`), if any.
-    pub node: Option<String>,
-    /// Calls of `max_calls` reserved by nodes so far (spent, or in a node's hand).
-    pub calls_reserved: u64,
-    /// A child registration's parent (issue 39): restored after it, released with it.
-    pub parent: Option<String>,
-}
-
-impl StoredRegistration {
-    /// Has its TTL passed at `now_ms`?
-    pub fn expired_at(&self, now_ms: u64) -> bool {
-        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
-    }
 }
 
 /// How many calls of a `max_calls` budget a node may take from the store at once.
@@ -103,17 +50,17 @@ pub struct StoreStats {
 
 /// The registration store. Every write resolves once it is durable (committed), or fails.
 pub trait Store: Send + Sync {
-    /// `memory` or `sqlite`.
-    fn kind(&self) -> &'static str;
+    /// Which backend this is (`memory`, `sqlite` or `etcd`).
+    fn kind(&self) -> StoreKind;
     /// The file, for a file-backed store.
     fn path(&self) -> Option<&Path>;
     /// Whether registrations survive the process (then budgets are reserved block by block).
     fn durable(&self) -> bool;
     /// Every registration kept, in creation order (start-up; expired ones included: the
     /// gateway audits and releases them).
-    fn load_all(&self) -> BoxFuture<'_, Result<Vec<StoredRegistration>, StoreError>>;
+    fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>>;
     /// Adds a registration (its first budget block reserved in `calls_reserved`).
-    fn create(&self, reg: StoredRegistration) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn create(&self, reg: Record) -> BoxFuture<'_, Result<(), StoreError>>;
     /// Moves a registration's expiry; false if it is not in the store.
     fn renew(&self, id: &str, expires_at_ms: u64) -> BoxFuture<'_, Result<bool, StoreError>>;
     /// Removes a registration; false if it was not there. A committed release is final.

@@ -438,12 +438,7 @@ impl Task {
 
     fn give_back_slot(&self) {
         if self.holds_slot.swap(false, Ordering::AcqRel) {
-            self.registration
-                .calls_in_flight
-                .fetch_sub(1, Ordering::AcqRel);
-            for a in self.registration.family.ancestors() {
-                a.calls_in_flight.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.registration.give_back_slot();
         }
     }
 
@@ -546,12 +541,7 @@ impl TaskTable {
         }
         if !new.internal {
             // Its registration's slot and, for a child, each ancestor's (a family shares them).
-            new.registration
-                .calls_in_flight
-                .fetch_add(1, Ordering::AcqRel);
-            for a in new.registration.family.ancestors() {
-                a.calls_in_flight.fetch_add(1, Ordering::AcqRel);
-            }
+            new.registration.hold_slot();
         }
         let (finished, _) = watch::channel(None);
         let task = Arc::new(Task {
@@ -774,7 +764,7 @@ mod tests {
         );
         assert!(table.by_upstream("everything", 2, "up-1").is_none());
         // A live task holds a slot; settling gives it back, once.
-        assert_eq!(a.calls_in_flight.load(Ordering::Acquire), 2);
+        assert_eq!(a.budget().in_flight(), 2);
         assert!(ta.settle(
             Status::Completed,
             None,
@@ -784,7 +774,7 @@ mod tests {
         assert!(!ta.settle(Status::Failed, None, Ok(json!({})), TaskOutcome::Lost));
         assert_eq!(ta.outcome(), Some(TaskOutcome::Completed));
         assert_eq!(ta.status(), Some(Status::Completed));
-        assert_eq!(a.calls_in_flight.load(Ordering::Acquire), 1);
+        assert_eq!(a.budget().in_flight(), 1);
         // A settled status sticks.
         ta.observe(json!({"taskId": "up-1", "status": "working"}));
         assert_eq!(ta.status(), Some(Status::Completed));

@@ -375,7 +375,7 @@ impl Pool {
     /// Every tool of the upstreams named by `grants` (`<upstream>.…`), as agents see them.
     pub async fn tools_for_grants(&self, grants: &[String]) -> Result<Vec<GrantedTool>, String> {
         let mut out = Vec::new();
-        for id in crate::tools::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
+        for id in crate::registration::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
             let catalog = self
                 .catalog(id)
                 .await

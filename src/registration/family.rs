@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use crate::config::ChildrenConfig;
-use crate::registry::{Family, RegistrationSpec, RegistrationState};
-use crate::tools::{grant_matches, valid_grant, Backend, GrantedTool, ToolSet};
+use crate::tools::{Backend, GrantedTool, ToolSet};
+
+use super::{Family, Grant, RegistrationSpec, RegistrationState};
 
 /// What a child is made of: its tools (the parent's, filtered by its grants), its family,
 /// and its spec with TTL and limits bounded by the parent's.
@@ -34,7 +35,7 @@ pub fn child_of(
             parent.family.depth, caps.max_depth
         ));
     }
-    let siblings = crate::sync::lock(&parent.family.children).len();
+    let siblings = parent.family.child_count();
     if siblings >= caps.max_per_registration {
         return Err(format!(
             "parent {pid} has {siblings} live children: children.max_per_registration = {} allows no more",
@@ -51,13 +52,9 @@ pub fn child_of(
     let mut tools: Vec<GrantedTool> = Vec::new();
     let mut outside = Vec::new();
     for pattern in &spec.tools {
-        if !valid_grant(pattern) {
-            return Err(format!(
-                "bad grant {pattern:?}: use a tool name, or a prefix ending in one '*' (e.g. \"helpdesk.*\")"
-            ));
-        }
+        let grant = Grant::parse(pattern)?;
         let before = tools.len();
-        tools.extend(parent.tools.iter().filter(|t| matches(pattern, t)).cloned());
+        tools.extend(parent.tools.iter().filter(|t| matches(&grant, t)).cloned());
         if tools.len() == before {
             outside.push(pattern.as_str());
         }
@@ -84,9 +81,7 @@ pub fn child_of(
         _ => {}
     }
     // TTL: ends no later than the parent's.
-    let parent_end = parent
-        .expires_at_ms
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let parent_end = parent.expires_at_ms();
     if parent_end != 0 {
         let left_s = parent_end.saturating_sub(now_ms).div_ceil(1000).max(1);
         spec.ttl_s = Some(spec.ttl_s.map_or(left_s, |t| t.min(left_s)));
@@ -116,11 +111,8 @@ fn bounded<T: PartialOrd + Copy + std::fmt::Display>(
     }
 }
 
-fn matches(pattern: &str, t: &GrantedTool) -> bool {
-    match &t.backend {
-        Backend::Upstream { grant_name, .. } => {
-            grant_matches(pattern, grant_name) || grant_matches(pattern, &t.name)
-        }
-        Backend::InProcess(_) => grant_matches(pattern, &t.name),
-    }
+/// A child's grant names a tool of its parent by the parent's grant rule, or by the name the
+/// parent's agent sees.
+fn matches(grant: &Grant, t: &GrantedTool) -> bool {
+    grant.grants(t) || (matches!(t.backend, Backend::Upstream { .. }) && grant.matches(&t.name))
 }
