@@ -28,7 +28,7 @@ use crate::gateway::{Gateway, GatewayError, ReleaseReason};
 use crate::hub::Hub;
 use crate::metrics::Snapshot;
 use crate::refusals::{AuthFailure, Listener, Reason, Refused};
-use crate::registry::RegistrationSpec;
+use crate::registration::RegistrationSpec;
 
 /// Where the admin token came from (printed at start; the token itself never is).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +63,7 @@ pub fn admin_token(config: &Config) -> Result<(String, TokenSource), AdminError>
     {
         return Ok((t.trim().to_string(), TokenSource::Env));
     }
-    let token = crate::registry::new_token();
+    let token = crate::registration::new_token();
     write_owner_only(&config.admin_token_file, &token).map_err(|source| AdminError::TokenFile {
         path: config.admin_token_file.display().to_string(),
         source,
@@ -400,7 +400,7 @@ async fn delete(State(st): State<AdminState>, UrlPath(id): UrlPath<String>) -> R
 }
 
 /// One row of `GET /v1/registrations` (never a token).
-fn describe(gw: &Gateway, r: &crate::registry::RegistrationState) -> Value {
+fn describe(gw: &Gateway, r: &crate::registration::RegistrationState) -> Value {
     json!({
         "id": r.id,
         "agent_id": &*r.agent_id,

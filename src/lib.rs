@@ -26,16 +26,12 @@ mod fence;
 mod gateway;
 mod hub;
 mod listen;
-mod mcp;
 mod methods;
 mod metrics;
 mod mrtr;
 mod protocol;
-// The old path of `registration::pins` (modules being moved elsewhere still name it).
-pub(crate) use registration::pins;
 mod refusals;
 mod registration;
-mod registry;
 mod sd_notify;
 mod server;
 mod session;

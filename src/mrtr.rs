@@ -197,7 +197,7 @@ impl HeldCalls {
 pub mod input {
     use serde_json::{json, Map, Value};
 
-    use crate::mcp::ClientCapability;
+    use crate::protocol::ClientCapability;
 
     /// Why `method` may not be asked of a client whose request declared `declared`
     /// (`ClientCapability::bits_of`): it did not declare the capability the method needs.
@@ -230,9 +230,11 @@ mod tests {
 
     #[test]
     fn an_input_request_is_asked_only_with_its_capability_and_answered_by_its_result() {
-        let elicit = crate::mcp::ClientCapability::for_method("elicitation/create")
+        let elicit = crate::protocol::ClientCapability::for_method("elicitation/create")
             .map(|c| {
-                crate::mcp::ClientCapability::bits_of(Some(&serde_json::json!({c.as_str(): {}})))
+                crate::protocol::ClientCapability::bits_of(Some(
+                    &serde_json::json!({c.as_str(): {}}),
+                ))
             })
             .unwrap_or(0);
         assert!(input::undeclared("elicitation/create", 0).is_some());

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 
 use crate::audit::{Audit, Record};
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::sync::{lock, HashMap};
 
 /// At most one `warn` summary per reason per this period.
@@ -133,7 +133,7 @@ impl Reason {
 
     /// Why an id that is no live registration was refused: released lately, or never known
     /// (`Registry::was_released`).
-    pub fn missing_registration(registry: &crate::registry::Registry, id: &str) -> Reason {
+    pub fn missing_registration(registry: &crate::registration::Registry, id: &str) -> Reason {
         if registry.was_released(id) {
             Reason::Released
         } else {

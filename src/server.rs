@@ -292,7 +292,7 @@ fn hot_route(path: &str) -> Option<(&str, Hot)> {
     // A byte scan (a `str` search costs more than the short id it crosses); `/` is one byte.
     let slash = tail.bytes().position(|c| c == b'/')?;
     let (id, rest) = (&tail[..slash], &tail[slash + 1..]);
-    if !crate::registry::id_shaped(id) {
+    if !crate::registration::id_shaped(id) {
         return None;
     }
     match rest {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::SessionConfig;
 use crate::protocol::jsonrpc::{IdKey, Reply};
 use crate::protocol::{log_level_index, ClientCapability};
-use crate::registry::{random_b64, RegistrationState};
+use crate::registration::{random_b64, RegistrationState};
 use crate::sync::lock;
 
 /// The downstream transport a session or request arrived on.

@@ -35,7 +35,6 @@ RULES = [
     ("endpoint", ["gateway", "admin", "cli"], []),
     ("server", ["gateway", "admin", "cli"], []),
     ("session", ["gateway", "hub", "server", "endpoint", "upstream", "call", "methods", "cli"], []),
-    ("registry", ["gateway", "hub", "server", "endpoint", "upstream", "call", "cli"], []),
     # The registration wing reaches the server through `registration::lifecycle`'s trait only.
     ("registration", ["gateway", "hub", "server", "endpoint", "upstream", "call", "session",
                       "methods", "cli"], []),
@@ -45,7 +44,7 @@ RULES = [
      ["axum", "hyper"]),
     # Tasks (issue 51): the table only keeps state; the wire forms are pure translation (no
     # hub, no pool: nothing that does I/O); nothing in tasks/ names the call or a transport.
-    ("tasks::table", ["gateway", "hub", "server", "endpoint", "upstream", "call", "mcp::dispatch",
+    ("tasks::table", ["gateway", "hub", "server", "endpoint", "upstream", "call", "methods",
                       "tasks::wire", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
     ("tasks::wire", ["gateway", "hub", "server", "endpoint", "call", "methods", "tasks::settle", "tasks::driver", "tasks::serve", "cli"], []),
     ("tasks", ["gateway", "server", "endpoint", "admin", "call", "methods::dispatch", "cli"],
@@ -59,13 +58,11 @@ LAYERS = [
     (9, ["gateway"]),
     (8, ["server"]),
     (7, ["endpoint"]),
-    # `mcp` is a re-export shim (and `mcp::tasks`) until it goes (issue 51).
-    (6, ["methods", "mcp", "call", "tasks::serve"]),
+    (6, ["methods", "call", "tasks::serve"]),
     (5, ["hub", "tasks::settle", "tasks::driver"]),
     (4, ["upstream", "tasks::wire"]),
     (3, ["session", "listen", "mrtr", "tasks", "metrics", "refusals", "fence"]),
-    # `registry` is the old path of the registration wing's names (a shim).
-    (2, ["registration", "registry", "connections", "store", "sd_notify"]),
+    (2, ["registration", "connections", "store", "sd_notify"]),
     (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: the protocol (versions, methods, JSON-RPC, the one
     # error value — no dispatch), the config, names, the audit trail, the std-lock helpers.

@@ -8,9 +8,9 @@ use std::borrow::Cow;
 use super::execute::changed_tool_refusal;
 use super::types::{Ended, Refused};
 use crate::audit::Outcome;
-use crate::mcp::jsonrpc;
-use crate::pins::Drift;
-use crate::registry::RegistrationState;
+use crate::protocol::jsonrpc;
+use crate::registration::pins::Drift;
+use crate::registration::RegistrationState;
 use crate::tools::{GrantedTool, ToolResult};
 
 /// An admitted call's hold on its registration (`registration::Slot`), and where its

@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::types::Ended;
 use crate::audit::Outcome;
-use crate::mcp::jsonrpc;
-use crate::mcp::request::RequestCtx;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc;
 use crate::telemetry::CallTrace;
 use crate::tools::{Backend, GrantedTool, ToolContext, ToolResult};
 use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};

@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use super::types::{Ended, Refused};
 use crate::audit::Outcome;
-use crate::mcp::jsonrpc::{self, Reply};
-use crate::mcp::request::RequestCtx;
-use crate::registry::RegistrationState;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::{self, Reply};
+use crate::registration::RegistrationState;
 use crate::telemetry::CallTrace;
 use crate::tools::ToolResult;
 use crate::upstream::CallIds;

@@ -12,8 +12,8 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::jsonrpc::Reply;
-use crate::mcp::request::RequestCtx;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc::Reply;
 use crate::tools::GrantedTool;
 use crate::upstream::CallIds;
 

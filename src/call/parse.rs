@@ -6,8 +6,8 @@ use serde_json::{Map, Value};
 use super::finish::redact;
 use super::types::{Ended, Refused, ToolCall};
 use crate::audit::{args_digest, HexDigest, Outcome, MAX_TOOL_NAME_BYTES};
-use crate::mcp::jsonrpc;
-use crate::mcp::request::RequestCtx;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc;
 use crate::telemetry::{CallTrace, Telemetry};
 
 /// Step 1: the params of a `tools/call`, or why they are refused (malformed: a

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::types::Ended;
 use crate::audit::Outcome;
-use crate::mcp::jsonrpc;
-use crate::mcp::request::RequestCtx;
+use crate::methods::request::RequestCtx;
+use crate::protocol::jsonrpc;
 use crate::tasks::wire;
 use crate::tools::GrantedTool;
 use crate::upstream::CallIds;

@@ -7,11 +7,11 @@ use super::finish::conclude;
 use super::types::{Ended, Refused};
 use super::*;
 use crate::audit::{Outcome, MAX_TOOL_NAME_BYTES};
-use crate::mcp::jsonrpc;
-use crate::registry::RegistrationState;
+use crate::protocol::jsonrpc;
+use crate::registration::RegistrationState;
 use crate::tools::{Backend, ToolResult};
 
-fn registration(limits: crate::registry::Limits) -> RegistrationState {
+fn registration(limits: crate::registration::Limits) -> RegistrationState {
     let tool = crate::tools::InProcessTool::new("echo", "echo", json!({}), |_, _| async {
         Ok(ToolResult::text("hi"))
     });
@@ -20,7 +20,7 @@ fn registration(limits: crate::registry::Limits) -> RegistrationState {
         descriptor: Arc::new(json!({"name": "echo"})),
         backend: Backend::InProcess(tool),
     }]);
-    let spec = crate::registry::RegistrationSpec::new("a").limits(limits);
+    let spec = crate::registration::RegistrationSpec::new("a").limits(limits);
     RegistrationState::new("r".into(), "t", &spec, tools)
 }
 
@@ -95,7 +95,7 @@ async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
         block: 64,
     };
     let admit = |reg, name, healthy| admit(budget, reg, name, healthy);
-    let reg = registration(crate::registry::Limits {
+    let reg = registration(crate::registration::Limits {
         max_calls: Some(2),
         max_concurrent: Some(1),
         call_timeout_s: None,

@@ -20,7 +20,7 @@ use crate::hub::Hub;
 use crate::methods::request::RequestCtx;
 use crate::protocol::jsonrpc;
 use crate::protocol::RpcError;
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::session::{Session, Transport};
 
 /// The headers an agent request's checks read, found in one pass over the map (a lookup by

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::registry::random_b64;
+use crate::registration::random_b64;
 use crate::session::Queued;
 
 /// A keep-alive comment.

@@ -53,7 +53,7 @@ impl Rejection {
     /// A live registration shown a wrong or missing token: audited `auth_failed`.
     pub fn auth_failed(
         mut self,
-        registration: std::sync::Arc<crate::registry::RegistrationState>,
+        registration: std::sync::Arc<crate::registration::RegistrationState>,
         transport: &'static str,
     ) -> Self {
         let missing = self.refused.reason == Reason::MissingToken;
@@ -86,7 +86,7 @@ impl Rejection {
 
     /// The 404 of a registration id that is not live, saying (to the operators, not the
     /// client) whether it was released lately or never known.
-    pub fn unknown_registration(registry: &crate::registry::Registry, id: &str) -> Self {
+    pub fn unknown_registration(registry: &crate::registration::Registry, id: &str) -> Self {
         Self::not_found(
             Reason::missing_registration(registry, id),
             "registration not found",
@@ -203,7 +203,7 @@ mod tests {
     /// reason (there is no default); the named ones fix it.
     #[test]
     fn every_constructor_carries_its_reason() {
-        let registry = crate::registry::Registry::default();
+        let registry = crate::registration::Registry::default();
         let err = || RpcError::invalid_request("x");
         let cases: Vec<(&str, Rejection, StatusCode, Reason)> = vec![
             (

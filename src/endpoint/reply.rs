@@ -59,7 +59,7 @@ fn is_server_request(msg: &Value) -> bool {
 /// declare the capability, or too many calls are held) and the call goes on.
 struct Hold<'a> {
     hub: &'a Arc<Hub>,
-    registration: &'a Arc<crate::registry::RegistrationState>,
+    registration: &'a Arc<crate::registration::RegistrationState>,
     mrtr: &'a Mrtr,
 }
 
@@ -278,7 +278,7 @@ pub(crate) fn call_work(
 /// result (under the retry's id), or the next `input_required`.
 pub(crate) async fn resume(
     hub: Arc<Hub>,
-    registration: Arc<crate::registry::RegistrationState>,
+    registration: Arc<crate::registration::RegistrationState>,
     id: Value,
     held: crate::mrtr::Held,
     opts: ReplyOpts,
@@ -304,7 +304,7 @@ pub(crate) async fn resume(
 /// sender of the notes held while the work runs ([`drain_quietly`]), if the work runs here.
 async fn answer(
     gw: Arc<Hub>,
-    registration: Arc<crate::registry::RegistrationState>,
+    registration: Arc<crate::registration::RegistrationState>,
     id: Value,
     (mut nrx, keep): (mpsc::Receiver<Value>, Option<mpsc::Sender<Value>>),
     mut work: CallWork,
@@ -463,7 +463,7 @@ struct ReplyStream {
     /// Stateless: what a server request of the call needs to become `input_required`.
     mrtr: Option<(
         Arc<Hub>,
-        Arc<crate::registry::RegistrationState>,
+        Arc<crate::registration::RegistrationState>,
         Value,
         Mrtr,
     )>,

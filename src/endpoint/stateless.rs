@@ -16,7 +16,7 @@ use crate::hub::Hub;
 use crate::methods::request::RequestCtx;
 use crate::protocol::jsonrpc::{self, Message, RpcError};
 use crate::protocol::{ALL_VERSIONS, LEGACY_VERSIONS, MODERN_VERSION};
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::session::Transport;
 
 pub use crate::protocol::meta::CLIENT_CAPABILITIES as META_CAPABILITIES;
@@ -431,7 +431,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     // Task ids: honored when the request declared the tasks extension, and only the
     // registration's own (another's id and an unknown one alike are left out).
     let task_ids = string_list(wanted, "taskIds", "task ids").map_err(|m| bad(&m))?;
-    let declared = crate::mcp::tasks::declares_tasks(params.as_ref());
+    let declared = crate::tasks::wire::declares_tasks(params.as_ref());
     let honored_tasks: Vec<String> = task_ids
         .into_iter()
         .filter(|t| {

@@ -33,7 +33,7 @@ use crate::methods::request::RequestCtx;
 use crate::protocol::jsonrpc::{self, Body as RpcBody, Message};
 use crate::protocol::RpcError;
 use crate::protocol::{Version, ALL_VERSIONS, BATCH_VERSION};
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::session::{Outbound, Session, Transport};
 
 /// What a handshake-era request without `MCP-Protocol-Version` is assumed to speak.

@@ -121,7 +121,7 @@ impl Gateway {
     pub async fn release_acks(
         &self,
         id: &str,
-        state: Option<&crate::registry::RegistrationState>,
+        state: Option<&crate::registration::RegistrationState>,
     ) -> Option<crate::fence::Acks> {
         let revision = self.etcd()?.release_revision(id)?;
         let bound = Duration::from_millis(self.config().cluster.release_bound_ms);

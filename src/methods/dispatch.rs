@@ -226,8 +226,8 @@ async fn handle_other(
         Method::LoggingSetLevel => Some(set_log_level(ctx, id, params.as_ref())),
         m if m.is_task() => {
             // TEMPORARY (issue 51): `mcp::tasks` keeps its list until call51 merges.
-            debug_assert!(crate::mcp::tasks::METHODS.contains(&method));
-            Box::pin(crate::mcp::tasks::handle(
+            debug_assert!(crate::tasks::wire::METHODS.contains(&method));
+            Box::pin(crate::tasks::serve::handle(
                 ctx, id, method, params, cancel, trace,
             ))
             .await
@@ -273,7 +273,7 @@ fn tools_list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
     }
     let mut result = Map::new();
     let mut tools = ctx.registration.pins.descriptors(&ctx.registration.tools);
-    tools.iter_mut().for_each(crate::mcp::tasks::listed);
+    tools.iter_mut().for_each(crate::tasks::wire::listed);
     result.insert("tools".into(), Value::Array(tools));
     jsonrpc::success(id, Value::Object(result))
 }

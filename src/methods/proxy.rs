@@ -82,13 +82,13 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
     let tasks = upstreams_with(ctx, "tasks").await;
     if tasks
         .iter()
-        .any(|(_, c)| crate::mcp::tasks::upstream_runs_tasks(c))
+        .any(|(_, c)| crate::tasks::wire::upstream_runs_tasks(c))
     {
         if ctx.session.is_some() {
-            caps["tasks"] = crate::mcp::tasks::capability();
+            caps["tasks"] = crate::tasks::wire::capability();
         } else {
             let mut ext = Map::new();
-            ext.insert(crate::mcp::tasks::EXTENSION.into(), json!({}));
+            ext.insert(crate::tasks::wire::EXTENSION.into(), json!({}));
             caps["extensions"] = Value::Object(ext);
         }
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::hub::Hub;
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::session::{Session, Transport};
 
 /// Everything a request is served with.

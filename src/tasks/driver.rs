@@ -17,8 +17,8 @@ use super::settle::{
 };
 use super::wire::{cancelled_error, from_modern, is_error, upstream_request};
 use crate::hub::Hub;
-use crate::mcp::jsonrpc::{self, RpcError};
-use crate::registry::RegistrationState;
+use crate::protocol::jsonrpc::{self, RpcError};
+use crate::registration::RegistrationState;
 use crate::tasks::{Status, Task, TaskOutcome, RELATED_TASK};
 use crate::telemetry::Target;
 use crate::upstream::{On, Request};
@@ -226,7 +226,7 @@ impl<'a> Driver<'a> {
             .as_ref()
             .and_then(std::sync::Weak::upgrade)
             .filter(|s| !s.cancel.is_cancelled());
-        let allowed = crate::mcp::ClientCapability::for_method(&method);
+        let allowed = crate::protocol::ClientCapability::for_method(&method);
         let answer = match (session, allowed) {
             (Some(s), Some(cap)) if s.declares(cap) => {
                 if let Some(m) = params.as_object_mut() {

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{cancelled_error, detailed};
 use crate::hub::Hub;
-use crate::mcp::jsonrpc;
+use crate::protocol::jsonrpc;
 use crate::tasks::{Final, Status, Task, TaskOutcome, RELATED_TASK};
 use crate::upstream::{ForwardError, On, Request};
 
@@ -121,7 +121,7 @@ pub(crate) fn observe_told(hub: &Hub, task: &Task, view: Value) -> Option<Status
 /// whether the upstream acknowledged it.
 pub(crate) async fn cancel_upstream_id(
     hub: &Hub,
-    reg: &Arc<crate::registry::RegistrationState>,
+    reg: &Arc<crate::registration::RegistrationState>,
     upstream: &str,
     epoch: u64,
     upstream_id: &str,

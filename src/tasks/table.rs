@@ -24,7 +24,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::RegistrationState;
+use crate::registration::RegistrationState;
 use crate::sync::{lock, HashMap};
 
 /// The prefix of every gateway task id.
@@ -714,7 +714,7 @@ mod tests {
     use serde_json::json;
 
     fn registration(id: &str) -> Arc<RegistrationState> {
-        let spec = crate::registry::RegistrationSpec::new("agent");
+        let spec = crate::registration::RegistrationSpec::new("agent");
         Arc::new(RegistrationState::new(
             id.into(),
             "t",

@@ -8,12 +8,12 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::jsonrpc::{self, RpcError};
+use crate::protocol::jsonrpc::{self, RpcError};
 use crate::tasks::{Final, Status, Task, RELATED_TASK};
 use crate::upstream::{On, Request};
 
 /// The methods the tasks module answers.
-pub const METHODS: &[&str] = crate::mcp::TASK_METHODS;
+pub const METHODS: &[&str] = crate::protocol::TASK_METHODS;
 
 /// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
 pub const EXTENSION: &str = crate::upstream::TASKS_EXTENSION;
@@ -118,7 +118,7 @@ pub fn ask_task(params: &mut Map<String, Value>, max_ttl: Duration, stateless: b
             .get("_meta")
             .and_then(|m| m.get(META_CAPABILITIES))
             .filter(|c| declares_extension(c))
-            .map(|c| crate::mcp::ClientCapability::bits_of(Some(c)))
+            .map(|c| crate::protocol::ClientCapability::bits_of(Some(c)))
     } else {
         None
     };

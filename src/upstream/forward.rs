@@ -15,8 +15,8 @@ use super::pool::Pool;
 use super::routing::CallOwner;
 use super::slot::{Busy, Share, Slot};
 use super::{Connection, ForwardError, RequestOptions, UpstreamError};
-use crate::mcp::jsonrpc;
-use crate::registry::RegistrationState;
+use crate::protocol::jsonrpc;
+use crate::registration::RegistrationState;
 use crate::session::Session;
 
 /// One forwarded `tools/call`.
@@ -351,7 +351,13 @@ impl Pool {
         }
         let method = request.method;
         let span = request.trace.map(|(t, target)| {
-            client_span(t, slot, upstream, crate::mcp::method_name(method), target)
+            client_span(
+                t,
+                slot,
+                upstream,
+                crate::protocol::method_name(method),
+                target,
+            )
         });
         let mut params = request.params;
         let tag = dress(
@@ -535,9 +541,9 @@ fn drifted_away(
         _ => None,
     })?;
     let removed = match registration.pins.drift_of(name)? {
-        crate::pins::Drift::Followed { .. } => return None,
-        crate::pins::Drift::Removed => true,
-        crate::pins::Drift::Refused { .. } => false,
+        crate::registration::pins::Drift::Followed { .. } => return None,
+        crate::registration::pins::Drift::Removed => true,
+        crate::registration::pins::Drift::Refused { .. } => false,
     };
     Some(ForwardError::ToolChanged {
         tool: name.to_string(),

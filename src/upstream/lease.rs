@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use super::Connection;
-use crate::registry::{random_b64, RegistrationState};
+use crate::registration::{random_b64, RegistrationState};
 use crate::sync::lock;
 
 /// `_meta` key carrying the lease id on every forwarded request.

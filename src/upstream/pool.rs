@@ -617,7 +617,7 @@ impl Pool {
 }
 
 /// A notification outside any call (a log, a list change, a resource update), read once and
-/// sent where [`crate::mcp::Notice::route`] says: the catalog refreshed (`tools/list_changed`),
+/// sent where [`crate::protocol::Notice::route`] says: the catalog refreshed (`tools/list_changed`),
 /// the sessions of the registration that owns the connection (`per_registration`) or holds
 /// the lease it names in `_meta["io.gatehouse/lease"]` (`leased`), every registration granted
 /// the upstream where none can be named, or nowhere (counted in `notifications_refused`,
@@ -630,7 +630,7 @@ async fn route_notification(
     method: String,
     params: Option<Value>,
 ) {
-    use crate::mcp::{Notice, Route};
+    use crate::protocol::{Notice, Route};
     let notice = Notice::of(&method);
     let mut params = params;
     let named = match notice {
@@ -662,7 +662,7 @@ async fn route_notification(
                 Route::Registration(r, _) => r.clone(),
                 _ => "every registration granted the upstream".to_string(),
             };
-            let msg = crate::mcp::jsonrpc::notification(&method, params);
+            let msg = crate::protocol::jsonrpc::notification(&method, params);
             let n = ds.notify(&slot.spec.id, route, msg).await;
             tracing::debug!(upstream = %slot.spec.id, method, to, sessions = n, "connection-wide notification delivered");
         }

@@ -388,7 +388,7 @@ pub trait Downstream: Send + Sync {
     fn registration(
         &self,
         registration_id: &str,
-    ) -> Option<Arc<crate::registry::RegistrationState>>;
+    ) -> Option<Arc<crate::registration::RegistrationState>>;
     /// The sessions of a registration: a server → client request no call can be named for
     /// goes to one of them that declared the capability it needs.
     fn sessions_of(&self, registration_id: &str) -> Vec<Arc<crate::session::Session>>;
@@ -427,7 +427,7 @@ pub enum ForwardError {
     #[error("busy: this registration has {cap} calls in flight on upstream {upstream:?}, its share of the upstream's permits (max_in_flight_per_registration); retry once one ends")]
     Busy { upstream: String, cap: usize },
     /// The tool's pinned definition was found removed or changed (`on_tool_change =
-    /// "refuse"`) when its connection was checked, after the call was admitted (`crate::pins`).
+    /// "refuse"`) when its connection was checked, after the call was admitted (`crate::registration::pins`).
     #[error("the definition of tool {tool} changed upstream since this registration was made")]
     ToolChanged { tool: String, removed: bool },
     #[error(transparent)]
