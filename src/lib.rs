@@ -62,7 +62,7 @@ pub mod testing {
 
     pub use crate::endpoint::event_stream::sse_event;
     pub use crate::endpoint::SESSION_HEADER;
-    pub use crate::protocol::jsonrpc;
+    pub use crate::protocol::{error, jsonrpc};
 
     pub mod admin {
         pub use crate::admin::{router, serve};

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use gatehouse::testing::jsonrpc;
 use gatehouse::testing::sse_event;
+use gatehouse::testing::{error, jsonrpc};
 use gatehouse::RegistrationSpec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -62,7 +62,7 @@ fn case(name: impl Into<String>, target: Target, body: impl Into<Vec<u8>>) -> Ca
         headers: Vec::new(),
         body: body.into(),
         status: 400,
-        code: Some(jsonrpc::INVALID_REQUEST),
+        code: Some(error::INVALID_REQUEST),
         stream_code: None,
     }
 }
@@ -119,9 +119,9 @@ struct Ctx {
 
 fn corpus(cx: &Ctx) -> Vec<Case> {
     use Target::*;
-    const PARSE: Option<i64> = Some(jsonrpc::PARSE_ERROR);
-    const INVALID: Option<i64> = Some(jsonrpc::INVALID_REQUEST);
-    const PARAMS: Option<i64> = Some(jsonrpc::INVALID_PARAMS);
+    const PARSE: Option<i64> = Some(error::PARSE_ERROR);
+    const INVALID: Option<i64> = Some(error::INVALID_REQUEST);
+    const PARAMS: Option<i64> = Some(error::INVALID_PARAMS);
     let mut v = Vec::new();
     // -- Bytes that are not JSON, on both POST endpoints.
     for t in [Mcp, SseMsg] {
@@ -266,10 +266,10 @@ fn corpus(cx: &Ctx) -> Vec<Case> {
         }
     }
     for (n, b, code) in [
-        ("unknown method", r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#.to_string(), Some(jsonrpc::METHOD_NOT_FOUND)),
-        ("method with slash tricks", r#"{"jsonrpc":"2.0","id":1,"method":"../../tools/call"}"#.to_string(), Some(jsonrpc::METHOD_NOT_FOUND)),
-        ("empty method", r#"{"jsonrpc":"2.0","id":1,"method":""}"#.to_string(), Some(jsonrpc::METHOD_NOT_FOUND)),
-        ("huge method", format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{}"}}"#, "m".repeat(60_000)), Some(jsonrpc::METHOD_NOT_FOUND)),
+        ("unknown method", r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#.to_string(), Some(error::METHOD_NOT_FOUND)),
+        ("method with slash tricks", r#"{"jsonrpc":"2.0","id":1,"method":"../../tools/call"}"#.to_string(), Some(error::METHOD_NOT_FOUND)),
+        ("empty method", r#"{"jsonrpc":"2.0","id":1,"method":""}"#.to_string(), Some(error::METHOD_NOT_FOUND)),
+        ("huge method", format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{}"}}"#, "m".repeat(60_000)), Some(error::METHOD_NOT_FOUND)),
         ("unknown tool", String::from_utf8(call(json!(1), json!("nope"), json!({}))).unwrap(), PARAMS),
         ("tool of B", String::from_utf8(call(json!(1), json!("echo_b"), json!({}))).unwrap(), PARAMS),
         ("tool path trick", String::from_utf8(call(json!(1), json!("../echo"), json!({}))).unwrap(), PARAMS),
@@ -961,7 +961,7 @@ async fn hostile_corpus_gets_the_right_status_and_code_and_others_keep_serving()
             .await;
         assert_eq!(
             reply["error"]["code"],
-            jsonrpc::INVALID_REQUEST,
+            error::INVALID_REQUEST,
             "{method} before initialize"
         );
         before_init += 2;
@@ -1389,7 +1389,7 @@ proptest! {
             other => prop_assert!(false, "{:?}", other),
         }
         // An error built for it carries the id back.
-        let e = jsonrpc::error_response(Some(id.clone()), jsonrpc::INTERNAL_ERROR, "x", None);
+        let e = error::RpcError::internal("x").with_id(Some(id.clone())).to_value();
         prop_assert_eq!(&e["id"], &id);
     }
 

@@ -8,7 +8,6 @@ use std::borrow::Cow;
 use super::execute::changed_tool_refusal;
 use super::types::{Ended, Refused};
 use crate::audit::Outcome;
-use crate::protocol::jsonrpc;
 use crate::registration::pins::Drift;
 use crate::registration::RegistrationState;
 use crate::tools::{GrantedTool, ToolResult};
@@ -37,7 +36,7 @@ pub(crate) async fn admit<'r>(
             refused(
                 "unknown tool (not granted to this registration)".into(),
                 Ended::Error(
-                    jsonrpc::INVALID_PARAMS,
+                    crate::protocol::error::INVALID_PARAMS,
                     format!("Unknown tool: {name}"),
                     Outcome::Denied,
                 ),
@@ -55,7 +54,7 @@ pub(crate) async fn admit<'r>(
                 refused(
                     "tool removed by its upstream since the registration was made".into(),
                     Ended::Error(
-                        jsonrpc::INVALID_PARAMS,
+                        crate::protocol::error::INVALID_PARAMS,
                         format!("Unknown tool: {name} (its upstream no longer offers it)"),
                         Outcome::Denied,
                     ),

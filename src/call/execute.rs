@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use super::types::Ended;
 use crate::audit::Outcome;
 use crate::methods::request::RequestCtx;
-use crate::protocol::jsonrpc;
 use crate::telemetry::CallTrace;
 use crate::tools::{Backend, GrantedTool, ToolContext, ToolResult};
 use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
@@ -142,7 +141,7 @@ fn run_backend<'a>(
                     }
                     Ok(Err(e)) => Ended::Result(ToolResult::error(e.0).0, Outcome::ToolError),
                     Err(_) => Ended::Error(
-                        jsonrpc::INTERNAL_ERROR,
+                        crate::protocol::error::INTERNAL_ERROR,
                         format!("tool {name} failed internally"),
                         Outcome::ProtocolError,
                     ),
@@ -198,7 +197,7 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
         // Found when its connection was checked (`upstream::Pool::verify`), after admission:
         // answered as admission answers it now.
         F::Failed(ForwardError::ToolChanged { removed: true, .. }) => Ended::Error(
-            jsonrpc::INVALID_PARAMS,
+            crate::protocol::error::INVALID_PARAMS,
             format!("Unknown tool: {name} (its upstream no longer offers it)"),
             Outcome::Denied,
         ),
@@ -216,12 +215,16 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
         F::Failed(why @ ForwardError::Busy { .. }) => {
             tracing::info!(tool = name, error = %why, "call refused: the registration holds its share of the upstream");
-            Ended::Error(jsonrpc::BUSY, why.to_string(), Outcome::Denied)
+            Ended::Error(
+                crate::protocol::error::BUSY,
+                why.to_string(),
+                Outcome::Denied,
+            )
         }
         F::Failed(why) => {
             tracing::warn!(tool = name, error = %why, side = ?why.side(), "upstream call failed");
             Ended::Error(
-                jsonrpc::INTERNAL_ERROR,
+                crate::protocol::error::INTERNAL_ERROR,
                 format!("upstream for tool {name} failed: {why}"),
                 Outcome::UpstreamFailed,
             )

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::types::{Ended, Refused};
 use crate::audit::Outcome;
 use crate::methods::request::RequestCtx;
+use crate::protocol::error::RpcError;
 use crate::protocol::jsonrpc::{self, Reply};
 use crate::registration::RegistrationState;
 use crate::telemetry::CallTrace;
@@ -133,19 +134,19 @@ pub(crate) fn conclude(
             c
         }
         Ended::AuditDown => {
-            let reply = jsonrpc::error_response(
-                Some(id.clone()),
-                jsonrpc::INTERNAL_ERROR,
+            let reply = RpcError::internal(
                 "audit log unavailable: tool calls are refused until it can be written",
-                None,
             )
+            .answer(id)
             .into();
             let mut c = plain(Outcome::Denied, reply);
             c.unconditional = true;
             c
         }
         Ended::Error(code, message, outcome) => {
-            let reply = jsonrpc::error_response(Some(id.clone()), code, &message, None).into();
+            let reply = RpcError::new(Some(id.clone()), code, message.as_str())
+                .to_value()
+                .into();
             let mut c = plain(outcome, reply);
             c.error_code = Some(code);
             if outcome == Outcome::Denied {
@@ -219,13 +220,10 @@ pub(crate) fn finish<'c>(
             if !unconditional {
                 tracing::error!(error = %e, "audit record not written; reply withheld");
                 return reply.map(|_| {
-                    jsonrpc::error_response(
-                        Some(id),
-                        jsonrpc::INTERNAL_ERROR,
-                        "audit log unavailable: the call's result is withheld",
-                        None,
-                    )
-                    .into()
+                    RpcError::internal("audit log unavailable: the call's result is withheld")
+                        .to(id)
+                        .to_value()
+                        .into()
                 });
             }
         }
@@ -250,7 +248,9 @@ pub(crate) fn error_type_of(c: &Conclusion) -> Option<&'static str> {
         Outcome::Timeout => Some("timeout"),
         Outcome::Cancelled => Some("cancelled"),
         // The audit-down refusal is an error reply; other denials are `isError` results.
-        Outcome::Denied if c.unconditional => Some("-32603"),
+        Outcome::Denied if c.unconditional => {
+            Some(RpcError::type_of(crate::protocol::error::INTERNAL_ERROR))
+        }
         Outcome::Denied => Some("tool_error"),
         Outcome::ProtocolError | Outcome::UpstreamFailed => Some("_OTHER"),
     }

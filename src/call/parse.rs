@@ -7,7 +7,6 @@ use super::finish::redact;
 use super::types::{Ended, Refused, ToolCall};
 use crate::audit::{args_digest, HexDigest, Outcome, MAX_TOOL_NAME_BYTES};
 use crate::methods::request::RequestCtx;
-use crate::protocol::jsonrpc;
 use crate::telemetry::{CallTrace, Telemetry};
 
 /// Step 1: the params of a `tools/call`, or why they are refused (malformed: a
@@ -17,7 +16,7 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
         tool,
         reason: reason.into(),
         ended: Ended::Error(
-            jsonrpc::INVALID_PARAMS,
+            crate::protocol::error::INVALID_PARAMS,
             message.to_string(),
             Outcome::ProtocolError,
         ),
@@ -74,7 +73,7 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
             reason: format!("tool name too long ({n} bytes; at most {MAX_TOOL_NAME_BYTES})")
                 .into(),
             ended: Ended::Error(
-                jsonrpc::INVALID_PARAMS,
+                crate::protocol::error::INVALID_PARAMS,
                 format!(
                     "Unknown tool: the name is too long ({n} bytes; tool names are at most {MAX_TOOL_NAME_BYTES} bytes)"
                 ),

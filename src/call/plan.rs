@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use super::types::Ended;
 use crate::audit::Outcome;
 use crate::methods::request::RequestCtx;
-use crate::protocol::jsonrpc;
 use crate::tasks::wire;
 use crate::tools::GrantedTool;
 use crate::upstream::CallIds;
@@ -285,7 +284,7 @@ pub(super) async fn task_created(
                     Err(e) => Ended::Error(
                         e.get("code")
                             .and_then(Value::as_i64)
-                            .unwrap_or(jsonrpc::INTERNAL_ERROR),
+                            .unwrap_or(crate::protocol::error::INTERNAL_ERROR),
                         e.get("message")
                             .and_then(Value::as_str)
                             .unwrap_or("task failed")
@@ -307,7 +306,11 @@ pub(super) async fn task_created(
         Err(NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");
             (
-                Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
+                Ended::Error(
+                    crate::protocol::error::INTERNAL_ERROR,
+                    why.clone(),
+                    Outcome::Denied,
+                ),
                 Some(why.into()),
             )
         }
@@ -334,7 +337,11 @@ pub(super) async fn ended_at_once(
         Err(crate::tasks::serve::NotCreated::Full(n)) => {
             let why = format!("limit tasks.max_live_per_registration ({n}) reached");
             (
-                Ended::Error(jsonrpc::INTERNAL_ERROR, why.clone(), Outcome::Denied),
+                Ended::Error(
+                    crate::protocol::error::INTERNAL_ERROR,
+                    why.clone(),
+                    Outcome::Denied,
+                ),
                 Some(why.into()),
             )
         }

@@ -7,7 +7,6 @@ use super::finish::conclude;
 use super::types::{Ended, Refused};
 use super::*;
 use crate::audit::{Outcome, MAX_TOOL_NAME_BYTES};
-use crate::protocol::jsonrpc;
 use crate::registration::RegistrationState;
 use crate::tools::{Backend, ToolResult};
 
@@ -83,7 +82,10 @@ fn parse_reads_the_params_once_and_refuses_what_is_malformed() {
         let r = parse(params).unwrap_err();
         assert_eq!(r.tool.as_deref(), tool);
         assert!(r.reason.starts_with(reason), "{}", r.reason);
-        assert_eq!(code_and_outcome(&r), (jsonrpc::INVALID_PARAMS, outcome));
+        assert_eq!(
+            code_and_outcome(&r),
+            (crate::protocol::error::INVALID_PARAMS, outcome)
+        );
     }
 }
 
@@ -103,7 +105,7 @@ async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
     let (_, r) = admit(&reg, "nope", true).await.unwrap_err();
     assert_eq!(
         code_and_outcome(&r),
-        (jsonrpc::INVALID_PARAMS, Outcome::Denied)
+        (crate::protocol::error::INVALID_PARAMS, Outcome::Denied)
     );
     let (tool, r) = admit(&reg, "echo", false).await.unwrap_err();
     assert!(tool.is_some() && matches!(r.ended, Ended::AuditDown));
@@ -141,7 +143,10 @@ fn every_ending_concludes_into_one_outcome_reason_and_reply() {
     );
     assert_eq!(c.reason.as_deref(), Some("audit log unavailable"));
     let reply = c.reply.unwrap().into_value();
-    assert_eq!(reply["error"]["code"], jsonrpc::INTERNAL_ERROR);
+    assert_eq!(
+        reply["error"]["code"],
+        crate::protocol::error::INTERNAL_ERROR
+    );
     for (released, why) in [
         (false, "cancelled by client or session end"),
         (true, "registration released"),

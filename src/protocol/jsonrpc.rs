@@ -6,13 +6,6 @@
 use serde_json::{Map, Value};
 
 pub use super::error::RpcError;
-// TEMPORARY (issue 51): the codes under their old path, for the files call51 restructures;
-// removed after call51 merges (they are `protocol::error`'s).
-pub use super::error::{
-    BUSY, HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
-    MISSING_CAPABILITY, PARSE_ERROR, UNSUPPORTED_VERSION,
-};
-
 /// The member `key` of an object, found by comparing keys: a `Map` lookup SipHashes the key,
 /// which costs more than comparing the few keys a message's params hold (hot request path).
 pub fn member<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
@@ -318,24 +311,6 @@ pub fn success(id: Value, result: Value) -> Value {
     Value::Object(m)
 }
 
-/// An error response; `id` None is written as `null`.
-// TEMPORARY (issue 51): kept for the files call51 restructures; removed after call51 merges
-// (the object is built by `RpcError`).
-pub fn error_response(id: Option<Value>, code: i64, message: &str, data: Option<Value>) -> Value {
-    let e = RpcError::new(id, code, message);
-    match data {
-        Some(d) => e.with_data(d),
-        None => e,
-    }
-    .to_value()
-}
-
-/// An error response carrying an error object another party sent ([`RpcError::from_peer_or`]).
-// TEMPORARY (issue 51): kept for the files call51 restructures; removed after call51 merges.
-pub fn error_of(id: Value, error: &Value, fallback: &str) -> Value {
-    RpcError::from_peer_or(error, fallback).to(id).to_value()
-}
-
 /// A notification.
 pub fn notification(method: &str, params: Option<Value>) -> Value {
     let mut m = Map::with_capacity(3);
@@ -381,6 +356,7 @@ impl IdKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::error::{INVALID_REQUEST, PARSE_ERROR};
     use serde_json::json;
 
     #[test]

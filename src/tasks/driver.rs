@@ -173,8 +173,14 @@ impl<'a> Driver<'a> {
                 task.wake.notify_one();
                 jsonrpc::success(id, json!({}))
             }
-            Some(Err(e)) => jsonrpc::error_of(id, &e, "tasks/update refused upstream"),
-            Some(Ok(why)) => RpcError::new(Some(id), jsonrpc::INTERNAL_ERROR, why).to_value(),
+            Some(Err(e)) => {
+                crate::protocol::error::RpcError::from_peer_or(&e, "tasks/update refused upstream")
+                    .to(id)
+                    .to_value()
+            }
+            Some(Ok(why)) => {
+                RpcError::new(Some(id), crate::protocol::error::INTERNAL_ERROR, why).to_value()
+            }
         }
     }
 
@@ -300,7 +306,7 @@ impl<'a> Driver<'a> {
             }
             Ok(Some(Err(e))) => {
                 let code = e.get("code").and_then(Value::as_i64);
-                if code == Some(jsonrpc::INVALID_PARAMS) {
+                if code == Some(crate::protocol::error::INVALID_PARAMS) {
                     // The upstream no longer knows it (or it was cancelled meanwhile).
                     self.refresh(None).await;
                     if !task.is_settled() {
@@ -384,7 +390,7 @@ impl<'a> Driver<'a> {
         let terminal = || {
             RpcError::new(
                 Some(id.clone()),
-                jsonrpc::INVALID_PARAMS,
+                crate::protocol::error::INVALID_PARAMS,
                 "task is already terminal: it cannot be cancelled",
             )
             .to_value()
@@ -420,7 +426,7 @@ impl<'a> Driver<'a> {
                 Probe::Moved => Box::pin(self.cancel(id, trace)).await,
                 Probe::Later => RpcError::new(
                     Some(id),
-                    jsonrpc::INTERNAL_ERROR,
+                    crate::protocol::error::INTERNAL_ERROR,
                     "the task's upstream could not be reached: retry the cancel",
                 )
                 .to_value(),
@@ -435,7 +441,7 @@ impl<'a> Driver<'a> {
             },
             Err(e) => RpcError::new(
                 Some(id),
-                jsonrpc::INTERNAL_ERROR,
+                crate::protocol::error::INTERNAL_ERROR,
                 format!("the task's upstream could not be reached: {e}"),
             )
             .to_value(),
@@ -460,7 +466,8 @@ impl<'a> Driver<'a> {
                 _ => {}
             },
             Ok(Some(Err(e)))
-                if e.get("code").and_then(Value::as_i64) == Some(jsonrpc::INVALID_PARAMS) =>
+                if e.get("code").and_then(Value::as_i64)
+                    == Some(crate::protocol::error::INVALID_PARAMS) =>
             {
                 lose(hub, task, "the upstream no longer knows the task").await
             }
@@ -501,12 +508,17 @@ impl<'a> Driver<'a> {
             }
             Some(Status::Failed) => {
                 let err = t.get("error").cloned().unwrap_or_else(|| {
-                let why = t
-                    .get("statusMessage")
-                    .and_then(Value::as_str)
-                    .unwrap_or("no reason given");
-                json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task failed: {why}")})
-            });
+                    let why = t
+                        .get("statusMessage")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given");
+                    crate::protocol::error::RpcError::new(
+                        None,
+                        crate::protocol::error::INTERNAL_ERROR,
+                        format!("task failed: {why}"),
+                    )
+                    .object()
+                });
                 let code = err.get("code").and_then(Value::as_i64);
                 settle(
                     hub,
@@ -576,8 +588,13 @@ impl<'a> Driver<'a> {
                     .and_then(Value::as_str)
                     .unwrap_or("no reason given")
                     .to_string();
-                let err = json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task failed: {why}")});
-                let code = Some(jsonrpc::INTERNAL_ERROR);
+                let err = crate::protocol::error::RpcError::new(
+                    None,
+                    crate::protocol::error::INTERNAL_ERROR,
+                    format!("task failed: {why}"),
+                )
+                .object();
+                let code = Some(crate::protocol::error::INTERNAL_ERROR);
                 settle(hub, task, status, None, Err(err), TaskOutcome::Failed, code).await;
             }
             Ok(Some(Ok(result))) => {
@@ -683,7 +700,12 @@ impl<'a> Driver<'a> {
         let Driver { hub, task } = self;
         if !task.is_settled() {
             let why = ["the task's TTL ran out"; 2];
-            let err = json!({"code": jsonrpc::INVALID_PARAMS, "message": "task expired"});
+            let err = crate::protocol::error::RpcError::new(
+                None,
+                crate::protocol::error::INVALID_PARAMS,
+                "task expired",
+            )
+            .object();
             cancel_and_settle(hub, task, why, err, TaskOutcome::Expired).await;
         }
         hub.tasks().remove(task);

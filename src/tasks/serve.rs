@@ -209,7 +209,7 @@ fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Ta
         .ok_or_else(|| {
             RpcError::new(
                 Some(id.clone()),
-                jsonrpc::INVALID_PARAMS,
+                crate::protocol::error::INVALID_PARAMS,
                 "unknown task: no task of this registration has that taskId",
             )
             .to_value()
@@ -233,7 +233,7 @@ pub async fn handle(
         return Some(
             RpcError::new(
                 Some(id),
-                jsonrpc::METHOD_NOT_FOUND,
+                crate::protocol::error::METHOD_NOT_FOUND,
                 format!("method not found: {method}"),
             )
             .to_value(),
@@ -298,7 +298,7 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
             else {
                 return RpcError::new(
                     Some(id),
-                    jsonrpc::INVALID_PARAMS,
+                    crate::protocol::error::INVALID_PARAMS,
                     "invalid params: inputResponses (an object) is required",
                 )
                 .to_value();
@@ -324,7 +324,7 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
             if !task.is_settled() {
                 let r = Driver::new(hub, &task).cancel(id.clone(), None).await;
                 if r.get("error").and_then(|e| e.get("code"))
-                    == Some(&json!(jsonrpc::INTERNAL_ERROR))
+                    == Some(&json!(crate::protocol::error::INTERNAL_ERROR))
                 {
                     return r;
                 }
@@ -339,7 +339,7 @@ fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
         if !c.is_null() && c != "" {
             return RpcError::new(
                 Some(id),
-                jsonrpc::INVALID_PARAMS,
+                crate::protocol::error::INVALID_PARAMS,
                 "invalid cursor: this gateway returns every task in one page",
             )
             .to_value();

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::wire::{cancelled_error, detailed};
@@ -30,7 +30,12 @@ pub(crate) async fn ask(
 
 /// The task's upstream restarted or forgot it: `failed`, audited `lost`.
 pub(crate) async fn lose(hub: &Arc<Hub>, task: &Arc<Task>, why: &str) {
-    let err = json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task lost: {why}")});
+    let err = crate::protocol::error::RpcError::new(
+        None,
+        crate::protocol::error::INTERNAL_ERROR,
+        format!("task lost: {why}"),
+    )
+    .object();
     settle(
         hub,
         task,

@@ -17,7 +17,7 @@ pub const METHODS: &[&str] = crate::protocol::TASK_METHODS;
 
 /// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
 pub const EXTENSION: &str = crate::upstream::TASKS_EXTENSION;
-pub const EXTENSION_NOT_DECLARED: i64 = -32021;
+pub const EXTENSION_NOT_DECLARED: i64 = crate::protocol::error::MISSING_CAPABILITY;
 
 /// A 2026-07-28 request's client capabilities, in its `_meta`.
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
@@ -280,7 +280,7 @@ pub(crate) fn stateless(id: Value, method: &str, params: Option<&Value>) -> Opti
         return Some(
             RpcError::new(
                 Some(id),
-                jsonrpc::METHOD_NOT_FOUND,
+                crate::protocol::error::METHOD_NOT_FOUND,
                 format!("method not found: {method} (removed in 2026-07-28)"),
             )
             .to_value(),
@@ -291,14 +291,17 @@ pub(crate) fn stateless(id: Value, method: &str, params: Option<&Value>) -> Opti
         .and_then(|m| m.get(META_CAPABILITIES))
         .is_some_and(declares_extension);
     if !declared {
-        return Some(jsonrpc::error_response(
-            Some(id),
-            EXTENSION_NOT_DECLARED,
-            &format!(
-                "{method} needs the {EXTENSION} extension, which this request did not declare"
-            ),
-            Some(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}})),
-        ));
+        return Some(
+            RpcError::new(
+                Some(id),
+                EXTENSION_NOT_DECLARED,
+                format!(
+                    "{method} needs the {EXTENSION} extension, which this request did not declare"
+                ),
+            )
+            .with_data(json!({"requiredCapabilities": {"extensions": {EXTENSION: {}}}}))
+            .to_value(),
+        );
     }
     None
 }
@@ -319,7 +322,9 @@ pub(crate) fn answer(id: Value, task: &Task, f: &Final) -> Value {
             }
             jsonrpc::success(id, result)
         }
-        Err(e) => jsonrpc::error_of(id, e, "task failed"),
+        Err(e) => crate::protocol::error::RpcError::from_peer_or(e, "task failed")
+            .to(id)
+            .to_value(),
     }
 }
 
@@ -353,7 +358,12 @@ pub(crate) fn upstream_request<'a>(
 
 /// A task's error object for a cancel.
 pub(crate) fn cancelled_error(why: &str) -> Value {
-    json!({"code": jsonrpc::INTERNAL_ERROR, "message": format!("task cancelled: {why}")})
+    crate::protocol::error::RpcError::new(
+        None,
+        crate::protocol::error::INTERNAL_ERROR,
+        format!("task cancelled: {why}"),
+    )
+    .object()
 }
 
 #[cfg(test)]

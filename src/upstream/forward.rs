@@ -503,7 +503,7 @@ fn call_outcome(
                     )),
                 },
                 Err(e) => ForwardOutcome::RpcError {
-                    code: e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+                    code: crate::protocol::error::RpcError::code_of(&e),
                     message: e
                         .get("message")
                         .and_then(Value::as_str)
@@ -578,9 +578,7 @@ fn end_client_span(
         Ok(resp) => (
             Some(resp.upstream_id),
             resp.outcome.as_ref().err().map(|e| {
-                crate::telemetry::code_error_type(
-                    e.get("code").and_then(Value::as_i64).unwrap_or(-32603),
-                )
+                crate::telemetry::code_error_type(crate::protocol::error::RpcError::code_of(e))
             }),
         ),
         Err(UpstreamError::Timeout(_)) => (None, Some("timeout")),
