@@ -18,6 +18,8 @@ cargo clippy --locked --features cluster --all-targets -- -D warnings
 cargo clippy --locked -p gatehouse-python --all-targets -- -D warnings
 echo "== module graph (no import circle; layering as ARCHITECTURE.md says) =="
 python3 tests/modgraph.py
+echo "== ARCHITECTURE.md: every test its invariants name exists, nothing outside the repo cited =="
+python3 tests/archcheck.py
 # --- end issue 16 ---
 echo "== cargo test (with --features cluster: tests/cluster.rs runs 3 real etcd members) =="
 cargo test --locked --features cluster --all-targets
