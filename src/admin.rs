@@ -115,6 +115,10 @@ pub fn router(gw: Gateway, admin_token: &str) -> AdminApp {
             axum::routing::delete(delete).get(show),
         )
         .route("/v1/registrations/{id}/renew", post(renew))
+        .route(
+            "/v1/registrations/{id}/credentials",
+            axum::routing::put(credentials),
+        )
         .route("/v1/registrations/{id}/probe", post(probe))
         .route("/v1/upstreams", get(upstreams))
         .route("/v1/reload", post(reload))
@@ -279,6 +283,8 @@ async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
                 "sse_url": reg.sse_url(),
                 "mcp_url": reg.mcp_url(),
                 "expires_at": reg.expires_at(),
+                // Never a value: `"set"` per upstream (issue 47).
+                "upstream_credentials": reg.credentials(),
             });
             // The daemon keeps it until DELETE, expiry or shutdown.
             let _ = reg.detach();
@@ -293,6 +299,38 @@ async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
         Err(e) => {
             tracing::error!(error = %e, "registration failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, "registration failed")
+        }
+    }
+}
+
+/// `PUT /v1/registrations/<id>/credentials` (issue 47): the body `{"<upstream>": {"bearer":
+/// "…"} | {"headers": {…}}, …}` replaces the registration's upstream credentials; 200 with
+/// them shown as `"set"`. Calls in flight finish; the next upstream request uses the new ones.
+async fn credentials(
+    State(st): State<AdminState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("body is not JSON: {e}")),
+    };
+    let set = match crate::registration::Credential::set_from_json("upstream_credentials", &v) {
+        Ok(s) => s,
+        Err(msg) => return bad_request(msg),
+    };
+    match st.gw.rotate_credentials(&id, set).await {
+        Ok(Some(state)) => Json(json!({
+            "id": id,
+            "upstream_credentials": state.credentials.summary(),
+        }))
+        .into_response(),
+        Ok(None) => no_such_registration(&st.gw, &id),
+        Err(GatewayError::InvalidSpec(msg)) => bad_request(msg),
+        Err(e @ GatewayError::Store(_)) => store_failed(e),
+        Err(e) => {
+            tracing::error!(error = %e, "credentials not rotated");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "credentials not rotated")
         }
     }
 }
@@ -419,6 +457,8 @@ fn describe(gw: &Gateway, r: &crate::registration::RegistrationState) -> Value {
         "parent": r.family.parent.as_ref().map(|p| p.id.as_str()),
         "children": r.family.children(),
         "agent_path": r.family.agent_path,
+        // Never a value: `"set"` (or `"refused"`: restored without its key) per upstream.
+        "upstream_credentials": r.credentials.summary(),
     })
 }
 

@@ -506,6 +506,10 @@ pub struct StoreConfig {
     pub key_file: Option<PathBuf>,
     /// `etcd`: each request's bound, in ms. 100-60000.
     pub timeout_ms: u64,
+    /// The key that seals registrations' upstream credentials in a durable store (issue
+    /// 47): 32 random bytes in hex, mode 0600, made on first start. Unset: beside the store
+    /// file (`gatehouse-store.key`). A cluster's nodes share one key file (copy it to each).
+    pub secret_key_file: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -524,6 +528,7 @@ impl Default for StoreConfig {
             cert_file: None,
             key_file: None,
             timeout_ms: 2000,
+            secret_key_file: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod credentials;
 pub(crate) mod handle;
 mod lifecycle;
 pub mod probe;
@@ -99,6 +100,8 @@ pub(crate) struct Inner {
     /// The `etcd` store, when the node is one of a cluster (`gateway::cluster`).
     #[cfg(feature = "cluster")]
     etcd: Option<Arc<crate::store::etcd::EtcdStore>>,
+    /// Seals upstream credentials for a durable store (issue 47); `None` for `memory`.
+    sealer: Option<Arc<crate::store::seal::Sealer>>,
 }
 
 /// A cheap-to-clone handle to one gateway.
@@ -134,6 +137,7 @@ impl Gateway {
         };
         #[cfg(not(feature = "cluster"))]
         let store = crate::store::open(&config.store, &config.audit.path, default)?;
+        let sealer = Self::open_sealer(&config, store.as_ref())?;
         let audit = Audit::start_on(&config.audit, config.node_id.as_deref())?;
         let pool = Pool::new(
             crate::config_load::resolve_transports(&config)?,
@@ -157,6 +161,7 @@ impl Gateway {
                 releasing: Mutex::new(std::collections::HashSet::new()),
                 #[cfg(feature = "cluster")]
                 etcd,
+                sealer,
             }),
         };
         // A cluster node replicates the store wherever its gateway is built (the daemon, an

@@ -52,7 +52,7 @@ pub use gateway::probe::{
 };
 pub use gateway::{Gateway, GatewayError, ReleaseReason};
 pub use protocol::LOG_LEVELS;
-pub use registration::{Limits, RegistrationSpec, Root};
+pub use registration::{Credential, CredentialSet, Limits, RegistrationSpec, Root, Secret};
 pub use tools::{InProcessTool, ToolContext, ToolError, ToolResult};
 
 /// Internals the integration tests and benches reach; not part of the public API.

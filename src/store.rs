@@ -14,6 +14,7 @@
 #[cfg(feature = "cluster")]
 pub mod etcd;
 pub mod memory;
+pub mod seal;
 pub mod sqlite;
 mod types;
 

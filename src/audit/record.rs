@@ -100,6 +100,10 @@ pub struct Record<'a> {
     pub upstream_request_id: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// Which kind of credential the call's upstream request carried (issue 47: `none`,
+    /// `static`, `registration`); never the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_auth: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args_digest: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,6 +318,7 @@ impl<'a> Record<'a> {
             upstream: text(self.upstream),
             upstream_request_id: self.upstream_request_id,
             epoch: self.epoch,
+            upstream_auth: text(self.upstream_auth),
             args_digest: text(self.args_digest),
             arguments: self.arguments,
             outcome: text(self.outcome),
@@ -407,6 +412,7 @@ impl<'a> Record<'a> {
         if let Some(v) = self.epoch {
             line.u64(k!("epoch"), v);
         }
+        line.opt_str(k!("upstream_auth"), &self.upstream_auth);
         line.opt_str(k!("args_digest"), &self.args_digest);
         if let Some(v) = &self.arguments {
             line.serde(k!("arguments"), v);
@@ -651,6 +657,7 @@ mod tests {
             upstream: Some("up".into()),
             upstream_request_id: Some(u64::MAX),
             epoch: Some(0),
+            upstream_auth: Some("registration".into()),
             args_digest: Some(digest_value(&serde_json::json!({"b": 1, "a": [1.5, null]})).into()),
             arguments: Some(serde_json::json!({"z": "\u{0}", "a": {"x": -1e300}})),
             outcome: Some("ok".into()),

@@ -213,6 +213,10 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
             Ended::Raw(raw, o)
         }
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
+        F::Failed(why @ ForwardError::CredentialsRefused { .. }) => {
+            tracing::warn!(tool = name, error = %why, "call refused: the registration's upstream credentials are refused");
+            Ended::Limited(why.to_string())
+        }
         F::Failed(why @ ForwardError::Busy { .. }) => {
             tracing::info!(tool = name, error = %why, "call refused: the registration holds its share of the upstream");
             Ended::Error(

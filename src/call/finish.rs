@@ -188,13 +188,16 @@ pub(crate) fn finish<'c>(
     rec.args_digest = summary.digest.map(Cow::Borrowed);
     rec.arguments = summary.arguments;
     rec.store_revision = summary.revision;
+    let mut auth = None;
     if let Some(ids) = summary.ids {
         rec.upstream_request_id = ids.request_id();
         rec.epoch = ids.epoch();
+        auth = ids.upstream_auth().map(|a| a.as_str());
+        rec.upstream_auth = auth.map(Cow::Borrowed);
     }
     let error_type = error_type_of(&c);
     if let Some(t) = summary.trace {
-        end_server_span(t, reg, &mut rec, &c, error_type, summary.upstream);
+        end_server_span(t, reg, &mut rec, &c, error_type, summary.upstream, auth);
     }
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
@@ -265,12 +268,17 @@ fn end_server_span(
     c: &Conclusion,
     error_type: Option<&'static str>,
     upstream: Option<&str>,
+    auth: Option<&'static str>,
 ) {
     rec.rare_mut().trace_id = Some(Cow::Owned(t.take_trace_id()));
     let mut more = vec![opentelemetry::KeyValue::new(
         "gatehouse.outcome",
         c.outcome.as_str(),
     )];
+    if let Some(a) = auth {
+        // Which kind of credential went upstream (issue 47), never the value.
+        more.push(opentelemetry::KeyValue::new("gatehouse.upstream_auth", a));
+    }
     if let Some(u) = upstream {
         more.push(opentelemetry::KeyValue::new(
             "gatehouse.upstream.name",

@@ -67,6 +67,23 @@ impl Registration {
         self.state.expires_at()
     }
 
+    /// Its upstream credentials as shown: `"set"` (or `"refused"`) per upstream, never a value.
+    pub fn credentials(&self) -> std::collections::BTreeMap<String, &'static str> {
+        self.state.credentials.summary()
+    }
+
+    /// Replaces its upstream credentials (issue 47): calls in flight finish with the old ones,
+    /// the next upstream request carries the new ones.
+    pub async fn rotate_credentials(
+        &self,
+        set: crate::registration::CredentialSet,
+    ) -> Result<(), super::GatewayError> {
+        self.gateway
+            .rotate_credentials(&self.state.id, set)
+            .await
+            .map(|_| ())
+    }
+
     /// Gives the registration up so that only an explicit `Gateway::release_id`, expiry or
     /// shutdown ends it (the daemon keeps registrations this way).
     pub fn detach(mut self) -> (String, String) {

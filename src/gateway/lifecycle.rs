@@ -30,6 +30,11 @@ impl Gateway {
         }
         spec.check().map_err(GatewayError::InvalidSpec)?;
         let (tools, family, spec) = self.resolve_spec(spec).await?;
+        if !spec.upstream_credentials.is_empty() {
+            self.check_credentials(&spec.upstream_credentials, &tools)?;
+            crate::registration::Credentials::of(&spec.upstream_credentials)
+                .map_err(GatewayError::InvalidSpec)?;
+        }
         // In a cluster any node serves any registration: its id names no node.
         let node = match self.store().kind() {
             crate::store::StoreKind::Etcd => None,
@@ -144,7 +149,11 @@ impl Gateway {
         }
         lock(&self.inner.creating).insert(state.id.clone());
         let reserved = state.budget().store_reserved();
-        let created = store.create(state.record(reserved)).await;
+        let mut record = state.record(reserved);
+        if state.credentials.any() {
+            record.credentials = self.seal_credentials(&state.id, &state.credentials.current())?;
+        }
+        let created = store.create(record).await;
         let served = created.map_err(GatewayError::from).and_then(|()| {
             let mut lc = lock(&self.inner.lifecycle);
             self.ensure_server(&mut lc).and_then(|()| {
@@ -338,6 +347,9 @@ impl Gateway {
         // blocks (compare-and-set on the store) before its first call.
         let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
         let state = Arc::new(state);
+        if let Some(sealed) = &s.credentials {
+            self.open_credentials(&state, sealed);
+        }
         if let Some(p) = &state.family.parent {
             p.family.add_child(&state.id);
         }

@@ -242,9 +242,10 @@ impl Gateway {
             }
         }
         let pool = self.inner.hub.pool();
+        let state = &state;
         let pings = ups.into_iter().map(|up| async move {
             let began = Instant::now();
-            let answer = pool.ping(&up, id, timeout).await;
+            let answer = pool.ping(&up, state, timeout).await;
             UpstreamSeen {
                 id: up,
                 answered: answer.is_ok(),

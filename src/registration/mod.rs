@@ -12,12 +12,14 @@
 //! - [`table`]: the live registrations by id ([`Registry`]);
 //! - [`lifecycle`]: close, finish and renew, one path each, reaching the server through
 //!   `lifecycle::Server` (the gateway implements it);
-//! - [`ids`]: registration ids and bearer tokens.
+//! - [`ids`]: registration ids and bearer tokens;
+//! - [`credentials`]: its upstream credentials (issue 47), read per upstream request.
 //!
 //! Invariant: a token is compared (in constant time) with its own registration's token only;
 //! lookup is by id first, never by searching tokens.
 
 mod budget;
+pub mod credentials;
 pub mod expiry;
 pub mod family;
 mod grant;
@@ -31,6 +33,7 @@ mod state;
 mod table;
 
 pub use budget::Budget;
+pub use credentials::{AuthCell, AuthKind, AuthState, Credential, CredentialSet, Credentials, Secret};
 pub(crate) use budget::Reserve;
 pub use grant::Grant;
 pub use ids::{id_shaped, new_registration_id, new_registration_id_on, new_token, random_b64};

@@ -92,6 +92,10 @@ pub struct Record {
     /// A child registration's parent (issue 39): restored after it, released with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// Its upstream credentials (issue 47), each sealed (`store::seal`), by upstream id;
+    /// never in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<BTreeMap<String, String>>,
 }
 
 impl Record {

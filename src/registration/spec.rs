@@ -99,6 +99,9 @@ pub struct RegistrationSpec {
     /// be a subset of the parent's tools, its TTL and limits at most the parent's, its calls
     /// count against the parent's budget too, and it is released with the parent.
     pub parent: Option<String>,
+    /// Credentials for HTTP upstreams its grant names (issue 47), sent on its upstream
+    /// requests only (and its children's, unless a child has its own); never shown.
+    pub upstream_credentials: super::CredentialSet,
 }
 
 impl RegistrationSpec {
@@ -139,6 +142,12 @@ impl RegistrationSpec {
 
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Gives this registration its own credential for the HTTP upstream `upstream`.
+    pub fn credential(mut self, upstream: impl Into<String>, c: super::Credential) -> Self {
+        self.upstream_credentials.insert(upstream.into(), c);
         self
     }
 
@@ -231,9 +240,13 @@ impl RegistrationSpec {
             Some(Value::String(s)) if !s.is_empty() => Some(s),
             Some(_) => return Err("parent: must be a registration id (a string)".into()),
         };
+        let upstream_credentials = match m.remove("upstream_credentials") {
+            None | Some(Value::Null) => Default::default(),
+            Some(v) => super::Credential::set_from_json("upstream_credentials", &v)?,
+        };
         if let Some(k) = m.keys().next() {
             return Err(format!(
-                "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots, parent)"
+                "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots, parent, upstream_credentials)"
             ));
         }
         Ok(RegistrationSpec {
@@ -245,6 +258,7 @@ impl RegistrationSpec {
             local_tools: Vec::new(),
             roots,
             parent,
+            upstream_credentials,
         })
     }
 }

@@ -53,6 +53,8 @@ pub struct RegistrationState {
     /// agent ids from the root down (in a child's audit records), the live children's ids,
     /// and the children closed with this one, which its release finishes first.
     pub family: Family,
+    /// Its own upstream credentials (issue 47): rotated in place, read per upstream request.
+    pub credentials: super::Credentials,
 }
 
 /// A registration's cancellation, read-only outside this module: its calls and streams take
@@ -214,7 +216,21 @@ impl RegistrationState {
             // The whole budget in hand (a store that dies with the process); `register` sets
             // the first block of a durable store.
             budget: Budget::new(spec.limits.max_calls.unwrap_or(0)),
+            // Checked by `Gateway::register` before (`Credentials::of` fails the same way).
+            credentials: super::Credentials::of(&spec.upstream_credentials).unwrap_or_default(),
         }
+    }
+
+    /// The credential cell this registration's requests to `upstream` read: its own, else
+    /// its nearest ancestor's (a child uses its parent's unless given its own). Without any
+    /// credential in the family: one atomic load per generation, no lock.
+    pub fn upstream_auth(&self, upstream: &str) -> Option<std::sync::Arc<super::AuthCell>> {
+        if let Some(c) = self.credentials.cell(upstream) {
+            return Some(c);
+        }
+        self.family
+            .ancestors()
+            .find_map(|a| a.credentials.cell(upstream))
     }
 
     /// This registration placed in `family` (before it is shared).
@@ -236,6 +252,7 @@ impl RegistrationState {
             local_tools: Vec::new(),
             roots: r.roots.clone(),
             parent: r.parent.clone(),
+            upstream_credentials: Default::default(),
         };
         let mut state = RegistrationState::new(r.id.clone(), "", &spec, tools);
         state.token_digest = r.token_sha256;
@@ -264,6 +281,8 @@ impl RegistrationState {
             node: self.id.split_once('.').map(|(n, _)| n.to_string()),
             calls_reserved,
             parent: self.family.parent.as_ref().map(|p| p.id.clone()),
+            // Sealed by the gateway (`store::seal`) before it is written.
+            credentials: None,
         }
     }
 

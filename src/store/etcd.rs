@@ -536,6 +536,24 @@ impl Store for EtcdStore {
         async move { self.release_on(&id).await }.boxed()
     }
 
+    fn set_credentials(
+        &self,
+        id: &str,
+        sealed: Option<std::collections::BTreeMap<String, String>>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let id = id.to_string();
+        async move {
+            Ok(self
+                .update(&id, |r| {
+                    r.credentials = sealed.clone();
+                    Some(())
+                })
+                .await?
+                .is_some())
+        }
+        .boxed()
+    }
+
     fn reserve(&self, id: &str, want: u64) -> BoxFuture<'_, Result<u64, StoreError>> {
         let id = id.to_string();
         let live = self.live.load(Ordering::Acquire).max(1) as u64;

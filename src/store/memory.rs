@@ -95,6 +95,21 @@ impl Store for MemoryStore {
         ready(Ok(())).boxed()
     }
 
+    fn set_credentials(
+        &self,
+        id: &str,
+        sealed: Option<std::collections::BTreeMap<String, String>>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let found = self.op(|m| match m.get_mut(id) {
+            Some(r) => {
+                r.credentials = sealed;
+                true
+            }
+            None => false,
+        });
+        ready(Ok(found)).boxed()
+    }
+
     fn stats(&self) -> StoreStats {
         StoreStats {
             ops: self.ops.load(Ordering::Relaxed),

@@ -23,7 +23,7 @@ use crate::registration::StoredTool;
 use crate::sync::lock;
 
 /// The schema this build writes and reads. A file of a higher version is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Operations taken into one transaction at most.
 const MAX_BATCH: usize = 1024;
@@ -48,6 +48,10 @@ CREATE TABLE registrations (
 ) WITHOUT ROWID;
 ";
 
+/// Version 2 (issue 47): each registration's sealed upstream credentials (JSON of upstream
+/// id to sealed value; never in clear).
+const SCHEMA_V2: &str = "ALTER TABLE registrations ADD COLUMN credentials TEXT;";
+
 enum Op {
     LoadAll(oneshot::Sender<Result<Vec<Record>, StoreError>>),
     Write(Write, oneshot::Sender<Result<u64, StoreError>>),
@@ -59,6 +63,7 @@ enum Write {
     Release(String),
     Reserve(String, u64),
     GiveBack(String, u64),
+    Credentials(String, Option<String>),
 }
 
 #[derive(Default)]
@@ -223,10 +228,16 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         .map_err(|e| open_err(path, e))?;
     conn.pragma_update(None, "journal_size_limit", 16 * 1024 * 1024)
         .map_err(|e| open_err(path, e))?;
-    if version == 0 {
+    if version < SCHEMA_VERSION {
         // Migrations: one step per version, each in its own transaction with its number.
+        if version == 0 {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA_V1} PRAGMA user_version = 1; COMMIT;"
+            ))
+            .map_err(bad)?;
+        }
         conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA_V1} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            "BEGIN IMMEDIATE; {SCHEMA_V2} PRAGMA user_version = 2; COMMIT;"
         ))
         .map_err(bad)?;
     } else {
@@ -326,7 +337,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<u64> {
             tx.prepare_cached(
                 "INSERT INTO registrations (id, agent_id, label, token_sha256, grants, tools, \
                  limits, max_calls, roots, ttl_s, created_at_ms, expires_at_ms, node, calls_reserved, \
-                 parent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                 parent, credentials) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )?
             .execute(params![
                 r.id,
@@ -344,6 +355,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<u64> {
                 r.node,
                 i64_of(r.calls_reserved),
                 r.parent,
+                r.credentials.as_ref().map(json).transpose()?,
             ])?;
             Ok(1)
         }
@@ -377,6 +389,9 @@ fn apply(tx: &rusqlite::Transaction<'_>, w: &Write) -> rusqlite::Result<u64> {
             }
             Ok(got)
         }
+        Write::Credentials(id, sealed) => Ok(tx
+            .prepare_cached("UPDATE registrations SET credentials = ?2 WHERE id = ?1")?
+            .execute(params![id, sealed])? as u64),
         Write::GiveBack(id, unused) => Ok(tx
             .prepare_cached(
                 "UPDATE registrations SET calls_reserved = MAX(0, calls_reserved - ?2) WHERE id = ?1",
@@ -394,7 +409,7 @@ fn from_json<T: serde::de::DeserializeOwned>(col: usize, s: &str) -> rusqlite::R
 fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<Record>> {
     let mut stmt = tx.prepare(
         "SELECT id, agent_id, label, token_sha256, grants, tools, limits, roots, ttl_s, \
-         created_at_ms, expires_at_ms, node, calls_reserved, parent FROM registrations \
+         created_at_ms, expires_at_ms, node, calls_reserved, parent, credentials FROM registrations \
          ORDER BY created_at_ms, id",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -413,6 +428,7 @@ fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<Record>> {
         let ttl: Option<i64> = r.get(8)?;
         let expires: i64 = r.get(10)?;
         let reserved: i64 = r.get(12)?;
+        let credentials: Option<String> = r.get(14)?;
         Ok(Record {
             id: r.get(0)?,
             agent_id: r.get(1)?,
@@ -428,6 +444,9 @@ fn load_all(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<Record>> {
             node: r.get(11)?,
             calls_reserved: u64::try_from(reserved).unwrap_or(0),
             parent: r.get(13)?,
+            credentials: credentials
+                .map(|s| from_json::<std::collections::BTreeMap<String, String>>(14, &s))
+                .transpose()?,
         })
     })?;
     rows.collect()
@@ -487,6 +506,17 @@ impl Store for SqliteStore {
             .boxed()
     }
 
+    fn set_credentials(
+        &self,
+        id: &str,
+        sealed: Option<std::collections::BTreeMap<String, String>>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let text = sealed.map(|m| serde_json::to_string(&m).unwrap_or_default());
+        self.write(Write::Credentials(id.to_string(), text))
+            .map(|r| r.map(|n| n > 0))
+            .boxed()
+    }
+
     fn stats(&self) -> StoreStats {
         StoreStats {
             ops: self.counters.ops.load(Ordering::Relaxed),
@@ -535,6 +565,7 @@ mod tests {
             node: None,
             calls_reserved: max_calls.map_or(0, |m| m.min(4)),
             parent: Some("p".into()),
+            credentials: Some([("gh".to_string(), "v1.k.sealed".to_string())].into()),
         }
     }
 

@@ -71,6 +71,12 @@ pub trait Store: Send + Sync {
     fn reserve(&self, id: &str, want: u64) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// Gives back `unused` reserved calls (a clean stop: the block in hand, unspent).
     fn give_back(&self, id: &str, unused: u64) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// Replaces a registration's sealed credentials (issue 47); false if it is gone.
+    fn set_credentials(
+        &self,
+        id: &str,
+        sealed: Option<std::collections::BTreeMap<String, String>>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
     /// Counters.
     fn stats(&self) -> StoreStats;
     /// Finishes pending writes and stops the writer (idempotent).

@@ -169,7 +169,13 @@ impl Connection {
                 opts.shutdown_grace,
             )?),
             Transport::Http { url, headers, tls } => {
-                TransportHandle::Http(HttpTransport::new(&opts.upstream_id, url, headers, tls)?)
+                TransportHandle::Http(HttpTransport::new(
+                    &opts.upstream_id,
+                    url,
+                    headers,
+                    tls,
+                    opts.auth.clone(),
+                )?)
             }
         };
         let conn = Connection {

@@ -116,6 +116,9 @@ pub struct CallIds {
     /// clock read of its own.
     waited_from_ns: AtomicU64,
     stdio: AtomicBool,
+    /// Which kind of credential the upstream request carried (`AuthKind` as u8; 0: none
+    /// was sent, the call did not reach a slot).
+    auth: std::sync::atomic::AtomicU8,
 }
 
 impl CallIds {
@@ -126,7 +129,18 @@ impl CallIds {
             started,
             waited_from_ns: AtomicU64::new(0),
             stdio: AtomicBool::new(false),
+            auth: std::sync::atomic::AtomicU8::new(0),
         }
+    }
+
+    /// Which kind of credential the call's upstream request carried (`upstream_auth`);
+    /// `None` if it never got that far.
+    pub fn upstream_auth(&self) -> Option<crate::registration::AuthKind> {
+        crate::registration::AuthKind::from_u8(self.auth.load(Ordering::Relaxed))
+    }
+
+    fn set_auth(&self, kind: crate::registration::AuthKind) {
+        self.auth.store(kind as u8, Ordering::Relaxed);
     }
 
     pub fn epoch(&self) -> Option<u64> {
@@ -218,7 +232,7 @@ impl Pool {
             client_span: None,
         };
         let in_use = match self
-            .acquire(call.upstream, &call.registration.id, call.cancel)
+            .acquire(call.upstream, call.registration, call.cancel, call.ids)
             .await
         {
             Ok(u) => u,
@@ -338,7 +352,7 @@ impl Pool {
     ) -> Result<Option<(u64, Result<Value, Value>)>, ForwardError> {
         let (registration, upstream, on) = (request.registration, request.upstream, request.on);
         let in_use = self
-            .acquire(upstream, &registration.id, &request.cancel)
+            .acquire(upstream, registration, &request.cancel, None)
             .await?;
         let (slot, conn) = (&in_use.slot, &in_use.conn);
         let current = match on {
@@ -418,21 +432,35 @@ impl Pool {
     /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's
     /// timeout). On a shared or leased slot a registration holding its share of the permits
     /// (`max_in_flight_per_registration`) is refused at once ([`ForwardError::Busy`]).
+    ///
+    /// The registration's own credential for the upstream (issue 47), if it has one, picks
+    /// its own slot; one refused at restore refuses the request. `ids` (a call's) is told
+    /// which kind of credential the request carries (`upstream_auth`).
     async fn acquire(
         &self,
         upstream: &str,
-        registration_id: &str,
+        registration: &RegistrationState,
         cancel: &CancellationToken,
+        ids: Option<&CallIds>,
     ) -> Result<InUse, ForwardError> {
         let began = tokio::time::Instant::now();
+        let registration_id = registration.id.as_str();
+        // No credential in its family: one atomic load.
+        let auth = registration.upstream_auth(upstream);
+        if let Some(cell) = &auth {
+            credential_check(upstream, cell, ids)?;
+        }
         // Each wait below polls its step first: when the step is ready at once (the common
         // case), the cancellation and the deadline are not even registered (a timer entry and
         // a waiter each, set and taken back per call otherwise).
         let (slot, shared) = tokio::select! {
             biased;
-            s = self.slot_for(upstream, registration_id) => s?,
+            s = self.slot_for(upstream, registration_id, auth.as_ref()) => s?,
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
         };
+        if let (Some(ids), None) = (ids, &auth) {
+            ids.set_auth(slot.spec.static_auth);
+        }
         let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
         let deadline = began + timeout;
         let share = if shared {
@@ -482,6 +510,30 @@ impl Pool {
             _busy: busy,
         })
     }
+}
+
+/// A registration's credential cell for `upstream`, checked before its slot is taken: set or
+/// unset goes (the kind told to `ids`), refused fails the request with its reason.
+fn credential_check(
+    upstream: &str,
+    cell: &crate::registration::AuthCell,
+    ids: Option<&CallIds>,
+) -> Result<(), ForwardError> {
+    use crate::registration::{AuthKind, AuthState};
+    let kind = match cell.state() {
+        AuthState::Refused(why) => {
+            return Err(ForwardError::CredentialsRefused {
+                upstream: upstream.to_string(),
+                why: why.to_string(),
+            })
+        }
+        AuthState::Set(..) => AuthKind::Registration,
+        AuthState::Unset => AuthKind::None,
+    };
+    if let Some(ids) = ids {
+        ids.set_auth(kind);
+    }
+    Ok(())
 }
 
 /// How a forwarded `tools/call` ended, from its request's end (the upstream's request id
@@ -627,13 +679,13 @@ impl Pool {
     pub async fn ping(
         &self,
         upstream: &str,
-        registration_id: &str,
+        registration: &RegistrationState,
         timeout: Duration,
     ) -> Result<(), &'static str> {
         let cancel = CancellationToken::new();
         let _stop = cancel.clone().drop_guard();
         let asked = async {
-            let in_use = self.acquire(upstream, registration_id, &cancel).await?;
+            let in_use = self.acquire(upstream, registration, &cancel, None).await?;
             let opts = RequestOptions {
                 timeout: Some(timeout),
                 cancel: cancel.clone(),
@@ -652,6 +704,7 @@ impl Pool {
             Ok(Err(e)) => Err(match e {
                 ForwardError::UnknownUpstream(_) => "not configured (removed by a reload?)",
                 ForwardError::ShuttingDown => "shutting down",
+                ForwardError::CredentialsRefused { .. } => "its credentials are refused",
                 ForwardError::Unavailable { .. } => "unavailable: cannot connect",
                 ForwardError::Upstream(UpstreamError::Spawn(_)) => "cannot be spawned",
                 ForwardError::Upstream(UpstreamError::Closed(_)) => "connection closed",

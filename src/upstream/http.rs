@@ -53,6 +53,9 @@ struct Shared {
     answered: AtomicBool,
     url: Url,
     headers: HeaderMap,
+    /// A registration's own credential (issue 47), read on every request: set over the
+    /// configured headers, never logged (its values are marked sensitive).
+    auth: Option<Arc<crate::registration::AuthCell>>,
     session: Mutex<Option<HeaderValue>>,
     protocol_version: OnceLock<HeaderValue>,
 }
@@ -64,6 +67,7 @@ impl HttpTransport {
         url: &str,
         headers: &BTreeMap<String, String>,
         tls: &crate::config::UpstreamTls,
+        auth: Option<Arc<crate::registration::AuthCell>>,
     ) -> Result<Self, UpstreamError> {
         let url = Url::parse(url)
             .map_err(|err| UpstreamError::Config(format!("invalid upstream url {url:?}: {err}")))?;
@@ -103,6 +107,7 @@ impl HttpTransport {
                 answered: AtomicBool::new(false),
                 url,
                 headers: map,
+                auth,
                 session: Mutex::new(None),
                 protocol_version: OnceLock::new(),
             }),
@@ -202,6 +207,7 @@ impl HttpTransport {
         let session = lock(&self.shared.session).take();
         if let Some(session) = session {
             let mut headers = self.shared.headers.clone();
+            self.shared.authorize(&mut headers);
             headers.insert(SESSION_HEADER, session);
             if let Some(version) = self.shared.protocol_version.get() {
                 headers.insert(PROTOCOL_VERSION_HEADER, version.clone());
@@ -274,8 +280,23 @@ fn header_value(v: &str) -> Option<HeaderValue> {
 }
 
 impl Shared {
+    /// Sets the registration's credential (its value now) over the configured headers.
+    fn authorize(&self, headers: &mut HeaderMap) {
+        if let Some(cell) = &self.auth {
+            if let Some(creds) = cell.headers() {
+                for name in creds.keys() {
+                    headers.remove(name);
+                }
+                for (name, value) in creds.iter() {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+    }
+
     fn headers_for_post(&self) -> HeaderMap {
         let mut headers = self.headers.clone();
+        self.authorize(&mut headers);
         headers.insert(ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(session) = lock(&self.session).clone() {

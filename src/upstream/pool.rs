@@ -277,7 +277,7 @@ impl Pool {
             return Ok(c.clone());
         }
         // (`leased` is decided below, once the server's capabilities are known.)
-        let probe = self.new_slot(&up.spec, false, None);
+        let probe = self.new_slot(&up.spec, false, None, None);
         let span = self
             .inner
             .telemetry
@@ -389,13 +389,20 @@ impl Pool {
 
     /// A slot and its event task; `owner` is the registration a `per_registration` slot
     /// serves (connection-wide notifications go to its sessions).
-    fn new_slot(&self, spec: &Arc<Spec>, leased: bool, owner: Option<&str>) -> Arc<Slot> {
+    fn new_slot(
+        &self,
+        spec: &Arc<Spec>,
+        leased: bool,
+        owner: Option<&str>,
+        auth: Option<Arc<crate::registration::AuthCell>>,
+    ) -> Arc<Slot> {
         self.start_reaper();
         let (slot, rx) = Slot::new(
             spec,
             self.inner.audit.clone(),
             leased,
             self.inner.telemetry.get().cloned(),
+            auth,
         );
         self.inner.tasks.spawn(run_events(
             Arc::downgrade(&self.inner),
@@ -410,10 +417,14 @@ impl Pool {
     /// The slot serving `registration_id` on `upstream_id` (the sharing choice), created on
     /// first use, and whether the slot is shared between registrations (`shared`, or `leased`
     /// with the extension): its permits are then divided.
+    ///
+    /// `auth`: the registration's own credential for the upstream (issue 47): then the slot
+    /// is its own whatever the sharing, reading that cell ([`Pool::own_slot`]).
     pub(super) async fn slot_for(
         &self,
         upstream_id: &str,
         registration_id: &str,
+        auth: Option<&Arc<crate::registration::AuthCell>>,
     ) -> Result<(Arc<Slot>, bool), ForwardError> {
         let up = self
             .inner
@@ -422,8 +433,11 @@ impl Pool {
         // The common case under one lock (every call of the upstream takes it).
         let uncatalogued = {
             let slots = lock(&up.slots);
-            if let (Some(sharing), Some(slot)) = (slots.effective, slots.find(registration_id)) {
-                return Ok((slot, shares(sharing)));
+            if auth.is_none() {
+                if let (Some(sharing), Some(slot)) = (slots.effective, slots.find(registration_id))
+                {
+                    return Ok((slot, shares(sharing)));
+                }
             }
             slots.effective.is_none()
         };
@@ -437,6 +451,9 @@ impl Pool {
                     source,
                 })?;
         }
+        if let Some(cell) = auth {
+            return Ok((self.own_slot(&up, registration_id, cell), false));
+        }
         let mut slots = lock(&up.slots);
         let shared = slots.effective.is_some_and(shares);
         if let Some(s) = slots.find(registration_id) {
@@ -446,17 +463,53 @@ impl Pool {
             Some(Sharing::PerRegistration) | None => slots
                 .per_registration
                 .entry(registration_id.to_string())
-                .or_insert_with(|| self.new_slot(&up.spec, false, Some(registration_id)))
+                .or_insert_with(|| self.new_slot(&up.spec, false, Some(registration_id), None))
                 .clone(),
             Some(sharing) => {
                 let leased = sharing == Sharing::Leased;
                 slots
                     .shared
-                    .get_or_insert_with(|| self.new_slot(&up.spec, leased, None))
+                    .get_or_insert_with(|| self.new_slot(&up.spec, leased, None, None))
                     .clone()
             }
         };
         Ok((slot, shared))
+    }
+
+    /// The slot a registration with its own credential for `up` uses alone (issue 47): one
+    /// connection (one upstream HTTP session) per registration and credential cell, whatever
+    /// the upstream's sharing, so no other registration's request ever rides it. A slot it
+    /// had with another cell (made before a rotation gave it its own, or a child's own
+    /// replacing its parent's) is drained and closed, as a reload drains a changed upstream.
+    fn own_slot(
+        &self,
+        up: &Arc<Upstream>,
+        registration_id: &str,
+        cell: &Arc<crate::registration::AuthCell>,
+    ) -> Arc<Slot> {
+        let mut slots = lock(&up.slots);
+        let same = |s: &Arc<Slot>| s.auth.as_ref().is_some_and(|a| Arc::ptr_eq(a, cell));
+        if let Some(s) = slots.per_registration.get(registration_id).filter(|s| same(s)) {
+            return s.clone();
+        }
+        let slot = self.new_slot(&up.spec, false, Some(registration_id), Some(cell.clone()));
+        let old = slots
+            .per_registration
+            .insert(registration_id.to_string(), slot.clone());
+        drop(slots);
+        if let Some(old) = old {
+            let limit = Duration::from_secs(up.spec.config.call_timeout_s.max(1));
+            self.inner.tasks.spawn(async move {
+                let t0 = Instant::now();
+                while old.in_flight.load(Ordering::Acquire) > 0 && t0.elapsed() < limit {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let _ = tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed"))
+                    .await;
+                old.stop.cancel();
+            });
+        }
+        slot
     }
 
     /// Releases what a registration holds: its lease on shared connections

@@ -38,6 +38,9 @@ pub(super) struct Spec {
     pub catalog_work: Mutex<Option<crate::telemetry::PoolWork>>,
     /// Why the last connection attempt failed, until one succeeds (`GET /v1/upstreams`).
     pub last_error: Mutex<Option<String>>,
+    /// What its requests carry without a registration's own credential: `static` when the
+    /// config sets headers (`upstream_auth`).
+    pub static_auth: crate::registration::AuthKind,
 }
 
 impl Spec {
@@ -49,7 +52,14 @@ impl Spec {
             }),
             Transport::Stdio { .. } => None,
         };
+        let static_auth = match &transport {
+            Transport::Http { headers, .. } if !headers.is_empty() => {
+                crate::registration::AuthKind::Static
+            }
+            _ => crate::registration::AuthKind::None,
+        };
         Spec {
+            static_auth,
             id: config.id.clone(),
             config,
             transport,
@@ -158,6 +168,9 @@ pub(super) struct Slot {
     telemetry: Option<Arc<crate::telemetry::Telemetry>>,
     /// The spawn of the live connection, as calls that waited on it link to it.
     spawn_work: Mutex<Option<crate::telemetry::PoolWork>>,
+    /// The credential of the registration this slot serves alone (issue 47): its
+    /// connections read it on every request. `None` for every other slot.
+    pub auth: Option<Arc<crate::registration::AuthCell>>,
 }
 
 impl Drop for Slot {
@@ -173,6 +186,7 @@ impl Slot {
         audit: Audit,
         leased: bool,
         telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+        auth: Option<Arc<crate::registration::AuthCell>>,
     ) -> (Arc<Slot>, EventReceiver) {
         // Bounded and rate-limited per connection (events.rs).
         let (tx, rx) = super::events::channel(&spec.id, spec.refused.clone());
@@ -200,6 +214,7 @@ impl Slot {
             stop: CancellationToken::new(),
             telemetry,
             spawn_work: Mutex::new(None),
+            auth,
         });
         (slot, rx)
     }
@@ -262,6 +277,7 @@ impl Slot {
         opts.request_timeout = Duration::from_secs(self.spec.config.call_timeout_s.max(1));
         opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
         opts.modern = self.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION);
+        opts.auth = self.auth.clone();
         // Pool work: a trace of its own (tracing on), linked from the calls that waited; the
         // upstream's span of `initialize` joins it.
         let span = self

@@ -110,6 +110,9 @@ pub struct ConnectOptions {
     /// The pool work's trace context (tracing on), sent with `initialize` (`_meta`, and
     /// headers to HTTP upstreams) so the upstream's span of it joins that trace.
     pub trace: Option<crate::telemetry::TraceMeta>,
+    /// A registration's own credential for this HTTP upstream (issue 47), read on every
+    /// request so a rotation reaches the next one; `None`: the configured headers only.
+    pub auth: Option<Arc<crate::registration::AuthCell>>,
 }
 
 impl ConnectOptions {
@@ -133,6 +136,7 @@ impl ConnectOptions {
             notifications_refused: NotificationsRefused::default(),
             notify_grace: NOTIFY_GRACE,
             trace: None,
+            auth: None,
         }
     }
 }
@@ -430,6 +434,10 @@ pub enum ForwardError {
     /// "refuse"`) when its connection was checked, after the call was admitted (`crate::registration::pins`).
     #[error("the definition of tool {tool} changed upstream since this registration was made")]
     ToolChanged { tool: String, removed: bool },
+    /// The registration's credential for this upstream is not usable (restored from the
+    /// store without the key that sealed it): refused until the harness rotates it.
+    #[error("the credentials of this registration for upstream {upstream:?} are refused: {why}; the harness must set them again (PUT /v1/registrations/<id>/credentials)")]
+    CredentialsRefused { upstream: String, why: String },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
 }
@@ -439,6 +447,7 @@ impl ForwardError {
         match self {
             ForwardError::Cancelled | ForwardError::Busy { .. } => Side::Downstream,
             ForwardError::UnknownUpstream(_) | ForwardError::ShuttingDown => Side::Internal,
+            ForwardError::CredentialsRefused { .. } => Side::Internal,
             ForwardError::Unavailable { .. }
             | ForwardError::ToolChanged { .. }
             | ForwardError::Upstream(_) => Side::Upstream,
