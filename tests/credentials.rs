@@ -1,0 +1,365 @@
+//! Per-registration upstream credentials (issue 47), through a real `gatehouse serve` and a
+//! real HTTPS upstream (tests/fixtures/whoami_https_server.py: the official Python SDK over
+//! uvicorn and TLS, a CA made per run, that echoes the Authorization header each call came
+//! with and logs every request's headers): each registration's requests carry only its own
+//! credential, on a connection of its own; a rotation reaches the next request while a call
+//! in flight finishes; the agent's token never goes upstream; no secret appears in a log, an
+//! audit record, `/metrics`, an admin reply or the store file; sealed credentials survive a
+//! kill -9, and without their key they are refused with the reason until rotated.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::daemon::Daemon;
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The HTTPS upstream; killed on drop.
+struct Whoami {
+    child: Child,
+    dir: tempfile::TempDir,
+    url: String,
+    ca: PathBuf,
+}
+
+impl Drop for Whoami {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Whoami {
+    fn start() -> Whoami {
+        let py = repo_root().join("tests/peers/.venv/bin/python");
+        assert!(
+            py.exists(),
+            "tests/peers/.venv is missing: run `bash tests/peers/setup.sh`"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(py)
+            .arg(repo_root().join("tests/fixtures/whoami_https_server.py"))
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).expect("the whoami upstream did not start");
+        Whoami {
+            url: format!("https://127.0.0.1:{}/mcp", v["listening"]),
+            ca: PathBuf::from(v["ca"].as_str().unwrap()),
+            child,
+            dir,
+        }
+    }
+
+    /// Every request the upstream received, as it logged them.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The daemon config: `who` over HTTPS (shared: one connection for every registration
+    /// without credentials of its own), and the stdio demo upstream `desk`.
+    fn config(&self) -> String {
+        format!(
+            "[[upstreams]]\nid = \"who\"\nurl = {:?}\ntls_ca_file = {:?}\nsharing = \"shared\"\n\n[[upstreams]]\nid = \"desk\"\ncommand = {:?}\nargs = [\"demo-upstream\"]\n",
+            self.url,
+            self.ca.display().to_string(),
+            env!("CARGO_BIN_EXE_gatehouse"),
+        )
+    }
+}
+
+async fn client(reg: &Value) -> SseClient {
+    let mut c = SseClient::connect(
+        reg["sse_url"].as_str().unwrap(),
+        reg["token"].as_str().unwrap(),
+    )
+    .await;
+    c.initialize().await;
+    c
+}
+
+async fn whoami(c: &mut SseClient) -> String {
+    let r = c.call("who.whoami", json!({})).await;
+    assert!(r["result"]["isError"] != json!(true), "{r}");
+    text_of(&r)
+}
+
+/// Every file under `dir` (the store and its WAL, the key, the audit log, …) as bytes.
+fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_file() {
+            out.push((p.clone(), std::fs::read(&p).unwrap_or_default()));
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// No secret in the daemon's stderr, its audit log, `/metrics`, the admin list, or any file
+/// of its directory but the key (the store is sealed).
+async fn assert_nowhere(d: &Daemon, secrets: &[&str]) {
+    let metrics = d.metrics().await;
+    let (_, list) = d
+        .admin_call(Method::GET, "/v1/registrations", None)
+        .await;
+    let (_, tail) = d.admin_call(Method::GET, "/v1/audit?limit=1000", None).await;
+    let stderr = d.stderr();
+    for s in secrets {
+        assert!(!stderr.contains(s), "{s} in the daemon's log");
+        assert!(!metrics.contains(s), "{s} in /metrics");
+        assert!(!list.to_string().contains(s), "{s} in GET /v1/registrations");
+        assert!(!tail.to_string().contains(s), "{s} in GET /v1/audit");
+        for (path, bytes) in files_under(d.dir()) {
+            assert!(!contains(&bytes, s), "{s} in {}", path.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_the_next_request() {
+    let up = Whoami::start();
+    let d = Daemon::start(&up.config(), "", "debug", &[]);
+    let (alice, bob, alice2) = (
+        "alice-tok-7Hq2Lr9",
+        "bob-tok-Xv81Kp3",
+        "alice-rotated-Zt40Mw6",
+    );
+    let a = d
+        .register(json!({"agent_id": "run-alice", "tools": ["who.*"],
+            "upstream_credentials": {"who": {"bearer": alice}}}))
+        .await;
+    let b = d
+        .register(json!({"agent_id": "run-bob", "tools": ["who.*"],
+            "upstream_credentials": {"who": {"headers": {"Authorization": format!("Bearer {bob}"), "X-Tenant": "bob-co"}}}}))
+        .await;
+    let none = d
+        .register(json!({"agent_id": "run-none", "tools": ["who.*"]}))
+        .await;
+    // A child uses its parent's credential.
+    let child = d
+        .register(json!({"agent_id": "sub", "tools": ["who.whoami"], "parent": a["id"]}))
+        .await;
+    assert_eq!(a["upstream_credentials"], json!({"who": "set"}), "{a}");
+    assert_eq!(none["upstream_credentials"], json!({}));
+
+    let (mut ca, mut cb, mut cn, mut cc) = (
+        client(&a).await,
+        client(&b).await,
+        client(&none).await,
+        client(&child).await,
+    );
+    for _ in 0..3 {
+        assert_eq!(whoami(&mut ca).await, format!("auth=Bearer {alice} tenant=-"));
+        assert_eq!(whoami(&mut cb).await, format!("auth=Bearer {bob} tenant=bob-co"));
+        assert_eq!(whoami(&mut cn).await, "auth=- tenant=-");
+        assert_eq!(whoami(&mut cc).await, format!("auth=Bearer {alice} tenant=-"));
+    }
+
+    // Rotation mid-run: a slow call in flight finishes; the next request has the new one.
+    let slow = tokio::spawn(async move {
+        let r = ca.call("who.slow", json!({"seconds": 1.5})).await;
+        (ca, r)
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (s, v) = d
+        .admin_call(
+            Method::PUT,
+            &format!("/v1/registrations/{}/credentials", a["id"].as_str().unwrap()),
+            Some(json!({"who": {"bearer": alice2}})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["upstream_credentials"], json!({"who": "set"}));
+    let (mut ca, r) = slow.await.unwrap();
+    assert_eq!(text_of(&r), format!("auth=Bearer {alice} tenant=-"), "{r}");
+    assert_eq!(whoami(&mut ca).await, format!("auth=Bearer {alice2} tenant=-"));
+    assert_eq!(whoami(&mut cc).await, format!("auth=Bearer {alice2} tenant=-"));
+    assert_eq!(whoami(&mut cb).await, format!("auth=Bearer {bob} tenant=bob-co"));
+    let (s, shown) = d
+        .admin_call(
+            Method::GET,
+            &format!("/v1/registrations/{}", a["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(shown["upstream_credentials"], json!({"who": "set"}));
+
+    // Refused with the upstream and the reason: a stdio upstream, an ungranted one, a bad
+    // value, an unknown registration.
+    for (body, want) in [
+        (
+            json!({"agent_id": "x", "tools": ["desk.*"], "upstream_credentials": {"desk": {"bearer": "t"}}}),
+            "stdio",
+        ),
+        (
+            json!({"agent_id": "x", "tools": ["desk.*"], "upstream_credentials": {"who": {"bearer": "t"}}}),
+            "grant names no tool of upstream \"who\"",
+        ),
+        (
+            json!({"agent_id": "x", "tools": ["who.*"], "upstream_credentials": {"who": {"bearer": "two words"}}}),
+            "upstream_credentials.who",
+        ),
+    ] {
+        let (s, v) = d
+            .admin_call(Method::POST, "/v1/registrations", Some(body))
+            .await;
+        assert_eq!(s, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(want), "{v}");
+    }
+    let (s, _) = d
+        .admin_call(
+            Method::PUT,
+            "/v1/registrations/nosuch/credentials",
+            Some(json!({"who": {"bearer": "t"}})),
+        )
+        .await;
+    assert_eq!(s, 404);
+
+    // Attribution: each call record says which kind went upstream, never the value.
+    d.wait_audit(10, |recs| {
+        recs.iter()
+            .filter(|r| r.event == "governed_mcp_call")
+            .count()
+            >= 16
+    })
+    .await;
+    let recs = d.audit();
+    let auth_of = |agent: &str| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r.event == "governed_mcp_call" && r.agent_id.as_deref() == Some(agent))
+            .map(|r| r.upstream_auth.as_deref().unwrap_or("absent").to_string())
+            .collect()
+    };
+    assert!(auth_of("run-alice").iter().all(|k| k == "registration"));
+    assert!(auth_of("run-bob").iter().all(|k| k == "registration"));
+    assert!(auth_of("sub").iter().all(|k| k == "registration"));
+    assert!(auth_of("run-none").iter().all(|k| k == "none"));
+    assert!(!auth_of("run-none").is_empty());
+
+    // Upstream: no agent token ever; each upstream session saw one registration's
+    // credential only (alice's two values on hers), and never another's.
+    let tokens: Vec<&str> = [&a, &b, &none, &child]
+        .iter()
+        .map(|r| r["token"].as_str().unwrap())
+        .collect();
+    let seen = up.requests();
+    assert!(seen.len() > 10);
+    let mut sessions: std::collections::HashMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for r in &seen {
+        let text = r.to_string();
+        for t in &tokens {
+            assert!(!text.contains(t), "an agent's token reached the upstream: {text}");
+        }
+        if let Some(s) = r["mcp_session"].as_str() {
+            let who = r["authorization"].as_str().unwrap_or("-");
+            let who = if who.contains("alice") {
+                "alice"
+            } else if who.contains("bob") {
+                "bob"
+            } else {
+                "none"
+            };
+            sessions.entry(s.to_string()).or_default().insert(who.into());
+        }
+    }
+    assert!(sessions.len() >= 3, "{sessions:?}");
+    for (s, who) in &sessions {
+        assert_eq!(who.len(), 1, "upstream session {s} carried {who:?}");
+    }
+    assert_nowhere(&d, &[alice, bob, alice2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_until_rotated() {
+    let up = Whoami::start();
+    let mut d = Daemon::start(&up.config(), "", "info", &[]);
+    let secret = "sealed-tok-Qm83Vd1";
+    let a = d
+        .register(json!({"agent_id": "run-s", "tools": ["who.*"],
+            "upstream_credentials": {"who": {"bearer": secret}}}))
+        .await;
+    let mut c = client(&a).await;
+    assert_eq!(whoami(&mut c).await, format!("auth=Bearer {secret} tenant=-"));
+    let key = d.dir().join("store.key");
+    assert!(key.exists(), "no key file beside the store");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&key).unwrap().mode() & 0o777, 0o600);
+    let store = d.dir().join("store.sqlite");
+    assert!(store.exists());
+
+    // kill -9 and restart: same URL and token, the credential opened again.
+    d.kill9_and_restart();
+    for (path, bytes) in files_under(d.dir()) {
+        assert!(!contains(&bytes, secret), "{secret} in {}", path.display());
+    }
+    let moved = |url: &str, data: &str| url.replace(&url[..url.find("/gw/").unwrap()], data);
+    let again = json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
+    let mut c = client(&again).await;
+    assert_eq!(whoami(&mut c).await, format!("auth=Bearer {secret} tenant=-"));
+
+    // Without its key: restored, its credential refused with the reason (log, audit, the
+    // agent's tool error, the admin view), until the harness sets it again.
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    std::fs::remove_file(&key).unwrap();
+    d.kill9_and_restart();
+    let again = json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
+    let mut c = client(&again).await;
+    let r = c.call("who.whoami", json!({})).await;
+    assert_eq!(r["result"]["isError"], json!(true), "{r}");
+    let text = text_of(&r);
+    assert!(
+        text.contains("credentials") && text.contains("another key") && text.contains("who"),
+        "{text}"
+    );
+    assert!(
+        d.stderr().contains("cannot be opened and are refused"),
+        "{}",
+        d.stderr()
+    );
+    let recs = d.audit();
+    let refused = recs
+        .iter()
+        .find(|r| r.event == "credentials_refused")
+        .expect("no credentials_refused record");
+    assert_eq!(refused.upstream.as_deref(), Some("who"));
+    assert!(refused.reason.as_deref().unwrap().contains("another key"));
+    let id = a["id"].as_str().unwrap();
+    let (_, shown) = d
+        .admin_call(Method::GET, &format!("/v1/registrations/{id}"), None)
+        .await;
+    assert_eq!(shown["upstream_credentials"], json!({"who": "refused"}));
+    let (s, v) = d
+        .admin_call(
+            Method::PUT,
+            &format!("/v1/registrations/{id}/credentials"),
+            Some(json!({"who": {"bearer": "fresh-tok-Lp09Aa2"}})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(whoami(&mut c).await, "auth=Bearer fresh-tok-Lp09Aa2 tenant=-");
+    assert_nowhere(&d, &[secret, "fresh-tok-Lp09Aa2"]).await;
+}
