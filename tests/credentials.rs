@@ -363,3 +363,44 @@ async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_unti
     assert_eq!(whoami(&mut c).await, "auth=Bearer fresh-tok-Lp09Aa2 tenant=-");
     assert_nowhere(&d, &[secret, "fresh-tok-Lp09Aa2"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_credentials_from_a_file_or_a_variable_and_never_from_argv() {
+    let up = Whoami::start();
+    let d = Daemon::start(&up.config(), "", "info", &[]);
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("who.cred");
+    std::fs::write(&file, "{\"bearer\": \"file-tok-Ur55Kc0\"}\n").unwrap();
+    let arg = format!("who=@{}", file.display());
+    let out = d.cli(&[
+        "register", "--agent-id", "cli-a", "--tool", "who.*", "--credential", &arg, "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reg: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reg["upstream_credentials"], json!({"who": "set"}));
+    let mut c = client(&reg).await;
+    assert_eq!(whoami(&mut c).await, "auth=Bearer file-tok-Ur55Kc0 tenant=-");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(["register", "--agent-id", "cli-b", "--tool", "who.*"])
+        .args(["--credential", "who=env:WHO_TOKEN", "--json", "--config"])
+        .arg(d.config_path())
+        .env("GATEHOUSE_ADMIN_URL", &d.admin)
+        .env("WHO_TOKEN", "env-tok-Pd19Xe4")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reg: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut c = client(&reg).await;
+    assert_eq!(whoami(&mut c).await, "auth=Bearer env-tok-Pd19Xe4 tenant=-");
+
+    // A value on the command line is refused, and not echoed.
+    let out = d.cli(&[
+        "register", "--agent-id", "cli-c", "--tool", "who.*", "--credential", "who=argv-tok-Wq72",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("never taken from the command line"), "{err}");
+    assert!(!err.contains("argv-tok-Wq72"), "{err}");
+    assert_nowhere(&d, &["file-tok-Ur55Kc0", "env-tok-Pd19Xe4"]).await;
+}

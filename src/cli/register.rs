@@ -27,6 +27,11 @@ pub struct RegisterArgs {
     /// subset of the parent's, it is released with the parent.
     #[arg(long)]
     pub parent: Option<String>,
+    /// An upstream credential (issue 47): `UPSTREAM=@FILE` or `UPSTREAM=env:VAR`, never the
+    /// value itself (argv is visible to `ps`). The file or variable holds a bearer token, or
+    /// JSON: `{"bearer": "…"}` or `{"headers": {"<name>": "<value>"}}`. Repeatable.
+    #[arg(long = "credential", value_name = "UPSTREAM=@FILE|UPSTREAM=env:VAR")]
+    pub credentials: Vec<String>,
     /// Print the admin API's JSON reply.
     #[arg(long, conflicts_with = "export")]
     pub json: bool,
@@ -42,10 +47,45 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The `upstream_credentials` object of `--credential` arguments, each value read from its
+/// file or environment variable; the error names the argument, never a value.
+pub fn credentials_of(args: &[String]) -> Result<serde_json::Map<String, Value>, String> {
+    let mut out = serde_json::Map::new();
+    for arg in args {
+        let Some((up, source)) = arg.split_once('=') else {
+            return Err(format!("--credential {arg:?}: expected UPSTREAM=@FILE or UPSTREAM=env:VAR"));
+        };
+        let text = if let Some(path) = source.strip_prefix('@') {
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("--credential {up}=@{path}: cannot read it: {e}"))?
+        } else if let Some(var) = source.strip_prefix("env:") {
+            std::env::var(var)
+                .map_err(|_| format!("--credential {up}=env:{var}: the variable is not set"))?
+        } else {
+            return Err(format!(
+                "--credential {up}=…: give @FILE or env:VAR; a credential is never taken from the command line, which `ps` shows"
+            ));
+        };
+        let text = text.trim();
+        let value = if text.starts_with('{') {
+            serde_json::from_str::<Value>(text)
+                .map_err(|e| format!("--credential {up}: not JSON ({e})"))?
+        } else {
+            json!({ "bearer": text })
+        };
+        crate::registration::Credential::from_json(&format!("--credential {up}"), &value)?;
+        out.insert(up.to_string(), value);
+    }
+    Ok(out)
+}
+
 pub fn run(a: RegisterArgs) -> ExitCode {
     block_on(async move {
         let client = a.conn.client()?;
         let mut body = json!({"agent_id": a.agent_id, "tools": a.tools});
+        if !a.credentials.is_empty() {
+            body["upstream_credentials"] = Value::Object(credentials_of(&a.credentials)?);
+        }
         if let Some(t) = a.ttl {
             body["ttl_s"] = json!(t);
         }
