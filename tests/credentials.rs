@@ -404,3 +404,50 @@ async fn the_cli_reads_credentials_from_a_file_or_a_variable_and_never_from_argv
     assert!(!err.contains("argv-tok-Wq72"), "{err}");
     assert_nowhere(&d, &["file-tok-Ur55Kc0", "env-tok-Pd19Xe4"]).await;
 }
+
+/// bindings/python's pure-Python `AdminClient` (loaded from the source tree, as
+/// tests/shipped does) run by the peers' Python: `script` gets `admin` and prints JSON.
+fn python_admin(d: &Daemon, script: &str) -> Value {
+    let prelude = format!(
+        "import importlib, json, sys, types\npkg = types.ModuleType('gh_admin')\npkg.__path__ = [{:?}]\nsys.modules['gh_admin'] = pkg\nm = importlib.import_module('gh_admin._admin')\nadmin = m.AdminClient({:?}, {:?})\n",
+        repo_root()
+            .join("bindings/python/python/gatehouse")
+            .display()
+            .to_string(),
+        d.admin,
+        d.token
+    );
+    let out = Command::new(repo_root().join("tests/peers/.venv/bin/python"))
+        .arg("-c")
+        .arg(format!("{prelude}{script}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_admin_client_registers_and_rotates_credentials() {
+    let up = Whoami::start();
+    let d = Daemon::start(&up.config(), "", "info", &[]);
+    let reg = python_admin(
+        &d,
+        "r = admin.register('py-run', ['who.*'], upstream_credentials={'who': {'bearer': 'py-tok-Hb61Qs8'}}, renew=False)\nprint(json.dumps(r.info))",
+    );
+    assert_eq!(reg["upstream_credentials"], json!({"who": "set"}), "{reg}");
+    let mut c = client(&reg).await;
+    assert_eq!(whoami(&mut c).await, "auth=Bearer py-tok-Hb61Qs8 tenant=-");
+    let id = reg["id"].as_str().unwrap();
+    let rotated = python_admin(
+        &d,
+        &format!("print(json.dumps(admin.rotate_credentials({id:?}, {{'who': {{'headers': {{'X-Tenant': 'py-co', 'Authorization': 'Bearer py-tok-2'}}}}}})))"),
+    );
+    assert_eq!(rotated["upstream_credentials"], json!({"who": "set"}));
+    assert_eq!(whoami(&mut c).await, "auth=Bearer py-tok-2 tenant=py-co");
+    let refused = python_admin(
+        &d,
+        "try:\n    admin.register('py-bad', ['desk.*'], upstream_credentials={'desk': {'bearer': 'x'}}, renew=False)\n    print(json.dumps('accepted'))\nexcept m.RegistrationError as e:\n    print(json.dumps(str(e)))",
+    );
+    assert!(refused.as_str().unwrap().contains("stdio"), "{refused}");
+    assert_nowhere(&d, &["py-tok-Hb61Qs8"]).await;
+}

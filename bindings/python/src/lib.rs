@@ -323,7 +323,7 @@ impl NativeGateway {
     }
 
     /// Registers an execution (the GIL is released while the gateway works).
-    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None, roots_json=None, parent=None))]
+    #[pyo3(signature = (agent_id, grants, tools, label=None, ttl_s=None, limits_json=None, roots_json=None, parent=None, credentials_json=None))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments, one per spec field
     fn register(
         &self,
@@ -336,9 +336,19 @@ impl NativeGateway {
         limits_json: Option<String>,
         roots_json: Option<String>,
         parent: Option<String>,
+        credentials_json: Option<String>,
     ) -> PyResult<NativeRegistration> {
         let gw = self.shared.check(py)?;
         let mut spec = RegistrationSpec::new(agent_id);
+        if let Some(j) = credentials_json {
+            // Built by the Python layer; errors name the upstream, never a value.
+            let v: serde_json::Value = serde_json::from_str(&j).map_err(|_| {
+                py_err(py, "RegistrationError", "upstream_credentials: not JSON".to_string())
+            })?;
+            spec.upstream_credentials =
+                gatehouse::Credential::set_from_json("upstream_credentials", &v)
+                    .map_err(|e| py_err(py, "RegistrationError", e))?;
+        }
         if let Some(p) = parent {
             spec = spec.parent(p);
         }

@@ -114,13 +114,21 @@ class AdminRegistration:
         ttl_s: int | None = None,
         limits: Mapping[str, Any] | None = None,
         renew: bool = True,
+        upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> "AdminRegistration":
         """A child registration for a sub-agent: ``tools`` must name tools of this
         registration (globs match among them), its TTL and limits are at most this one's, its
-        calls count against this one's budget too, and releasing this one releases it first."""
+        calls count against this one's budget too, and releasing this one releases it first.
+        It uses this registration's upstream credentials unless given its own."""
         return self._client.register(
-            agent_id, tools, label=label, ttl_s=ttl_s, limits=limits, renew=renew, parent=self.id
+            agent_id, tools, label=label, ttl_s=ttl_s, limits=limits, renew=renew, parent=self.id,
+            upstream_credentials=upstream_credentials,
         )
+
+    def rotate_credentials(self, upstream_credentials: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """Replaces this registration's upstream credentials (see
+        :meth:`AdminClient.rotate_credentials`)."""
+        return self._client.rotate_credentials(self.id, upstream_credentials)
 
     def probe(self, timeout: float = _probe.DEFAULT_TIMEOUT, *, check: bool = True) -> dict[str, Any]:
         """The MCP round trip with this registration's token, its tools against its grant, its
@@ -237,12 +245,18 @@ class AdminClient:
         renew: bool = True,
         roots: Iterable[Any] | None = None,
         parent: str | None = None,
+        upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> AdminRegistration:
         """``POST /v1/registrations``. Use as a context manager: renews while held (if it has
         a ``ttl_s``), releases on exit. ``roots`` as for :meth:`gatehouse.Gateway.register`
         (sent as the body's ``"roots"``). ``parent``: the id of a live registration this one
-        is a child of (a sub-agent; see :meth:`AdminRegistration.child`)."""
+        is a child of (a sub-agent; see :meth:`AdminRegistration.child`).
+        ``upstream_credentials``: ``{"<upstream>": {"bearer": "…"} | {"headers": {…}}}`` for
+        HTTP upstreams the grant names, sent on this registration's upstream requests only and
+        never shown again (the reply says ``"set"``)."""
         body: dict[str, Any] = {"agent_id": agent_id, "tools": list(tools)}
+        if upstream_credentials is not None:
+            body["upstream_credentials"] = {k: dict(v) for k, v in upstream_credentials.items()}
         if parent is not None:
             body["parent"] = parent
         if label is not None:
@@ -261,6 +275,20 @@ class AdminClient:
         if status != 201 or not isinstance(payload, dict):
             raise self._fail(status, payload, "register")
         return AdminRegistration(self, payload, ttl_s, renew)
+
+    def rotate_credentials(
+        self, id: str, upstream_credentials: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """``PUT /v1/registrations/<id>/credentials``: replaces its upstream credentials (same
+        URL and token; calls in flight finish, the next upstream request uses the new ones).
+        Returns ``{"id", "upstream_credentials": {"<upstream>": "set"}}``."""
+        body = {k: dict(v) for k, v in upstream_credentials.items()}
+        status, payload = self._call("PUT", f"/v1/registrations/{urllib.parse.quote(id, safe='')}/credentials", body)
+        if status == 400:
+            raise RegistrationError(f"the daemon refused the credentials: {self._message(status, payload)}")
+        if status != 200 or not isinstance(payload, dict):
+            raise self._fail(status, payload, "rotate credentials")
+        return payload
 
     def list(self) -> list[dict[str, Any]]:
         """``GET /v1/registrations`` (never tokens)."""

@@ -269,6 +269,7 @@ class Gateway:
         ttl_s: int | None = None,
         limits: Mapping[str, Any] | None = None,
         roots: Iterable[Any] | None = None,
+        upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Registration:
         """Registers one agent execution. ``tools``: ``@gatehouse.tool`` functions (or plain
         callables), grants such as ``"helpdesk.*"``, catalog tool names. Use as a context
@@ -286,6 +287,7 @@ class Gateway:
             limits=limits,
             roots=roots,
             get_loop=self._own_loop,
+            upstream_credentials=upstream_credentials,
         )
         return self._register(spec)
 
@@ -367,6 +369,7 @@ class Gateway:
         limits: Mapping[str, Any] | None,
         get_loop: Any,
         roots: Iterable[Any] | None = None,
+        upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         if isinstance(tools, (str, Tool)) or callable(tools):
             tools = [tools]
@@ -385,6 +388,10 @@ class Gateway:
             ttl_s=ttl_s,
             limits_json=json.dumps(dict(limits)) if limits is not None else None,
             roots_json=json.dumps(roots_list(roots)) if roots is not None else None,
+            # Issue 47: {"<upstream>": {"bearer": …} | {"headers": {…}}}, HTTP upstreams only.
+            credentials_json=json.dumps({k: dict(v) for k, v in upstream_credentials.items()})
+            if upstream_credentials
+            else None,
         )
 
     def _register(self, spec: dict[str, Any]) -> Registration:
