@@ -231,9 +231,10 @@ export class AdminClient {
   }
 
   /**
-   * `PUT /v1/registrations/<id>/credentials`: the registration's own credentials for remote
-   * MCP servers (issue 47, "Each run calls remote MCP servers as its own user"). The daemon
-   * does not serve this endpoint yet: until it does, this throws {@link NotFoundError}.
+   * `PUT /v1/registrations/<id>/credentials`: replaces the registration's own credentials for
+   * remote MCP servers (issue 47): `{"<upstream>": {bearer: "…"} | {headers: {…}}}`, for HTTP
+   * upstreams its grant names. Same URL and token; calls in flight finish, the next upstream
+   * request uses the new ones. Answers `{id, upstream_credentials: {"<upstream>": "set"}}`.
    */
   async rotateCredentials(id: string, credentials: Record<string, unknown>): Promise<unknown> {
     return this.#expect(`rotate credentials of ${id}`, "PUT", `/v1/registrations/${encodeURIComponent(id)}/credentials`, 200, credentials);

@@ -108,9 +108,15 @@ describe("AdminClient and Execution", () => {
     await assert.rejects(wrong.list(), (e) => e instanceof AdminAuthError && e.status === 401);
     const nowhere = new AdminClient({ url: "http://127.0.0.1:9", token: "t" });
     await assert.rejects(nowhere.list(), AdminUnreachableError);
-    // Issue 47's endpoint is not served yet: the client method answers 404 until it is.
+    // Issue 47's endpoint: credentials for an upstream that is not configured are refused
+    // naming it (400); an unknown registration is 404.
     const run = await admin.register({ agentId: "ts-creds", tools: ["demo.echo"] });
-    await assert.rejects(admin.rotateCredentials(run.id, { github: { token: "x" } }), NotFoundError);
+    await assert.rejects(admin.rotateCredentials(run.id, { github: { bearer: "x" } }), (e) => {
+      assert.ok(e instanceof InvalidRequestError);
+      assert.match(e.error, /upstream_credentials\.github/);
+      return true;
+    });
+    await assert.rejects(admin.rotateCredentials("nosuch", { github: { bearer: "x" } }), NotFoundError);
     await run.close();
   });
 
