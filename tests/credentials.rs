@@ -37,6 +37,10 @@ impl Drop for Whoami {
 
 impl Whoami {
     fn start() -> Whoami {
+        Whoami::start_with(&[])
+    }
+
+    fn start_with(args: &[&str]) -> Whoami {
         let py = repo_root().join("tests/peers/.venv/bin/python");
         assert!(
             py.exists(),
@@ -46,6 +50,7 @@ impl Whoami {
         let mut child = Command::new(py)
             .arg(repo_root().join("tests/fixtures/whoami_https_server.py"))
             .arg(dir.path())
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -120,15 +125,18 @@ fn contains(hay: &[u8], needle: &str) -> bool {
 /// of its directory but the key (the store is sealed).
 async fn assert_nowhere(d: &Daemon, secrets: &[&str]) {
     let metrics = d.metrics().await;
-    let (_, list) = d
-        .admin_call(Method::GET, "/v1/registrations", None)
+    let (_, list) = d.admin_call(Method::GET, "/v1/registrations", None).await;
+    let (_, tail) = d
+        .admin_call(Method::GET, "/v1/audit?limit=1000", None)
         .await;
-    let (_, tail) = d.admin_call(Method::GET, "/v1/audit?limit=1000", None).await;
     let stderr = d.stderr();
     for s in secrets {
         assert!(!stderr.contains(s), "{s} in the daemon's log");
         assert!(!metrics.contains(s), "{s} in /metrics");
-        assert!(!list.to_string().contains(s), "{s} in GET /v1/registrations");
+        assert!(
+            !list.to_string().contains(s),
+            "{s} in GET /v1/registrations"
+        );
         assert!(!tail.to_string().contains(s), "{s} in GET /v1/audit");
         for (path, bytes) in files_under(d.dir()) {
             assert!(!contains(&bytes, s), "{s} in {}", path.display());
@@ -170,10 +178,19 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
         client(&child).await,
     );
     for _ in 0..3 {
-        assert_eq!(whoami(&mut ca).await, format!("auth=Bearer {alice} tenant=-"));
-        assert_eq!(whoami(&mut cb).await, format!("auth=Bearer {bob} tenant=bob-co"));
+        assert_eq!(
+            whoami(&mut ca).await,
+            format!("auth=Bearer {alice} tenant=-")
+        );
+        assert_eq!(
+            whoami(&mut cb).await,
+            format!("auth=Bearer {bob} tenant=bob-co")
+        );
         assert_eq!(whoami(&mut cn).await, "auth=- tenant=-");
-        assert_eq!(whoami(&mut cc).await, format!("auth=Bearer {alice} tenant=-"));
+        assert_eq!(
+            whoami(&mut cc).await,
+            format!("auth=Bearer {alice} tenant=-")
+        );
     }
 
     // Rotation mid-run: a slow call in flight finishes; the next request has the new one.
@@ -185,7 +202,10 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
     let (s, v) = d
         .admin_call(
             Method::PUT,
-            &format!("/v1/registrations/{}/credentials", a["id"].as_str().unwrap()),
+            &format!(
+                "/v1/registrations/{}/credentials",
+                a["id"].as_str().unwrap()
+            ),
             Some(json!({"who": {"bearer": alice2}})),
         )
         .await;
@@ -193,9 +213,18 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
     assert_eq!(v["upstream_credentials"], json!({"who": "set"}));
     let (mut ca, r) = slow.await.unwrap();
     assert_eq!(text_of(&r), format!("auth=Bearer {alice} tenant=-"), "{r}");
-    assert_eq!(whoami(&mut ca).await, format!("auth=Bearer {alice2} tenant=-"));
-    assert_eq!(whoami(&mut cc).await, format!("auth=Bearer {alice2} tenant=-"));
-    assert_eq!(whoami(&mut cb).await, format!("auth=Bearer {bob} tenant=bob-co"));
+    assert_eq!(
+        whoami(&mut ca).await,
+        format!("auth=Bearer {alice2} tenant=-")
+    );
+    assert_eq!(
+        whoami(&mut cc).await,
+        format!("auth=Bearer {alice2} tenant=-")
+    );
+    assert_eq!(
+        whoami(&mut cb).await,
+        format!("auth=Bearer {bob} tenant=bob-co")
+    );
     let (s, shown) = d
         .admin_call(
             Method::GET,
@@ -271,7 +300,10 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
     for r in &seen {
         let text = r.to_string();
         for t in &tokens {
-            assert!(!text.contains(t), "an agent's token reached the upstream: {text}");
+            assert!(
+                !text.contains(t),
+                "an agent's token reached the upstream: {text}"
+            );
         }
         if let Some(s) = r["mcp_session"].as_str() {
             let who = r["authorization"].as_str().unwrap_or("-");
@@ -282,7 +314,10 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
             } else {
                 "none"
             };
-            sessions.entry(s.to_string()).or_default().insert(who.into());
+            sessions
+                .entry(s.to_string())
+                .or_default()
+                .insert(who.into());
         }
     }
     assert!(sessions.len() >= 3, "{sessions:?}");
@@ -302,7 +337,10 @@ async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_unti
             "upstream_credentials": {"who": {"bearer": secret}}}))
         .await;
     let mut c = client(&a).await;
-    assert_eq!(whoami(&mut c).await, format!("auth=Bearer {secret} tenant=-"));
+    assert_eq!(
+        whoami(&mut c).await,
+        format!("auth=Bearer {secret} tenant=-")
+    );
     let key = d.dir().join("store.key");
     assert!(key.exists(), "no key file beside the store");
     use std::os::unix::fs::MetadataExt;
@@ -316,9 +354,13 @@ async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_unti
         assert!(!contains(&bytes, secret), "{secret} in {}", path.display());
     }
     let moved = |url: &str, data: &str| url.replace(&url[..url.find("/gw/").unwrap()], data);
-    let again = json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
+    let again =
+        json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
     let mut c = client(&again).await;
-    assert_eq!(whoami(&mut c).await, format!("auth=Bearer {secret} tenant=-"));
+    assert_eq!(
+        whoami(&mut c).await,
+        format!("auth=Bearer {secret} tenant=-")
+    );
 
     // Without its key: restored, its credential refused with the reason (log, audit, the
     // agent's tool error, the admin view), until the harness sets it again.
@@ -326,7 +368,8 @@ async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_unti
     let _ = d.child.wait();
     std::fs::remove_file(&key).unwrap();
     d.kill9_and_restart();
-    let again = json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
+    let again =
+        json!({"sse_url": moved(a["sse_url"].as_str().unwrap(), &d.data), "token": a["token"]});
     let mut c = client(&again).await;
     let r = c.call("who.whoami", json!({})).await;
     assert_eq!(r["result"]["isError"], json!(true), "{r}");
@@ -360,7 +403,10 @@ async fn sealed_credentials_survive_kill9_and_without_their_key_are_refused_unti
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(whoami(&mut c).await, "auth=Bearer fresh-tok-Lp09Aa2 tenant=-");
+    assert_eq!(
+        whoami(&mut c).await,
+        "auth=Bearer fresh-tok-Lp09Aa2 tenant=-"
+    );
     assert_nowhere(&d, &[secret, "fresh-tok-Lp09Aa2"]).await;
 }
 
@@ -373,13 +419,27 @@ async fn the_cli_reads_credentials_from_a_file_or_a_variable_and_never_from_argv
     std::fs::write(&file, "{\"bearer\": \"file-tok-Ur55Kc0\"}\n").unwrap();
     let arg = format!("who=@{}", file.display());
     let out = d.cli(&[
-        "register", "--agent-id", "cli-a", "--tool", "who.*", "--credential", &arg, "--json",
+        "register",
+        "--agent-id",
+        "cli-a",
+        "--tool",
+        "who.*",
+        "--credential",
+        &arg,
+        "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reg: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reg["upstream_credentials"], json!({"who": "set"}));
     let mut c = client(&reg).await;
-    assert_eq!(whoami(&mut c).await, "auth=Bearer file-tok-Ur55Kc0 tenant=-");
+    assert_eq!(
+        whoami(&mut c).await,
+        "auth=Bearer file-tok-Ur55Kc0 tenant=-"
+    );
 
     let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
         .args(["register", "--agent-id", "cli-b", "--tool", "who.*"])
@@ -389,14 +449,24 @@ async fn the_cli_reads_credentials_from_a_file_or_a_variable_and_never_from_argv
         .env("WHO_TOKEN", "env-tok-Pd19Xe4")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reg: Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut c = client(&reg).await;
     assert_eq!(whoami(&mut c).await, "auth=Bearer env-tok-Pd19Xe4 tenant=-");
 
     // A value on the command line is refused, and not echoed.
     let out = d.cli(&[
-        "register", "--agent-id", "cli-c", "--tool", "who.*", "--credential", "who=argv-tok-Wq72",
+        "register",
+        "--agent-id",
+        "cli-c",
+        "--tool",
+        "who.*",
+        "--credential",
+        "who=argv-tok-Wq72",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -422,7 +492,11 @@ fn python_admin(d: &Daemon, script: &str) -> Value {
         .arg(format!("{prelude}{script}"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -450,4 +524,48 @@ async fn the_python_admin_client_registers_and_rotates_credentials() {
     );
     assert!(refused.as_str().unwrap().contains("stdio"), "{refused}");
     assert_nowhere(&d, &["py-tok-Hb61Qs8"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_answers_nothing_without_a_credential_is_listed_with_the_registrations_own(
+) {
+    let up = Whoami::start_with(&["--require-auth"]);
+    let d = Daemon::start(&up.config(), "", "info", &[]);
+    // Without a credential of its own the upstream cannot even be listed.
+    let (s, v) = d
+        .admin_call(
+            Method::POST,
+            "/v1/registrations",
+            Some(json!({"agent_id": "anon", "tools": ["who.*"]})),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("\"who\" is unavailable"),
+        "{v}"
+    );
+    let a = d
+        .register(json!({"agent_id": "run-a", "tools": ["who.*"],
+            "upstream_credentials": {"who": {"bearer": "lock-tok-Aa11"}}}))
+        .await;
+    let b = d
+        .register(json!({"agent_id": "run-b", "tools": ["who.whoami"],
+            "upstream_credentials": {"who": {"bearer": "lock-tok-Bb22"}}}))
+        .await;
+    let (mut ca, mut cb) = (client(&a).await, client(&b).await);
+    assert_eq!(whoami(&mut ca).await, "auth=Bearer lock-tok-Aa11 tenant=-");
+    assert_eq!(whoami(&mut cb).await, "auth=Bearer lock-tok-Bb22 tenant=-");
+    // The listing connection made with run-a's credential was not kept for anyone else.
+    let (_, ups) = d.admin_call(Method::GET, "/v1/upstreams", None).await;
+    let who = ups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["id"] == "who")
+        .unwrap();
+    assert_eq!(who["connections"].as_array().unwrap().len(), 2, "{who}");
+    assert_nowhere(&d, &["lock-tok-Aa11", "lock-tok-Bb22"]).await;
 }

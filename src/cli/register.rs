@@ -53,7 +53,9 @@ pub fn credentials_of(args: &[String]) -> Result<serde_json::Map<String, Value>,
     let mut out = serde_json::Map::new();
     for arg in args {
         let Some((up, source)) = arg.split_once('=') else {
-            return Err(format!("--credential {arg:?}: expected UPSTREAM=@FILE or UPSTREAM=env:VAR"));
+            return Err(format!(
+                "--credential {arg:?}: expected UPSTREAM=@FILE or UPSTREAM=env:VAR"
+            ));
         };
         let text = if let Some(path) = source.strip_prefix('@') {
             std::fs::read_to_string(path)

@@ -34,9 +34,9 @@ impl Gateway {
                     "upstream {up:?} is a stdio upstream: credentials go only to HTTP upstreams"
                 )));
             }
-            let granted = tools
-                .iter()
-                .any(|t| matches!(&t.backend, Backend::Upstream { upstream, .. } if upstream == up));
+            let granted = tools.iter().any(
+                |t| matches!(&t.backend, Backend::Upstream { upstream, .. } if upstream == up),
+            );
             if !granted {
                 return Err(bad(format!(
                     "the grant names no tool of upstream {up:?}: credentials go only to upstreams the registration is granted"
@@ -62,6 +62,8 @@ impl Gateway {
         // Each value checked before anything is stored.
         crate::registration::Credentials::of(&set).map_err(GatewayError::InvalidSpec)?;
         let sealed = self.seal_credentials(id, &set)?;
+        // Noted first: this node's own write, seen again in a cluster's watch, is no change.
+        state.credentials.note_sealed(sealed.as_ref());
         if self.store().durable() && !self.store().set_credentials(id, sealed).await? {
             return Ok(None);
         }
@@ -94,9 +96,10 @@ impl Gateway {
             return Ok(None);
         }
         let path = config.store.secret_key_file.clone().unwrap_or_else(|| {
-            let beside = store.path().map(std::path::Path::to_path_buf).unwrap_or_else(|| {
-                crate::config::StoreConfig::path_beside(&config.audit.path)
-            });
+            let beside = store
+                .path()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_else(|| crate::config::StoreConfig::path_beside(&config.audit.path));
             crate::store::seal::key_path_beside(&beside)
         });
         let (sealer, made) = crate::store::seal::Sealer::load_or_create(&path)?;

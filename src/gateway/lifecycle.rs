@@ -94,11 +94,15 @@ impl Gateway {
     ) -> Result<(ToolSet, Family, RegistrationSpec), GatewayError> {
         let resolved = match spec.parent.clone() {
             None => {
+                // An upstream that answers nothing without a credential is listed with the
+                // registration's own (issue 47).
+                let creds = crate::registration::Credentials::of(&spec.upstream_credentials)
+                    .map_err(GatewayError::InvalidSpec)?;
                 let upstream_tools = self
                     .inner
                     .hub
                     .pool()
-                    .tools_for_grants(&spec.tools)
+                    .tools_for_grants_with(&spec.tools, Some(&creds))
                     .await
                     .map_err(GatewayError::InvalidSpec)?;
                 let catalog = lock(&self.inner.catalog).clone();
@@ -152,6 +156,7 @@ impl Gateway {
         let mut record = state.record(reserved);
         if state.credentials.any() {
             record.credentials = self.seal_credentials(&state.id, &state.credentials.current())?;
+            state.credentials.note_sealed(record.credentials.as_ref());
         }
         let created = store.create(record).await;
         let served = created.map_err(GatewayError::from).and_then(|()| {
@@ -348,6 +353,7 @@ impl Gateway {
         let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
         let state = Arc::new(state);
         if let Some(sealed) = &s.credentials {
+            state.credentials.note_sealed(Some(sealed));
             self.open_credentials(&state, sealed);
         }
         if let Some(p) = &state.family.parent {

@@ -19,6 +19,10 @@ impl Gateway {
         if let Some(state) = self.registry().get(&s.id) {
             // The budget the store has handed out (a block reserved or given back anywhere).
             state.budget().learn_store_reserved(s.calls_reserved);
+            // Credentials rotated on another node (issue 47): opened again from the store.
+            if state.credentials.note_sealed(s.credentials.as_ref()) {
+                self.open_credentials(&state, &s.credentials.clone().unwrap_or_default());
+            }
             let old = state.move_expiry(s.expires_at_ms);
             if old != s.expires_at_ms && s.expires_at_ms != 0 {
                 self.arm_deadline(

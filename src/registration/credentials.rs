@@ -136,7 +136,12 @@ impl Credential {
             ));
         };
         m.iter()
-            .map(|(up, c)| Ok((up.clone(), Credential::from_json(&format!("{what}.{up}"), c)?)))
+            .map(|(up, c)| {
+                Ok((
+                    up.clone(),
+                    Credential::from_json(&format!("{what}.{up}"), c)?,
+                ))
+            })
             .collect()
     }
 
@@ -290,6 +295,9 @@ pub struct Credentials {
     /// this one load.
     any: AtomicBool,
     cells: Mutex<BTreeMap<String, Arc<AuthCell>>>,
+    /// The sealed form last applied (opaque, not secret): a cluster node's watch opens a
+    /// stored value again only when it changed (a rotation made on another node).
+    sealed: Mutex<Option<BTreeMap<String, String>>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -349,6 +357,16 @@ impl Credentials {
         Ok(())
     }
 
+    /// Notes the sealed form the credentials now come from; true if it differs from the last.
+    pub fn note_sealed(&self, sealed: Option<&BTreeMap<String, String>>) -> bool {
+        let mut last = lock(&self.sealed);
+        if last.as_ref() == sealed {
+            return false;
+        }
+        *last = sealed.cloned();
+        true
+    }
+
     /// Marks `upstream`'s credential refused for `why` (a restore that could not open it).
     pub fn refuse(&self, upstream: &str, why: &str) {
         let mut cells = lock(&self.cells);
@@ -401,7 +419,10 @@ mod tests {
         let h = c.cell("gh").unwrap().headers().unwrap();
         assert_eq!(h["authorization"], "Bearer s3cret-A");
         assert!(h["authorization"].is_sensitive());
-        assert_eq!(c.cell("jira").unwrap().headers().unwrap()["x-api-key"], "k3y");
+        assert_eq!(
+            c.cell("jira").unwrap().headers().unwrap()["x-api-key"],
+            "k3y"
+        );
         assert_eq!(c.summary()["gh"], "set");
         for bad in [
             serde_json::json!({"gh": {"bearer": "a b"}}),

@@ -33,8 +33,10 @@ mod state;
 mod table;
 
 pub use budget::Budget;
-pub use credentials::{AuthCell, AuthKind, AuthState, Credential, CredentialSet, Credentials, Secret};
 pub(crate) use budget::Reserve;
+pub use credentials::{
+    AuthCell, AuthKind, AuthState, Credential, CredentialSet, Credentials, Secret,
+};
 pub use grant::Grant;
 pub use ids::{id_shaped, new_registration_id, new_registration_id_on, new_token, random_b64};
 pub use record::{agent_paths, restore_order, Record, StoredTool};

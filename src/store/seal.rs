@@ -74,7 +74,9 @@ impl Sealer {
                     .create_new(true)
                     .mode(0o600)
                     .open(path)
-                    .map_err(|e| open_err(path, format!("cannot create the secret key file: {e}")))?;
+                    .map_err(|e| {
+                        open_err(path, format!("cannot create the secret key file: {e}"))
+                    })?;
                 f.write_all(format!("{}\n", hex::encode(key)).as_bytes())
                     .and_then(|()| f.sync_all())
                     .map_err(|e| open_err(path, e))?;
@@ -109,7 +111,13 @@ impl Sealer {
         // Encryption fails only for a message over ~256 GiB.
         let ct = self
             .cipher
-            .encrypt(&nonce, Payload { msg: plain, aad: &aad })
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: plain,
+                    aad: &aad,
+                },
+            )
             .unwrap_or_default();
         let mut out = nonce.to_vec();
         out.extend_from_slice(&ct);
@@ -118,7 +126,12 @@ impl Sealer {
 
     /// Opens a value sealed for `upstream` of `registration`; the error says why (another
     /// key, or damaged), never what.
-    pub fn open(&self, registration: &str, upstream: &str, sealed: &str) -> Result<Vec<u8>, String> {
+    pub fn open(
+        &self,
+        registration: &str,
+        upstream: &str,
+        sealed: &str,
+    ) -> Result<Vec<u8>, String> {
         let mut parts = sealed.splitn(3, '.');
         let (Some("v1"), Some(kid), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
             return Err("not a sealed value this gatehouse reads".into());
@@ -160,7 +173,10 @@ mod tests {
         assert!(!made);
         let s = a.seal("r1", "gh", b"{\"bearer\":\"tok-XYZ\"}");
         assert!(!s.contains("tok-XYZ"));
-        assert_eq!(again.open("r1", "gh", &s).unwrap(), b"{\"bearer\":\"tok-XYZ\"}");
+        assert_eq!(
+            again.open("r1", "gh", &s).unwrap(),
+            b"{\"bearer\":\"tok-XYZ\"}"
+        );
         assert!(again.open("r2", "gh", &s).is_err());
         assert!(again.open("r1", "jira", &s).is_err());
         let (other, _) = Sealer::load_or_create(&dir.path().join("o.key")).unwrap();

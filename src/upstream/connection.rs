@@ -168,15 +168,13 @@ impl Connection {
                 cwd.as_deref(),
                 opts.shutdown_grace,
             )?),
-            Transport::Http { url, headers, tls } => {
-                TransportHandle::Http(HttpTransport::new(
-                    &opts.upstream_id,
-                    url,
-                    headers,
-                    tls,
-                    opts.auth.clone(),
-                )?)
-            }
+            Transport::Http { url, headers, tls } => TransportHandle::Http(HttpTransport::new(
+                &opts.upstream_id,
+                url,
+                headers,
+                tls,
+                opts.auth.clone(),
+            )?),
         };
         let conn = Connection {
             inner: Arc::new(Inner {

@@ -268,6 +268,18 @@ impl Pool {
     /// probe's connection becomes the shared slot when the upstream is shared; otherwise it
     /// is closed (per-registration connections are spawned per registration).
     pub async fn catalog(&self, upstream_id: &str) -> Result<Arc<Catalog>, UpstreamError> {
+        self.catalog_with(upstream_id, None).await
+    }
+
+    /// [`Pool::catalog`], fetched (when not cached yet) with a registration's own credential
+    /// for the upstream (issue 47: an upstream that answers nothing without one): that probe
+    /// connection is closed after, never kept as the shared one.
+    pub(crate) async fn catalog_with(
+        &self,
+        upstream_id: &str,
+        auth: Option<Arc<crate::registration::AuthCell>>,
+    ) -> Result<Arc<Catalog>, UpstreamError> {
+        let credentialed = auth.is_some();
         let up = self
             .inner
             .up(upstream_id)
@@ -277,7 +289,7 @@ impl Pool {
             return Ok(c.clone());
         }
         // (`leased` is decided below, once the server's capabilities are known.)
-        let probe = self.new_slot(&up.spec, false, None, None);
+        let probe = self.new_slot(&up.spec, false, None, auth);
         let span = self
             .inner
             .telemetry
@@ -307,7 +319,7 @@ impl Pool {
         let keep = {
             let mut slots = lock(&up.slots);
             slots.effective = Some(effective);
-            if effective == Sharing::PerRegistration {
+            if effective == Sharing::PerRegistration || credentialed {
                 false
             } else {
                 probe
@@ -321,7 +333,7 @@ impl Pool {
         drop(cached);
         if !keep {
             probe
-                .close("probe connection not reused (per_registration)")
+                .close("probe connection not reused (per_registration, or a registration's own credential)")
                 .await;
         }
         Ok(catalog)
@@ -374,10 +386,21 @@ impl Pool {
 
     /// Every tool of the upstreams named by `grants` (`<upstream>.…`), as agents see them.
     pub async fn tools_for_grants(&self, grants: &[String]) -> Result<Vec<GrantedTool>, String> {
+        self.tools_for_grants_with(grants, None).await
+    }
+
+    /// [`Pool::tools_for_grants`], an upstream's catalog fetched (when not cached yet) with
+    /// the registration's own credential for it, if `credentials` has one (issue 47).
+    pub async fn tools_for_grants_with(
+        &self,
+        grants: &[String],
+        credentials: Option<&crate::registration::Credentials>,
+    ) -> Result<Vec<GrantedTool>, String> {
         let mut out = Vec::new();
         for id in crate::registration::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
+            let auth = credentials.and_then(|c| c.cell(id));
             let catalog = self
-                .catalog(id)
+                .catalog_with(id, auth)
                 .await
                 .map_err(|e| format!("upstream {id:?} is unavailable: {e}"))?;
             if let Some(up) = self.inner.up(id) {
@@ -444,7 +467,7 @@ impl Pool {
         if uncatalogued {
             // Boxed: the first call's rare path (spawn, initialize, tools/list) would otherwise
             // make every forwarded call's future as large as it (BENCHMARKS.md, issue 19).
-            Box::pin(self.catalog(upstream_id))
+            Box::pin(self.catalog_with(upstream_id, auth.cloned()))
                 .await
                 .map_err(|source| ForwardError::Unavailable {
                     upstream: upstream_id.to_string(),
@@ -489,7 +512,11 @@ impl Pool {
     ) -> Arc<Slot> {
         let mut slots = lock(&up.slots);
         let same = |s: &Arc<Slot>| s.auth.as_ref().is_some_and(|a| Arc::ptr_eq(a, cell));
-        if let Some(s) = slots.per_registration.get(registration_id).filter(|s| same(s)) {
+        if let Some(s) = slots
+            .per_registration
+            .get(registration_id)
+            .filter(|s| same(s))
+        {
             return s.clone();
         }
         let slot = self.new_slot(&up.spec, false, Some(registration_id), Some(cell.clone()));
@@ -504,8 +531,8 @@ impl Pool {
                 while old.in_flight.load(Ordering::Acquire) > 0 && t0.elapsed() < limit {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                let _ = tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed"))
-                    .await;
+                let _ =
+                    tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed")).await;
                 old.stop.cancel();
             });
         }

@@ -343,7 +343,11 @@ impl NativeGateway {
         if let Some(j) = credentials_json {
             // Built by the Python layer; errors name the upstream, never a value.
             let v: serde_json::Value = serde_json::from_str(&j).map_err(|_| {
-                py_err(py, "RegistrationError", "upstream_credentials: not JSON".to_string())
+                py_err(
+                    py,
+                    "RegistrationError",
+                    "upstream_credentials: not JSON".to_string(),
+                )
             })?;
             spec.upstream_credentials =
                 gatehouse::Credential::set_from_json("upstream_credentials", &v)
