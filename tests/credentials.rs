@@ -569,3 +569,111 @@ async fn an_upstream_that_answers_nothing_without_a_credential_is_listed_with_th
     assert_eq!(who["connections"].as_array().unwrap().len(), 2, "{who}");
     assert_nowhere(&d, &["lock-tok-Aa11", "lock-tok-Bb22"]).await;
 }
+
+/// tests/peers/otel_receiver.py (OTLP/HTTP, the official protobuf classes) on a loopback port:
+/// every line it printed.
+struct Receiver {
+    child: Child,
+    port: u16,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let mut child = Command::new(repo_root().join("tests/peers/.venv/bin/python"))
+            .arg(repo_root().join("tests/peers/otel_receiver.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if let Some(p) = v.get("listening") {
+                    let _ = tx.send(p.as_u64().unwrap() as u16);
+                }
+                kept.lock().unwrap().push(v);
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("otel_receiver.py did not start");
+        Receiver { child, port, lines }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_calls_span_says_which_kind_of_credential_went_upstream_never_the_value() {
+    let rx = Receiver::start();
+    let up = Whoami::start();
+    let endpoint = format!("http://127.0.0.1:{}", rx.port);
+    let d = Daemon::start(
+        &up.config(),
+        "",
+        "info",
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_SERVICE_NAME", "gatehouse-creds"),
+        ],
+    );
+    let a = d
+        .register(json!({"agent_id": "span-a", "tools": ["who.*"],
+            "upstream_credentials": {"who": {"bearer": "span-tok-Ee44Rt5"}}}))
+        .await;
+    let b = d
+        .register(json!({"agent_id": "span-b", "tools": ["who.*"]}))
+        .await;
+    let (mut ca, mut cb) = (client(&a).await, client(&b).await);
+    assert_eq!(
+        whoami(&mut ca).await,
+        "auth=Bearer span-tok-Ee44Rt5 tenant=-"
+    );
+    assert_eq!(whoami(&mut cb).await, "auth=- tenant=-");
+    let kind_of = |agent: &str| -> Option<String> {
+        rx.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.get("span"))
+            .find(|s| {
+                s["attributes"]["gen_ai.agent.id"] == agent
+                    && s["attributes"]["mcp.method.name"] == "tools/call"
+                    && s["attributes"].get("gatehouse.upstream_auth").is_some()
+            })
+            .map(|s| {
+                s["attributes"]["gatehouse.upstream_auth"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while kind_of("span-a").is_none() || kind_of("span-b").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no tools/call spans with upstream_auth"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(kind_of("span-a").as_deref(), Some("registration"));
+    assert_eq!(kind_of("span-b").as_deref(), Some("none"));
+    let everything = serde_json::to_string(&*rx.lines.lock().unwrap()).unwrap();
+    assert!(
+        !everything.contains("span-tok-Ee44Rt5"),
+        "a credential in an exported span"
+    );
+    assert_nowhere(&d, &["span-tok-Ee44Rt5"]).await;
+}
