@@ -78,10 +78,11 @@ impl Whoami {
     }
 
     /// The daemon config: `who` over HTTPS (shared: one connection for every registration
-    /// without credentials of its own), and the stdio demo upstream `desk`.
+    /// without credentials of its own; a configured header, so `upstream_auth` is `static`
+    /// without one), and the stdio demo upstream `desk`.
     fn config(&self) -> String {
         format!(
-            "[[upstreams]]\nid = \"who\"\nurl = {:?}\ntls_ca_file = {:?}\nsharing = \"shared\"\n\n[[upstreams]]\nid = \"desk\"\ncommand = {:?}\nargs = [\"demo-upstream\"]\n",
+            "[[upstreams]]\nid = \"who\"\nurl = {:?}\ntls_ca_file = {:?}\nsharing = \"shared\"\nheaders = {{ \"X-Static-Key\" = \"static-value\" }}\n\n[[upstreams]]\nid = \"desk\"\ncommand = {:?}\nargs = [\"demo-upstream\"]\n",
             self.url,
             self.ca.display().to_string(),
             env!("CARGO_BIN_EXE_gatehouse"),
@@ -284,7 +285,7 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
     assert!(auth_of("run-alice").iter().all(|k| k == "registration"));
     assert!(auth_of("run-bob").iter().all(|k| k == "registration"));
     assert!(auth_of("sub").iter().all(|k| k == "registration"));
-    assert!(auth_of("run-none").iter().all(|k| k == "none"));
+    assert!(auth_of("run-none").iter().all(|k| k == "static"));
     assert!(!auth_of("run-none").is_empty());
 
     // Upstream: no agent token ever; each upstream session saw one registration's
@@ -324,6 +325,26 @@ async fn each_registration_sends_only_its_own_credential_and_rotation_reaches_th
     for (s, who) in &sessions {
         assert_eq!(who.len(), 1, "upstream session {s} carried {who:?}");
     }
+    // A rotation that leaves an upstream out: no credential of its own from then on.
+    let (s, v) = d
+        .admin_call(
+            Method::PUT,
+            &format!(
+                "/v1/registrations/{}/credentials",
+                b["id"].as_str().unwrap()
+            ),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["upstream_credentials"], json!({}));
+    assert_eq!(whoami(&mut cb).await, "auth=- tenant=-");
+    d.wait_audit(10, |recs| {
+        recs.iter().any(|r| {
+            r.agent_id.as_deref() == Some("run-bob") && r.upstream_auth.as_deref() == Some("static")
+        })
+    })
+    .await;
     assert_nowhere(&d, &[alice, bob, alice2]).await;
 }
 
@@ -669,7 +690,7 @@ async fn each_calls_span_says_which_kind_of_credential_went_upstream_never_the_v
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(kind_of("span-a").as_deref(), Some("registration"));
-    assert_eq!(kind_of("span-b").as_deref(), Some("none"));
+    assert_eq!(kind_of("span-b").as_deref(), Some("static"));
     let everything = serde_json::to_string(&*rx.lines.lock().unwrap()).unwrap();
     assert!(
         !everything.contains("span-tok-Ee44Rt5"),

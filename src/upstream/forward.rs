@@ -447,9 +447,10 @@ impl Pool {
         let registration_id = registration.id.as_str();
         // No credential in its family: one atomic load.
         let auth = registration.upstream_auth(upstream);
-        if let Some(cell) = &auth {
-            credential_check(upstream, cell, ids)?;
-        }
+        let own = match &auth {
+            Some(cell) => credential_check(upstream, cell)?,
+            None => false,
+        };
         // Each wait below polls its step first: when the step is ready at once (the common
         // case), the cancellation and the deadline are not even registered (a timer entry and
         // a waiter each, set and taken back per call otherwise).
@@ -458,8 +459,12 @@ impl Pool {
             s = self.slot_for(upstream, registration_id, auth.as_ref()) => s?,
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
         };
-        if let (Some(ids), None) = (ids, &auth) {
-            ids.set_auth(slot.spec.static_auth);
+        if let Some(ids) = ids {
+            ids.set_auth(if own {
+                crate::registration::AuthKind::Registration
+            } else {
+                slot.spec.static_auth
+            });
         }
         let timeout = Duration::from_secs(slot.spec.config.call_timeout_s.max(1));
         let deadline = began + timeout;
@@ -512,28 +517,22 @@ impl Pool {
     }
 }
 
-/// A registration's credential cell for `upstream`, checked before its slot is taken: set or
-/// unset goes (the kind told to `ids`), refused fails the request with its reason.
+/// A registration's credential cell for `upstream`, checked before its slot is taken: whether
+/// it holds a credential now (unset: the requests carry the configured headers only); refused
+/// fails the request with its reason.
 fn credential_check(
     upstream: &str,
     cell: &crate::registration::AuthCell,
-    ids: Option<&CallIds>,
-) -> Result<(), ForwardError> {
-    use crate::registration::{AuthKind, AuthState};
-    let kind = match cell.state() {
-        AuthState::Refused(why) => {
-            return Err(ForwardError::CredentialsRefused {
-                upstream: upstream.to_string(),
-                why: why.to_string(),
-            })
-        }
-        AuthState::Set(..) => AuthKind::Registration,
-        AuthState::Unset => AuthKind::None,
-    };
-    if let Some(ids) = ids {
-        ids.set_auth(kind);
+) -> Result<bool, ForwardError> {
+    use crate::registration::AuthState;
+    match cell.state() {
+        AuthState::Refused(why) => Err(ForwardError::CredentialsRefused {
+            upstream: upstream.to_string(),
+            why: why.to_string(),
+        }),
+        AuthState::Set(..) => Ok(true),
+        AuthState::Unset => Ok(false),
     }
-    Ok(())
 }
 
 /// How a forwarded `tools/call` ended, from its request's end (the upstream's request id
