@@ -56,14 +56,24 @@ async def test_embedded_registrations_send_only_their_own_credential(
             async with session("sse", b) as s:
                 r = await s.call_tool("who.whoami", {})
                 assert text_of(r) == "auth=- tenant=-", r
+        async with gw.register_async(
+            "py-d",
+            ["who.*"],
+            upstream_credentials={
+                "who": {"headers": {"Authorization": "Bearer emb-tok-D4y", "X-Tenant": "t-d"}}
+            },
+        ) as d:
+            async with session("streamable", d) as s:
+                r = await s.call_tool("who.whoami", {})
+                assert text_of(r) == "auth=Bearer emb-tok-D4y tenant=t-d", r
         with pytest.raises(gatehouse.RegistrationError, match=r"upstream_credentials\.who") as e:
             gw.register("py-c", ["who.*"], upstream_credentials={"who": {"bearer": "two words"}})
         assert "two words" not in str(e.value)
     text = audit.read_text()
-    assert "emb-tok-A1x" not in text
+    assert "emb-tok-A1x" not in text and "emb-tok-D4y" not in text
     kinds = {
         (r.get("agent_id"), r.get("upstream_auth"))
         for r in map(json.loads, text.splitlines())
         if r.get("event") == "governed_mcp_call"
     }
-    assert kinds == {("py-a", "registration"), ("py-b", "none")}, kinds
+    assert kinds == {("py-a", "registration"), ("py-b", "none"), ("py-d", "registration")}, kinds

@@ -275,6 +275,10 @@ class Gateway:
         callables), grants such as ``"helpdesk.*"``, catalog tool names. Use as a context
         manager; coroutine tools run on the gateway's own loop thread.
 
+        ``upstream_credentials``: ``{"<upstream>": {"bearer": "…"} | {"headers": {…}}}`` for
+        HTTP upstreams the grant names (issue 47): sent on this registration's upstream
+        requests only, on a connection of its own; never logged or shown.
+
         ``roots``: the MCP roots of this execution, as ``{"uri": "file:///...", "name": ...}``
         mappings (``name`` optional), ``(uri, name)`` pairs or bare URI strings (at most 64,
         ``file://`` only). When set, a ``roots/list`` from an upstream connection this
@@ -301,10 +305,12 @@ class Gateway:
         limits: Mapping[str, Any] | None = None,
         roots: Iterable[Any] | None = None,
         loop: str = "caller",
+        upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> _Registering:
         """``async with gw.register_async(...) as reg`` (or ``reg = await ...``). Coroutine
         tools run on the caller's running loop (``loop="caller"``) or on the gateway's own
-        loop thread (``loop="gateway"``). ``roots`` as for :meth:`register`."""
+        loop thread (``loop="gateway"``). ``roots`` and ``upstream_credentials`` as for
+        :meth:`register`."""
         if loop not in ("caller", "gateway"):
             raise ValueError('loop must be "caller" or "gateway"')
         return _Registering(
@@ -317,6 +323,7 @@ class Gateway:
                 limits=limits,
                 roots=roots,
                 loop=loop,
+                upstream_credentials=upstream_credentials,
             ),
         )
 
