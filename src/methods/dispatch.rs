@@ -227,7 +227,7 @@ async fn handle_other(
         m if m.is_task() => {
             // TEMPORARY (issue 51): `mcp::tasks` keeps its list until call51 merges.
             debug_assert!(crate::tasks::wire::METHODS.contains(&method));
-            Box::pin(crate::tasks::serve::handle(
+            Box::pin(crate::methods::tasks::handle(
                 ctx, id, method, params, cancel, trace,
             ))
             .await

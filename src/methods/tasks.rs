@@ -10,7 +10,7 @@
 //! - A client's poll within the task's poll interval of the last upstream poll is answered
 //!   from the table.
 //! - Every task is audited `task_created` once and `task_outcome` exactly once
-//!   ([`super::settle`]).
+//!   ([`crate::tasks::settle`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,12 +18,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{spawn_poller, Driver, SETTLED_ASK_GRACE};
-use super::settle::{ask, cancel_and_settle, cancel_upstream_id, settle};
-use super::wire::{answer, cancelled_error, detailed, is_error, stateless, upstream_request};
 use crate::hub::Hub;
 use crate::methods::request::RequestCtx;
 use crate::protocol::jsonrpc::{self, RpcError};
+use crate::tasks::driver::{spawn_poller, Driver, SETTLED_ASK_GRACE};
+use crate::tasks::settle::{ask, cancel_and_settle, cancel_upstream_id, settle};
+use crate::tasks::wire::{
+    answer, cancelled_error, detailed, is_error, stateless, upstream_request,
+};
 use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome};
 use crate::telemetry::Target;
 use crate::upstream::{Request, TaskOwner};
