@@ -232,14 +232,7 @@ pub async fn handle(
     }
     if method == "tasks/update" {
         // Not a 2025-11-25 method.
-        return Some(
-            RpcError::new(
-                Some(id),
-                crate::protocol::error::METHOD_NOT_FOUND,
-                format!("method not found: {method}"),
-            )
-            .to_value(),
-        );
+        return Some(RpcError::method_not_found(format!("method not found: {method}")).answer(&id));
     }
     if method == "tasks/list" {
         return Some(list(ctx, id, params.as_ref()));

@@ -277,14 +277,8 @@ pub(crate) fn detailed(task: &Task) -> Value {
 pub(crate) fn stateless(id: Value, method: &str, params: Option<&Value>) -> Option<Value> {
     if matches!(method, "tasks/result" | "tasks/list") {
         // (Refused before dispatch by the stateless endpoint; kept for any other caller.)
-        return Some(
-            RpcError::new(
-                Some(id),
-                crate::protocol::error::METHOD_NOT_FOUND,
-                format!("method not found: {method} (removed in 2026-07-28)"),
-            )
-            .to_value(),
-        );
+        let why = format!("method not found: {method} (removed in 2026-07-28)");
+        return Some(RpcError::method_not_found(why).answer(&id));
     }
     let declared = params
         .and_then(|p| p.get("_meta"))
