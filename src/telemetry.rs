@@ -173,19 +173,11 @@ impl Telemetry {
                 bounded_json(args),
             ));
         }
-        let common = Common {
-            request_id: about.request_id,
-            protocol_version: about.protocol_version,
-            session_id: about.session_id,
-            agent_id: about.agent_id,
-            registration_id: about.registration_id,
-            transport: about.transport,
-        };
         self.start_server(
             inbound,
             format!("tools/call {}", about.tool),
             attrs,
-            &common,
+            &about.common,
         )
     }
 
@@ -508,12 +500,7 @@ impl<'a> Inbound<'a> {
 /// What a call's SERVER span says of it.
 pub struct CallAbout<'a> {
     pub tool: &'a str,
-    pub request_id: &'a Value,
-    pub protocol_version: Option<&'static str>,
-    pub session_id: Option<&'a str>,
-    pub agent_id: &'a str,
-    pub registration_id: &'a str,
-    pub transport: &'static str,
+    pub common: Common<'a>,
     /// The call's arguments, recorded only with `capture_tool_io` (and never when they carry
     /// the caller's token: the caller leaves them out then).
     pub arguments: Option<&'a Value>,

@@ -143,12 +143,7 @@ pub(super) fn server_span(
         inbound,
         &crate::telemetry::CallAbout {
             tool: &call.name,
-            request_id: id,
-            protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
-            session_id: ctx.session_id(),
-            agent_id: &reg.agent_id,
-            registration_id: &reg.id,
-            transport: ctx.transport.as_str(),
+            common: ctx.span_common(id),
             arguments,
         },
     )

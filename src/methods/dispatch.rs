@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::call;
-use crate::methods::request::RequestCtx;
+use crate::methods::request::{RequestCtx, Served};
 use crate::protocol::jsonrpc::{self, Reply, RpcError};
 use crate::protocol::{server_info, Method};
 
@@ -66,7 +66,14 @@ async fn observed(
     cancel: CancellationToken,
 ) -> Option<Value> {
     let began = begin(ctx, &id, method, params.as_ref());
-    let reply = handle_other(ctx, id, method, params, cancel, began.trace()).await;
+    let req = Served {
+        id,
+        method,
+        params,
+        cancel,
+        trace: began.trace(),
+    };
+    let reply = handle_other(ctx, req).await;
     began.end(ctx, reply.as_ref());
     reply
 }
@@ -181,27 +188,17 @@ fn request_span(
         &crate::telemetry::RequestAbout {
             method,
             target,
-            common: crate::telemetry::Common {
-                request_id: id,
-                protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
-                session_id: ctx.session_id(),
-                agent_id: &reg.agent_id,
-                registration_id: &reg.id,
-                transport: ctx.transport.as_str(),
-            },
+            common: ctx.span_common(id),
         },
     )
 }
 
 /// Every method but `tools/call` (whose reply may carry an upstream's result as written).
-async fn handle_other(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    trace: Option<&crate::telemetry::CallTrace>,
-) -> Option<Value> {
+async fn handle_other(ctx: &RequestCtx, req: Served<'_>) -> Option<Value> {
+    let Served {
+        id, method, params, ..
+    } = &req;
+    let (id, method) = (id.clone(), *method);
     // The message's method read once; the match names each kind once.
     match Method::of(method) {
         Method::Initialize => {
@@ -224,20 +221,8 @@ async fn handle_other(
         Method::Ping => Some(jsonrpc::success(id, json!({}))),
         Method::ToolsList => Some(tools_list(ctx, id, params.as_ref())),
         Method::LoggingSetLevel => Some(set_log_level(ctx, id, params.as_ref())),
-        m if m.is_task() => {
-            // TEMPORARY (issue 51): `mcp::tasks` keeps its list until call51 merges.
-            debug_assert!(crate::tasks::wire::METHODS.contains(&method));
-            Box::pin(crate::methods::tasks::handle(
-                ctx, id, method, params, cancel, trace,
-            ))
-            .await
-        }
-        m if m.is_proxied() => Some(
-            Box::pin(crate::methods::proxy::handle(
-                ctx, id, method, params, cancel, trace,
-            ))
-            .await,
-        ),
+        m if m.is_task() => Box::pin(crate::methods::tasks::handle(ctx, req)).await,
+        m if m.is_proxied() => Some(Box::pin(crate::methods::proxy::handle(ctx, req)).await),
         _ => Some(
             RpcError::method_not_found(format!("method not found: {method}"))
                 .to(id)

@@ -17,7 +17,7 @@
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::methods::request::RequestCtx;
+use crate::methods::request::{RequestCtx, Served};
 use crate::protocol::jsonrpc::{self, RpcError};
 use crate::telemetry::{CallTrace, Target};
 
@@ -277,17 +277,11 @@ fn params_obj(params: Option<Value>) -> Map<String, Value> {
     }
 }
 
-/// Serves one of [`METHODS`].
-pub async fn handle(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    trace: Trace<'_>,
-) -> Value {
-    match serve(ctx, &id, method, params_obj(params), &cancel, trace).await {
-        Ok(v) => jsonrpc::success(id, v),
+/// Serves one of the proxied methods ([`crate::protocol::Method::is_proxied`]).
+pub async fn handle(ctx: &RequestCtx, req: Served<'_>) -> Value {
+    let params = params_obj(req.params);
+    match serve(ctx, &req.id, req.method, params, &req.cancel, req.trace).await {
+        Ok(v) => jsonrpc::success(req.id, v),
         Err(e) => e,
     }
 }

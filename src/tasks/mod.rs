@@ -11,5 +11,5 @@ pub mod wire;
 
 pub use table::{
     mint_id, upstream_digest, Final, NewTask, ProgressTo, Refused, Status, Task, TaskOutcome,
-    TaskProgress, TaskTable, MAX_INPUTS, RELATED_TASK,
+    TaskProgress, TaskSpec, TaskTable, MAX_INPUTS, RELATED_TASK,
 };
