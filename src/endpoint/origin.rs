@@ -129,27 +129,34 @@ pub fn host_allowed(config: &Config, host: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// `allowed` says yes to each of `ok` and no to each of `bad`.
+    fn sorts(c: &Config, allowed: fn(&Config, &str) -> bool, ok: &[&str], bad: &[&str]) {
+        for o in ok {
+            assert!(allowed(c, o), "{o}");
+        }
+        for b in bad {
+            assert!(!allowed(c, b), "{b}");
+        }
+    }
+
     #[test]
     fn loopback_origins() {
         let c = Config::default();
-        for ok in [
+        let ok = [
             "http://localhost",
             "http://localhost:3000",
             "https://127.0.0.1:8080",
             "http://[::1]:99",
-        ] {
-            assert!(origin_allowed(&c, ok), "{ok}");
-        }
-        for bad in [
+        ];
+        let bad = [
             "http://evil.example",
             "http://localhost.evil.example",
             "http://127.0.0.1.nip.io",
             "null",
             "http://localhost:99999",
             "http://user@localhost",
-        ] {
-            assert!(!origin_allowed(&c, bad), "{bad}");
-        }
+        ];
+        sorts(&c, origin_allowed, &ok, &bad);
     }
 
     #[test]
@@ -159,7 +166,7 @@ mod tests {
             allowed_hosts: vec!["mcp.internal".into(), "other.internal:99".into()],
             ..Config::default()
         };
-        for ok in [
+        let ok = [
             "localhost",
             "localhost:8787",
             "127.0.0.1:1",
@@ -168,10 +175,8 @@ mod tests {
             "mcp.internal",
             "mcp.internal:1234",
             "other.internal:99",
-        ] {
-            assert!(host_allowed(&c, ok), "{ok}");
-        }
-        for bad in [
+        ];
+        let bad = [
             "evil.example.com",
             "evil.example.com:8787",
             "gw.example:1",
@@ -180,9 +185,8 @@ mod tests {
             "localhost:99999",
             "",
             "[::1",
-        ] {
-            assert!(!host_allowed(&c, bad), "{bad}");
-        }
+        ];
+        sorts(&c, host_allowed, &ok, &bad);
         c.public_url = None;
         assert!(!host_allowed(&c, "gw.example:8443"));
     }
