@@ -46,6 +46,20 @@ impl Reply {
 }
 
 impl AdminConn {
+    /// One exchange that must answer 200: its reply, else the error (`verb: message`).
+    pub async fn expect_ok(
+        &self,
+        verb: &str,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<Reply, String> {
+        let r = self.client()?.call(method, path, None).await?;
+        if r.status != 200 {
+            return Err(format!("{verb}: {}", r.message()));
+        }
+        Ok(r)
+    }
+
     pub fn client(&self) -> Result<AdminClient, String> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let url = self

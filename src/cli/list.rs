@@ -19,11 +19,10 @@ pub struct ListArgs {
 
 pub fn run(a: ListArgs) -> ExitCode {
     block_on(async move {
-        let client = a.conn.client()?;
-        let r = client.call(Method::GET, "/v1/registrations", None).await?;
-        if r.status != 200 {
-            return Err(format!("list: {}", r.message()));
-        }
+        let r = a
+            .conn
+            .expect_ok("list", Method::GET, "/v1/registrations")
+            .await?;
         if a.json {
             println!("{}", r.body);
             return Ok(());

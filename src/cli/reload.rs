@@ -15,11 +15,10 @@ pub struct ReloadArgs {
 
 pub fn run(a: ReloadArgs) -> ExitCode {
     block_on(async move {
-        let client = a.conn.client()?;
-        let r = client.call(Method::POST, "/v1/reload", None).await?;
-        if r.status != 200 {
-            return Err(format!("reload: {}", r.message()));
-        }
+        let r = a
+            .conn
+            .expect_ok("reload", Method::POST, "/v1/reload")
+            .await?;
         println!("{}", r.body);
         Ok(())
     })

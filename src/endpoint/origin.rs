@@ -21,22 +21,25 @@ pub fn check_host_origin_values(
     host: Option<&HeaderValue>,
     origin: Option<&HeaderValue>,
 ) -> Result<(), Rejection> {
-    if let Some(host) = host {
-        let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
-        if !ok {
-            return Err(Rejection::forbidden(
-                crate::refusals::Reason::Host,
-                "forbidden: Host not allowed",
-            ));
-        }
-    }
-    if let Some(origin) = origin {
-        let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
-        if !ok {
-            return Err(Rejection::forbidden(
-                crate::refusals::Reason::Origin,
-                "forbidden: Origin not allowed",
-            ));
+    use crate::refusals::Reason;
+    let checks = [
+        (
+            host,
+            host_allowed as fn(&Config, &str) -> bool,
+            Reason::Host,
+            "forbidden: Host not allowed",
+        ),
+        (
+            origin,
+            origin_allowed,
+            Reason::Origin,
+            "forbidden: Origin not allowed",
+        ),
+    ];
+    for (value, allowed, reason, why) in checks {
+        // Absent: nothing to check. Present: readable and allowed.
+        if value.is_some_and(|v| !v.to_str().is_ok_and(|v| allowed(config, v))) {
+            return Err(Rejection::forbidden(reason, why));
         }
     }
     Ok(())

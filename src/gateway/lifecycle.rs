@@ -186,13 +186,8 @@ impl Gateway {
     /// A store that fails is logged and answered `None` (the `memory` store never fails);
     /// [`Gateway::renew_committed`] reports it.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
-        match self.renew_committed(id, ttl_s).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(registration = %id, error = %e, "renewal not stored");
-                None
-            }
-        }
+        let r = self.renew_committed(id, ttl_s).await;
+        logged(r, id, "renewal not stored", None)
     }
 
     /// [`Gateway::renew`], answered only once the store has committed the new expiry
@@ -207,13 +202,8 @@ impl Gateway {
 
     /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
     pub async fn release_id(&self, id: &str, reason: ReleaseReason) -> bool {
-        match self.release_id_committed(id, reason).await {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::error!(registration = %id, error = %e, "release not stored");
-                true
-            }
-        }
+        let r = self.release_id_committed(id, reason).await;
+        logged(r, id, "release not stored", true)
     }
 
     /// [`Gateway::release_id`], answered once the store has committed the release (then it
@@ -452,4 +442,12 @@ impl crate::registration::lifecycle::Server for Gateway {
             }
         });
     }
+}
+
+/// A store's failure logged (`what`, naming the registration), answered `otherwise`.
+fn logged<T>(r: Result<T, GatewayError>, id: &str, what: &str, otherwise: T) -> T {
+    r.unwrap_or_else(|e| {
+        tracing::error!(registration = %id, error = %e, "{what}");
+        otherwise
+    })
 }
