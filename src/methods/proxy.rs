@@ -129,20 +129,30 @@ async fn call(
         method,
         "proxied request"
     );
-    let answered = ctx
-        .hub
-        .pool()
-        .forward_request(
+    use crate::upstream::{ForwardError, On, Request, TaskOwner, UpstreamError};
+    let request = Request {
+        owner: TaskOwner {
+            session: ctx.session.clone(),
+            notify: ctx.notify.clone(),
+        },
+        trace: trace.map(|t| (t, target)),
+        ..Request::new(
             &ctx.registration,
             upstream,
             method,
             params,
             cancel.clone(),
-            ctx.session.clone(),
-            ctx.notify.clone(),
-            trace.map(|t| (t, target)),
+            On::Current,
         )
-        .await;
+    };
+    let answered = match ctx.hub.pool().send(request).await {
+        Ok(Some((_, answer))) => Ok(answer),
+        // Never for `On::Current` (the live connection is the one asked).
+        Ok(None) => Err(ForwardError::Upstream(UpstreamError::Closed(
+            "connection replaced".into(),
+        ))),
+        Err(e) => Err(e),
+    };
     let error_type = match &answered {
         Ok(Ok(_)) => None,
         Ok(Err(e)) => Some(RpcError::type_of(RpcError::code_of(e))),
