@@ -62,7 +62,14 @@ start_gateway() { # start_gateway STDIN-FIFO JSON-OUT LOG ARGS...: sets gw_pid
 
 stop_gateway() { # stop_gateway PID NAME: its stdin is closed; wait for it, then check for leftovers
   local pid="$1" name="$2" i sid
+  # setsid, started by a shell that is not a group leader, makes the gateway its own session
+  # (no fork), so the session id is its pid; checked while it still runs.
   sid="$(ps -o sid= -p "$pid" 2>/dev/null | tr -d ' ')" || true
+  if [[ -n "$sid" && "$sid" != "$pid" ]]; then
+    echo "run.sh: the $name gateway is not a session of its own (session $sid)" >&2
+    return 1
+  fi
+  sid="$pid"
   # The gateway's shutdown releases the registration and tears each upstream's process group
   # down (stdin closed, SIGTERM 2 s later, SIGKILL 2 s after that): bounded, 30 s is ample.
   for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -71,7 +78,6 @@ stop_gateway() { # stop_gateway PID NAME: its stdin is closed; wait for it, then
     kill "$pid" 2>/dev/null || true
   fi
   wait "$pid" 2>/dev/null || true
-  [[ -n "$sid" && "$sid" == "$pid" ]] || { echo "run.sh: the $name gateway has no session of its own" >&2; return 1; }
   for i in $(seq 1 50); do pgrep -s "$sid" >/dev/null || { echo "run.sh: $name gateway exited, no process of it left"; return 0; }; sleep 0.1; done
   echo "run.sh: LEFT BEHIND by the $name gateway (session $sid):" >&2
   ps -o pid,pgid,sid,args -s "$sid" >&2 || true
