@@ -46,8 +46,20 @@ impl Reply {
 }
 
 impl AdminConn {
+    /// A verb that is one exchange answering 200: `show` is given the reply; any other
+    /// answer is the error (`verb: message`) and a failing exit.
+    pub fn run_ok(
+        &self,
+        verb: &str,
+        method: reqwest::Method,
+        path: &str,
+        show: impl FnOnce(Reply) -> Result<(), String>,
+    ) -> std::process::ExitCode {
+        block_on(async { show(self.expect_ok(verb, method, path).await?) })
+    }
+
     /// One exchange that must answer 200: its reply, else the error (`verb: message`).
-    pub async fn expect_ok(
+    async fn expect_ok(
         &self,
         verb: &str,
         method: reqwest::Method,

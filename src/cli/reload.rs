@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Args;
 use reqwest::Method;
 
-use super::admin_client::{block_on, AdminConn};
+use super::admin_client::AdminConn;
 
 #[derive(Debug, Args)]
 pub struct ReloadArgs {
@@ -14,11 +14,7 @@ pub struct ReloadArgs {
 }
 
 pub fn run(a: ReloadArgs) -> ExitCode {
-    block_on(async move {
-        let r = a
-            .conn
-            .expect_ok("reload", Method::POST, "/v1/reload")
-            .await?;
+    a.conn.run_ok("reload", Method::POST, "/v1/reload", |r| {
         println!("{}", r.body);
         Ok(())
     })

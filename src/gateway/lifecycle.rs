@@ -312,39 +312,6 @@ impl Gateway {
     pub async fn restore(&self) -> Result<crate::registration::lifecycle::Restored, GatewayError> {
         crate::registration::lifecycle::restore(self).await
     }
-
-    /// Serves a stored registration here under its id and token digest, in `family` (a
-    /// restart's restore and a cluster node's replica both come through here): its tools
-    /// found again (`Record::tool_set`), its state linked under its parent and inserted, its
-    /// TTL armed.
-    pub(super) fn serve_stored(
-        &self,
-        s: &Stored,
-        catalog: &BTreeMap<String, InProcessTool>,
-        family: Family,
-        now: u64,
-    ) -> Result<Arc<RegistrationState>, GatewayError> {
-        // Calls reserved so far (by any node) count as spent: a node reserves its own
-        // blocks (compare-and-set on the store) before its first call.
-        let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
-        let state = Arc::new(state);
-        if let Some(p) = &state.family.parent {
-            p.family.add_child(&state.id);
-        }
-        {
-            let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc)?;
-            lc.generation += 1;
-            self.inner.hub.registry().insert(state.clone());
-        }
-        if s.expires_at_ms != 0 {
-            self.arm_deadline(
-                &s.id,
-                Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
-            );
-        }
-        Ok(state)
-    }
 }
 
 /// The server's side of the registration lifecycle (`registration::lifecycle`).
@@ -414,14 +381,37 @@ impl crate::registration::lifecycle::Server for Gateway {
         lock(&self.inner.catalog).clone()
     }
 
+    /// Serves a stored registration here under its id and token digest, in `family` (a
+    /// restart's restore and a cluster node's replica both come through here): its tools
+    /// found again (`Record::tool_set`), its state linked under its parent and inserted, its
+    /// TTL armed.
     fn serve_record(
         &self,
-        r: &Stored,
+        s: &Stored,
         catalog: &BTreeMap<String, InProcessTool>,
         family: Family,
-        now_ms: u64,
+        now: u64,
     ) -> Result<Arc<RegistrationState>, GatewayError> {
-        self.serve_stored(r, catalog, family, now_ms)
+        // Calls reserved so far (by any node) count as spent: a node reserves its own
+        // blocks (compare-and-set on the store) before its first call.
+        let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
+        let state = Arc::new(state);
+        if let Some(p) = &state.family.parent {
+            p.family.add_child(&state.id);
+        }
+        {
+            let mut lc = lock(&self.inner.lifecycle);
+            self.ensure_server(&mut lc)?;
+            lc.generation += 1;
+            self.inner.hub.registry().insert(state.clone());
+        }
+        if s.expires_at_ms != 0 {
+            self.arm_deadline(
+                &s.id,
+                Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
+            );
+        }
+        Ok(state)
     }
 
     fn served(&self) {

@@ -146,17 +146,9 @@ fn request_span(
     if let Some(Value::Object(p)) = params {
         inbound = inbound.with_meta(p);
     }
-    let mut inbound = inbound.with_headers(ctx.trace_headers.as_deref());
-    for v in [
-        &mut inbound.meta_state,
-        &mut inbound.meta_baggage,
-        &mut inbound.header_state,
-        &mut inbound.header_baggage,
-    ] {
-        if v.is_some_and(|s| !clean(s)) {
-            *v = None;
-        }
-    }
+    let inbound = inbound
+        .with_headers(ctx.trace_headers.as_deref())
+        .without(|s| !clean(s));
     fn text<'v>(v: Option<&'v Value>, clean: &dyn Fn(&str) -> bool) -> Option<&'v str> {
         v.and_then(Value::as_str).filter(|s| clean(s))
     }
