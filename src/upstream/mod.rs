@@ -31,6 +31,7 @@ mod events;
 mod forward;
 mod http;
 mod lease;
+mod own_slot;
 pub mod pool;
 mod reaper;
 mod routing;

@@ -85,7 +85,7 @@ impl PoolInner {
             .clone()
     }
 
-    fn up(&self, id: &str) -> Option<Arc<Upstream>> {
+    pub(super) fn up(&self, id: &str) -> Option<Arc<Upstream>> {
         self.upstreams
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -389,30 +389,9 @@ impl Pool {
         self.tools_for_grants_with(grants, None).await
     }
 
-    /// [`Pool::tools_for_grants`], an upstream's catalog fetched (when not cached yet) with
-    /// the registration's own credential for it, if `credentials` has one (issue 47).
-    pub async fn tools_for_grants_with(
-        &self,
-        grants: &[String],
-        credentials: Option<&crate::registration::Credentials>,
-    ) -> Result<Vec<GrantedTool>, String> {
-        let mut out = Vec::new();
-        for id in crate::registration::Grant::upstreams_of(grants, |up| self.has_upstream(up)) {
-            let auth = credentials.and_then(|c| c.cell(id));
-            let catalog = self
-                .catalog_with(id, auth)
-                .await
-                .map_err(|e| format!("upstream {id:?} is unavailable: {e}"))?;
-            if let Some(up) = self.inner.up(id) {
-                out.extend(catalog.granted_tools(&up.spec.config));
-            }
-        }
-        Ok(out)
-    }
-
     /// A slot and its event task; `owner` is the registration a `per_registration` slot
     /// serves (connection-wide notifications go to its sessions).
-    fn new_slot(
+    pub(super) fn new_slot(
         &self,
         spec: &Arc<Spec>,
         leased: bool,
@@ -497,46 +476,6 @@ impl Pool {
             }
         };
         Ok((slot, shared))
-    }
-
-    /// The slot a registration with its own credential for `up` uses alone (issue 47): one
-    /// connection (one upstream HTTP session) per registration and credential cell, whatever
-    /// the upstream's sharing, so no other registration's request ever rides it. A slot it
-    /// had with another cell (made before a rotation gave it its own, or a child's own
-    /// replacing its parent's) is drained and closed, as a reload drains a changed upstream.
-    fn own_slot(
-        &self,
-        up: &Arc<Upstream>,
-        registration_id: &str,
-        cell: &Arc<crate::registration::AuthCell>,
-    ) -> Arc<Slot> {
-        let mut slots = lock(&up.slots);
-        let same = |s: &Arc<Slot>| s.auth.as_ref().is_some_and(|a| Arc::ptr_eq(a, cell));
-        if let Some(s) = slots
-            .per_registration
-            .get(registration_id)
-            .filter(|s| same(s))
-        {
-            return s.clone();
-        }
-        let slot = self.new_slot(&up.spec, false, Some(registration_id), Some(cell.clone()));
-        let old = slots
-            .per_registration
-            .insert(registration_id.to_string(), slot.clone());
-        drop(slots);
-        if let Some(old) = old {
-            let limit = Duration::from_secs(up.spec.config.call_timeout_s.max(1));
-            self.inner.tasks.spawn(async move {
-                let t0 = Instant::now();
-                while old.in_flight.load(Ordering::Acquire) > 0 && t0.elapsed() < limit {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                let _ =
-                    tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed")).await;
-                old.stop.cancel();
-            });
-        }
-        slot
     }
 
     /// Releases what a registration holds: its lease on shared connections
