@@ -211,6 +211,23 @@ fn store_failed(e: GatewayError) -> Response {
     )
 }
 
+/// A registration change the gateway refused or failed (`what`: the 500's message): a bad
+/// spec 400, a shutdown or a store write 503.
+fn change_failed(e: GatewayError, what: &'static str) -> Response {
+    match e {
+        GatewayError::InvalidSpec(msg) => bad_request(msg),
+        GatewayError::ShuttingDown => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the gateway is shutting down",
+        ),
+        e @ GatewayError::Store(_) => store_failed(e),
+        e => {
+            tracing::error!(error = %e, "{what}");
+            error(StatusCode::INTERNAL_SERVER_ERROR, what)
+        }
+    }
+}
+
 fn bad_request(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
@@ -267,6 +284,32 @@ pub fn parse_spec(body: &[u8]) -> Result<RegistrationSpec, String> {
     RegistrationSpec::from_json(body)
 }
 
+/// `PUT /v1/registrations/<id>/credentials` (issue 47): the body `{"<upstream>": {"bearer":
+/// "…"} | {"headers": {…}}, …}` replaces the registration's upstream credentials; 200 with
+/// them shown as `"set"`. Calls in flight finish; the next upstream request uses the new ones.
+async fn credentials(
+    State(st): State<AdminState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    let set = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| format!("body is not JSON: {e}"))
+        .and_then(|v| crate::registration::Credential::set_from_json("upstream_credentials", &v));
+    let set = match set {
+        Ok(s) => s,
+        Err(msg) => return bad_request(msg),
+    };
+    match st.gw.rotate_credentials(&id, set).await {
+        Ok(Some(state)) => Json(json!({
+            "id": id,
+            "upstream_credentials": state.credentials.summary(),
+        }))
+        .into_response(),
+        Ok(None) => no_such_registration(&st.gw, &id),
+        Err(e) => change_failed(e, "credentials not rotated"),
+    }
+}
+
 async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
     let spec = match parse_spec(&body) {
         Ok(s) => s,
@@ -290,48 +333,7 @@ async fn create(State(st): State<AdminState>, body: Bytes) -> Response {
             let _ = reg.detach();
             (StatusCode::CREATED, Json(body)).into_response()
         }
-        Err(GatewayError::InvalidSpec(msg)) => bad_request(msg),
-        Err(GatewayError::ShuttingDown) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the gateway is shutting down",
-        ),
-        Err(e @ GatewayError::Store(_)) => store_failed(e),
-        Err(e) => {
-            tracing::error!(error = %e, "registration failed");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "registration failed")
-        }
-    }
-}
-
-/// `PUT /v1/registrations/<id>/credentials` (issue 47): the body `{"<upstream>": {"bearer":
-/// "…"} | {"headers": {…}}, …}` replaces the registration's upstream credentials; 200 with
-/// them shown as `"set"`. Calls in flight finish; the next upstream request uses the new ones.
-async fn credentials(
-    State(st): State<AdminState>,
-    UrlPath(id): UrlPath<String>,
-    body: Bytes,
-) -> Response {
-    let v: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return bad_request(format!("body is not JSON: {e}")),
-    };
-    let set = match crate::registration::Credential::set_from_json("upstream_credentials", &v) {
-        Ok(s) => s,
-        Err(msg) => return bad_request(msg),
-    };
-    match st.gw.rotate_credentials(&id, set).await {
-        Ok(Some(state)) => Json(json!({
-            "id": id,
-            "upstream_credentials": state.credentials.summary(),
-        }))
-        .into_response(),
-        Ok(None) => no_such_registration(&st.gw, &id),
-        Err(GatewayError::InvalidSpec(msg)) => bad_request(msg),
-        Err(e @ GatewayError::Store(_)) => store_failed(e),
-        Err(e) => {
-            tracing::error!(error = %e, "credentials not rotated");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "credentials not rotated")
-        }
+        Err(e) => change_failed(e, "registration failed"),
     }
 }
 

@@ -21,6 +21,16 @@ impl MemoryStore {
         self.ops.fetch_add(1, Ordering::Relaxed);
         f(&mut lock(&self.map))
     }
+
+    /// Changes the record `id` with `f`; whether there was one.
+    fn update(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Record),
+    ) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let found = self.op(|m| m.get_mut(id).map(f).is_some());
+        ready(Ok(found)).boxed()
+    }
 }
 
 impl Store for MemoryStore {
@@ -40,14 +50,7 @@ impl Store for MemoryStore {
     }
 
     fn renew(&self, id: &str, expires_at_ms: u64) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let found = self.op(|m| match m.get_mut(id) {
-            Some(r) => {
-                r.expires_at_ms = expires_at_ms;
-                true
-            }
-            None => false,
-        });
-        ready(Ok(found)).boxed()
+        self.update(id, |r| r.expires_at_ms = expires_at_ms)
     }
 
     fn release(&self, id: &str) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -91,14 +94,7 @@ impl Store for MemoryStore {
         id: &str,
         sealed: Option<std::collections::BTreeMap<String, String>>,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let found = self.op(|m| match m.get_mut(id) {
-            Some(r) => {
-                r.credentials = sealed;
-                true
-            }
-            None => false,
-        });
-        ready(Ok(found)).boxed()
+        self.update(id, |r| r.credentials = sealed)
     }
 
     fn stats(&self) -> StoreStats {
