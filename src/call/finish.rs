@@ -126,6 +126,17 @@ pub(crate) fn conclude(
             c.reason = Some(why.into());
             c
         }
+        Ended::RateLimited(message, retry_after_ms) => {
+            let code = crate::protocol::error::BUSY;
+            let reply = RpcError::new(Some(id.clone()), code, message)
+                .with_data(json!({ "retry_after_ms": retry_after_ms }))
+                .to_value()
+                .into();
+            let mut c = plain(Outcome::Denied, reply);
+            c.error_code = Some(code);
+            c.reason = Some("rate_limited".into());
+            c
+        }
         Ended::TimedOut(secs) => {
             let text = format!("tool call timed out after {secs} s (limit call_timeout_s)");
             let reply = jsonrpc::success(id.clone(), ToolResult::error(text).0).into();

@@ -36,6 +36,8 @@ impl Config {
             ));
         }
         self.validate_bounds()?;
+        crate::policy::compile(&self.policy.rules, "policy.rules", true)
+            .map_err(ConfigError::Invalid)?;
         self.validate_cluster()?;
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {

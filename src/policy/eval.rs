@@ -1,0 +1,429 @@
+//! A call decided: the config's rules, then the root registration's, then each child's down
+//! the family. Within one list the first matching rule decides; `deny` (and `approve`) ends
+//! the evaluation, `allow` ends only its own list, so a later list (a child's) can still
+//! deny: a child only narrows. A call that neither the config's rules nor its root
+//! registration's matched gets `[policy] default`. A rule whose `when` fails to evaluate
+//! (or gives no boolean) denies the call: fail closed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use cel::objects::Key;
+use cel::{Context, Value as Cel};
+use serde_json::Value;
+
+use super::compile::{compile, Needs, Rules};
+use super::rules::{Approver, DefaultEffect, Effect, PolicyConfig};
+
+/// What a call's policy decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// `rule`: the id of the rule that denied (`default` for `[policy] default = "deny"`).
+    Deny { rule: String, reason: String },
+    /// Held for approval by `approver` (issue 49 item 3, not served yet: see
+    /// [`Decision::refusal`]).
+    Approve {
+        rule: String,
+        approver: Approver,
+        timeout_s: Option<u64>,
+    },
+}
+
+/// What an `approve` decision is answered with until approval is implemented.
+pub const APPROVAL_NOT_SUPPORTED: &str = "approval not yet supported";
+
+impl Decision {
+    /// The rule and the reason of a call that does not run (today an `approve` too).
+    pub fn refusal(self) -> Option<(String, String)> {
+        match self {
+            Decision::Allow => None,
+            Decision::Deny { rule, reason } => Some((rule, reason)),
+            Decision::Approve { rule, .. } => Some((rule, APPROVAL_NOT_SUPPORTED.into())),
+        }
+    }
+}
+
+/// What a call's rules can read: its registration, agent, tool and arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFacts<'a> {
+    pub registration_id: &'a str,
+    pub agent_id: &'a str,
+    /// A child's agent ids from the root down; `None` for a root (`[agent_id]`).
+    pub agent_path: Option<&'a [String]>,
+    pub label: Option<&'a str>,
+    /// The name the registration sees.
+    pub tool: &'a str,
+    /// The upstream's own name of the tool (an in-process tool: its name).
+    pub upstream_name: &'a str,
+    /// The tool's definition (`annotations` is read from it).
+    pub descriptor: &'a Value,
+    pub args: &'a Value,
+    /// The tool's upstream id; `None` for an in-process tool.
+    pub upstream: Option<&'a str>,
+}
+
+/// The config's rules and default, compiled.
+#[derive(Debug, Default)]
+pub struct ConfigPolicy {
+    pub rules: Rules,
+    pub default: DefaultEffect,
+}
+
+/// The config's policy as it is now: replaced whole by a reload (new calls see the new rules;
+/// a call already admitted keeps its decision). Off (no rule, default allow): one atomic load.
+#[derive(Debug, Default)]
+pub struct Live {
+    active: AtomicBool,
+    /// The config's `[policy]` as last put in place, and its compiled form (`None`: off).
+    current: RwLock<(PolicyConfig, Option<Arc<ConfigPolicy>>)>,
+}
+
+impl Live {
+    /// `config`'s policy compiled; the error names the rule (as config validation does).
+    pub fn new(config: &PolicyConfig) -> Result<Live, String> {
+        let live = Live::default();
+        live.replace(config)?;
+        Ok(live)
+    }
+
+    /// Compiles `config` and puts it in place (whether it differs from the one in place);
+    /// on an error nothing changes.
+    pub fn replace(&self, config: &PolicyConfig) -> Result<bool, String> {
+        let rules = compile(&config.rules, "policy.rules", true)?;
+        let active = !rules.is_empty() || config.default == DefaultEffect::Deny;
+        let new = active.then(|| {
+            Arc::new(ConfigPolicy {
+                rules,
+                default: config.default,
+            })
+        });
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let changed = cur.0 != *config;
+        *cur = (config.clone(), new);
+        self.active.store(active, Ordering::Release);
+        Ok(changed)
+    }
+
+    /// The policy in force, `None` when there is none (one atomic load).
+    pub fn current(&self) -> Option<Arc<ConfigPolicy>> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+}
+
+/// A registration family's rules: the root registration's, then its descendants' down to
+/// the calling one (those with rules).
+#[derive(Debug, Default)]
+pub struct Layers<'a> {
+    pub root: Option<&'a Rules>,
+    pub narrowing: Vec<&'a Rules>,
+}
+
+impl Layers<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.root.is_none() && self.narrowing.is_empty()
+    }
+}
+
+thread_local! {
+    /// The standard environment, built once per thread; a call's variables go in a child
+    /// scope of it.
+    static ROOT: Context<'static, 'static> = Context::default();
+}
+
+/// Decides a call: `config` then `layers` (module doc).
+pub fn decide(config: Option<&ConfigPolicy>, layers: &Layers<'_>, facts: &CallFacts<'_>) -> Decision {
+    let mut needs = Needs::default();
+    for r in config
+        .map(|c| &c.rules)
+        .into_iter()
+        .chain(layers.root)
+        .chain(layers.narrowing.iter().copied())
+    {
+        let n = r.needs;
+        needs.agent |= n.agent;
+        needs.registration |= n.registration;
+        needs.tool |= n.tool;
+        needs.args |= n.args;
+        needs.upstream |= n.upstream;
+    }
+    ROOT.with(|root| {
+        let mut ctx = root.new_inner_scope();
+        bind(&mut ctx, needs, facts);
+        let mut allowed = false;
+        if let Some(c) = config {
+            match first_match(&c.rules, &ctx, facts.upstream) {
+                Some(Ok(Effect::Allow)) => allowed = true,
+                Some(other) => return ended(other, &c.rules),
+                None => {}
+            }
+        }
+        if let Some(r) = layers.root {
+            match first_match(r, &ctx, facts.upstream) {
+                Some(Ok(Effect::Allow)) => allowed = true,
+                Some(other) => return ended(other, r),
+                None => {}
+            }
+        }
+        if !allowed && config.is_some_and(|c| c.default == DefaultEffect::Deny) {
+            return Decision::Deny {
+                rule: "default".into(),
+                reason: "no policy rule allows this call ([policy] default = \"deny\")".into(),
+            };
+        }
+        for r in &layers.narrowing {
+            match first_match(r, &ctx, facts.upstream) {
+                Some(Ok(Effect::Allow)) | None => {}
+                Some(other) => return ended(other, r),
+            }
+        }
+        Decision::Allow
+    })
+}
+
+/// The index of the first matching rule's effect, or the index of a rule that failed.
+type Matched = Result<Effect, (usize, String)>;
+
+/// The first rule of `rules` that matches: its effect (and index, kept in `LAST`).
+fn first_match(rules: &Rules, ctx: &Context<'_, '_>, upstream: Option<&str>) -> Option<Matched> {
+    for (i, r) in rules.rules.iter().enumerate() {
+        if let Some(u) = &r.spec.upstream {
+            if upstream != Some(u.as_str()) {
+                continue;
+            }
+        }
+        match r.program.execute(ctx) {
+            Ok(Cel::Bool(true)) => {
+                LAST.with(|l| l.set(i));
+                return Some(Ok(r.spec.effect));
+            }
+            Ok(Cel::Bool(false)) => {}
+            Ok(other) => {
+                return Some(Err((
+                    i,
+                    format!("gave {:?}, not a boolean", other.type_of()),
+                )))
+            }
+            Err(e) => return Some(Err((i, e.to_string()))),
+        }
+    }
+    None
+}
+
+thread_local! {
+    /// The index of the rule `first_match` matched last (this thread).
+    static LAST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The decision of a list that did not merely allow.
+fn ended(m: Matched, rules: &Rules) -> Decision {
+    match m {
+        Err((i, why)) => {
+            let id = rules.rules.get(i).map_or("?", |r| r.spec.id.as_str());
+            Decision::Deny {
+                rule: id.to_string(),
+                reason: format!("policy rule {id} could not be evaluated: {why}"),
+            }
+        }
+        Ok(effect) => {
+            let i = LAST.with(|l| l.get());
+            let Some(r) = rules.rules.get(i) else {
+                return Decision::Deny {
+                    rule: "?".into(),
+                    reason: "policy: no such rule".into(),
+                };
+            };
+            let rule = r.spec.id.clone();
+            match effect {
+                Effect::Approve => Decision::Approve {
+                    rule,
+                    approver: r.spec.approver.unwrap_or(Approver::Harness),
+                    timeout_s: r.spec.timeout_s,
+                },
+                Effect::Deny | Effect::Allow => Decision::Deny {
+                    reason: r
+                        .spec
+                        .reason
+                        .clone()
+                        .unwrap_or_else(|| format!("denied by policy rule {rule}")),
+                    rule,
+                },
+            }
+        }
+    }
+}
+
+fn s(v: &str) -> Cel {
+    Cel::String(Arc::new(v.to_string()))
+}
+
+fn map(entries: Vec<(&'static str, Cel)>) -> Cel {
+    let m: HashMap<Key, Cel> = entries
+        .into_iter()
+        .map(|(k, v)| (Key::String(Arc::new(k.to_string())), v))
+        .collect();
+    Cel::Map(cel::objects::Map { map: Arc::new(m) })
+}
+
+/// JSON as CEL (a number: int if it is one, else float).
+fn json(v: &Value) -> Cel {
+    match v {
+        Value::Null => Cel::Null,
+        Value::Bool(b) => Cel::Bool(*b),
+        Value::Number(n) => n
+            .as_i64()
+            .map(Cel::Int)
+            .or_else(|| n.as_u64().map(Cel::UInt))
+            .unwrap_or_else(|| Cel::Float(n.as_f64().unwrap_or(f64::NAN))),
+        Value::String(x) => s(x),
+        Value::Array(a) => Cel::List(Arc::new(a.iter().map(json).collect())),
+        Value::Object(o) => {
+            let m: HashMap<Key, Cel> = o
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), json(v)))
+                .collect();
+            Cel::Map(cel::objects::Map { map: Arc::new(m) })
+        }
+    }
+}
+
+/// Binds the variables the rules read.
+fn bind(ctx: &mut Context<'_, '_>, needs: Needs, f: &CallFacts<'_>) {
+    if needs.agent {
+        let path = match f.agent_path {
+            Some(p) => Cel::List(Arc::new(p.iter().map(|a| s(a)).collect())),
+            None => Cel::List(Arc::new(vec![s(f.agent_id)])),
+        };
+        ctx.add_variable_from_value("agent", map(vec![("id", s(f.agent_id)), ("path", path)]));
+    }
+    if needs.registration {
+        let labels = Cel::List(Arc::new(f.label.map(s).into_iter().collect()));
+        let label = f.label.map_or(Cel::Null, s);
+        ctx.add_variable_from_value(
+            "registration",
+            map(vec![
+                ("id", s(f.registration_id)),
+                ("label", label),
+                ("labels", labels),
+            ]),
+        );
+    }
+    if needs.tool {
+        let annotations = f
+            .descriptor
+            .get("annotations")
+            .filter(|a| a.is_object())
+            .map_or_else(|| map(Vec::new()), json);
+        ctx.add_variable_from_value(
+            "tool",
+            map(vec![
+                ("name", s(f.tool)),
+                ("upstream_name", s(f.upstream_name)),
+                ("annotations", annotations),
+            ]),
+        );
+    }
+    if needs.args {
+        let args = if f.args.is_null() {
+            map(Vec::new())
+        } else {
+            json(f.args)
+        };
+        ctx.add_variable_from_value("args", args);
+    }
+    if needs.upstream {
+        ctx.add_variable_from_value("upstream", f.upstream.map_or(Cel::Null, s));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::rules::RuleSpec;
+    use serde_json::json;
+
+    fn rule(id: &str, when: &str, effect: Effect) -> RuleSpec {
+        RuleSpec {
+            id: id.into(),
+            when: when.into(),
+            effect,
+            reason: Some(format!("{id} says no")),
+            approver: (effect == Effect::Approve).then_some(Approver::Harness),
+            timeout_s: None,
+            upstream: None,
+        }
+    }
+
+    fn facts<'a>(args: &'a Value, d: &'a Value) -> CallFacts<'a> {
+        CallFacts {
+            registration_id: "r",
+            agent_id: "a",
+            agent_path: None,
+            label: Some("l"),
+            tool: "fs.write",
+            upstream_name: "write",
+            descriptor: d,
+            args,
+            upstream: Some("fs"),
+        }
+    }
+
+    #[test]
+    fn first_match_decides_children_narrow_and_errors_deny() {
+        let d = json!({"annotations": {"destructiveHint": true}});
+        let outside = json!({"path": "/etc/passwd"});
+        let inside = json!({"path": "/workspace/a"});
+        let root = compile(
+            &[
+                rule("ws", "tool.name == 'fs.write' && !args.path.startsWith('/workspace/')", Effect::Deny),
+                rule("ok", "true", Effect::Allow),
+                rule("never", "true", Effect::Deny),
+            ],
+            "policy",
+            false,
+        )
+        .unwrap();
+        let layers = Layers {
+            root: Some(&root),
+            narrowing: vec![],
+        };
+        assert!(matches!(decide(None, &layers, &facts(&outside, &d)), Decision::Deny { rule, .. } if rule == "ws"));
+        assert_eq!(decide(None, &layers, &facts(&inside, &d)), Decision::Allow);
+        // A child's allow cannot undo the parent's deny; its deny narrows.
+        let child = compile(
+            &[
+                rule("widen", "true", Effect::Allow),
+            ],
+            "policy",
+            false,
+        )
+        .unwrap();
+        let narrow = compile(&[rule("ro", "tool.annotations.destructiveHint", Effect::Deny)], "policy", false).unwrap();
+        let l2 = Layers { root: Some(&root), narrowing: vec![&child] };
+        assert!(matches!(decide(None, &l2, &facts(&outside, &d)), Decision::Deny { .. }));
+        let l3 = Layers { root: Some(&root), narrowing: vec![&narrow] };
+        assert!(matches!(decide(None, &l3, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "ro"));
+        // Default deny: a child's allow does not widen it.
+        let cfg = ConfigPolicy { rules: Rules::default(), default: DefaultEffect::Deny };
+        let l4 = Layers { root: None, narrowing: vec![&child] };
+        assert!(matches!(decide(Some(&cfg), &l4, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "default"));
+        // An evaluation error (no such key) denies, naming the rule.
+        let bad = compile(&[rule("missing", "args.nope == 1", Effect::Allow)], "policy", false).unwrap();
+        let l5 = Layers { root: Some(&bad), narrowing: vec![] };
+        assert!(matches!(decide(None, &l5, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "missing"));
+        // Approve: accepted, answered as a refusal for now.
+        let ap = compile(&[rule("pay", "true", Effect::Approve)], "policy", false).unwrap();
+        let l6 = Layers { root: Some(&ap), narrowing: vec![] };
+        let d6 = decide(None, &l6, &facts(&inside, &d));
+        assert!(matches!(d6, Decision::Approve { .. }));
+        assert_eq!(d6.refusal().unwrap().1, APPROVAL_NOT_SUPPORTED);
+    }
+}
