@@ -18,7 +18,9 @@ pub const MAX_RULES: usize = 64;
 /// Longest `when`, bytes.
 pub const MAX_WHEN_BYTES: usize = 2048;
 /// Deepest nesting of a `when` (the parser's recursion bound).
-pub const MAX_DEPTH: u16 = 24;
+pub const MAX_DEPTH: u16 = 12;
+/// Deepest expression tree (operators chained count: `a + b + c` is 2 levels).
+pub const MAX_TREE_DEPTH: usize = 24;
 /// Longest `reason`, bytes.
 pub const MAX_REASON_BYTES: usize = 512;
 
@@ -73,9 +75,30 @@ impl Rules {
     }
 }
 
+/// The stack the parser runs on: its recursion per nesting level is deep (ANTLR; several
+/// hundred KiB per level in a debug build), so it gets a thread of its own rather than
+/// whatever stack the caller (an admin request's task) has left. Compiling is rare
+/// (config load, registration); calls never parse.
+const PARSE_STACK: usize = 16 * 1024 * 1024;
+
 /// Compiles `specs` (`what` names the list in errors, e.g. `policy` or `policy.rules`);
 /// `scoped`: whether rules may carry `upstream` (config rules).
 pub fn compile(specs: &[RuleSpec], what: &str, scoped: bool) -> Result<Rules, String> {
+    if specs.is_empty() {
+        return Ok(Rules::default());
+    }
+    std::thread::scope(|sc| {
+        std::thread::Builder::new()
+            .name("policy-compile".into())
+            .stack_size(PARSE_STACK)
+            .spawn_scoped(sc, || compile_here(specs, what, scoped))
+            .map_err(|e| format!("{what}: cannot start the compiler: {e}"))?
+            .join()
+            .map_err(|_| format!("{what}: the compiler failed"))?
+    })
+}
+
+fn compile_here(specs: &[RuleSpec], what: &str, scoped: bool) -> Result<Rules, String> {
     if specs.len() > MAX_RULES {
         return Err(format!(
             "{what}: at most {MAX_RULES} rules (got {})",
@@ -159,6 +182,13 @@ fn compile_when(src: &str) -> Result<Program, String> {
     if src.trim().is_empty() {
         return Err("empty expression".into());
     }
+    // Nesting bounded before any parser runs (the parsers recurse per level: a deep
+    // expression must not reach them, whatever thread compiles it).
+    if let Some(col) = too_deep(src) {
+        return Err(format!(
+            "at column {col}: nested deeper than {MAX_DEPTH} levels (brackets and conditionals)"
+        ));
+    }
     // The parser's own check first (its errors carry the position), then the bounded one.
     let parsed = Parser::new()
         .max_recursion_depth(MAX_DEPTH)
@@ -176,12 +206,77 @@ fn compile_when(src: &str) -> Result<Program, String> {
                 })
                 .unwrap_or_else(|| e.to_string())
         })?;
+    // Evaluation recurses per level of the tree (on the calling task's stack): bounded too
+    // (a chain `a + a + …` or `x.y.z.…` is as deep as it is long).
+    let depth = tree_depth(&parsed, 0);
+    if depth > MAX_TREE_DEPTH {
+        return Err(format!(
+            "expression tree {depth} levels deep (at most {MAX_TREE_DEPTH}): split it into rules"
+        ));
+    }
     if let Some(inner) = nested_comprehension(&parsed, 0) {
         return Err(format!(
             "a comprehension inside another (at expression {inner}): at most one level, to keep evaluation linear in the arguments"
         ));
     }
     Program::compile(src).map_err(|e| e.to_string())
+}
+
+/// The column (from 1) where `src`'s nesting of brackets plus conditionals (`?`) outside
+/// string literals passes [`MAX_DEPTH`], if it does.
+fn too_deep(src: &str) -> Option<usize> {
+    let (mut depth, mut ternaries) = (0usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in src.chars().enumerate() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            '?' => ternaries += 1,
+            _ => {}
+        }
+        if depth + ternaries > usize::from(MAX_DEPTH) {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// The depth of `e`'s tree (stops counting past [`MAX_TREE_DEPTH`]).
+fn tree_depth(e: &IdedExpr, d: usize) -> usize {
+    if d > MAX_TREE_DEPTH {
+        return d;
+    }
+    let kids: Vec<&IdedExpr> = match &e.expr {
+        Expr::Comprehension(c) => vec![&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result],
+        Expr::Call(c) => c.target.as_deref().into_iter().chain(c.args.iter()).collect(),
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => entries(&m.entries),
+        Expr::Struct(s) => entries(&s.entries),
+        Expr::Select(s) => vec![&*s.operand],
+        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => vec![],
+    };
+    kids.into_iter().map(|k| tree_depth(k, d + 1)).max().unwrap_or(d)
+}
+
+fn entries(es: &[cel::common::ast::IdedEntryExpr]) -> Vec<&IdedExpr> {
+    es.iter()
+        .flat_map(|x| match &x.expr {
+            EntryExpr::StructField(f) => vec![&f.value],
+            EntryExpr::MapEntry(me) => vec![&me.key, &me.value],
+        })
+        .collect()
 }
 
 /// The id of a comprehension nested inside another, if any.
@@ -252,7 +347,21 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("comprehension inside another"), "{e}");
         let deep = format!("{}true{}", "(".repeat(64), ")".repeat(64));
-        assert!(compile(&[rule("d", &deep)], "policy", false).is_err());
+        let e = compile(&[rule("d", &deep)], "policy", false).unwrap_err();
+        assert!(e.contains("column 13: nested deeper"), "{e}");
+        // The deepest allowed expression compiles from a small stack (the parser gets its own).
+        let n = usize::from(MAX_DEPTH);
+        let deepest = format!("{}[{}true{}]{} == [true]", "(".repeat(n / 2), "[".repeat(n / 2 - 1), "]".repeat(n / 2 - 1), ")".repeat(n / 2));
+        let r = std::thread::Builder::new()
+            .stack_size(128 * 1024)
+            .spawn(move || compile(&[rule("d", &deepest)], "policy", false).map(|_| ()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        let chain = vec!["1"; 100].join(" + ");
+        let e = compile(&[rule("c", &format!("{chain} > 0"))], "policy", false).unwrap_err();
+        assert!(e.contains("levels deep"), "{e}");
         let r = compile(&[rule("fine", "args.a.all(x, x > 1)")], "policy", false).unwrap();
         assert!(r.needs.args && !r.needs.agent);
     }

@@ -426,4 +426,23 @@ mod tests {
         assert!(matches!(d6, Decision::Approve { .. }));
         assert_eq!(d6.refusal().unwrap().1, APPROVAL_NOT_SUPPORTED);
     }
+
+    #[test]
+    // At MAX_TREE_DEPTH, in a debug build, within half of a tokio worker's 2 MiB stack.
+    fn the_deepest_allowed_expression_evaluates_on_a_small_stack() {
+        let chain = vec!["args.n"; 23].join(" + ");
+        let deep = compile(&[rule("deep", &format!("{chain} > 0"), Effect::Deny)], "policy", false).unwrap();
+        let d = json!({});
+        let args = json!({"n": 1});
+        let got = std::thread::Builder::new()
+            .stack_size(1024 * 1024)
+            .spawn(move || {
+                let layers = Layers { root: Some(&deep), narrowing: vec![] };
+                decide(None, &layers, &facts(&args, &d))
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(matches!(got, Decision::Deny { rule, .. } if rule == "deep"));
+    }
 }
