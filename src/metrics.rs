@@ -292,20 +292,20 @@ impl Metrics {
         // The conventions' metrics go unprefixed at the root; the gateway's own under
         // `gatehouse_`.
         let mut root = Registry::default();
-        let server_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
-        root.register_with_unit(
-            "mcp_server_operation_duration",
-            "Duration of MCP requests served (OpenTelemetry MCP conventions: mcp.server.operation.duration)",
-            prometheus_client::registry::Unit::Seconds,
-            server_ops.clone(),
-        );
-        let client_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
-        root.register_with_unit(
-            "mcp_client_operation_duration",
-            "Duration of MCP requests sent upstream (OpenTelemetry MCP conventions: mcp.client.operation.duration)",
-            prometheus_client::registry::Unit::Seconds,
-            client_ops.clone(),
-        );
+        let [server_ops, client_ops] = [
+            ("server", "served"),
+            ("client", "sent upstream"),
+        ]
+        .map(|(side, what)| {
+            let ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+            root.register_with_unit(
+                format!("mcp_{side}_operation_duration"),
+                format!("Duration of MCP requests {what} (OpenTelemetry MCP conventions: mcp.{side}.operation.duration)"),
+                prometheus_client::registry::Unit::Seconds,
+                ops.clone(),
+            );
+            ops
+        });
         let r = root.sub_registry_with_prefix("gatehouse");
         Metrics {
             release_propagation: add(r, "release_propagation_seconds", "Cluster: from a release's commit in the store to the last live node's acknowledgment (a node that fenced instead counts at the bound)", Histogram::new(exponential_buckets(0.001, 2.0, 16))),

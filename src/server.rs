@@ -32,7 +32,7 @@ use crate::sync::unless_cancelled;
 
 /// The router of the data listener.
 pub fn router(hub: Arc<Hub>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/gw/{id}/sse", get(endpoint::sse::open))
         .route("/gw/{id}/messages/", post(endpoint::sse::message))
@@ -54,25 +54,19 @@ pub fn router(hub: Arc<Hub>) -> Router {
             endpoint::oauth::PRM_PREFIX,
             get(endpoint::oauth::no_authorization_server),
         )
-        .route(
-            "/.well-known/oauth-authorization-server",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/oauth-authorization-server/{*rest}",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/openid-configuration",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/openid-configuration/{*rest}",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route("/register", post(endpoint::oauth::no_client_registration))
-        .fallback(not_found)
-        .with_state(hub)
+        .route("/register", post(endpoint::oauth::no_client_registration));
+    // Authorization-server discovery (RFC 8414, OpenID), bare and path-suffixed: none here.
+    let router = [
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/oauth-authorization-server/{*rest}",
+        "/.well-known/openid-configuration",
+        "/.well-known/openid-configuration/{*rest}",
+    ]
+    .into_iter()
+    .fold(routes, |r, path| {
+        r.route(path, get(endpoint::oauth::no_authorization_server))
+    });
+    router.fallback(not_found).with_state(hub)
 }
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).

@@ -303,19 +303,21 @@ pub(super) async fn task_created(
             };
             (Ended::Result(result, Outcome::Ok), Some(why.into()))
         }
-        Err(NotCreated::Full(n)) => {
-            let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");
-            (
-                Ended::Error(
-                    crate::protocol::error::INTERNAL_ERROR,
-                    why.clone(),
-                    Outcome::Denied,
-                ),
-                Some(why.into()),
-            )
-        }
+        Err(NotCreated::Full(n)) => tasks_full(format!(
+            "limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream"
+        )),
         Err(NotCreated::Released) => (Ended::Cancelled, None),
     }
+}
+
+/// A task refused at the registration's cap of live tasks: denied, saying `why`.
+fn tasks_full(why: String) -> (Ended, Option<Cow<'static, str>>) {
+    let ended = Ended::Error(
+        crate::protocol::error::INTERNAL_ERROR,
+        why.clone(),
+        Outcome::Denied,
+    );
+    (ended, Some(why.into()))
 }
 
 /// A task that ended at once ([`crate::methods::tasks::ended_at_once`]), for the client that asked.
@@ -334,17 +336,9 @@ pub(super) async fn ended_at_once(
                 Some(why.into()),
             )
         }
-        Err(crate::methods::tasks::NotCreated::Full(n)) => {
-            let why = format!("limit tasks.max_live_per_registration ({n}) reached");
-            (
-                Ended::Error(
-                    crate::protocol::error::INTERNAL_ERROR,
-                    why.clone(),
-                    Outcome::Denied,
-                ),
-                Some(why.into()),
-            )
-        }
+        Err(crate::methods::tasks::NotCreated::Full(n)) => tasks_full(format!(
+            "limit tasks.max_live_per_registration ({n}) reached"
+        )),
         Err(crate::methods::tasks::NotCreated::Released) => (Ended::Cancelled, None),
     }
 }

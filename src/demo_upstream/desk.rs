@@ -7,11 +7,30 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// Cases, their notes, and the selected case of each lease. Cheap to clone; short locks only.
-#[derive(Clone, Default)]
-pub(super) struct Desk {
-    pub(super) shared: Arc<Mutex<DeskState>>,
+/// State behind one lock, cheap to clone; short locks only.
+pub(super) struct Shared<T>(Arc<Mutex<T>>);
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
 }
+
+impl<T: Default> Default for Shared<T> {
+    fn default() -> Self {
+        Shared(Arc::default())
+    }
+}
+
+impl<T> Shared<T> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, T> {
+        // A poisoned lock still holds consistent data: every critical section is a few inserts.
+        crate::sync::lock(&self.0)
+    }
+}
+
+/// Cases, their notes, and the selected case of each lease.
+pub(super) type Desk = Shared<DeskState>;
 
 #[derive(Default)]
 pub(super) struct DeskState {
@@ -26,11 +45,6 @@ pub(super) struct Case {
 }
 
 impl Desk {
-    pub(super) fn lock(&self) -> MutexGuard<'_, DeskState> {
-        // A poisoned lock still holds consistent data: every critical section is a few inserts.
-        crate::sync::lock(&self.shared)
-    }
-
     /// Open a case and select it for `lease`; returns its id.
     pub(super) fn open_case(&self, lease: &str) -> String {
         let mut state = self.lock();
@@ -71,10 +85,7 @@ impl Desk {
 }
 
 /// Cancellation handles of requests being handled, keyed by their JSON-RPC id.
-#[derive(Clone, Default)]
-pub(super) struct InFlight {
-    pub(super) shared: Arc<Mutex<InFlightState>>,
-}
+pub(super) type InFlight = Shared<InFlightState>;
 
 #[derive(Default)]
 pub(super) struct InFlightState {
@@ -91,10 +102,6 @@ pub(super) struct InFlightGuard {
 }
 
 impl InFlight {
-    pub(super) fn lock(&self) -> MutexGuard<'_, InFlightState> {
-        crate::sync::lock(&self.shared)
-    }
-
     pub(super) fn register(&self, id: &Value) -> InFlightGuard {
         let key = id.to_string();
         let cancel = CancellationToken::new();

@@ -146,17 +146,9 @@ fn request_span(
     if let Some(Value::Object(p)) = params {
         inbound = inbound.with_meta(p);
     }
-    let mut inbound = inbound.with_headers(ctx.trace_headers.as_deref());
-    for v in [
-        &mut inbound.meta_state,
-        &mut inbound.meta_baggage,
-        &mut inbound.header_state,
-        &mut inbound.header_baggage,
-    ] {
-        if v.is_some_and(|s| !clean(s)) {
-            *v = None;
-        }
-    }
+    let inbound = inbound
+        .with_headers(ctx.trace_headers.as_deref())
+        .without(|s| !clean(s));
     fn text<'v>(v: Option<&'v Value>, clean: &dyn Fn(&str) -> bool) -> Option<&'v str> {
         v.and_then(Value::as_str).filter(|s| clean(s))
     }
@@ -195,12 +187,18 @@ fn request_span(
 
 /// Every method but `tools/call` (whose reply may carry an upstream's result as written).
 async fn handle_other(ctx: &RequestCtx, req: Served<'_>) -> Option<Value> {
-    let Served {
-        id, method, params, ..
-    } = &req;
-    let (id, method) = (id.clone(), *method);
-    // The message's method read once; the match names each kind once.
-    match Method::of(method) {
+    let (method, kind) = (req.method, Method::of(req.method));
+    // The message's method read once. Task and proxied methods take the request whole; the
+    // others answer its id (moved, not cloned).
+    match kind {
+        m if m.is_task() => return Box::pin(crate::methods::tasks::handle(ctx, req)).await,
+        m if m.is_proxied() => {
+            return Some(Box::pin(crate::methods::proxy::handle(ctx, req)).await)
+        }
+        _ => {}
+    }
+    let (id, params) = (req.id, req.params.as_ref());
+    Some(match kind {
         Method::Initialize => {
             if ctx
                 .session
@@ -215,20 +213,16 @@ async fn handle_other(ctx: &RequestCtx, req: Served<'_>) -> Option<Value> {
                     .to_value(),
                 );
             }
-            let result = Box::pin(initialize(ctx, params.as_ref())).await;
-            Some(jsonrpc::success(id, result))
+            let result = Box::pin(initialize(ctx, params)).await;
+            jsonrpc::success(id, result)
         }
-        Method::Ping => Some(jsonrpc::success(id, json!({}))),
-        Method::ToolsList => Some(tools_list(ctx, id, params.as_ref())),
-        Method::LoggingSetLevel => Some(set_log_level(ctx, id, params.as_ref())),
-        m if m.is_task() => Box::pin(crate::methods::tasks::handle(ctx, req)).await,
-        m if m.is_proxied() => Some(Box::pin(crate::methods::proxy::handle(ctx, req)).await),
-        _ => Some(
-            RpcError::method_not_found(format!("method not found: {method}"))
-                .to(id)
-                .to_value(),
-        ),
-    }
+        Method::Ping => jsonrpc::success(id, json!({})),
+        Method::ToolsList => tools_list(ctx, id, params),
+        Method::LoggingSetLevel => set_log_level(ctx, id, params),
+        _ => RpcError::method_not_found(format!("method not found: {method}"))
+            .to(id)
+            .to_value(),
+    })
 }
 
 /// `logging/setLevel`: the gateway filters the upstream logs it forwards to this session (an
