@@ -49,10 +49,22 @@ fn main() {
     // (every rule evaluated: the worst case for an allowed call).
     let five = compile(
         &[
-            rule("workspace_only", "tool.name == 'fs.write' && !args.path.startsWith('/workspace/')", Effect::Deny),
-            rule("no_destructive", "tool.annotations.destructiveHint == true && upstream == 'prod'", Effect::Deny),
+            rule(
+                "workspace_only",
+                "tool.name == 'fs.write' && !args.path.startsWith('/workspace/')",
+                Effect::Deny,
+            ),
+            rule(
+                "no_destructive",
+                "tool.annotations.destructiveHint == true && upstream == 'prod'",
+                Effect::Deny,
+            ),
             rule("agent_block", "agent.id == 'blocked-agent'", Effect::Deny),
-            rule("big_amount", "has(args.amount) && args.amount > 1000", Effect::Deny),
+            rule(
+                "big_amount",
+                "has(args.amount) && args.amount > 1000",
+                Effect::Deny,
+            ),
             rule("label", "'quarantine' in registration.labels", Effect::Deny),
         ],
         "policy",
@@ -77,15 +89,22 @@ fn main() {
         narrowing: vec![],
     };
     assert_eq!(decide(None, &layers, &facts), Decision::Allow);
-    let allowed = per_call("five rules, none matches (all evaluated; allowed)", n, || {
-        black_box(decide(None, black_box(&layers), black_box(&facts)));
-    });
+    let allowed = per_call(
+        "five rules, none matches (all evaluated; allowed)",
+        n,
+        || {
+            black_box(decide(None, black_box(&layers), black_box(&facts)));
+        },
+    );
     let outside = json!({"path": "/etc/passwd", "content": "x"});
     let denied_facts = CallFacts {
         args: &outside,
         ..facts
     };
-    assert!(matches!(decide(None, &layers, &denied_facts), Decision::Deny { .. }));
+    assert!(matches!(
+        decide(None, &layers, &denied_facts),
+        Decision::Deny { .. }
+    ));
     per_call("five rules, the first denies", n, || {
         black_box(decide(None, black_box(&layers), black_box(&denied_facts)));
     });

@@ -101,13 +101,16 @@ impl Govern<'_> {
         let family_rules = reg.policy.is_some()
             || (reg.family.parent.is_some() && reg.family.ancestors().any(|a| a.policy.is_some()));
         if self.config.is_some() || family_rules {
-            let mut chain: Vec<&RegistrationState> =
-                reg.family.ancestors().map(|a| &**a).collect();
+            let mut chain: Vec<&RegistrationState> = reg.family.ancestors().map(|a| &**a).collect();
             chain.reverse();
             chain.push(reg);
             let layers = Layers {
                 root: chain.first().and_then(|r| r.policy.as_ref()),
-                narrowing: chain.iter().skip(1).filter_map(|r| r.policy.as_ref()).collect(),
+                narrowing: chain
+                    .iter()
+                    .skip(1)
+                    .filter_map(|r| r.policy.as_ref())
+                    .collect(),
             };
             let upstream_name = match &tool.backend {
                 crate::tools::Backend::Upstream { tool, .. } => tool.as_str(),

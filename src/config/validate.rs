@@ -30,6 +30,16 @@ impl Config {
         self.validate_bounds()?;
         crate::policy::compile(&self.policy.rules, "policy.rules", true)
             .map_err(ConfigError::Invalid)?;
+        for (i, r) in self.policy.rules.iter().enumerate() {
+            if let Some(u) = &r.upstream {
+                if !self.upstreams.iter().any(|x| &x.id == u) {
+                    return Err(ConfigError::Invalid(format!(
+                        "policy.rules[{i}] (rule {:?}): upstream {u:?} is not a configured upstream",
+                        r.id
+                    )));
+                }
+            }
+        }
         self.validate_cluster()?;
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {

@@ -259,15 +259,29 @@ fn tree_depth(e: &IdedExpr, d: usize) -> usize {
         return d;
     }
     let kids: Vec<&IdedExpr> = match &e.expr {
-        Expr::Comprehension(c) => vec![&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result],
-        Expr::Call(c) => c.target.as_deref().into_iter().chain(c.args.iter()).collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::Call(c) => c
+            .target
+            .as_deref()
+            .into_iter()
+            .chain(c.args.iter())
+            .collect(),
         Expr::List(l) => l.elements.iter().collect(),
         Expr::Map(m) => entries(&m.entries),
         Expr::Struct(s) => entries(&s.entries),
         Expr::Select(s) => vec![&*s.operand],
         Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => vec![],
     };
-    kids.into_iter().map(|k| tree_depth(k, d + 1)).max().unwrap_or(d)
+    kids.into_iter()
+        .map(|k| tree_depth(k, d + 1))
+        .max()
+        .unwrap_or(d)
 }
 
 fn entries(es: &[cel::common::ast::IdedEntryExpr]) -> Vec<&IdedExpr> {
@@ -335,8 +349,12 @@ mod tests {
 
     #[test]
     fn bad_expressions_name_the_rule_the_position_and_the_cause() {
-        let e = compile(&[rule("ok", "true"), rule("bad", "args.path ==")], "policy", false)
-            .unwrap_err();
+        let e = compile(
+            &[rule("ok", "true"), rule("bad", "args.path ==")],
+            "policy",
+            false,
+        )
+        .unwrap_err();
         assert!(e.contains("policy[1] (rule \"bad\")"), "{e}");
         assert!(e.contains("line 1, column"), "{e}");
         let e = compile(
@@ -351,7 +369,13 @@ mod tests {
         assert!(e.contains("column 13: nested deeper"), "{e}");
         // The deepest allowed expression compiles from a small stack (the parser gets its own).
         let n = usize::from(MAX_DEPTH);
-        let deepest = format!("{}[{}true{}]{} == [true]", "(".repeat(n / 2), "[".repeat(n / 2 - 1), "]".repeat(n / 2 - 1), ")".repeat(n / 2));
+        let deepest = format!(
+            "{}[{}true{}]{} == [true]",
+            "(".repeat(n / 2),
+            "[".repeat(n / 2 - 1),
+            "]".repeat(n / 2 - 1),
+            ")".repeat(n / 2)
+        );
         let r = std::thread::Builder::new()
             .stack_size(128 * 1024)
             .spawn(move || compile(&[rule("d", &deepest)], "policy", false).map(|_| ()))

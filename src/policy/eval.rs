@@ -21,7 +21,10 @@ use super::rules::{Approver, DefaultEffect, Effect, PolicyConfig};
 pub enum Decision {
     Allow,
     /// `rule`: the id of the rule that denied (`default` for `[policy] default = "deny"`).
-    Deny { rule: String, reason: String },
+    Deny {
+        rule: String,
+        reason: String,
+    },
     /// Held for approval by `approver` (issue 49 item 3, not served yet: see
     /// [`Decision::refusal`]).
     Approve {
@@ -140,7 +143,11 @@ thread_local! {
 }
 
 /// Decides a call: `config` then `layers` (module doc).
-pub fn decide(config: Option<&ConfigPolicy>, layers: &Layers<'_>, facts: &CallFacts<'_>) -> Decision {
+pub fn decide(
+    config: Option<&ConfigPolicy>,
+    layers: &Layers<'_>,
+    facts: &CallFacts<'_>,
+) -> Decision {
     let mut needs = Needs::default();
     for r in config
         .map(|c| &c.rules)
@@ -362,6 +369,19 @@ mod tests {
         }
     }
 
+    /// One rule, compiled as a registration's.
+    fn one(r: RuleSpec) -> Rules {
+        compile(&[r], "policy", false).unwrap()
+    }
+
+    /// A root's rules and no narrowing.
+    fn only(r: &Rules) -> Layers<'_> {
+        Layers {
+            root: Some(r),
+            narrowing: vec![],
+        }
+    }
+
     fn facts<'a>(args: &'a Value, d: &'a Value) -> CallFacts<'a> {
         CallFacts {
             registration_id: "r",
@@ -383,7 +403,11 @@ mod tests {
         let inside = json!({"path": "/workspace/a"});
         let root = compile(
             &[
-                rule("ws", "tool.name == 'fs.write' && !args.path.startsWith('/workspace/')", Effect::Deny),
+                rule(
+                    "ws",
+                    "tool.name == 'fs.write' && !args.path.startsWith('/workspace/')",
+                    Effect::Deny,
+                ),
                 rule("ok", "true", Effect::Allow),
                 rule("never", "true", Effect::Deny),
             ],
@@ -391,37 +415,50 @@ mod tests {
             false,
         )
         .unwrap();
-        let layers = Layers {
-            root: Some(&root),
-            narrowing: vec![],
-        };
-        assert!(matches!(decide(None, &layers, &facts(&outside, &d)), Decision::Deny { rule, .. } if rule == "ws"));
+        let layers = only(&root);
+        assert!(
+            matches!(decide(None, &layers, &facts(&outside, &d)), Decision::Deny { rule, .. } if rule == "ws")
+        );
         assert_eq!(decide(None, &layers, &facts(&inside, &d)), Decision::Allow);
         // A child's allow cannot undo the parent's deny; its deny narrows.
-        let child = compile(
-            &[
-                rule("widen", "true", Effect::Allow),
-            ],
-            "policy",
-            false,
-        )
-        .unwrap();
-        let narrow = compile(&[rule("ro", "tool.annotations.destructiveHint", Effect::Deny)], "policy", false).unwrap();
-        let l2 = Layers { root: Some(&root), narrowing: vec![&child] };
-        assert!(matches!(decide(None, &l2, &facts(&outside, &d)), Decision::Deny { .. }));
-        let l3 = Layers { root: Some(&root), narrowing: vec![&narrow] };
-        assert!(matches!(decide(None, &l3, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "ro"));
+        let child = one(rule("widen", "true", Effect::Allow));
+        let narrow = one(rule("ro", "tool.annotations.destructiveHint", Effect::Deny));
+        let l2 = Layers {
+            root: Some(&root),
+            narrowing: vec![&child],
+        };
+        assert!(matches!(
+            decide(None, &l2, &facts(&outside, &d)),
+            Decision::Deny { .. }
+        ));
+        let l3 = Layers {
+            root: Some(&root),
+            narrowing: vec![&narrow],
+        };
+        assert!(
+            matches!(decide(None, &l3, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "ro")
+        );
         // Default deny: a child's allow does not widen it.
-        let cfg = ConfigPolicy { rules: Rules::default(), default: DefaultEffect::Deny };
-        let l4 = Layers { root: None, narrowing: vec![&child] };
-        assert!(matches!(decide(Some(&cfg), &l4, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "default"));
+        let cfg = ConfigPolicy {
+            rules: Rules::default(),
+            default: DefaultEffect::Deny,
+        };
+        let l4 = Layers {
+            root: None,
+            narrowing: vec![&child],
+        };
+        assert!(
+            matches!(decide(Some(&cfg), &l4, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "default")
+        );
         // An evaluation error (no such key) denies, naming the rule.
-        let bad = compile(&[rule("missing", "args.nope == 1", Effect::Allow)], "policy", false).unwrap();
-        let l5 = Layers { root: Some(&bad), narrowing: vec![] };
-        assert!(matches!(decide(None, &l5, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "missing"));
+        let bad = one(rule("missing", "args.nope == 1", Effect::Allow));
+        let l5 = only(&bad);
+        assert!(
+            matches!(decide(None, &l5, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "missing")
+        );
         // Approve: accepted, answered as a refusal for now.
-        let ap = compile(&[rule("pay", "true", Effect::Approve)], "policy", false).unwrap();
-        let l6 = Layers { root: Some(&ap), narrowing: vec![] };
+        let ap = one(rule("pay", "true", Effect::Approve));
+        let l6 = only(&ap);
         let d6 = decide(None, &l6, &facts(&inside, &d));
         assert!(matches!(d6, Decision::Approve { .. }));
         assert_eq!(d6.refusal().unwrap().1, APPROVAL_NOT_SUPPORTED);
@@ -431,13 +468,13 @@ mod tests {
     // At MAX_TREE_DEPTH, in a debug build, within half of a tokio worker's 2 MiB stack.
     fn the_deepest_allowed_expression_evaluates_on_a_small_stack() {
         let chain = vec!["args.n"; 23].join(" + ");
-        let deep = compile(&[rule("deep", &format!("{chain} > 0"), Effect::Deny)], "policy", false).unwrap();
+        let deep = one(rule("deep", &format!("{chain} > 0"), Effect::Deny));
         let d = json!({});
         let args = json!({"n": 1});
         let got = std::thread::Builder::new()
             .stack_size(1024 * 1024)
             .spawn(move || {
-                let layers = Layers { root: Some(&deep), narrowing: vec![] };
+                let layers = only(&deep);
                 decide(None, &layers, &facts(&args, &d))
             })
             .unwrap()

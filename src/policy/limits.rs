@@ -97,8 +97,14 @@ impl Buckets {
             } else {
                 format!("ancestor registration {id}")
             };
-            let tool_bucket = b.tools.get(tool).map(|x| (x, format!("limits.tool_calls_per_minute[{tool:?}]")));
-            let call_bucket = b.calls.as_ref().map(|x| (x, "limits.calls_per_minute".to_string()));
+            let tool_bucket = b
+                .tools
+                .get(tool)
+                .map(|x| (x, format!("limits.tool_calls_per_minute[{tool:?}]")));
+            let call_bucket = b
+                .calls
+                .as_ref()
+                .map(|x| (x, "limits.calls_per_minute".to_string()));
             for (bucket, what) in tool_bucket.into_iter().chain(call_bucket) {
                 match bucket.take(now) {
                     Ok(()) => taken.push(bucket),
@@ -144,7 +150,11 @@ mod tests {
         let levels = || [("c", &child), ("p", &parent)].into_iter();
         Buckets::take_all(levels(), "t").unwrap();
         let e = Buckets::take_all(levels(), "t").unwrap_err();
-        assert!(e.message.contains("ancestor registration p"), "{}", e.message);
+        assert!(
+            e.message.contains("ancestor registration p"),
+            "{}",
+            e.message
+        );
         // The child's token was given back: 9 left, not 8.
         let st = lock(&child.calls.as_ref().unwrap().state).0;
         assert!((8.9..9.1).contains(&st), "{st}");

@@ -22,7 +22,7 @@ pub enum Approver {
     Client,
 }
 
-/// One rule, as config and the admin API write it.
+/// One rule, as config and the admin API write it (an absent optional field reads as none).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSpec {
@@ -32,16 +32,16 @@ pub struct RuleSpec {
     pub when: String,
     pub effect: Effect,
     /// A `deny` rule's reason, told to the client and audited.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// An `approve` rule's approver.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub approver: Option<Approver>,
     /// An `approve` rule's wait for a decision, seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,
     /// Config rules only: the rule applies to calls of this upstream's tools only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
 }
 

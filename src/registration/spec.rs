@@ -250,7 +250,9 @@ impl RegistrationSpec {
             }
             Some(v) => {
                 limits.policy = serde_json::from_value(v).map_err(|e| {
-                    format!("policy: {e} (an array of {{\"id\", \"when\", \"effect\", \"reason\"?}})")
+                    format!(
+                        "policy: {e} (an array of {{\"id\", \"when\", \"effect\", \"reason\"?}})"
+                    )
                 })?
             }
         }
