@@ -119,7 +119,11 @@ async fn a_write_outside_workspace_is_denied_and_one_inside_is_allowed() {
             reason.starts_with("policy rule workspace_only:"),
             "{reason}"
         );
+        // The rule's id in a field of its own (`rule`), besides the reason.
+        assert_eq!(r.rare().rule.as_deref(), Some("workspace_only"), "{r:?}");
     }
+    let ok = recs.iter().find(|r| r.outcome.as_deref() == Some("ok"));
+    assert!(ok.is_some_and(|r| r.rare().rule.is_none()), "{recs:?}");
     assert_eq!(
         recs.iter()
             .filter(|r| r.outcome.as_deref() == Some("ok"))

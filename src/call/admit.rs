@@ -30,6 +30,7 @@ pub(crate) async fn admit<'r>(
         tool: None,
         reason,
         ended,
+        rule: None,
     };
     // Unknown to this registration: not granted, or removed upstream since (its pin).
     let unknown = |reason: &'static str, message: String| {
@@ -133,6 +134,7 @@ impl Govern<'_> {
                     tool: None,
                     reason: format!("policy rule {rule}: {reason}").into(),
                     ended: Ended::Result(ToolResult::error(text).0, Outcome::Denied),
+                    rule: Some(rule),
                 });
             }
         }
@@ -146,6 +148,7 @@ impl Govern<'_> {
                     tool: None,
                     reason: "rate_limited".into(),
                     ended: Ended::RateLimited(r.message, r.retry_after_ms),
+                    rule: None,
                 });
             }
         }

@@ -32,6 +32,8 @@ pub(crate) struct Summary<'a> {
     pub trace: Option<Box<CallTrace>>,
     /// A cluster node: the store revision the call was admitted (or refused) against.
     pub revision: Option<u64>,
+    /// The policy rule that denied the call, if one did.
+    pub rule: Option<String>,
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
@@ -66,6 +68,7 @@ pub(super) fn refuse<'c>(
             ended: r.ended,
             trace,
             revision: ctx.hub.fence().decided_at(),
+            rule: r.rule,
         },
     )
 }
@@ -210,6 +213,9 @@ pub(crate) fn finish<'c>(
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
     rec.reason = c.reason;
+    if let Some(rule) = summary.rule {
+        rec.rare_mut().rule = Some(Cow::Owned(rule));
+    }
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let tool_label = match summary.tool {
         Some(t) if summary.granted => t,

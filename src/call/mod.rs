@@ -134,6 +134,7 @@ pub fn run<'c>(
             ended,
             trace,
             revision,
+            rule: None,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.

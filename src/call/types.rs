@@ -50,4 +50,6 @@ pub(crate) struct Refused {
     pub tool: Option<String>,
     pub reason: Cow<'static, str>,
     pub ended: Ended,
+    /// The policy rule that denied the call (its audit record's `rule`).
+    pub rule: Option<String>,
 }
