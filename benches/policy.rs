@@ -17,7 +17,7 @@ fn rule(id: &str, when: &str, effect: Effect) -> RuleSpec {
         id: id.into(),
         when: when.into(),
         effect,
-        reason: Some(format!("{id}")),
+        reason: Some(id.to_string()),
         approver: None,
         timeout_s: None,
         upstream: None,
