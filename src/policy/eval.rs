@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use cel::objects::Key;
+use cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
 use cel::{Context, Value as Cel};
 use serde_json::Value;
 
@@ -268,36 +270,48 @@ fn ended(m: Matched, rules: &Rules) -> Decision {
     }
 }
 
-fn s(v: &str) -> Cel {
-    Cel::String(Arc::new(v.to_string()))
+/// A variable's value, built as the interpreter reads it (not through [`Cel`], which it
+/// would convert again, whole, when the variable is bound).
+type Val = Box<dyn cel::common::value::Val>;
+
+fn s(v: &str) -> Val {
+    Box::new(CelString::from(v.to_string()))
 }
 
-fn map(entries: Vec<(&'static str, Cel)>) -> Cel {
-    let m: HashMap<Key, Cel> = entries
+fn null() -> Val {
+    Box::new(CelNull)
+}
+
+fn list(items: Vec<Val>) -> Val {
+    Box::new(CelList::from(items))
+}
+
+fn map(entries: Vec<(&'static str, Val)>) -> Val {
+    let m: HashMap<CelMapKey<'static>, Val> = entries
         .into_iter()
-        .map(|(k, v)| (Key::String(Arc::new(k.to_string())), v))
+        .map(|(k, v)| (CelMapKey::from(k.to_string()), v))
         .collect();
-    Cel::Map(cel::objects::Map { map: Arc::new(m) })
+    Box::new(CelMap::from(m))
 }
 
 /// JSON as CEL (a number: int if it is one, else float).
-fn json(v: &Value) -> Cel {
+fn json(v: &Value) -> Val {
     match v {
-        Value::Null => Cel::Null,
-        Value::Bool(b) => Cel::Bool(*b),
-        Value::Number(n) => n
-            .as_i64()
-            .map(Cel::Int)
-            .or_else(|| n.as_u64().map(Cel::UInt))
-            .unwrap_or_else(|| Cel::Float(n.as_f64().unwrap_or(f64::NAN))),
+        Value::Null => null(),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Box::new(CelInt::from(i)),
+            (None, Some(u)) => Box::new(CelUInt::from(u)),
+            (None, None) => Box::new(CelDouble::from(n.as_f64().unwrap_or(f64::NAN))),
+        },
         Value::String(x) => s(x),
-        Value::Array(a) => Cel::List(Arc::new(a.iter().map(json).collect())),
+        Value::Array(a) => list(a.iter().map(json).collect()),
         Value::Object(o) => {
-            let m: HashMap<Key, Cel> = o
+            let m: HashMap<CelMapKey<'static>, Val> = o
                 .iter()
-                .map(|(k, v)| (Key::String(Arc::new(k.clone())), json(v)))
+                .map(|(k, v)| (CelMapKey::from(k.clone()), json(v)))
                 .collect();
-            Cel::Map(cel::objects::Map { map: Arc::new(m) })
+            Box::new(CelMap::from(m))
         }
     }
 }
@@ -306,15 +320,15 @@ fn json(v: &Value) -> Cel {
 fn bind(ctx: &mut Context<'_, '_>, needs: Needs, f: &CallFacts<'_>) {
     if needs.agent {
         let path = match f.agent_path {
-            Some(p) => Cel::List(Arc::new(p.iter().map(|a| s(a)).collect())),
-            None => Cel::List(Arc::new(vec![s(f.agent_id)])),
+            Some(p) => list(p.iter().map(|a| s(a)).collect()),
+            None => list(vec![s(f.agent_id)]),
         };
-        ctx.add_variable_from_value("agent", map(vec![("id", s(f.agent_id)), ("path", path)]));
+        ctx.add_variable_as_val("agent", map(vec![("id", s(f.agent_id)), ("path", path)]));
     }
     if needs.registration {
-        let labels = Cel::List(Arc::new(f.label.map(s).into_iter().collect()));
-        let label = f.label.map_or(Cel::Null, s);
-        ctx.add_variable_from_value(
+        let labels = list(f.label.map(s).into_iter().collect());
+        let label = f.label.map_or_else(null, s);
+        ctx.add_variable_as_val(
             "registration",
             map(vec![
                 ("id", s(f.registration_id)),
@@ -329,7 +343,7 @@ fn bind(ctx: &mut Context<'_, '_>, needs: Needs, f: &CallFacts<'_>) {
             .get("annotations")
             .filter(|a| a.is_object())
             .map_or_else(|| map(Vec::new()), json);
-        ctx.add_variable_from_value(
+        ctx.add_variable_as_val(
             "tool",
             map(vec![
                 ("name", s(f.tool)),
@@ -344,10 +358,10 @@ fn bind(ctx: &mut Context<'_, '_>, needs: Needs, f: &CallFacts<'_>) {
         } else {
             json(f.args)
         };
-        ctx.add_variable_from_value("args", args);
+        ctx.add_variable_as_val("args", args);
     }
     if needs.upstream {
-        ctx.add_variable_from_value("upstream", f.upstream.map_or(Cel::Null, s));
+        ctx.add_variable_as_val("upstream", f.upstream.map_or_else(null, s));
     }
 }
 
