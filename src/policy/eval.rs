@@ -289,7 +289,7 @@ fn list(items: Vec<Val>) -> Val {
 fn map(entries: Vec<(&'static str, Val)>) -> Val {
     let m: HashMap<CelMapKey<'static>, Val> = entries
         .into_iter()
-        .map(|(k, v)| (CelMapKey::from(k.to_string()), v))
+        .map(|(k, v)| (CelMapKey::from(k), v))
         .collect();
     Box::new(CelMap::from(m))
 }
