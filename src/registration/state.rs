@@ -55,6 +55,10 @@ pub struct RegistrationState {
     pub family: Family,
     /// Its own upstream credentials (issue 47): rotated in place, read per upstream request.
     pub credentials: super::Credentials,
+    /// Its own policy rules (`limits.policy`), compiled; `None` when it has none.
+    pub policy: Option<crate::policy::Rules>,
+    /// Its rate limits' token buckets (`limits.calls_per_minute`, `tool_calls_per_minute`).
+    pub rate: crate::policy::Buckets,
 }
 
 /// A registration's cancellation, read-only outside this module: its calls and streams take
@@ -218,6 +222,16 @@ impl RegistrationState {
             budget: Budget::new(spec.limits.max_calls.unwrap_or(0)),
             // Checked by `Gateway::register` before (`Credentials::of` fails the same way).
             credentials: super::Credentials::of(&spec.upstream_credentials).unwrap_or_default(),
+            // Checked by `RegistrationSpec::check`; a stored one that no longer compiles
+            // denies every call (an empty list would allow them).
+            policy: (!spec.limits.policy.is_empty()).then(|| {
+                crate::policy::compile(&spec.limits.policy, "policy", false)
+                    .unwrap_or_else(|_| crate::policy::Rules::deny_all())
+            }),
+            rate: crate::policy::Buckets::new(
+                spec.limits.calls_per_minute,
+                spec.limits.tool_calls_per_minute.as_ref(),
+            ),
         }
     }
 
