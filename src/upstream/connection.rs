@@ -451,7 +451,8 @@ impl Connection {
                 envelope.put(method, &mut params);
                 match transport {
                     TransportHandle::Http(_) => {
-                        super::http::Mirror::of(method, &params).map(Box::new)
+                        super::http::Mirror::of(method, &params, opts.param_headers.as_deref())
+                            .map(Box::new)
                     }
                     TransportHandle::Stdio(_) => None,
                 }
