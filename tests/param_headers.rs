@@ -155,15 +155,30 @@ fn header(h: &HeaderMap, name: &str) -> Option<String> {
     h.get(name).map(|v| v.to_str().unwrap().to_string())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn annotated_arguments_are_mirrored_upstream_and_checked_from_clients() {
+async fn registered() -> (TestGateway, Seen, gatehouse::Registration) {
     let (tg, seen) = gateway().await;
     let reg = tg
         .gateway
         .register(RegistrationSpec::new("agent-p").grant("p.*"))
         .await
         .unwrap();
+    (tg, seen, reg)
+}
 
+const ARGS: &str =
+    r#"{"region": "us-west1", "n": 42, "opts": {"on": true}, "greeting": "Hello, 世界", "q": "x"}"#;
+
+/// The headers a right client sends for [`ARGS`].
+const RIGHT: [(&str, &str); 4] = [
+    ("mcp-param-region", "us-west1"),
+    ("Mcp-Param-N", "42"),
+    ("MCP-PARAM-ON", "true"),
+    ("mcp-param-greeting", "=?base64?SGVsbG8sIOS4lueVjA==?="),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_whose_annotations_break_the_rules_are_left_out() {
+    let (_tg, _seen, reg) = registered().await;
     // Tools whose annotations break the rules are left out; the others are served, their
     // annotations intact.
     let listed = stateless(&reg.mcp_url(), reg.token(), 1, "tools/list", json!({})).await;
@@ -175,18 +190,15 @@ async fn annotated_arguments_are_mirrored_upstream_and_checked_from_clients() {
         .collect();
     names.sort();
     assert_eq!(names, ["p.plain", "p.region", "p.slow"], "{listed}");
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotated_arguments_are_mirrored_to_a_2026_upstream() {
+    let (_tg, seen, reg) = registered().await;
+    let args: Value = serde_json::from_str(ARGS).unwrap();
     // A 2026 client with the right headers: the call passes, and the upstream gets the
     // arguments mirrored (base64 where not plain; none for an absent argument).
-    let args = json!({"region": "us-west1", "n": 42, "opts": {"on": true},
-                      "greeting": "Hello, 世界", "q": "x"});
-    let right = [
-        ("mcp-param-region", "us-west1"),
-        ("Mcp-Param-N", "42"),
-        ("MCP-PARAM-ON", "true"),
-        ("mcp-param-greeting", "=?base64?SGVsbG8sIOS4lueVjA==?="),
-    ];
-    let (status, v) = call(&reg, "p.region", args.clone(), &right).await;
+    let (status, v) = call(&reg, "p.region", args, &RIGHT).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["content"][0]["text"], "ok", "{v}");
     let h = last_call(&seen, "tools/call");
@@ -215,6 +227,19 @@ async fn annotated_arguments_are_mirrored_upstream_and_checked_from_clients() {
 
     // A tool without annotations needs none.
     let (status, v) = call(&reg, "p.plain", json!({"q": "x"}), &[]).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(last_call(&seen, "tools/call")
+        .keys()
+        .all(|k| !k.as_str().starts_with("mcp-param-")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_whose_param_headers_are_wrong_gets_400_and_32020() {
+    let (_tg, seen, reg) = registered().await;
+    let args: Value = serde_json::from_str(ARGS).unwrap();
+    let right = RIGHT;
+    // Right headers pass.
+    let (status, v) = call(&reg, "p.region", args.clone(), &right).await;
     assert_eq!(status, 200, "{v}");
 
     // Wrong headers: 400 and -32020, and the upstream is not called.
