@@ -20,7 +20,17 @@ use serde_json::{json, Value};
 /// What the upstream received: each POST's JSON-RPC method (or `-` for none) and headers.
 type Seen = Arc<Mutex<Vec<(String, HeaderMap)>>>;
 
-fn tools() -> Value {
+/// The upstream's state: what it saw, and whether its tools changed (announced on its
+/// `subscriptions/listen` streams when set).
+#[derive(Clone)]
+struct Peer {
+    seen: Seen,
+    changed: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+fn tools(changed: bool) -> Value {
+    // A change: `plain` is removed (it leaves the registrations' lists).
+    let plain = if changed { "gone" } else { "plain" };
     json!([
         {"name": "region", "inputSchema": {"type": "object", "properties": {
             "region": {"type": "string", "x-mcp-header": "Region"},
@@ -29,7 +39,7 @@ fn tools() -> Value {
                 "on": {"type": "boolean", "x-mcp-header": "On"}}},
             "greeting": {"type": "string", "x-mcp-header": "Greeting"},
             "q": {"type": "string"}}}},
-        {"name": "plain", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}},
+        {"name": plain, "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}},
         {"name": "slow", "inputSchema": {"type": "object", "properties": {}}},
         {"name": "bad_number", "inputSchema": {"type": "object", "properties": {
             "x": {"type": "number", "x-mcp-header": "X"}}}},
@@ -47,12 +57,12 @@ fn tools() -> Value {
 }
 
 async fn upstream_post(
-    axum::extract::State(seen): axum::extract::State<Seen>,
+    axum::extract::State(peer): axum::extract::State<Peer>,
     headers: HeaderMap,
     axum::Json(body): axum::Json<Value>,
 ) -> axum::response::Response {
     let method = body["method"].as_str().unwrap_or("-").to_string();
-    seen.lock().unwrap().push((method.clone(), headers));
+    peer.seen.lock().unwrap().push((method.clone(), headers));
     let Some(id) = body.get("id").cloned() else {
         return StatusCode::ACCEPTED.into_response();
     };
@@ -60,12 +70,14 @@ async fn upstream_post(
         "server/discover" => json!({
             "resultType": "complete",
             "supportedVersions": ["2026-07-28"],
-            "capabilities": {"tools": {}},
+            "capabilities": {"tools": {"listChanged": true}},
             "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "param-peer", "version": "1"}}
         }),
         "tools/list" => {
-            json!({"resultType": "complete", "tools": tools(), "ttlMs": 0, "cacheScope": "private"})
+            let changed = *peer.changed.borrow();
+            json!({"resultType": "complete", "tools": tools(changed), "ttlMs": 0, "cacheScope": "private"})
         }
+        "subscriptions/listen" => return listen_stream(&peer, &body),
         "tools/call" => {
             if body["params"]["name"] == "slow" {
                 tokio::time::sleep(Duration::from_secs(4)).await;
@@ -81,20 +93,53 @@ async fn upstream_post(
     axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": result})).into_response()
 }
 
-/// The upstream: its URL and what it saw. Served until the test's runtime ends.
-async fn upstream() -> (String, Seen) {
-    let seen: Seen = Arc::default();
+/// A `subscriptions/listen` answer: the acknowledgement, then `tools/list_changed` once the
+/// tools changed; open until the client closes it.
+fn listen_stream(peer: &Peer, body: &Value) -> axum::response::Response {
+    let event = |v: Value| -> Result<bytes::Bytes, std::convert::Infallible> {
+        Ok(bytes::Bytes::from(format!("event: message\ndata: {v}\n\n")))
+    };
+    let ack = event(
+        json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": body["params"]["notifications"].clone()}}),
+    );
+    let mut changed = peer.changed.subscribe();
+    let announced = async move {
+        let _ = changed.wait_for(|c| *c).await;
+        event(json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+    };
+    use futures::StreamExt;
+    let stream = futures::stream::iter([ack])
+        .chain(futures::stream::once(announced))
+        .chain(futures::stream::pending());
+    axum::response::Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap()
+}
+
+/// The upstream: its URL and state. Served until the test's runtime ends.
+async fn upstream() -> (String, Peer) {
+    let peer = Peer {
+        seen: Arc::default(),
+        changed: Arc::new(tokio::sync::watch::channel(false).0),
+    };
     let app = axum::Router::new()
         .route("/mcp", axum::routing::post(upstream_post))
-        .with_state(seen.clone());
+        .with_state(peer.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://127.0.0.1:{port}/mcp"), seen)
+    (format!("http://127.0.0.1:{port}/mcp"), peer)
 }
 
 async fn gateway() -> (TestGateway, Seen) {
-    let (url, seen) = upstream().await;
+    let (tg, peer) = gateway_peer().await;
+    (tg, peer.seen)
+}
+
+async fn gateway_peer() -> (TestGateway, Peer) {
+    let (url, peer) = upstream().await;
     let up: gatehouse::config::UpstreamConfig = toml::from_str(&format!(
         "id = \"p\"\nurl = \"{url}\"\nsharing = \"shared\"\ncall_timeout_s = 1\nprotocol = \"2026-07-28\"\n"
     ))
@@ -103,7 +148,7 @@ async fn gateway() -> (TestGateway, Seen) {
         c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
         c.upstreams = vec![up];
     });
-    (tg, seen)
+    (tg, peer)
 }
 
 /// One stateless 2026-07-28 `tools/call` with the standard headers and `extra` ones.
@@ -334,4 +379,130 @@ async fn a_notification_to_a_2026_http_upstream_carries_mcp_method() {
         Some("2026-07-28")
     );
     assert!(h.get("mcp-name").is_none());
+}
+
+/// The `data:` messages of an SSE response, as they come.
+fn messages(resp: reqwest::Response) -> tokio::sync::mpsc::Receiver<Value> {
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut body = resp.bytes_stream();
+        let mut buf = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                for l in event.lines() {
+                    if let Some(v) = l
+                        .strip_prefix("data:")
+                        .and_then(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                    {
+                        if tx.send(v).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Issue 52 item 3, second line: a 2026-07-28 HTTP upstream announces list changes only on a
+/// `subscriptions/listen` stream; the gateway keeps one open, and a change it carries reaches
+/// the registrations granted the upstream (here a 2026 client's own listen stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_list_change_reaches_registrations_through_subscriptions_listen() {
+    let (tg, peer) = gateway_peer().await;
+    let seen = peer.seen.clone();
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-p").grant("p.*"))
+        .await
+        .unwrap();
+    let listed = stateless(&reg.mcp_url(), reg.token(), 1, "tools/list", json!({})).await;
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+
+    // The gateway opened `subscriptions/listen` upstream, with its mirrored method.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let h = loop {
+        let found = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(m, _)| m == "subscriptions/listen")
+            .map(|(_, h)| h.clone());
+        if let Some(h) = found {
+            break h;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway opened no subscriptions/listen toward the 2026 upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        header(&h, "mcp-method").as_deref(),
+        Some("subscriptions/listen")
+    );
+
+    // A 2026 client listens to the gateway.
+    let r = http()
+        .post(reg.mcp_url())
+        .bearer_auth(reg.token())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {}},
+            "notifications": {"toolsListChanged": true}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut rx = messages(r);
+    let ack = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+
+    // The upstream's tools change, announced on its listen stream only.
+    peer.changed.send_replace(true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let m = tokio::time::timeout(left, rx.recv())
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                let methods: Vec<String> = seen
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(m, _)| m.clone())
+                    .collect();
+                panic!("the client heard no tools/list_changed; the upstream saw {methods:?}")
+            });
+        if m["method"] == "notifications/tools/list_changed" {
+            break;
+        }
+    }
+    let lists = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(m, _)| m == "tools/list")
+        .count();
+    assert!(
+        lists >= 2,
+        "the catalog was not fetched again ({lists} tools/list)"
+    );
 }

@@ -286,6 +286,8 @@ impl Slot {
                 self.record("upstream_spawned", epoch, c.pid(), None);
                 *guard = Some(c.clone());
                 *lock(&self.current) = Some(c.clone());
+                // A 2026-07-28 HTTP upstream's list changes come on `subscriptions/listen`.
+                super::subscriptions::keep_listening(&c, self.stop.child_token());
                 *lock(&self.last_used) = Instant::now();
                 *lock(&self.spec.last_error) = None;
                 Ok(c)
