@@ -178,9 +178,9 @@ async fn call(
     // A JSON body, or the final message of an SSE one.
     let v = serde_json::from_str(&text).unwrap_or_else(|_| {
         text.lines()
+            .rev()
             .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .last()
+            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
             .unwrap_or(Value::Null)
     });
     (status, v)

@@ -512,7 +512,8 @@ mod tests {
         check(&p, Some(&args), received(good)).unwrap();
         // Null and absent arguments expect no header.
         check(&p, Some(&json!({"n": null})), received(&[])).unwrap();
-        let cases: &[(&[(&str, &[u8])], &str)] = &[
+        type Headers<'a> = &'a [(&'a str, &'a [u8])];
+        let cases: &[(Headers, &str)] = &[
             (&good[1..], "Mcp-Param-Region is required"),
             (
                 &[
