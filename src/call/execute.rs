@@ -164,7 +164,7 @@ fn run_backend<'a>(
                     notify: ctx.notify.clone(),
                     ids: Some(exec.ids),
                     trace: exec.trace,
-                    param_headers: reg.tools.param_headers(name),
+                    param_headers: reg.tools.param_headers(&exec.tool.name),
                 }))
                 .await;
                 let ended = upstream_ended(name, fwd.outcome);
