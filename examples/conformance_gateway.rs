@@ -85,12 +85,23 @@ async fn main() -> ExitCode {
         "{}",
         json!({"mcp_url": reg.mcp_url(), "sse_url": reg.sse_url(), "token": reg.token(), "tools": reg.tools()})
     );
-    // Serve until stdin closes (the harness holds it open) or a signal arrives.
+    // Serve until stdin closes (the harness holds it open) or SIGINT/SIGTERM arrives; each
+    // ends in the graceful shutdown below, which tears the upstream's process group down (stdin
+    // closed, then SIGTERM, then SIGKILL, `shutdown_grace_s` apart), so no upstream outlives
+    // this process (run.sh checks it).
     let mut stdin = tokio::io::stdin();
     let mut buf = [0u8; 64];
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("conformance_gateway: SIGTERM handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tokio::select! {
         _ = async { while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {} } => {}
         _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
     drop(reg);
     gw.shutdown().await;

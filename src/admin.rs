@@ -452,20 +452,10 @@ pub struct UpstreamStatus {
     /// Call notifications (progress, logs) that could not be delivered: the call ended
     /// first, or its caller took none for the grace. Never dropped without being counted.
     pub notifications_refused: u64,
-    pub connections: Vec<ConnectionStatus>,
+    pub connections: Vec<crate::upstream::ConnectionInfo>,
     /// Why the last connection attempt failed (e.g. a TLS failure with its cause and what to
     /// fix), until a connection opens again; `null` otherwise (issue 46).
     pub last_error: Option<String>,
-}
-
-/// One live upstream connection.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct ConnectionStatus {
-    pub epoch: u64,
-    pub pid: Option<u32>,
-    pub in_flight: usize,
-    /// Registrations holding a lease on (or owning) this connection.
-    pub registrations: usize,
 }
 
 /// The configured upstreams, with their live connections (from the pool).
@@ -489,19 +479,7 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
                 sharing: sharing.as_str().into(),
                 restarts: info.map(|i| i.restarts).unwrap_or(0),
                 notifications_refused: info.map(|i| i.notifications_refused).unwrap_or(0),
-                connections: info
-                    .map(|i| {
-                        i.connections
-                            .iter()
-                            .map(|c| ConnectionStatus {
-                                epoch: c.epoch,
-                                pid: c.pid,
-                                in_flight: c.in_flight,
-                                registrations: c.registrations,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                connections: info.map(|i| i.connections.clone()).unwrap_or_default(),
                 last_error: info.and_then(|i| i.last_error.clone()),
             }
         })

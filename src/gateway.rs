@@ -23,13 +23,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::{Audit, AuditError, Record};
+use crate::audit::{Audit, AuditError};
 use crate::config::Config;
 use crate::config::StoreBackend;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::registration::expiry::Deadlines;
-use crate::registration::{RegistrationState, Registry};
+use crate::registration::Registry;
 use crate::session::SessionTable;
 use crate::store::Store;
 use crate::sync::lock;
@@ -54,6 +54,17 @@ pub enum GatewayError {
     ShuttingDown,
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+}
+
+impl From<crate::registration::lifecycle::Refused> for GatewayError {
+    fn from(r: crate::registration::lifecycle::Refused) -> Self {
+        match r {
+            crate::registration::lifecycle::Refused::ShuttingDown => GatewayError::ShuttingDown,
+            crate::registration::lifecycle::Refused::InvalidSpec(why) => {
+                GatewayError::InvalidSpec(why)
+            }
+        }
+    }
 }
 
 pub use crate::registration::lifecycle::ReleaseReason;
@@ -334,15 +345,6 @@ impl Gateway {
         });
     }
 
-    /// Starts (or moves) the expiry deadline of `state`: it expires `ttl_s` from now unless renewed.
-    /// A child's deadline is never past its parent's (its `ttl_s` is whole seconds, counted
-    /// from a later instant).
-    fn set_deadline(&self, state: &RegistrationState, ttl_s: u64) {
-        let (at, after) = state.renewed_deadline(ttl_s);
-        state.move_expiry(at);
-        self.arm_deadline(&state.id, after);
-    }
-
     /// Expires `id` after `after` unless it is renewed; starts the sweep on first use.
     fn arm_deadline(&self, id: &str, after: Duration) {
         self.inner.deadlines.set(id, after);
@@ -443,8 +445,4 @@ impl Gateway {
     fn create_revision(&self, _id: &str) -> Option<u64> {
         None
     }
-}
-
-fn lifecycle_record<'a>(event: &'a str, state: &'a RegistrationState) -> Record<'a> {
-    state.audit_record(event)
 }

@@ -175,7 +175,7 @@ impl Hub {
             .get("taskId")
             .and_then(Value::as_str)
             .and_then(|up| self.tasks.by_upstream_id_of(registration_id, up))
-            .filter(|t| !t.internal);
+            .filter(|t| !t.spec.internal);
         match ours {
             Some(t) => {
                 meta.insert(
@@ -377,7 +377,7 @@ impl Downstream for Hub {
                 tracing::debug!(upstream = %upstream_id, "progress for a request that is no longer pending (no live task): dropped");
                 return;
             };
-            let Some(p) = &task.progress else { return };
+            let Some(p) = &task.spec.progress else { return };
             params[crate::protocol::meta::PROGRESS_TOKEN] = p.client_token.clone();
             let msg = jsonrpc::notification("notifications/progress", Some(params));
             match &p.to {
@@ -414,7 +414,7 @@ impl Downstream for Hub {
             // The table's view (the upstream's status unless the task is settled), our id in it.
             task.observe(params);
             task.wake.notify_one();
-            if task.internal || task.modern.is_some() {
+            if task.spec.internal || task.spec.modern.is_some() {
                 // Run for a client that asked for no task: it is shown none. A 2026-form
                 // task's client polls (its pushes go on `subscriptions/listen` streams only).
                 return 1;

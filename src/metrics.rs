@@ -290,154 +290,46 @@ impl Metrics {
         // The conventions' metrics go unprefixed at the root; the gateway's own under
         // `gatehouse_`.
         let mut root = Registry::default();
-        let server_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
-        root.register_with_unit(
-            "mcp_server_operation_duration",
-            "Duration of MCP requests served (OpenTelemetry MCP conventions: mcp.server.operation.duration)",
-            prometheus_client::registry::Unit::Seconds,
-            server_ops.clone(),
-        );
-        let client_ops: OperationFamily = Family::new_with_constructor(operation_histogram);
-        root.register_with_unit(
-            "mcp_client_operation_duration",
-            "Duration of MCP requests sent upstream (OpenTelemetry MCP conventions: mcp.client.operation.duration)",
-            prometheus_client::registry::Unit::Seconds,
-            client_ops.clone(),
-        );
-        let registry = root.sub_registry_with_prefix("gatehouse");
-        let otel_sent = Counter::<u64, AtomicU64>::default();
-        registry.register(
-            "otel_spans_sent",
-            "Spans the OTLP collector accepted",
-            otel_sent.clone(),
-        );
-        let otel_dropped = Counter::<u64, AtomicU64>::default();
-        registry.register(
-            "otel_spans_dropped",
-            "Spans dropped because the export queue was full (the collector slow or down)",
-            otel_dropped.clone(),
-        );
-        let otel_failed = Counter::<u64, AtomicU64>::default();
-        registry.register(
-            "otel_spans_failed",
-            "Spans in export requests that failed (refused, timed out, unreachable)",
-            otel_failed.clone(),
-        );
-        let otel_queued = Gauge::default();
-        registry.register(
-            "otel_queue_depth",
-            "Spans waiting for export",
-            otel_queued.clone(),
-        );
-        let calls = Family::<CallLabels, Counter>::default();
-        registry.register(
-            "tool_calls",
-            "Tool calls by tool and outcome",
-            calls.clone(),
-        );
-        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "tool_call_duration_seconds",
-            "Tool call latency, from request to audited reply",
-            latency.clone(),
-        );
-        let registrations_created = Counter::default();
-        registry.register(
-            "registrations_created",
-            "Registrations created",
-            registrations_created.clone(),
-        );
-        let registrations_closed = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "registrations_closed",
-            "Registrations ended, by reason (released, expired, shutdown)",
-            registrations_closed.clone(),
-        );
-        let registrations = Gauge::default();
-        registry.register("registrations", "Live registrations", registrations.clone());
-        let sessions = Gauge::default();
-        registry.register("sessions", "Open MCP sessions", sessions.clone());
-        let leases = Gauge::default();
-        registry.register("leases", "Registrations with a TTL lease", leases.clone());
-        let audit_queue_depth = Gauge::default();
-        registry.register(
-            "audit_queue_depth",
-            "Audit records queued and not yet written",
-            audit_queue_depth.clone(),
-        );
-        let audit_healthy = Gauge::default();
-        registry.register(
-            "audit_healthy",
-            "1 if the last audit write succeeded (tool calls are refused otherwise)",
-            audit_healthy.clone(),
-        );
-        let upstream_connections = Family::<UpstreamLabel, Gauge>::default();
-        registry.register(
-            "upstream_connections",
-            "Live upstream connections",
-            upstream_connections.clone(),
-        );
-        let upstream_in_flight = Family::<UpstreamLabel, Gauge>::default();
-        registry.register(
-            "upstream_in_flight",
-            "Requests in flight to an upstream",
-            upstream_in_flight.clone(),
-        );
-        let upstream_restarts = Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default();
-        registry.register(
-            "upstream_restarts",
-            "Upstream connection (re)spawns after the first",
-            upstream_restarts.clone(),
-        );
-        let notifications_refused = Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default();
-        registry.register(
-            "notifications_refused",
-            "Call notifications (progress, logs) from an upstream that were not delivered: the call ended first, or its caller took none for the grace",
-            notifications_refused.clone(),
-        );
-        let refused = Family::<RefusedLabels, Counter<u64, AtomicU64>>::default();
-        registry.register(
-            "refused_requests",
-            "Requests refused, by listener (data, admin), HTTP status and reason (a closed set: see docs/daemon.md)",
-            refused.clone(),
-        );
-        let release_propagation = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        registry.register(
-            "release_propagation_seconds",
-            "Cluster: from a release's commit in the store to the last live node's acknowledgment (a node that fenced instead counts at the bound)",
-            release_propagation.clone(),
-        );
-        let fenced = Gauge::default();
-        registry.register(
-            "fenced",
-            "Cluster: 1 while this node cannot prove it has seen the store's recent writes (it answers 503 on MCP paths)",
-            fenced.clone(),
-        );
+        let [server_ops, client_ops] = [
+            ("server", "served"),
+            ("client", "sent upstream"),
+        ]
+        .map(|(side, what)| {
+            let ops: OperationFamily = Family::new_with_constructor(operation_histogram);
+            root.register_with_unit(
+                format!("mcp_{side}_operation_duration"),
+                format!("Duration of MCP requests {what} (OpenTelemetry MCP conventions: mcp.{side}.operation.duration)"),
+                prometheus_client::registry::Unit::Seconds,
+                ops.clone(),
+            );
+            ops
+        });
+        let r = root.sub_registry_with_prefix("gatehouse");
         Metrics {
-            release_propagation,
-            fenced,
-            refused,
-            registry: root,
+            release_propagation: add(r, "release_propagation_seconds", "Cluster: from a release's commit in the store to the last live node's acknowledgment (a node that fenced instead counts at the bound)", Histogram::new(exponential_buckets(0.001, 2.0, 16))),
+            fenced: add(r, "fenced", "Cluster: 1 while this node cannot prove it has seen the store's recent writes (it answers 503 on MCP paths)", Gauge::default()),
+            refused: add(r, "refused_requests", "Requests refused, by listener (data, admin), HTTP status and reason (a closed set: see docs/daemon.md)", Family::<RefusedLabels, Counter<u64, AtomicU64>>::default()),
             server_ops,
             client_ops,
-            otel_sent,
-            otel_dropped,
-            otel_failed,
-            otel_queued,
-            calls,
-            latency,
+            otel_sent: add(r, "otel_spans_sent", "Spans the OTLP collector accepted", Counter::<u64, AtomicU64>::default()),
+            otel_dropped: add(r, "otel_spans_dropped", "Spans dropped because the export queue was full (the collector slow or down)", Counter::<u64, AtomicU64>::default()),
+            otel_failed: add(r, "otel_spans_failed", "Spans in export requests that failed (refused, timed out, unreachable)", Counter::<u64, AtomicU64>::default()),
+            otel_queued: add(r, "otel_queue_depth", "Spans waiting for export", Gauge::default()),
+            calls: add(r, "tool_calls", "Tool calls by tool and outcome", Family::<CallLabels, Counter>::default()),
+            latency: add(r, "tool_call_duration_seconds", "Tool call latency, from request to audited reply", Family::new_with_constructor(latency_histogram)),
             call_handles: RwLock::new(HashMap::default()),
-            registrations_created,
-            registrations_closed,
-            registrations,
-            sessions,
-            leases,
-            audit_queue_depth,
-            audit_healthy,
-            upstream_connections,
-            upstream_in_flight,
-            upstream_restarts,
-            notifications_refused,
+            registrations_created: add(r, "registrations_created", "Registrations created", Counter::default()),
+            registrations_closed: add(r, "registrations_closed", "Registrations ended, by reason (released, expired, shutdown)", Family::<ReasonLabel, Counter>::default()),
+            registrations: add(r, "registrations", "Live registrations", Gauge::default()),
+            sessions: add(r, "sessions", "Open MCP sessions", Gauge::default()),
+            leases: add(r, "leases", "Registrations with a TTL lease", Gauge::default()),
+            audit_queue_depth: add(r, "audit_queue_depth", "Audit records queued and not yet written", Gauge::default()),
+            audit_healthy: add(r, "audit_healthy", "1 if the last audit write succeeded (tool calls are refused otherwise)", Gauge::default()),
+            upstream_connections: add(r, "upstream_connections", "Live upstream connections", Family::<UpstreamLabel, Gauge>::default()),
+            upstream_in_flight: add(r, "upstream_in_flight", "Requests in flight to an upstream", Family::<UpstreamLabel, Gauge>::default()),
+            upstream_restarts: add(r, "upstream_restarts", "Upstream connection (re)spawns after the first", Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default()),
+            notifications_refused: add(r, "notifications_refused", "Call notifications (progress, logs) from an upstream that were not delivered: the call ended first, or its caller took none for the grace", Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default()),
+            registry: root,
         }
     }
 
@@ -665,6 +557,17 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Registers `metric` under `name` with its help text, and gives it back to be kept.
+fn add<M: prometheus_client::registry::Metric + Clone>(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    r.register(name, help, metric.clone());
+    metric
 }
 
 #[cfg(test)]

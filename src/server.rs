@@ -32,7 +32,7 @@ use crate::sync::unless_cancelled;
 
 /// The router of the data listener.
 pub fn router(hub: Arc<Hub>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/gw/{id}/sse", get(endpoint::sse::open))
         .route("/gw/{id}/messages/", post(endpoint::sse::message))
@@ -54,25 +54,19 @@ pub fn router(hub: Arc<Hub>) -> Router {
             endpoint::oauth::PRM_PREFIX,
             get(endpoint::oauth::no_authorization_server),
         )
-        .route(
-            "/.well-known/oauth-authorization-server",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/oauth-authorization-server/{*rest}",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/openid-configuration",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route(
-            "/.well-known/openid-configuration/{*rest}",
-            get(endpoint::oauth::no_authorization_server),
-        )
-        .route("/register", post(endpoint::oauth::no_client_registration))
-        .fallback(not_found)
-        .with_state(hub)
+        .route("/register", post(endpoint::oauth::no_client_registration));
+    // Authorization-server discovery (RFC 8414, OpenID), bare and path-suffixed: none here.
+    let router = [
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/oauth-authorization-server/{*rest}",
+        "/.well-known/openid-configuration",
+        "/.well-known/openid-configuration/{*rest}",
+    ]
+    .into_iter()
+    .fold(routes, |r, path| {
+        r.route(path, get(endpoint::oauth::no_authorization_server))
+    });
+    router.fallback(not_found).with_state(hub)
 }
 
 /// Serves until `stop` fires, then drains connections (streams end on their own tokens).
@@ -337,24 +331,7 @@ pub async fn serve_http1<S>(
     let permits = Arc::new(Semaphore::new(limits.max));
     // Refusals since the cap was last reached (logged once per episode, not per connection).
     let mut refused: u64 = 0;
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            r = listener.accept() => r,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) if is_connection_error(&e) => continue,
-            Err(e) => {
-                // Out of fds or the like: say so, and do not spin.
-                tracing::error!(listener = name, error = %e, "accept failed; retrying in 1 s");
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                }
-            }
-        };
+    while let Some((tcp, peer)) = next_connection(&listener, &stop, name).await {
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
@@ -433,33 +410,73 @@ pub async fn serve_http1<S>(
                     conn.await
                 }
             };
-            if let Err(e) = result {
-                tracing::trace!(error = %e, "connection ended with an error");
-                // A head hyper could not parse (or too large for its buffer): it answered
-                // 400 or 431 itself, without the service.
-                if e.is_parse() || e.is_parse_too_large() {
-                    let status = if e.is_parse_too_large() {
-                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
-                    } else {
-                        StatusCode::BAD_REQUEST
-                    };
-                    observer.refused(which, status, None, Some(peer));
-                }
-            }
-            if timed_out.head_timed_out() {
-                observer.refused(
-                    which,
-                    StatusCode::REQUEST_TIMEOUT,
-                    Some(&refusals::Refused::new(Reason::HeaderTimeout)),
-                    Some(peer),
-                );
-            }
+            observe_end(&observer, which, peer, result, timed_out.head_timed_out());
         });
     }
     drop(listener);
     conns.close();
     conns.wait().await;
     tracing::debug!(listener = name, "server drained");
+}
+
+/// What a connection's end says about refusals: a head hyper could not parse or took too long
+/// to arrive (hyper answered those itself, without the service).
+fn observe_end(
+    observer: &Hub,
+    which: Listener,
+    peer: std::net::SocketAddr,
+    result: Result<(), hyper::Error>,
+    head_timed_out: bool,
+) {
+    if let Err(e) = result {
+        tracing::trace!(error = %e, "connection ended with an error");
+        // A head hyper could not parse (or too large for its buffer): it answered
+        // 400 or 431 itself, without the service.
+        if e.is_parse() || e.is_parse_too_large() {
+            let status = if e.is_parse_too_large() {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            observer.refused(which, status, None, Some(peer));
+        }
+    }
+    if head_timed_out {
+        observer.refused(
+            which,
+            StatusCode::REQUEST_TIMEOUT,
+            Some(&refusals::Refused::new(Reason::HeaderTimeout)),
+            Some(peer),
+        );
+    }
+}
+
+/// The next accepted connection, or `None` once `stop` fires. Errors that concern one
+/// connection are skipped; others (out of fds or the like) are said, and retried after 1 s
+/// rather than spun on.
+async fn next_connection(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    name: &str,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok(accepted) => return Some(accepted),
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                tracing::error!(listener = name, error = %e, "accept failed; retrying in 1 s");
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        }
+    }
 }
 
 /// Errors that concern one connection, not the listener: keep accepting.

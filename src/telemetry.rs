@@ -173,19 +173,11 @@ impl Telemetry {
                 bounded_json(args),
             ));
         }
-        let common = Common {
-            request_id: about.request_id,
-            protocol_version: about.protocol_version,
-            session_id: about.session_id,
-            agent_id: about.agent_id,
-            registration_id: about.registration_id,
-            transport: about.transport,
-        };
         self.start_server(
             inbound,
             format!("tools/call {}", about.tool),
             attrs,
-            &common,
+            &about.common,
         )
     }
 
@@ -220,8 +212,8 @@ impl Telemetry {
         mut attrs: Vec<KeyValue>,
         about: &Common<'_>,
     ) -> Box<CallTrace> {
-        let from_meta = inbound.meta_parent.and_then(parse_traceparent);
-        let from_header = inbound.header_parent.and_then(parse_traceparent);
+        let from_meta = inbound.meta.parent.and_then(parse_traceparent);
+        let from_header = inbound.header.parent.and_then(parse_traceparent);
         let remote = |tp: &TraceParent, state: Option<&str>| {
             SpanContext::new(
                 TraceId::from_bytes(tp.trace_id),
@@ -238,17 +230,17 @@ impl Telemetry {
             (Some(m), h) => {
                 let link = h
                     .filter(|h| h != &m)
-                    .map(|h| remote(&h, inbound.header_state));
+                    .map(|h| remote(&h, inbound.header.state));
                 (
-                    Some(remote(&m, inbound.meta_state)),
+                    Some(remote(&m, inbound.meta.state)),
                     link,
-                    inbound.meta_baggage,
+                    inbound.meta.baggage,
                 )
             }
             (None, Some(h)) => (
-                Some(remote(&h, inbound.header_state)),
+                Some(remote(&h, inbound.header.state)),
                 None,
-                inbound.header_baggage,
+                inbound.header.baggage,
             ),
             (None, None) => (None, None, None),
         };
@@ -471,24 +463,46 @@ pub struct TraceHeaders {
     pub baggage: Option<String>,
 }
 
+/// One carrier's W3C trace values: a request's `params._meta`, or its HTTP headers.
+#[derive(Default, Clone, Copy)]
+pub struct Carried<'a> {
+    pub parent: Option<&'a str>,
+    pub state: Option<&'a str>,
+    pub baggage: Option<&'a str>,
+}
+
 /// Where a request's parent context may come from.
 #[derive(Default, Clone, Copy)]
 pub struct Inbound<'a> {
-    pub meta_parent: Option<&'a str>,
-    pub meta_state: Option<&'a str>,
-    pub meta_baggage: Option<&'a str>,
-    pub header_parent: Option<&'a str>,
-    pub header_state: Option<&'a str>,
-    pub header_baggage: Option<&'a str>,
+    pub meta: Carried<'a>,
+    pub header: Carried<'a>,
 }
 
 impl<'a> Inbound<'a> {
     /// The request's HTTP trace headers, if any.
     pub fn with_headers(mut self, h: Option<&'a TraceHeaders>) -> Self {
         if let Some(h) = h {
-            self.header_parent = Some(&h.traceparent);
-            self.header_state = h.tracestate.as_deref();
-            self.header_baggage = h.baggage.as_deref();
+            self.header = Carried {
+                parent: Some(&h.traceparent),
+                state: h.tracestate.as_deref(),
+                baggage: h.baggage.as_deref(),
+            };
+        }
+        self
+    }
+
+    /// Drops the free-text values (`tracestate`, `baggage`: exported, and sent upstream) that
+    /// `holds_token` flags, like any `_meta` entry holding the caller's token.
+    pub fn without(mut self, holds_token: impl Fn(&str) -> bool) -> Self {
+        for v in [
+            &mut self.meta.state,
+            &mut self.meta.baggage,
+            &mut self.header.state,
+            &mut self.header.baggage,
+        ] {
+            if v.is_some_and(&holds_token) {
+                *v = None;
+            }
         }
         self
     }
@@ -497,9 +511,11 @@ impl<'a> Inbound<'a> {
     pub fn with_meta(mut self, params: &'a serde_json::Map<String, Value>) -> Self {
         if let Some(Value::Object(meta)) = params.get(crate::protocol::meta::META) {
             let s = |k| meta.get(k).and_then(Value::as_str);
-            self.meta_parent = s(TRACEPARENT);
-            self.meta_state = s(TRACESTATE);
-            self.meta_baggage = s(BAGGAGE);
+            self.meta = Carried {
+                parent: s(TRACEPARENT),
+                state: s(TRACESTATE),
+                baggage: s(BAGGAGE),
+            };
         }
         self
     }
@@ -508,12 +524,7 @@ impl<'a> Inbound<'a> {
 /// What a call's SERVER span says of it.
 pub struct CallAbout<'a> {
     pub tool: &'a str,
-    pub request_id: &'a Value,
-    pub protocol_version: Option<&'static str>,
-    pub session_id: Option<&'a str>,
-    pub agent_id: &'a str,
-    pub registration_id: &'a str,
-    pub transport: &'static str,
+    pub common: Common<'a>,
     /// The call's arguments, recorded only with `capture_tool_io` (and never when they carry
     /// the caller's token: the caller leaves them out then).
     pub arguments: Option<&'a Value>,
@@ -548,6 +559,7 @@ pub enum Target<'a> {
 }
 
 /// A call's SERVER span, ended by `call::finish` from the call's summary.
+#[derive(Debug)]
 pub struct CallTrace {
     span: opentelemetry_sdk::trace::Span,
     context: SpanContext,
@@ -561,14 +573,6 @@ pub struct CallTrace {
     /// Pool work this request waited on: links, added when the span ends.
     waited: std::sync::Mutex<Vec<SpanContext>>,
     capture_tool_io: bool,
-}
-
-impl std::fmt::Debug for CallTrace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CallTrace")
-            .field("trace_id", &self.trace_id)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The trace context written into an upstream request (`_meta`, and headers for HTTP).
@@ -693,17 +697,10 @@ pub struct Upstreamed<'a> {
 }
 
 /// The CLIENT span of one upstream request.
+#[derive(Debug)]
 pub struct ClientSpan {
     span: opentelemetry_sdk::trace::Span,
     meta: TraceMeta,
-}
-
-impl std::fmt::Debug for ClientSpan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientSpan")
-            .field("meta", &self.meta)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ClientSpan {

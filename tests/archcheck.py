@@ -11,7 +11,9 @@ name that reads as a test is looked up:
   `test_name` (Python)        a `def test_name` under tests/python/ or tests/shipped/
   tests/<path>                that path exists
 Everything else in backticks (types, functions, config keys) is prose and not checked here.
-Also: no link or path that leaves the repository (`../`, DESIGN.md, FIELD.md, ...).
+Also: no link or path that leaves the repository (`../`, DESIGN.md, FIELD.md, ...); no file
+under src/ over MAX_FILE_LINES lines and no function over MAX_FN_LINES lines (from its `fn` line to
+its closing brace), unless SIZE_EXCEPTIONS names it with the reason.
 Exit 1 with one line per problem.
 """
 import pathlib
@@ -94,6 +96,50 @@ def check_name(name):
     return None  # a code path (module::item): prose
 
 
+MAX_FILE_LINES = 900
+MAX_FN_LINES = 120
+# "path" or "path::fn" -> why splitting it would make it worse. Empty: none is over.
+SIZE_EXCEPTIONS = {}
+FN_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:async\s+)?(?:const\s+)?(?:unsafe\s+)?fn\s+(\w+)")
+
+
+def code_of(line):
+    """A line without its strings, char literals and comment (enough to count braces)."""
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])'", "''", line)
+    return line.split("//")[0]
+
+
+def sizes():
+    """Files and functions of src/ over their bound."""
+    out = []
+    for f in sorted(SRC.rglob("*.rs")):
+        rel = f.relative_to(ROOT).as_posix()
+        lines = f.read_text(encoding="utf-8").split("\n")
+        if len(lines) > MAX_FILE_LINES and rel not in SIZE_EXCEPTIONS:
+            out.append(f"{rel}: {len(lines)} lines (over {MAX_FILE_LINES})")
+        for i, line in enumerate(lines):
+            m = FN_RE.match(line)
+            if not m:
+                continue
+            depth, opened, j = 0, False, i
+            while j < len(lines):
+                code = code_of(lines[j])
+                for ch in code:
+                    if ch == "{":
+                        depth, opened = depth + 1, True
+                    elif ch == "}":
+                        depth -= 1
+                if (opened and depth == 0) or (not opened and code.rstrip().endswith(";")):
+                    break
+                j += 1
+            n = j - i + 1
+            name = f"{rel}::{m.group(1)}"
+            if opened and n > MAX_FN_LINES and name not in SIZE_EXCEPTIONS:
+                out.append(f"{name} (line {i + 1}): {n} lines (over {MAX_FN_LINES})")
+    return out
+
+
 def main():
     path = ROOT / "ARCHITECTURE.md"
     text = path.read_text(encoding="utf-8")
@@ -114,6 +160,7 @@ def main():
                 if problem:
                     problems.append("ARCHITECTURE.md invariants: " + problem)
         print(f"archcheck: {checked} names in the invariants looked at", file=sys.stderr)
+    problems.extend(sizes())
     for p in problems:
         print(p)
     if problems:

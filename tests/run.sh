@@ -49,7 +49,7 @@ echo "== TypeScript client: npm ci, tsc, node --test (bindings/typescript) =="
   && GATEHOUSE_BIN="$PWD/../../target/debug/gatehouse" npm test)
 # ---- end of the TypeScript client block
 echo "== official MCP conformance suite, directly and through the gateway =="
-bash tests/conformance/run.sh all  # current (0.1.16) and next (2026-07-28); docs/conformance.md
+bash tests/conformance/run.sh all  # current (0.1.16), next (2026-07-28) and tasks; docs/conformance.md
 echo "== RELIABILITY.md =="
 python3 tests/reliability.py
 echo "== disk used by target/ (CI machines' disks vary) =="

@@ -30,18 +30,20 @@ pub(crate) async fn admit<'r>(
         reason,
         ended,
     };
+    // Unknown to this registration: not granted, or removed upstream since (its pin).
+    let unknown = |reason: &'static str, message: String| {
+        let ended = Ended::Error(
+            crate::protocol::error::INVALID_PARAMS,
+            message,
+            Outcome::Denied,
+        );
+        Err((None, refused(reason.into(), ended)))
+    };
     let Some(tool) = reg.tools.get(name) else {
-        return Err((
-            None,
-            refused(
-                "unknown tool (not granted to this registration)".into(),
-                Ended::Error(
-                    crate::protocol::error::INVALID_PARAMS,
-                    format!("Unknown tool: {name}"),
-                    Outcome::Denied,
-                ),
-            ),
-        ));
+        return unknown(
+            "unknown tool (not granted to this registration)",
+            format!("Unknown tool: {name}"),
+        );
     };
     // The surface pinned at creation (`pins`): a tool its upstream removed is unknown now;
     // one it changed is refused under `on_tool_change = "refuse"` (one atomic load when
@@ -49,17 +51,10 @@ pub(crate) async fn admit<'r>(
     match reg.pins.drift_of(name) {
         None | Some(Drift::Followed { .. }) => {}
         Some(Drift::Removed) => {
-            return Err((
-                None,
-                refused(
-                    "tool removed by its upstream since the registration was made".into(),
-                    Ended::Error(
-                        crate::protocol::error::INVALID_PARAMS,
-                        format!("Unknown tool: {name} (its upstream no longer offers it)"),
-                        Outcome::Denied,
-                    ),
-                ),
-            ))
+            return unknown(
+                "tool removed by its upstream since the registration was made",
+                format!("Unknown tool: {name} (its upstream no longer offers it)"),
+            )
         }
         Some(Drift::Refused { .. }) => {
             let why = changed_tool_refusal(name);

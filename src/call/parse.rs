@@ -112,21 +112,10 @@ pub(super) fn server_span(
     call: &ToolCall,
 ) -> Box<CallTrace> {
     let reg = &ctx.registration;
-    let mut inbound = crate::telemetry::Inbound::default()
+    let inbound = crate::telemetry::Inbound::default()
         .with_meta(&call.params)
-        .with_headers(ctx.trace_headers.as_deref());
-    // The client's free-text trace values are exported (tracestate) and sent upstream: one
-    // holding the caller's token is dropped, like any such `_meta` entry.
-    for v in [
-        &mut inbound.meta_state,
-        &mut inbound.meta_baggage,
-        &mut inbound.header_state,
-        &mut inbound.header_baggage,
-    ] {
-        if v.is_some_and(|s| reg.token_in(&Value::from(s))) {
-            *v = None;
-        }
-    }
+        .with_headers(ctx.trace_headers.as_deref())
+        .without(|s| reg.token_in(&Value::from(s)));
     // `capture_tool_io`: the arguments as the audit would keep them (`redact_keys`), never
     // when they carry the token.
     let keys = &ctx.hub.config().audit.redact_keys;
@@ -143,12 +132,7 @@ pub(super) fn server_span(
         inbound,
         &crate::telemetry::CallAbout {
             tool: &call.name,
-            request_id: id,
-            protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
-            session_id: ctx.session_id(),
-            agent_id: &reg.agent_id,
-            registration_id: &reg.id,
-            transport: ctx.transport.as_str(),
+            common: ctx.span_common(id),
             arguments,
         },
     )

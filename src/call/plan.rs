@@ -2,7 +2,7 @@
 //! call, a task for the client (the 2025-11-25 form it asked for, or the 2026-07-28 form a
 //! stateless client declared), a task the gateway asks for and runs itself, or a plain call
 //! made again as a task when a 2026-07-28 upstream needs one. After the call ran, the plan
-//! says what its answer becomes (a task taken into the table, `crate::tasks::serve`).
+//! says what its answer becomes (a task taken into the table, `crate::methods::tasks`).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -101,7 +101,7 @@ fn decide(
     // 2025-11-25 `params.task`: kept (TTL capped) on sessions, dropped on stateless requests.
     let asks_task = task && wire::prepare_call(params, !stateless, asking.max_ttl);
     // A tool its upstream runs only as a task, called without one: the gateway asks for the
-    // task and waits for its end itself (`tasks::serve::run_for_call`), unless a stateless
+    // task and waits for its end itself (`methods::tasks::run_for_call`), unless a stateless
     // client declared the 2026-07-28 tasks extension (it gets the task). A stateless client
     // that declared it gets a task of an `optional` tool too (the server decides, and runs
     // such a tool as a task for a client that opted in).
@@ -220,7 +220,7 @@ impl Plan {
         else {
             return None;
         };
-        if !crate::tasks::serve::modern_upstream(&ctx.hub, upstream) {
+        if !crate::methods::tasks::modern_upstream(&ctx.hub, upstream) {
             return None;
         }
         let result = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
@@ -254,9 +254,9 @@ pub(super) async fn task_created(
     made: TaskMade<'_>,
     cancel: &CancellationToken,
 ) -> (Ended, Option<Cow<'static, str>>) {
-    use crate::tasks::serve::NotCreated;
+    use crate::methods::tasks::NotCreated;
     let internal = !made.for_client && made.modern.is_none();
-    let created = crate::tasks::serve::created(
+    let created = crate::methods::tasks::created(
         ctx,
         made.name,
         made.upstream,
@@ -270,7 +270,7 @@ pub(super) async fn task_created(
     match created {
         Ok(task) if internal => {
             let why = format!("run as task {} for a client without tasks", task.id);
-            let ended = match crate::tasks::serve::run_for_call(ctx, &task, cancel).await {
+            let ended = match crate::methods::tasks::run_for_call(ctx, &task, cancel).await {
                 None => Ended::Cancelled,
                 Some(f) => match &*f {
                     Ok(result) => {
@@ -303,22 +303,24 @@ pub(super) async fn task_created(
             };
             (Ended::Result(result, Outcome::Ok), Some(why.into()))
         }
-        Err(NotCreated::Full(n)) => {
-            let why = format!("limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream");
-            (
-                Ended::Error(
-                    crate::protocol::error::INTERNAL_ERROR,
-                    why.clone(),
-                    Outcome::Denied,
-                ),
-                Some(why.into()),
-            )
-        }
+        Err(NotCreated::Full(n)) => tasks_full(format!(
+            "limit tasks.max_live_per_registration ({n}) reached: the task was cancelled upstream"
+        )),
         Err(NotCreated::Released) => (Ended::Cancelled, None),
     }
 }
 
-/// A task that ended at once ([`crate::tasks::serve::ended_at_once`]), for the client that asked.
+/// A task refused at the registration's cap of live tasks: denied, saying `why`.
+fn tasks_full(why: String) -> (Ended, Option<Cow<'static, str>>) {
+    let ended = Ended::Error(
+        crate::protocol::error::INTERNAL_ERROR,
+        why.clone(),
+        Outcome::Denied,
+    );
+    (ended, Some(why.into()))
+}
+
+/// A task that ended at once ([`crate::methods::tasks::ended_at_once`]), for the client that asked.
 pub(super) async fn ended_at_once(
     ctx: &RequestCtx,
     name: &str,
@@ -326,7 +328,7 @@ pub(super) async fn ended_at_once(
     epoch: u64,
     result: Value,
 ) -> (Ended, Option<Cow<'static, str>>) {
-    match crate::tasks::serve::ended_at_once(ctx, name, upstream, epoch, result).await {
+    match crate::methods::tasks::ended_at_once(ctx, name, upstream, epoch, result).await {
         Ok(task) => {
             let why = format!("task created: {} (answered at once upstream)", task.id);
             (
@@ -334,18 +336,10 @@ pub(super) async fn ended_at_once(
                 Some(why.into()),
             )
         }
-        Err(crate::tasks::serve::NotCreated::Full(n)) => {
-            let why = format!("limit tasks.max_live_per_registration ({n}) reached");
-            (
-                Ended::Error(
-                    crate::protocol::error::INTERNAL_ERROR,
-                    why.clone(),
-                    Outcome::Denied,
-                ),
-                Some(why.into()),
-            )
-        }
-        Err(crate::tasks::serve::NotCreated::Released) => (Ended::Cancelled, None),
+        Err(crate::methods::tasks::NotCreated::Full(n)) => tasks_full(format!(
+            "limit tasks.max_live_per_registration ({n}) reached"
+        )),
+        Err(crate::methods::tasks::NotCreated::Released) => (Ended::Cancelled, None),
     }
 }
 

@@ -46,6 +46,32 @@ impl Reply {
 }
 
 impl AdminConn {
+    /// A verb that is one exchange answering 200: `show` is given the reply; any other
+    /// answer is the error (`verb: message`) and a failing exit.
+    pub fn run_ok(
+        &self,
+        verb: &str,
+        method: reqwest::Method,
+        path: &str,
+        show: impl FnOnce(Reply) -> Result<(), String>,
+    ) -> std::process::ExitCode {
+        block_on(async { show(self.expect_ok(verb, method, path).await?) })
+    }
+
+    /// One exchange that must answer 200: its reply, else the error (`verb: message`).
+    async fn expect_ok(
+        &self,
+        verb: &str,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<Reply, String> {
+        let r = self.client()?.call(method, path, None).await?;
+        if r.status != 200 {
+            return Err(format!("{verb}: {}", r.message()));
+        }
+        Ok(r)
+    }
+
     pub fn client(&self) -> Result<AdminClient, String> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let url = self

@@ -6,7 +6,7 @@ use clap::Args;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::admin_client::{block_on, AdminConn};
+use super::admin_client::AdminConn;
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
@@ -18,37 +18,33 @@ pub struct ListArgs {
 }
 
 pub fn run(a: ListArgs) -> ExitCode {
-    block_on(async move {
-        let client = a.conn.client()?;
-        let r = client.call(Method::GET, "/v1/registrations", None).await?;
-        if r.status != 200 {
-            return Err(format!("list: {}", r.message()));
-        }
-        if a.json {
-            println!("{}", r.body);
-            return Ok(());
-        }
-        println!(
-            "{:<24} {:<16} {:<16} {:<26} {:>8} {:>8}  TOOLS",
-            "ID", "AGENT", "LABEL", "EXPIRES", "SESSIONS", "IN-FLIGHT"
-        );
-        for row in r.body.as_array().into_iter().flatten() {
-            let s = |k: &str| row[k].as_str().unwrap_or("-").to_string();
-            let tools: Vec<&str> = row["tools"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+    a.conn
+        .run_ok("list", Method::GET, "/v1/registrations", |r| {
+            if a.json {
+                println!("{}", r.body);
+                return Ok(());
+            }
             println!(
-                "{:<24} {:<16} {:<16} {:<26} {:>8} {:>8}  {}",
-                s("id"),
-                s("agent_id"),
-                s("label"),
-                s("expires_at"),
-                row["sessions"],
-                row["calls_in_flight"],
-                tools.join(",")
+                "{:<24} {:<16} {:<16} {:<26} {:>8} {:>8}  TOOLS",
+                "ID", "AGENT", "LABEL", "EXPIRES", "SESSIONS", "IN-FLIGHT"
             );
-        }
-        Ok(())
-    })
+            for row in r.body.as_array().into_iter().flatten() {
+                let s = |k: &str| row[k].as_str().unwrap_or("-").to_string();
+                let tools: Vec<&str> = row["tools"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                println!(
+                    "{:<24} {:<16} {:<16} {:<26} {:>8} {:>8}  {}",
+                    s("id"),
+                    s("agent_id"),
+                    s("label"),
+                    s("expires_at"),
+                    row["sessions"],
+                    row["calls_in_flight"],
+                    tools.join(",")
+                );
+            }
+            Ok(())
+        })
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Args;
 use reqwest::Method;
 
-use super::admin_client::{block_on, AdminConn};
+use super::admin_client::AdminConn;
 
 #[derive(Debug, Args)]
 pub struct ReloadArgs {
@@ -14,12 +14,7 @@ pub struct ReloadArgs {
 }
 
 pub fn run(a: ReloadArgs) -> ExitCode {
-    block_on(async move {
-        let client = a.conn.client()?;
-        let r = client.call(Method::POST, "/v1/reload", None).await?;
-        if r.status != 200 {
-            return Err(format!("reload: {}", r.message()));
-        }
+    a.conn.run_ok("reload", Method::POST, "/v1/reload", |r| {
         println!("{}", r.body);
         Ok(())
     })

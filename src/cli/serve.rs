@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, TokenSource};
@@ -97,30 +97,7 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
             None
         }
     };
-    // Before anything is sized from it (the data listener's auto connection cap).
-    match crate::connections::raise_nofile_limit() {
-        Ok((before, now)) if before != now => say(format_args!(
-            "open-files limit raised from {before} to {now}"
-        )),
-        Ok(_) => {}
-        Err(e) => say_at(
-            "WARN",
-            format_args!("cannot raise the open-files limit: {e}"),
-        ),
-    }
-    let data_limits = crate::connections::Limits::data(&config.connections);
-    let nofile = crate::connections::nofile_soft_limit();
-    say(format_args!(
-        "open-files limit {nofile}; data connections at most {}",
-        data_limits.max
-    ));
-    if data_limits.max as u64 > nofile.saturating_sub(64) {
-        say_at(
-            "WARN",
-            format_args!("warning: connections.max = {} leaves too few of the {nofile} file descriptors for the rest (accepts will fail before the cap)",
-            data_limits.max
-        ));
-    }
+    open_files(&config);
     let grace = Duration::from_secs(config.shutdown_grace_s);
     let admin_listen = config.admin_listen.clone();
     let release_on_exit = config.store.release_on_exit;
@@ -138,39 +115,9 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         Ok(a) => a,
         Err(e) => return fail(e),
     };
-    let (kind, store_path) = gw.store_location();
-    #[cfg(feature = "cluster")]
-    let cluster = if kind == "etcd" {
-        // A cluster node: the replica (range read + watch, started with the gateway) loads
-        // the registrations.
-        let (live, fresh) = gw.cluster_ready(Duration::from_secs(10)).await;
-        Some(format!(
-            "registration store etcd: node {} serving {live} registration(s){}",
-            gw.config().node_id.as_deref().unwrap_or(""),
-            if fresh {
-                ""
-            } else {
-                "; fenced until the store answers"
-            }
-        ))
-    } else {
-        None
-    };
-    #[cfg(not(feature = "cluster"))]
-    let cluster: Option<String> = None;
-    let restored = match cluster {
-        Some(summary) => summary,
-        None => match gw.restore().await {
-            Ok(r) => format!(
-            "registration store {kind}{}: {} registration(s) restored, {} expired while stopped",
-            store_path
-                .map(|p| format!(" {}", p.display()))
-                .unwrap_or_default(),
-            r.live,
-            r.expired
-        ),
-            Err(e) => return fail(e),
-        },
+    let restored = match restore(&gw).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
     };
     let listener = match admin::bind(&admin_listen).await {
         Ok(l) => l,
@@ -203,35 +150,9 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
     say(format_args!("ready"));
     // Both listeners are bound and their accept loops run: a connection made now is answered.
     notify(notifier.as_deref(), sd_notify::READY);
-    let watchdog = notifier.as_ref().and_then(|n| {
-        let every = n.watchdog_every()?;
-        let n = n.clone();
-        Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                notify(Some(&n), sd_notify::WATCHDOG);
-            }
-        }))
-    });
+    let watchdog = notifier.as_ref().and_then(watchdog);
 
-    let which = loop {
-        tokio::select! {
-            _ = term.recv() => break "SIGTERM",
-            _ = int.recv() => break "SIGINT",
-            _ = hup.recv() => {
-                let reloading = sd_notify::reloading().unwrap_or_else(|_| "RELOADING=1".into());
-                notify(notifier.as_deref(), &reloading);
-                let outcome = gw.reload_config().await;
-                match &outcome {
-                    Ok(r) => say(format_args!("SIGHUP: {}", r.summary())),
-                    Err(e) => say_at("WARN", format_args!("SIGHUP: config not reloaded: {e}")),
-                }
-                // Applied or refused, the daemon serves (the old config, if refused).
-                notify(notifier.as_deref(), sd_notify::READY);
-            }
-        }
-    };
+    let which = until_stopped(&gw, notifier.as_deref(), &mut term, &mut int, &mut hup).await;
     say(format_args!(
         "{which}: shutting down (grace {} s; a second signal forces)",
         grace.as_secs()
@@ -269,6 +190,114 @@ async fn daemon(config: Config, path: PathBuf, test_tools: bool) -> ExitCode {
         w.abort();
     }
     code
+}
+
+/// Raises the open-files limit before anything is sized from it (the data listener's auto
+/// connection cap), and says what the cap leaves.
+fn open_files(config: &Config) {
+    match crate::connections::raise_nofile_limit() {
+        Ok((before, now)) if before != now => say(format_args!(
+            "open-files limit raised from {before} to {now}"
+        )),
+        Ok(_) => {}
+        Err(e) => say_at(
+            "WARN",
+            format_args!("cannot raise the open-files limit: {e}"),
+        ),
+    }
+    let data_limits = crate::connections::Limits::data(&config.connections);
+    let nofile = crate::connections::nofile_soft_limit();
+    say(format_args!(
+        "open-files limit {nofile}; data connections at most {}",
+        data_limits.max
+    ));
+    if data_limits.max as u64 > nofile.saturating_sub(64) {
+        say_at(
+            "WARN",
+            format_args!("warning: connections.max = {} leaves too few of the {nofile} file descriptors for the rest (accepts will fail before the cap)",
+            data_limits.max
+        ));
+    }
+}
+
+/// Loads the registrations: restored from a local store, or (a cluster node) from the
+/// replica; the line that says how many.
+async fn restore(gw: &Gateway) -> Result<String, String> {
+    let (kind, store_path) = gw.store_location();
+    #[cfg(feature = "cluster")]
+    let cluster = if kind == "etcd" {
+        // A cluster node: the replica (range read + watch, started with the gateway) loads
+        // the registrations.
+        let (live, fresh) = gw.cluster_ready(Duration::from_secs(10)).await;
+        Some(format!(
+            "registration store etcd: node {} serving {live} registration(s){}",
+            gw.config().node_id.as_deref().unwrap_or(""),
+            if fresh {
+                ""
+            } else {
+                "; fenced until the store answers"
+            }
+        ))
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cluster"))]
+    let cluster: Option<String> = None;
+    Ok(match cluster {
+        Some(summary) => summary,
+        None => match gw.restore().await {
+            Ok(r) => format!(
+            "registration store {kind}{}: {} registration(s) restored, {} expired while stopped",
+            store_path
+                .map(|p| format!(" {}", p.display()))
+                .unwrap_or_default(),
+            r.live,
+            r.expired
+        ),
+            Err(e) => return Err(e.to_string()),
+        },
+    })
+}
+
+/// Serves until SIGTERM or SIGINT (which is returned); a SIGHUP reloads the config and serves
+/// on, with the old config if the new one is refused.
+async fn until_stopped(
+    gw: &Gateway,
+    notifier: Option<&Notifier>,
+    term: &mut Signal,
+    int: &mut Signal,
+    hup: &mut Signal,
+) -> &'static str {
+    loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                let reloading = sd_notify::reloading().unwrap_or_else(|_| "RELOADING=1".into());
+                notify(notifier, &reloading);
+                let outcome = gw.reload_config().await;
+                match &outcome {
+                    Ok(r) => say(format_args!("SIGHUP: {}", r.summary())),
+                    Err(e) => say_at("WARN", format_args!("SIGHUP: config not reloaded: {e}")),
+                }
+                // Applied or refused, the daemon serves (the old config, if refused).
+                notify(notifier, sd_notify::READY);
+            }
+        }
+    }
+}
+
+/// The watchdog pings systemd asked for (`WatchdogSec=`), on a task the daemon aborts on exit.
+fn watchdog(n: &Arc<Notifier>) -> Option<tokio::task::JoinHandle<()>> {
+    let every = n.watchdog_every()?;
+    let n = n.clone();
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            notify(Some(&n), sd_notify::WATCHDOG);
+        }
+    }))
 }
 
 /// One notification to systemd, when started by a notify unit; a failed send is a warning

@@ -25,16 +25,8 @@ impl Config {
                 "keepalive_s must be at least 1".into(),
             ));
         }
-        if !(1..=1_000_000).contains(&self.store.budget_block) {
-            return Err(ConfigError::Invalid(
-                "store.budget_block must be 1-1000000".into(),
-            ));
-        }
-        if !(16..=1_048_576).contains(&self.store.queue) {
-            return Err(ConfigError::Invalid(
-                "store.queue must be 16-1048576".into(),
-            ));
-        }
+        within("store.budget_block", self.store.budget_block, 1, 1_000_000)?;
+        within("store.queue", self.store.queue, 16, 1_048_576)?;
         self.validate_bounds()?;
         self.validate_cluster()?;
         let mut seen = std::collections::BTreeSet::new();
@@ -59,21 +51,9 @@ impl Config {
     /// The bounds of connections, tasks and sessions.
     fn validate_bounds(&self) -> Result<(), ConfigError> {
         let c = &self.connections;
-        if !(1..=3600).contains(&c.header_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.header_timeout_s must be 1-3600".into(),
-            ));
-        }
-        if !(1..=3600).contains(&c.body_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.body_timeout_s must be 1-3600".into(),
-            ));
-        }
-        if !(1..=86_400).contains(&c.idle_timeout_s) {
-            return Err(ConfigError::Invalid(
-                "connections.idle_timeout_s must be 1-86400".into(),
-            ));
-        }
+        within("connections.header_timeout_s", c.header_timeout_s, 1, 3600)?;
+        within("connections.body_timeout_s", c.body_timeout_s, 1, 3600)?;
+        within("connections.idle_timeout_s", c.idle_timeout_s, 1, 86_400)?;
         if c.max > 1_000_000 {
             return Err(ConfigError::Invalid(
                 "connections.max must be at most 1000000 (0 = auto, from the open-files limit)"
@@ -81,32 +61,22 @@ impl Config {
             ));
         }
         let t = &self.tasks;
-        if !(1..=7 * 86_400).contains(&t.max_ttl_s) {
-            return Err(ConfigError::Invalid(
-                "tasks.max_ttl_s must be 1-604800".into(),
-            ));
-        }
-        if !(1..=4096).contains(&t.max_live_per_registration) {
-            return Err(ConfigError::Invalid(
-                "tasks.max_live_per_registration must be 1-4096".into(),
-            ));
-        }
-        if !(100..=3_600_000).contains(&t.min_poll_interval_ms) {
-            return Err(ConfigError::Invalid(
-                "tasks.min_poll_interval_ms must be 100-3600000".into(),
-            ));
-        }
+        within("tasks.max_ttl_s", t.max_ttl_s, 1, 7 * 86_400)?;
+        within(
+            "tasks.max_live_per_registration",
+            t.max_live_per_registration,
+            1,
+            4096,
+        )?;
+        within(
+            "tasks.min_poll_interval_ms",
+            t.min_poll_interval_ms,
+            100,
+            3_600_000,
+        )?;
         let s = &self.sessions;
-        if !(64 * 1024..=1 << 30).contains(&s.queue_bytes) {
-            return Err(ConfigError::Invalid(
-                "sessions.queue_bytes must be 65536-1073741824".into(),
-            ));
-        }
-        if !(1..=65_536).contains(&s.max_in_flight) {
-            return Err(ConfigError::Invalid(
-                "sessions.max_in_flight must be 1-65536".into(),
-            ));
-        }
+        within("sessions.queue_bytes", s.queue_bytes, 64 * 1024, 1 << 30)?;
+        within("sessions.max_in_flight", s.max_in_flight, 1, 65_536)?;
         Ok(())
     }
 
@@ -130,18 +100,10 @@ impl Config {
                     "store.backend = \"etcd\" needs store.endpoints (or GATEHOUSE_STORE=etcd://host:port,...)".into(),
                 ));
             }
-            if !(100..=60_000).contains(&self.store.timeout_ms) {
-                return Err(ConfigError::Invalid(
-                    "store.timeout_ms must be 100-60000".into(),
-                ));
-            }
+            within("store.timeout_ms", self.store.timeout_ms, 100, 60_000)?;
         }
         let cl = &self.cluster;
-        if !(100..=60_000).contains(&cl.release_bound_ms) {
-            return Err(ConfigError::Invalid(
-                "cluster.release_bound_ms must be 100-60000".into(),
-            ));
-        }
+        within("cluster.release_bound_ms", cl.release_bound_ms, 100, 60_000)?;
         if !(10..=10_000).contains(&cl.heartbeat_ms) || cl.heartbeat_ms >= cl.release_bound_ms {
             return Err(ConfigError::Invalid(
                 "cluster.heartbeat_ms must be 10-10000 and below cluster.release_bound_ms".into(),
@@ -233,4 +195,17 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `value` of config `key` within `lo..=hi`, else the error that names the key and the range.
+fn within<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
+    if lo <= value && value <= hi {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!("{key} must be {lo}-{hi}")))
 }

@@ -10,8 +10,21 @@ use axum::Router;
 
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/console.js");
-const STYLE: &str = include_str!("ui/console.css");
-const FAVICON: &str = include_str!("ui/favicon.svg");
+
+/// The files under `/ui/`: name, content type, body.
+const FILES: [(&str, &str, &str); 3] = [
+    ("console.js", "text/javascript; charset=utf-8", SCRIPT),
+    (
+        "console.css",
+        "text/css; charset=utf-8",
+        include_str!("ui/console.css"),
+    ),
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_str!("ui/favicon.svg"),
+    ),
+];
 
 /// The page's policy: its own script and style only, images from itself or `data:`, fetches
 /// to its own origin, never framed, no `<base>`, no form submission.
@@ -42,24 +55,17 @@ async fn index() -> Response {
     with_headers(StatusCode::OK, "text/html; charset=utf-8", INDEX)
 }
 
-async fn script() -> Response {
-    with_headers(StatusCode::OK, "text/javascript; charset=utf-8", SCRIPT)
-}
-
-async fn style() -> Response {
-    with_headers(StatusCode::OK, "text/css; charset=utf-8", STYLE)
-}
-
-async fn favicon() -> Response {
-    with_headers(StatusCode::OK, "image/svg+xml", FAVICON)
-}
-
-async fn not_found() -> Response {
-    with_headers(
-        StatusCode::NOT_FOUND,
-        "text/plain; charset=utf-8",
-        "not found\n",
-    )
+/// A file of [`FILES`] by name; 404 (with the same headers) for any other path under `/ui/`.
+async fn file(uri: axum::http::Uri) -> Response {
+    let name = uri.path().strip_prefix("/ui/").unwrap_or_default();
+    match FILES.iter().find(|(n, ..)| *n == name) {
+        Some((_, content_type, body)) => with_headers(StatusCode::OK, content_type, body),
+        None => with_headers(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found\n",
+        ),
+    }
 }
 
 /// The public routes of the console: the page and its three files. For the admin router
@@ -69,10 +75,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/ui", get(index))
         .route("/ui/", get(index))
-        .route("/ui/console.js", get(script))
-        .route("/ui/console.css", get(style))
-        .route("/ui/favicon.svg", get(favicon))
-        .route("/ui/{*rest}", get(not_found))
+        .route("/ui/{*name}", get(file))
 }
 
 // Unit tests only (never built into the daemon): an unwrap that fails is the test failing.

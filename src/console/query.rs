@@ -61,28 +61,8 @@ impl AuditQuery {
                     }
                     q.filter.outcome = text;
                 }
-                "limit" => {
-                    q.limit = match v.parse::<usize>() {
-                        Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-                        _ => {
-                            return Err(format!(
-                                "limit: must be an integer from 1 to {MAX_LIMIT} (got {:?})",
-                                cut(&v)
-                            ))
-                        }
-                    }
-                }
-                "max_bytes" => {
-                    q.max_bytes = match v.parse::<u64>() {
-                        Ok(n) if (1024..=MAX_BYTES_CAP).contains(&n) => n,
-                        _ => {
-                            return Err(format!(
-                                "max_bytes: must be an integer from 1024 to {MAX_BYTES_CAP} (got {:?})",
-                                cut(&v)
-                            ))
-                        }
-                    }
-                }
+                "limit" => q.limit = within("limit", &v, 1, MAX_LIMIT)?,
+                "max_bytes" => q.max_bytes = within("max_bytes", &v, 1024, MAX_BYTES_CAP)?,
                 other => {
                     return Err(format!(
                         "{}: unknown parameter (expected agent_id, tool, outcome, event, registration_id, limit, max_bytes)",
@@ -96,6 +76,20 @@ impl AuditQuery {
 }
 
 /// A value quoted back in an error, at most 64 bytes of it.
+/// Parameter `name`'s value `v` as an integer from `lo` to `hi`, or the message that says so.
+fn within<T>(name: &str, v: &str, lo: T, hi: T) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    match v.parse::<T>() {
+        Ok(n) if lo <= n && n <= hi => Ok(n),
+        _ => Err(format!(
+            "{name}: must be an integer from {lo} to {hi} (got {:?})",
+            cut(v)
+        )),
+    }
+}
+
 fn cut(s: &str) -> &str {
     crate::audit::prefix(s, 64)
 }

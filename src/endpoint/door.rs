@@ -89,6 +89,54 @@ pub fn authorize(
     authorize_with(gw, id, surface, headers, &Heads::of(headers))
 }
 
+/// Which surface an [`Authorized`] request is checked for.
+pub trait OnSurface {
+    const SURFACE: Surface;
+}
+
+/// `GET /gw/<id>/sse`.
+pub struct Sse;
+/// `/gw/<id>/mcp`.
+pub struct Mcp;
+
+impl OnSurface for Sse {
+    const SURFACE: Surface = Surface::Sse;
+}
+
+impl OnSurface for Mcp {
+    const SURFACE: Surface = Surface::Mcp;
+}
+
+/// A stream or session request (`GET /gw/<id>/sse`, `GET` and `DELETE /gw/<id>/mcp`) that
+/// passed [`authorize`] for surface `S`: the hub, the registration and the headers, taken
+/// from the request. The POST paths, which read a body, authorize in their own futures.
+pub struct Authorized<S> {
+    pub gw: Arc<Hub>,
+    pub reg: Arc<RegistrationState>,
+    pub headers: HeaderMap,
+    surface: std::marker::PhantomData<S>,
+}
+
+impl<S: OnSurface + Send> axum::extract::FromRequestParts<Arc<Hub>> for Authorized<S> {
+    type Rejection = Rejection;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        gw: &Arc<Hub>,
+    ) -> Result<Self, Rejection> {
+        let axum::extract::Path(id) = axum::extract::Path::<String>::from_request_parts(parts, gw)
+            .await
+            .map_err(|e| Rejection::bad_request(e.body_text()))?;
+        let reg = authorize(gw, &id, S::SURFACE, &parts.headers)?;
+        Ok(Authorized {
+            gw: gw.clone(),
+            reg,
+            headers: std::mem::take(&mut parts.headers),
+            surface: std::marker::PhantomData,
+        })
+    }
+}
+
 /// [`authorize`] with the request's headers already found ([`Heads`]).
 pub(crate) fn authorize_with(
     gw: &Hub,
@@ -134,16 +182,19 @@ pub(crate) fn request_ctx(
 /// What a session's message leads to ([`route`]).
 pub(crate) enum Routed {
     /// A request, begun on the session (its id in flight): the call the transport answers.
-    Call {
-        id: Value,
-        method: String,
-        params: Option<Value>,
-        cancel: CancellationToken,
-    },
+    Call(Begun),
     /// A request the session refuses (its id in flight already, or too many in flight).
     Refused(crate::session::CallRefused, Value),
     /// A notification or the client's response, handled: nothing to answer.
     Handled,
+}
+
+/// A request begun on a session: its id is in flight until the call ends.
+pub(crate) struct Begun {
+    pub id: Value,
+    pub method: String,
+    pub params: Option<Value>,
+    pub cancel: CancellationToken,
 }
 
 /// A session's message, matched once for every session transport (legacy SSE, Streamable
@@ -152,12 +203,12 @@ pub(crate) enum Routed {
 pub(crate) fn route(ctx: &RequestCtx, session: &Session, msg: jsonrpc::Message) -> Routed {
     match msg {
         jsonrpc::Message::Request { id, method, params } => match session.begin_call(&id) {
-            Ok(cancel) => Routed::Call {
+            Ok(cancel) => Routed::Call(Begun {
                 id,
                 method,
                 params,
                 cancel,
-            },
+            }),
             Err(why) => Routed::Refused(why, id),
         },
         jsonrpc::Message::Notification { method, params } => {

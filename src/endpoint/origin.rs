@@ -21,22 +21,25 @@ pub fn check_host_origin_values(
     host: Option<&HeaderValue>,
     origin: Option<&HeaderValue>,
 ) -> Result<(), Rejection> {
-    if let Some(host) = host {
-        let ok = host.to_str().is_ok_and(|h| host_allowed(config, h));
-        if !ok {
-            return Err(Rejection::forbidden(
-                crate::refusals::Reason::Host,
-                "forbidden: Host not allowed",
-            ));
-        }
-    }
-    if let Some(origin) = origin {
-        let ok = origin.to_str().is_ok_and(|o| origin_allowed(config, o));
-        if !ok {
-            return Err(Rejection::forbidden(
-                crate::refusals::Reason::Origin,
-                "forbidden: Origin not allowed",
-            ));
+    use crate::refusals::Reason;
+    let checks = [
+        (
+            host,
+            host_allowed as fn(&Config, &str) -> bool,
+            Reason::Host,
+            "forbidden: Host not allowed",
+        ),
+        (
+            origin,
+            origin_allowed,
+            Reason::Origin,
+            "forbidden: Origin not allowed",
+        ),
+    ];
+    for (value, allowed, reason, why) in checks {
+        // Absent: nothing to check. Present: readable and allowed.
+        if value.is_some_and(|v| !v.to_str().is_ok_and(|v| allowed(config, v))) {
+            return Err(Rejection::forbidden(reason, why));
         }
     }
     Ok(())
@@ -129,27 +132,34 @@ pub fn host_allowed(config: &Config, host: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// `allowed` says yes to each of `ok` and no to each of `bad`.
+    fn sorts(c: &Config, allowed: fn(&Config, &str) -> bool, ok: &[&str], bad: &[&str]) {
+        for o in ok {
+            assert!(allowed(c, o), "{o}");
+        }
+        for b in bad {
+            assert!(!allowed(c, b), "{b}");
+        }
+    }
+
     #[test]
     fn loopback_origins() {
         let c = Config::default();
-        for ok in [
+        let ok = [
             "http://localhost",
             "http://localhost:3000",
             "https://127.0.0.1:8080",
             "http://[::1]:99",
-        ] {
-            assert!(origin_allowed(&c, ok), "{ok}");
-        }
-        for bad in [
+        ];
+        let bad = [
             "http://evil.example",
             "http://localhost.evil.example",
             "http://127.0.0.1.nip.io",
             "null",
             "http://localhost:99999",
             "http://user@localhost",
-        ] {
-            assert!(!origin_allowed(&c, bad), "{bad}");
-        }
+        ];
+        sorts(&c, origin_allowed, &ok, &bad);
     }
 
     #[test]
@@ -159,7 +169,7 @@ mod tests {
             allowed_hosts: vec!["mcp.internal".into(), "other.internal:99".into()],
             ..Config::default()
         };
-        for ok in [
+        let ok = [
             "localhost",
             "localhost:8787",
             "127.0.0.1:1",
@@ -168,10 +178,8 @@ mod tests {
             "mcp.internal",
             "mcp.internal:1234",
             "other.internal:99",
-        ] {
-            assert!(host_allowed(&c, ok), "{ok}");
-        }
-        for bad in [
+        ];
+        let bad = [
             "evil.example.com",
             "evil.example.com:8787",
             "gw.example:1",
@@ -180,9 +188,8 @@ mod tests {
             "localhost:99999",
             "",
             "[::1",
-        ] {
-            assert!(!host_allowed(&c, bad), "{bad}");
-        }
+        ];
+        sorts(&c, host_allowed, &ok, &bad);
         c.public_url = None;
         assert!(!host_allowed(&c, "gw.example:8443"));
     }

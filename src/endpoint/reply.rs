@@ -364,33 +364,12 @@ async fn answer(
         Some(keep) => gw.sessions().recycle_notes(keep, nrx),
         None => drop(nrx),
     };
-    let streamed = |notes: Vec<Value>, ended: Option<Reply>, live, guard| {
-        let mut pending = VecDeque::new();
-        if opts.priming {
-            pending.push_back(event_stream::priming_event());
-        }
-        pending.extend(notes.iter().map(|n| sse_json("message", n)));
-        pending.extend(ended.map(|v| event_stream::reply_event(&finish(v))));
-        let (notes, result) = match live {
-            Some((notes, work)) => (Some(notes), Some(work)),
-            None => (None, None),
-        };
-        let st = ReplyStream {
-            pending,
-            notes,
-            result,
-            fence: (gw.clone(), id.clone()),
-            ticker: tokio::time::interval_at(tokio::time::Instant::now() + period, period),
-            stop: registration.cancel.token(),
-            guard,
-            finish: opts.finish,
-            method: opts.method.clone(),
-            mrtr: opts
-                .mrtr
-                .clone()
-                .map(|m| (gw.clone(), registration.clone(), id.clone(), m)),
-        };
-        event_stream::response(Body::from_stream(futures::stream::unfold(st, next_event)))
+    let out = Out {
+        gw: &gw,
+        registration: &registration,
+        id: &id,
+        opts: &opts,
+        period,
     };
     match first {
         First::Done(Some(v)) if early.is_empty() => {
@@ -403,36 +382,89 @@ async fn answer(
             drop(keep);
             let mut guard = guard;
             guard.0 = None;
-            Ok(streamed(early, Some(v), None, guard))
+            Ok(out.stream(early, Some(v), None, guard))
         }
         First::Done(None) => {
             recycle(keep, nrx);
             let mut guard = guard;
             guard.0 = None;
-            if registration.is_released() {
-                return Err(Rejection::not_found(
-                    crate::refusals::Reason::Released,
-                    "registration released",
-                ));
-            }
-            // Cancelled by this node's fence (it lost its proof of being current with the
-            // store): the same 503 a request arriving now gets, with the request's id.
-            if gw.fence().is_fenced() {
-                return Err(Rejection::fenced(FENCED_CALL).with_id(Some(id)));
-            }
-            // Cancelled by the client: no reply follows, the stream just ends.
-            Ok(event_stream::response(Body::empty()))
+            out.no_reply()
         }
         First::Stream(note) => {
             // Not the last sender while the work runs on: the stream ends with the work's.
             drop(keep);
-            Ok(streamed(
-                note.into_iter().collect(),
-                None,
-                Some((nrx, work)),
-                guard,
-            ))
+            Ok(out.stream(note.into_iter().collect(), None, Some((nrx, work)), guard))
         }
+    }
+}
+
+/// How [`answer`] answers once it knows its first event: the request and where it came from.
+struct Out<'a> {
+    gw: &'a Arc<Hub>,
+    registration: &'a Arc<crate::registration::RegistrationState>,
+    id: &'a Value,
+    opts: &'a ReplyOpts,
+    period: Duration,
+}
+
+impl Out<'_> {
+    /// An event stream: the notes so far, the reply if the call ended, and (`live`) the
+    /// notes and work still to come.
+    fn stream(
+        &self,
+        notes: Vec<Value>,
+        ended: Option<Reply>,
+        live: Option<(mpsc::Receiver<Value>, CallWork)>,
+        guard: CancelOnDrop,
+    ) -> Response {
+        let (gw, opts) = (self.gw, self.opts);
+        let mut pending = VecDeque::new();
+        if opts.priming {
+            pending.push_back(event_stream::priming_event());
+        }
+        pending.extend(notes.iter().map(|n| sse_json("message", n)));
+        pending.extend(
+            ended.map(|v| event_stream::reply_event(&finished(opts.finish, &opts.method, v))),
+        );
+        let (notes, result) = match live {
+            Some((notes, work)) => (Some(notes), Some(work)),
+            None => (None, None),
+        };
+        let st = ReplyStream {
+            pending,
+            notes,
+            result,
+            fence: (gw.clone(), self.id.clone()),
+            ticker: tokio::time::interval_at(
+                tokio::time::Instant::now() + self.period,
+                self.period,
+            ),
+            stop: self.registration.cancel.token(),
+            guard,
+            finish: opts.finish,
+            method: opts.method.clone(),
+            mrtr: opts
+                .mrtr
+                .clone()
+                .map(|m| (gw.clone(), self.registration.clone(), self.id.clone(), m)),
+        };
+        event_stream::response(Body::from_stream(futures::stream::unfold(st, next_event)))
+    }
+
+    /// The call ended with no reply: released (404), cancelled by this node's fence (the same
+    /// 503 a request arriving now gets, with the request's id), or by the client (the stream
+    /// just ends).
+    fn no_reply(&self) -> Result<Response, Rejection> {
+        if self.registration.is_released() {
+            return Err(Rejection::not_found(
+                crate::refusals::Reason::Released,
+                "registration released",
+            ));
+        }
+        if self.gw.fence().is_fenced() {
+            return Err(Rejection::fenced(FENCED_CALL).with_id(Some(self.id.clone())));
+        }
+        Ok(event_stream::response(Body::empty()))
     }
 }
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::door::{self, authorize, Heads, Routed};
+use super::door::{self, Authorized, Heads, Routed};
 use super::event_stream::{self, sse_event};
 use super::reply;
 use super::{query_param, Rejection};
@@ -32,11 +32,8 @@ impl Drop for SessionGuard {
 
 /// `GET /gw/<id>/sse`.
 pub async fn open(
-    State(gw): State<Arc<Hub>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
+    Authorized { gw, reg, .. }: Authorized<door::Sse>,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, super::Surface::Sse, &headers)?;
     let session = gw
         .sessions()
         .create(&reg, Transport::Sse)
@@ -86,12 +83,9 @@ pub fn message(
         // A request gets its own notes channel (`reply::to_session_stream`).
         let ctx = door::request_ctx(&gw, &reg, Some(&session), Transport::Sse, headers);
         match door::route(&ctx, &session, msg) {
-            Routed::Call {
-                id,
-                method,
-                params,
-                cancel,
-            } => reply::to_session_stream(ctx, session, id, method, params, cancel),
+            Routed::Call(c) => {
+                reply::to_session_stream(ctx, session, c.id, c.method, c.params, c.cancel)
+            }
             Routed::Refused(why, id) => return Err(Rejection::call_refused(why, id)),
             Routed::Handled => {}
         }

@@ -444,15 +444,14 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
     let cancel = ctx.registration.cancel.child_token();
     let mut honored_uris = Vec::new();
     for uri in uris {
-        let r = crate::methods::proxy::handle(
-            &ctx,
-            id.clone(),
-            "resources/subscribe",
-            Some(json!({ "uri": uri })),
-            cancel.clone(),
-            None,
-        )
-        .await;
+        let req = crate::methods::request::Served {
+            id: id.clone(),
+            method: "resources/subscribe",
+            params: Some(json!({ "uri": uri })),
+            cancel: cancel.clone(),
+            trace: None,
+        };
+        let r = crate::methods::proxy::handle(&ctx, req).await;
         if r.get("result").is_some() {
             honored_uris.push(uri);
         } else {
@@ -471,7 +470,7 @@ async fn listen(ctx: RequestCtx, id: Value, params: Option<Value>) -> Result<Res
                     .hub
                     .tasks()
                     .get(&ctx.registration.id, t)
-                    .is_some_and(|task| !task.internal)
+                    .is_some_and(|task| !task.spec.internal)
         })
         .collect();
     let filter = crate::listen::Filter {

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::door::{self, authorize, Heads, Routed};
+use super::door::{self, Authorized, Heads, Routed};
 use super::event_stream;
 use super::reply::{call_work, reply, ReplyOpts};
 use super::{
@@ -194,12 +194,7 @@ async fn legacy_single(
     let session = require_session(&gw, &reg, heads.session)?;
     let ctx = session_ctx(&gw, &reg, &session, headers);
     match door::route(&ctx, &session, msg) {
-        Routed::Call {
-            id,
-            method,
-            params,
-            cancel,
-        } => {
+        Routed::Call(c) => {
             let opts = ReplyOpts {
                 priming,
                 cancel_on_drop: false,
@@ -208,7 +203,7 @@ async fn legacy_single(
                 finish: None,
                 mrtr: None,
             };
-            reply(ctx, id, method, params, cancel, opts).await
+            reply(ctx, c.id, c.method, c.params, c.cancel, opts).await
         }
         Routed::Refused(why, id) => Err(Rejection::call_refused(why, id)),
         Routed::Handled => accepted(),
@@ -297,12 +292,9 @@ async fn legacy_batch(
                 // Through the reply engine's `CallWork`, like every other call: if the client
                 // goes away, the rest of each call is spawned, so it ends, is audited and
                 // leaves the session's in-flight ids.
-                Routed::Call {
-                    id,
-                    method,
-                    params,
-                    cancel,
-                } => calls.push(call_work(ctx.clone(), id, method, params, cancel)),
+                Routed::Call(c) => {
+                    calls.push(call_work(ctx.clone(), c.id, c.method, c.params, c.cancel))
+                }
                 Routed::Refused(why, id) => replies.push(Rejection::call_refused_value(why, id)),
                 Routed::Handled => {}
             },
@@ -343,11 +335,10 @@ impl Drop for GetStreamGuard {
 /// `GET /gw/<id>/mcp`: the session's server-to-client stream (one per session; 409 for a
 /// second). `notifications/tools/list_changed` travel here.
 pub async fn get(
-    State(gw): State<Arc<Hub>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
+    Authorized {
+        gw, reg, headers, ..
+    }: Authorized<door::Mcp>,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     if !accepts(&headers, false, true) {
         return Err(Rejection::new(
             crate::refusals::Reason::BadRequest,
@@ -395,11 +386,10 @@ pub async fn get(
 
 /// `DELETE /gw/<id>/mcp`: ends the session through the table's one close path.
 pub async fn delete(
-    State(gw): State<Arc<Hub>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
+    Authorized {
+        gw, reg, headers, ..
+    }: Authorized<door::Mcp>,
 ) -> Result<Response, Rejection> {
-    let reg = authorize(&gw, &id, super::Surface::Mcp, &headers)?;
     let session = require_session(&gw, &reg, headers.get(&SESSION_NAME))?;
     gw.sessions().close(&session.id);
     tracing::debug!(registration = %reg.id, session = %session.id, "streamable session deleted");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::registration::RegistrationState;
 
-use super::{lifecycle_record, Gateway, ReleaseReason};
+use super::{Gateway, ReleaseReason};
 
 /// A live registration. Dropping it releases it; `release().await` does so and waits.
 pub struct Registration {
@@ -114,7 +114,7 @@ impl Drop for Registration {
                     let _ = futures::executor::block_on(self.gateway.store().release(&state.id));
                     self.gateway
                         .audit()
-                        .record_detached(lifecycle_record("registration_released", &state))
+                        .record_detached(state.audit_record("registration_released"))
                 }
             }
         }

@@ -1,10 +1,10 @@
-//! A registration's lifecycle on this gateway, one path each: create ([`Gateway::register`]),
-//! renew, release (explicit, guard drop, TTL expiry, admin DELETE, shutdown: all through
-//! `close_registration` then `finish_release`), restore from the store, and the clean stop
-//! that keeps registrations for the next start. The registration's own facts (spec checks,
-//! grants, budget, family, expiry, the stored record) are `crate::registration`'s; this file
-//! orders them with the server's side (the registry insert under the lifecycle lock, the
-//! sessions, upstream connections and tasks a release ends).
+//! A registration's lifecycle on this gateway: the entry points of each path (create
+//! [`Gateway::register`], renew, release — explicit, guard drop, TTL expiry, admin DELETE,
+//! shutdown: all through `close_registration` then `finish_release` —, restore from the
+//! store, and the clean stop that keeps registrations for the next start). Each path is
+//! `crate::registration::lifecycle`'s; this file is the server's side it reaches through its
+//! `Server` trait (the registry insert under the lifecycle lock, the sessions, upstream
+//! connections and tasks a release ends).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,162 +12,26 @@ use std::time::Duration;
 
 use crate::audit::Record;
 use crate::registration::Record as Stored;
-use crate::registration::{
-    new_registration_id_on, new_token, Family, RegistrationSpec, RegistrationState,
-};
+use crate::registration::{Family, RegistrationSpec, RegistrationState};
 use crate::sync::lock;
 use crate::tools::{InProcessTool, ToolSet};
 
 use super::handle::Registration;
-use super::{lifecycle_record, Gateway, GatewayError, ReleaseReason, Replica};
+use super::{Gateway, GatewayError, ReleaseReason, Replica};
 
 impl Gateway {
-    /// Registers an execution: resolves its grants, mints id and token, starts the server
-    /// if it is not running, and writes `registration_created` to the audit.
+    /// Registers an execution (`registration::lifecycle::create`): resolves its grants,
+    /// mints id and token, writes it through to the store, starts the server if it is not
+    /// running, and writes `registration_created` to the audit.
     pub async fn register(&self, spec: RegistrationSpec) -> Result<Registration, GatewayError> {
-        if self.inner.shutdown.is_cancelled() {
-            return Err(GatewayError::ShuttingDown);
-        }
-        spec.check().map_err(GatewayError::InvalidSpec)?;
-        let (tools, family, spec) = self.resolve_spec(spec).await?;
-        // In a cluster any node serves any registration: its id names no node.
-        let node = match self.store().kind() {
-            crate::store::StoreKind::Etcd => None,
-            _ => self.inner.hub.config().node_id.as_deref(),
-        };
-        let id = new_registration_id_on(node);
-        let token = new_token();
-        let state = Arc::new(RegistrationState::new(id, &token, &spec, tools).with_family(family));
-        // Written through before it is served: the 201 follows the store's commit.
-        let base_url = self.store_and_serve(&state).await?;
-        let store = self.store();
-        if let Some(parent) = &state.family.parent {
-            parent.family.add_child(&state.id);
-            // A parent released meanwhile took no note of this child: end it now.
-            if parent.is_released() {
-                if let Some(s) = self.close_registration(&state.id, ReleaseReason::Released) {
-                    // Best effort: the child is not served either way.
-                    let _ = self.finish_release(&s, ReleaseReason::Released).await;
-                }
-                return Err(GatewayError::InvalidSpec(format!(
-                    "parent {:?} was released while this child was made",
-                    parent.id
-                )));
-            }
-        }
-        let mut rec = lifecycle_record("registration_created", &state);
-        rec.tools = Some(state.tools.names());
-        // A cluster node: the revision the store committed the creation at.
-        rec.store_revision = self.create_revision(&state.id);
-        if let Err(e) = self.inner.hub.audit().record(rec).await {
-            self.close_registration(&state.id, ReleaseReason::Released);
-            let _ = store.release(&state.id).await;
-            return Err(e.into());
-        }
-        if let Some(ttl) = state.ttl_s {
-            self.set_deadline(&state, ttl);
-        }
-        // A cluster node: the 201 waits until every live node serves it, or has fenced.
-        #[cfg(feature = "cluster")]
-        let _ = self.create_acks(&state.id).await;
-        self.inner.hub.metrics().registration_created();
-        tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
+        let c = crate::registration::lifecycle::create(self, spec).await?;
         Ok(Registration {
             gateway: self.clone(),
-            state,
-            token,
-            base_url,
+            state: c.state,
+            token: c.token,
+            base_url: c.base_url,
             released: false,
         })
-    }
-
-    /// What a registration is made of: its tools, resolved from its grants, and its family.
-    /// A child (a sub-agent) resolves among its parent's tools, within its parent's bounds.
-    async fn resolve_spec(
-        &self,
-        spec: RegistrationSpec,
-    ) -> Result<(ToolSet, Family, RegistrationSpec), GatewayError> {
-        let resolved = match spec.parent.clone() {
-            None => {
-                let upstream_tools = self
-                    .inner
-                    .hub
-                    .pool()
-                    .tools_for_grants(&spec.tools)
-                    .await
-                    .map_err(GatewayError::InvalidSpec)?;
-                let catalog = lock(&self.inner.catalog).clone();
-                let has_upstream = |p: &str| self.inner.hub.pool().has_upstream(p);
-                let tools =
-                    crate::registration::resolve(&spec, &catalog, &upstream_tools, has_upstream)
-                        .map_err(GatewayError::InvalidSpec)?;
-                (tools, Family::default(), spec)
-            }
-            Some(pid) => {
-                let parent = self.inner.hub.registry().get(&pid).ok_or_else(|| {
-                    GatewayError::InvalidSpec(format!(
-                        "parent {pid:?} is not a live registration (released, expired, or never made)"
-                    ))
-                })?;
-                let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
-                let caps = &self.inner.hub.config().children;
-                let c = crate::registration::family::child_of(&parent, spec, caps, now)
-                    .map_err(GatewayError::InvalidSpec)?;
-                (c.tools, c.family, c.spec)
-            }
-        };
-        Ok(resolved)
-    }
-
-    /// Writes a new registration through to the store (its first budget block reserved with
-    /// it), then serves it: the server started if need be, the registry insert under the
-    /// lifecycle lock. Returns the base URL it is served at.
-    async fn store_and_serve(
-        &self,
-        state: &Arc<RegistrationState>,
-    ) -> Result<String, GatewayError> {
-        let store = self.store();
-        let block = crate::store::block_of(
-            &state.limits,
-            self.config().store.budget_block,
-            store.durable(),
-        );
-        if state.limits.max_calls.is_some() {
-            // A cluster node holds none: the first call on any node reserves a block sized to
-            // what is left over the live nodes, so no budget waits on a node without traffic.
-            let block = if store.kind() == crate::store::StoreKind::Etcd {
-                0
-            } else {
-                block
-            };
-            state.budget().first_block(block);
-        }
-        lock(&self.inner.creating).insert(state.id.clone());
-        let reserved = state.budget().store_reserved();
-        let created = store.create(state.record(reserved)).await;
-        let served = created.map_err(GatewayError::from).and_then(|()| {
-            let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc).and_then(|()| {
-                let url = lc
-                    .server
-                    .as_ref()
-                    .map(|s| s.base_url.clone())
-                    .ok_or(GatewayError::ShuttingDown)?;
-                lc.generation += 1;
-                self.inner.hub.registry().insert(state.clone());
-                Ok(url)
-            })
-        });
-        lock(&self.inner.creating).remove(&state.id);
-        match served {
-            Ok(url) => Ok(url),
-            Err(e @ GatewayError::Store(_)) => Err(e),
-            Err(e) => {
-                // Never served: it must not come back at the next start either.
-                let _ = store.release(&state.id).await;
-                Err(e)
-            }
-        }
     }
 
     /// The one release path: explicit release, guard drop, TTL expiry, admin DELETE, shutdown
@@ -186,13 +50,8 @@ impl Gateway {
     /// A store that fails is logged and answered `None` (the `memory` store never fails);
     /// [`Gateway::renew_committed`] reports it.
     pub async fn renew(&self, id: &str, ttl_s: Option<u64>) -> Option<Option<String>> {
-        match self.renew_committed(id, ttl_s).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(registration = %id, error = %e, "renewal not stored");
-                None
-            }
-        }
+        let r = self.renew_committed(id, ttl_s).await;
+        logged(r, id, "renewal not stored", None)
     }
 
     /// [`Gateway::renew`], answered only once the store has committed the new expiry
@@ -207,13 +66,8 @@ impl Gateway {
 
     /// Releases a registration by id (admin API). Waits (bounded) for its calls to end.
     pub async fn release_id(&self, id: &str, reason: ReleaseReason) -> bool {
-        match self.release_id_committed(id, reason).await {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::error!(registration = %id, error = %e, "release not stored");
-                true
-            }
-        }
+        let r = self.release_id_committed(id, reason).await;
+        logged(r, id, "release not stored", true)
     }
 
     /// [`Gateway::release_id`], answered once the store has committed the release (then it
@@ -322,44 +176,67 @@ impl Gateway {
     pub async fn restore(&self) -> Result<crate::registration::lifecycle::Restored, GatewayError> {
         crate::registration::lifecycle::restore(self).await
     }
-
-    /// Serves a stored registration here under its id and token digest, in `family` (a
-    /// restart's restore and a cluster node's replica both come through here): its tools
-    /// found again (`Record::tool_set`), its state linked under its parent and inserted, its
-    /// TTL armed.
-    pub(super) fn serve_stored(
-        &self,
-        s: &Stored,
-        catalog: &BTreeMap<String, InProcessTool>,
-        family: Family,
-        now: u64,
-    ) -> Result<Arc<RegistrationState>, GatewayError> {
-        // Calls reserved so far (by any node) count as spent: a node reserves its own
-        // blocks (compare-and-set on the store) before its first call.
-        let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
-        let state = Arc::new(state);
-        if let Some(p) = &state.family.parent {
-            p.family.add_child(&state.id);
-        }
-        {
-            let mut lc = lock(&self.inner.lifecycle);
-            self.ensure_server(&mut lc)?;
-            lc.generation += 1;
-            self.inner.hub.registry().insert(state.clone());
-        }
-        if s.expires_at_ms != 0 {
-            self.arm_deadline(
-                &s.id,
-                Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
-            );
-        }
-        Ok(state)
-    }
 }
 
 /// The server's side of the registration lifecycle (`registration::lifecycle`).
 impl crate::registration::lifecycle::Server for Gateway {
     type Error = GatewayError;
+
+    fn config(&self) -> &crate::config::Config {
+        self.inner.hub.config()
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    fn resolve_grants<'a>(
+        &'a self,
+        spec: &'a RegistrationSpec,
+    ) -> futures::future::BoxFuture<'a, Result<ToolSet, String>> {
+        Box::pin(async move {
+            let pool = self.inner.hub.pool();
+            let upstream_tools = pool.tools_for_grants(&spec.tools).await?;
+            let catalog = lock(&self.inner.catalog).clone();
+            let has_upstream = |p: &str| pool.has_upstream(p);
+            crate::registration::resolve(spec, &catalog, &upstream_tools, has_upstream)
+        })
+    }
+
+    fn creating(&self, id: &str, on: bool) {
+        let mut creating = lock(&self.inner.creating);
+        if on {
+            creating.insert(id.to_owned());
+        } else {
+            creating.remove(id);
+        }
+    }
+
+    fn serve_new(&self, state: &Arc<RegistrationState>) -> Result<String, GatewayError> {
+        let mut lc = lock(&self.inner.lifecycle);
+        self.ensure_server(&mut lc)?;
+        let url = lc
+            .server
+            .as_ref()
+            .map(|s| s.base_url.clone())
+            .ok_or(GatewayError::ShuttingDown)?;
+        lc.generation += 1;
+        self.inner.hub.registry().insert(state.clone());
+        Ok(url)
+    }
+
+    fn create_revision(&self, id: &str) -> Option<u64> {
+        Gateway::create_revision(self, id)
+    }
+
+    fn await_served<'a>(&'a self, id: &'a str) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            #[cfg(feature = "cluster")]
+            let _ = self.create_acks(id).await;
+            #[cfg(not(feature = "cluster"))]
+            let _ = id;
+        })
+    }
 
     fn registry(&self) -> &crate::registration::Registry {
         self.inner.hub.registry()
@@ -424,14 +301,37 @@ impl crate::registration::lifecycle::Server for Gateway {
         lock(&self.inner.catalog).clone()
     }
 
+    /// Serves a stored registration here under its id and token digest, in `family` (a
+    /// restart's restore and a cluster node's replica both come through here): its tools
+    /// found again (`Record::tool_set`), its state linked under its parent and inserted, its
+    /// TTL armed.
     fn serve_record(
         &self,
-        r: &Stored,
+        s: &Stored,
         catalog: &BTreeMap<String, InProcessTool>,
         family: Family,
-        now_ms: u64,
+        now: u64,
     ) -> Result<Arc<RegistrationState>, GatewayError> {
-        self.serve_stored(r, catalog, family, now_ms)
+        // Calls reserved so far (by any node) count as spent: a node reserves its own
+        // blocks (compare-and-set on the store) before its first call.
+        let state = RegistrationState::from_record(s, s.tool_set(catalog)).with_family(family);
+        let state = Arc::new(state);
+        if let Some(p) = &state.family.parent {
+            p.family.add_child(&state.id);
+        }
+        {
+            let mut lc = lock(&self.inner.lifecycle);
+            self.ensure_server(&mut lc)?;
+            lc.generation += 1;
+            self.inner.hub.registry().insert(state.clone());
+        }
+        if s.expires_at_ms != 0 {
+            self.arm_deadline(
+                &s.id,
+                Duration::from_millis(s.expires_at_ms.saturating_sub(now)),
+            );
+        }
+        Ok(state)
     }
 
     fn served(&self) {
@@ -452,4 +352,12 @@ impl crate::registration::lifecycle::Server for Gateway {
             }
         });
     }
+}
+
+/// A store's failure logged (`what`, naming the registration), answered `otherwise`.
+fn logged<T>(r: Result<T, GatewayError>, id: &str, what: &str, otherwise: T) -> T {
+    r.unwrap_or_else(|e| {
+        tracing::error!(registration = %id, error = %e, "{what}");
+        otherwise
+    })
 }

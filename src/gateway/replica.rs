@@ -41,7 +41,7 @@ impl Gateway {
             None => crate::registration::Family::default(),
         };
         let catalog = lock(&self.inner.catalog).clone();
-        self.serve_stored(&s, &catalog, family, now)?;
+        crate::registration::lifecycle::Server::serve_record(self, &s, &catalog, family, now)?;
         Ok(true)
     }
 

@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::call;
-use crate::methods::request::RequestCtx;
+use crate::methods::request::{RequestCtx, Served};
 use crate::protocol::jsonrpc::{self, Reply, RpcError};
 use crate::protocol::{server_info, Method};
 
@@ -66,7 +66,14 @@ async fn observed(
     cancel: CancellationToken,
 ) -> Option<Value> {
     let began = begin(ctx, &id, method, params.as_ref());
-    let reply = handle_other(ctx, id, method, params, cancel, began.trace()).await;
+    let req = Served {
+        id,
+        method,
+        params,
+        cancel,
+        trace: began.trace(),
+    };
+    let reply = handle_other(ctx, req).await;
     began.end(ctx, reply.as_ref());
     reply
 }
@@ -139,17 +146,9 @@ fn request_span(
     if let Some(Value::Object(p)) = params {
         inbound = inbound.with_meta(p);
     }
-    let mut inbound = inbound.with_headers(ctx.trace_headers.as_deref());
-    for v in [
-        &mut inbound.meta_state,
-        &mut inbound.meta_baggage,
-        &mut inbound.header_state,
-        &mut inbound.header_baggage,
-    ] {
-        if v.is_some_and(|s| !clean(s)) {
-            *v = None;
-        }
-    }
+    let inbound = inbound
+        .with_headers(ctx.trace_headers.as_deref())
+        .without(|s| !clean(s));
     fn text<'v>(v: Option<&'v Value>, clean: &dyn Fn(&str) -> bool) -> Option<&'v str> {
         v.and_then(Value::as_str).filter(|s| clean(s))
     }
@@ -181,29 +180,25 @@ fn request_span(
         &crate::telemetry::RequestAbout {
             method,
             target,
-            common: crate::telemetry::Common {
-                request_id: id,
-                protocol_version: ctx.session.as_ref().and_then(|s| s.protocol_version()),
-                session_id: ctx.session_id(),
-                agent_id: &reg.agent_id,
-                registration_id: &reg.id,
-                transport: ctx.transport.as_str(),
-            },
+            common: ctx.span_common(id),
         },
     )
 }
 
 /// Every method but `tools/call` (whose reply may carry an upstream's result as written).
-async fn handle_other(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    trace: Option<&crate::telemetry::CallTrace>,
-) -> Option<Value> {
-    // The message's method read once; the match names each kind once.
-    match Method::of(method) {
+async fn handle_other(ctx: &RequestCtx, req: Served<'_>) -> Option<Value> {
+    let (method, kind) = (req.method, Method::of(req.method));
+    // The message's method read once. Task and proxied methods take the request whole; the
+    // others answer its id (moved, not cloned).
+    match kind {
+        m if m.is_task() => return Box::pin(crate::methods::tasks::handle(ctx, req)).await,
+        m if m.is_proxied() => {
+            return Some(Box::pin(crate::methods::proxy::handle(ctx, req)).await)
+        }
+        _ => {}
+    }
+    let (id, params) = (req.id, req.params.as_ref());
+    Some(match kind {
         Method::Initialize => {
             if ctx
                 .session
@@ -218,32 +213,16 @@ async fn handle_other(
                     .to_value(),
                 );
             }
-            let result = Box::pin(initialize(ctx, params.as_ref())).await;
-            Some(jsonrpc::success(id, result))
+            let result = Box::pin(initialize(ctx, params)).await;
+            jsonrpc::success(id, result)
         }
-        Method::Ping => Some(jsonrpc::success(id, json!({}))),
-        Method::ToolsList => Some(tools_list(ctx, id, params.as_ref())),
-        Method::LoggingSetLevel => Some(set_log_level(ctx, id, params.as_ref())),
-        m if m.is_task() => {
-            // TEMPORARY (issue 51): `mcp::tasks` keeps its list until call51 merges.
-            debug_assert!(crate::tasks::wire::METHODS.contains(&method));
-            Box::pin(crate::tasks::serve::handle(
-                ctx, id, method, params, cancel, trace,
-            ))
-            .await
-        }
-        m if m.is_proxied() => Some(
-            Box::pin(crate::methods::proxy::handle(
-                ctx, id, method, params, cancel, trace,
-            ))
-            .await,
-        ),
-        _ => Some(
-            RpcError::method_not_found(format!("method not found: {method}"))
-                .to(id)
-                .to_value(),
-        ),
-    }
+        Method::Ping => jsonrpc::success(id, json!({})),
+        Method::ToolsList => tools_list(ctx, id, params),
+        Method::LoggingSetLevel => set_log_level(ctx, id, params),
+        _ => RpcError::method_not_found(format!("method not found: {method}"))
+            .to(id)
+            .to_value(),
+    })
 }
 
 /// `logging/setLevel`: the gateway filters the upstream logs it forwards to this session (an

@@ -17,7 +17,7 @@
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::methods::request::RequestCtx;
+use crate::methods::request::{RequestCtx, Served};
 use crate::protocol::jsonrpc::{self, RpcError};
 use crate::telemetry::{CallTrace, Target};
 
@@ -110,17 +110,20 @@ fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
 
 /// One request to one upstream: the result, or the JSON-RPC reply to send instead; observed
 /// in `mcp_client_operation_duration_seconds` (and a CLIENT span, with `trace`).
-#[allow(clippy::too_many_arguments)]
 async fn call(
-    ctx: &RequestCtx,
-    id: &Value,
+    asked: Asked<'_>,
     upstream: &str,
     method: &str,
     params: Map<String, Value>,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
     target: Target<'_>,
 ) -> Result<Value, Value> {
+    let Asked {
+        ctx,
+        id,
+        cancel,
+        trace,
+        ..
+    } = asked;
     let started = std::time::Instant::now();
     tracing::info!(
         registration = %ctx.registration.id,
@@ -129,20 +132,30 @@ async fn call(
         method,
         "proxied request"
     );
-    let answered = ctx
-        .hub
-        .pool()
-        .forward_request(
+    use crate::upstream::{ForwardError, On, Request, TaskOwner, UpstreamError};
+    let request = Request {
+        owner: TaskOwner {
+            session: ctx.session.clone(),
+            notify: ctx.notify.clone(),
+        },
+        trace: trace.map(|t| (t, target)),
+        ..Request::new(
             &ctx.registration,
             upstream,
             method,
             params,
             cancel.clone(),
-            ctx.session.clone(),
-            ctx.notify.clone(),
-            trace.map(|t| (t, target)),
+            On::Current,
         )
-        .await;
+    };
+    let answered = match ctx.hub.pool().send(request).await {
+        Ok(Some((_, answer))) => Ok(answer),
+        // Never for `On::Current` (the live connection is the one asked).
+        Ok(None) => Err(ForwardError::Upstream(UpstreamError::Closed(
+            "connection replaced".into(),
+        ))),
+        Err(e) => Err(e),
+    };
     let error_type = match &answered {
         Ok(Ok(_)) => None,
         Ok(Err(e)) => Some(RpcError::type_of(RpcError::code_of(e))),
@@ -173,13 +186,10 @@ async fn call(
 
 /// Every item of `key` an upstream lists, following `nextCursor`.
 async fn list_all(
-    ctx: &RequestCtx,
-    id: &Value,
+    asked: Asked<'_>,
     upstream: &str,
     method: &str,
     key: &str,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
 ) -> Result<Vec<Value>, Value> {
     let mut items = Vec::new();
     let mut cursor: Option<Value> = None;
@@ -188,17 +198,7 @@ async fn list_all(
         if let Some(c) = cursor.take() {
             params.insert("cursor".into(), c);
         }
-        let mut r = call(
-            ctx,
-            id,
-            upstream,
-            method,
-            params,
-            cancel,
-            trace,
-            Target::None,
-        )
-        .await?;
+        let mut r = call(asked, upstream, method, params, Target::None).await?;
         if let Some(Value::Array(page)) = r.get_mut(key).map(Value::take) {
             items.extend(page);
         }
@@ -211,17 +211,11 @@ async fn list_all(
 }
 
 /// The upstream (and its own prompt name) behind an exposed prompt name.
-async fn find_prompt(
-    ctx: &RequestCtx,
-    id: &Value,
-    name: &str,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
-) -> Result<Option<(String, String)>, Value> {
-    for (up, _) in upstreams_with(ctx, "prompts").await {
-        for p in list_all(ctx, id, &up, "prompts/list", "prompts", cancel, trace).await? {
+async fn find_prompt(asked: Asked<'_>, name: &str) -> Result<Option<(String, String)>, Value> {
+    for (up, _) in upstreams_with(asked.ctx, "prompts").await {
+        for p in list_all(asked, &up, "prompts/list", "prompts").await? {
             if let Some(own) = p.get("name").and_then(Value::as_str) {
-                if exposed_prompt(ctx, &up, own) == name {
+                if exposed_prompt(asked.ctx, &up, own) == name {
                     return Ok(Some((up, own.to_string())));
                 }
             }
@@ -231,32 +225,18 @@ async fn find_prompt(
 }
 
 /// The upstream serving a resource URI.
-async fn find_resource(
-    ctx: &RequestCtx,
-    id: &Value,
-    uri: &str,
-    cancel: &CancellationToken,
-    trace: Trace<'_>,
-) -> Result<Option<String>, Value> {
-    let ups = upstreams_with(ctx, "resources").await;
+async fn find_resource(asked: Asked<'_>, uri: &str) -> Result<Option<String>, Value> {
+    let ups = upstreams_with(asked.ctx, "resources").await;
     for (up, _) in &ups {
-        let listed = list_all(ctx, id, up, "resources/list", "resources", cancel, trace).await?;
+        let listed = list_all(asked, up, "resources/list", "resources").await?;
         if listed
             .iter()
             .any(|r| r.get("uri").and_then(Value::as_str) == Some(uri))
         {
             return Ok(Some(up.clone()));
         }
-        let templates = list_all(
-            ctx,
-            id,
-            up,
-            "resources/templates/list",
-            "resourceTemplates",
-            cancel,
-            trace,
-        )
-        .await?;
+        let templates =
+            list_all(asked, up, "resources/templates/list", "resourceTemplates").await?;
         if templates
             .iter()
             .any(|t| t.get("uriTemplate").and_then(Value::as_str) == Some(uri))
@@ -277,17 +257,11 @@ fn params_obj(params: Option<Value>) -> Map<String, Value> {
     }
 }
 
-/// Serves one of [`METHODS`].
-pub async fn handle(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    trace: Trace<'_>,
-) -> Value {
-    match serve(ctx, &id, method, params_obj(params), &cancel, trace).await {
-        Ok(v) => jsonrpc::success(id, v),
+/// Serves one of the proxied methods ([`crate::protocol::Method::is_proxied`]).
+pub async fn handle(ctx: &RequestCtx, req: Served<'_>) -> Value {
+    let params = params_obj(req.params);
+    match serve(ctx, &req.id, req.method, params, &req.cancel, req.trace).await {
+        Ok(v) => jsonrpc::success(req.id, v),
         Err(e) => e,
     }
 }
@@ -302,20 +276,6 @@ struct Asked<'a> {
     trace: Trace<'a>,
 }
 
-impl<'a> Asked<'a> {
-    fn parts(
-        self,
-    ) -> (
-        &'a RequestCtx,
-        &'a Value,
-        &'a str,
-        &'a CancellationToken,
-        Trace<'a>,
-    ) {
-        (self.ctx, self.id, self.method, self.cancel, self.trace)
-    }
-}
-
 async fn serve(
     ctx: &RequestCtx,
     id: &Value,
@@ -324,6 +284,13 @@ async fn serve(
     cancel: &CancellationToken,
     trace: Trace<'_>,
 ) -> Result<Value, Value> {
+    let asked = Asked {
+        ctx,
+        id,
+        method,
+        cancel,
+        trace,
+    };
     // Without a granted upstream offering the feature, the method does not exist here.
     let needs: &[&str] = match method {
         m if m.starts_with("resources/") => &["resources"],
@@ -349,7 +316,7 @@ async fn serve(
     if !cap.is_empty() {
         let mut all = Vec::new();
         for (up, _) in upstreams_with(ctx, cap).await {
-            let items = list_all(ctx, id, &up, method, key, cancel, trace).await?;
+            let items = list_all(asked, &up, method, key).await?;
             for mut item in items {
                 if method == "prompts/list" {
                     let own = item.get("name").and_then(Value::as_str).map(str::to_string);
@@ -362,13 +329,6 @@ async fn serve(
         }
         return Ok(json!({ key: all }));
     }
-    let asked = Asked {
-        ctx,
-        id,
-        method,
-        cancel,
-        trace,
-    };
     match method {
         "prompts/get" => {
             let name = params
@@ -376,21 +336,11 @@ async fn serve(
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            let Some((up, own)) = find_prompt(ctx, id, &name, cancel, trace).await? else {
+            let Some((up, own)) = find_prompt(asked, &name).await? else {
                 return Err(RpcError::invalid_params(format!("Unknown prompt: {name}")).answer(id));
             };
             params.insert("name".into(), json!(own));
-            call(
-                ctx,
-                id,
-                &up,
-                method,
-                params,
-                cancel,
-                trace,
-                Target::Prompt(&own),
-            )
-            .await
+            call(asked, &up, method, params, Target::Prompt(&own)).await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
             serve_resource(asked, params).await
@@ -403,13 +353,15 @@ async fn serve(
 /// `resources/read`, `resources/subscribe`, `resources/unsubscribe`: to the upstream that lists
 /// the URI (-32002 when none does); a session records what it subscribed to.
 async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<Value, Value> {
-    let (ctx, id, method, cancel, trace) = asked.parts();
+    let Asked {
+        ctx, id, method, ..
+    } = asked;
     let uri = params
         .get("uri")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let Some(up) = find_resource(ctx, id, &uri, cancel, trace).await? else {
+    let Some(up) = find_resource(asked, &uri).await? else {
         return Err(
             RpcError::resource_not_found(format!("Resource not found: {uri}"))
                 .to(id.clone())
@@ -423,7 +375,7 @@ async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<
     } else {
         target
     };
-    let r = call(ctx, id, &up, method, params, cancel, trace, target).await;
+    let r = call(asked, &up, method, params, target).await;
     // The session hears `resources/updated` for what it subscribed to (and the
     // upstream accepted), and for nothing else.
     if let (Ok(_), Some(s)) = (&r, &ctx.session) {
@@ -443,7 +395,7 @@ async fn serve_completion(
     asked: Asked<'_>,
     mut params: Map<String, Value>,
 ) -> Result<Value, Value> {
-    let (ctx, id, method, cancel, trace) = asked.parts();
+    let Asked { id, method, .. } = asked;
     let r#ref = params.get("ref").cloned().unwrap_or(Value::Null);
     let target = match r#ref.get("type").and_then(Value::as_str) {
         Some("ref/prompt") => {
@@ -451,7 +403,7 @@ async fn serve_completion(
                 .get("name")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            match find_prompt(ctx, id, name, cancel, trace).await? {
+            match find_prompt(asked, name).await? {
                 Some((up, own)) => {
                     params.insert("ref".into(), json!({"type": "ref/prompt", "name": own}));
                     Some(up)
@@ -461,7 +413,7 @@ async fn serve_completion(
         }
         Some("ref/resource") => {
             let uri = r#ref.get("uri").and_then(Value::as_str).unwrap_or_default();
-            find_resource(ctx, id, uri, cancel, trace).await?
+            find_resource(asked, uri).await?
         }
         _ => None,
     };
@@ -471,5 +423,5 @@ async fn serve_completion(
         )
         .answer(id));
     };
-    call(ctx, id, &up, method, params, cancel, trace, Target::None).await
+    call(asked, &up, method, params, Target::None).await
 }

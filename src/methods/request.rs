@@ -10,6 +10,16 @@ use crate::hub::Hub;
 use crate::registration::RegistrationState;
 use crate::session::{Session, Transport};
 
+/// One request as a handler gets it: its id, method and params, the token that cancels it,
+/// and its SERVER span (tracing on).
+pub struct Served<'a> {
+    pub id: Value,
+    pub method: &'a str,
+    pub params: Option<Value>,
+    pub cancel: tokio_util::sync::CancellationToken,
+    pub trace: Option<&'a crate::telemetry::CallTrace>,
+}
+
 /// Everything a request is served with.
 #[derive(Clone)]
 pub struct RequestCtx {
@@ -46,5 +56,17 @@ impl RequestCtx {
 
     pub fn session_id(&self) -> Option<&str> {
         self.session.as_ref().map(|s| s.id.as_str())
+    }
+
+    /// What every SERVER span of request `id` says of it.
+    pub fn span_common<'a>(&'a self, id: &'a Value) -> crate::telemetry::Common<'a> {
+        crate::telemetry::Common {
+            request_id: id,
+            protocol_version: self.session.as_ref().and_then(|s| s.protocol_version()),
+            session_id: self.session_id(),
+            agent_id: &self.registration.agent_id,
+            registration_id: &self.registration.id,
+            transport: self.transport.as_str(),
+        }
     }
 }

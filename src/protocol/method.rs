@@ -113,15 +113,6 @@ impl Method {
     }
 }
 
-/// [`Method::is_task`] methods, by name.
-pub const TASK_METHODS: &[&str] = &[
-    Method::TasksGet.name(),
-    Method::TasksResult.name(),
-    Method::TasksCancel.name(),
-    Method::TasksList.name(),
-    Method::TasksUpdate.name(),
-];
-
 /// A method as a span name and a metric label may carry it: one the gateway serves or sends
 /// (a closed set), anything else `_OTHER`.
 pub fn method_name(method: &str) -> &'static str {
@@ -177,7 +168,6 @@ mod tests {
             assert_eq!(Method::of(m.name()), m);
             let kinds = [m.is_own(), m.is_proxied(), m.is_task()];
             assert_eq!(kinds.iter().filter(|k| **k).count(), 1, "{m:?}");
-            assert_eq!(TASK_METHODS.contains(&m.name()), m.is_task());
         }
         let own: Vec<_> = Method::KNOWN.into_iter().filter(|m| m.is_own()).collect();
         assert_eq!(own.len(), 7, "{own:?}");

@@ -16,7 +16,7 @@ pub use capability::{
     log_level_index, server_capabilities, server_info, ClientCapability, LOG_LEVELS,
 };
 pub use error::RpcError;
-pub use method::{method_name, Method, TASK_METHODS};
+pub use method::{method_name, Method};
 pub use notice::{Notice, Route};
 pub use version::{
     negotiate, Version, ALL_VERSIONS, BATCH_VERSION, LATEST_LEGACY, LEGACY_VERSIONS, MODERN_VERSION,

@@ -1,10 +1,11 @@
-//! The registration's side of its lifecycle, one path each: the close every release goes
-//! through ([`close`]: explicit release, guard drop, TTL expiry, admin DELETE, shutdown), its
-//! finish ([`finish`]: store, calls, the server's part, audit), the renewal ([`renew`]) and
-//! the restore of the store's registrations at a start ([`restore`]).
+//! The registration's side of its lifecycle, one path each: the creation ([`create`]: spec
+//! checked, grants resolved, id and token minted, the store written before it is served,
+//! audited), the close every release goes through ([`close`]: explicit release, guard drop,
+//! TTL expiry, admin DELETE, shutdown), its finish ([`finish`]: store, calls, the server's
+//! part, audit), the renewal ([`renew`]) and the restore of the store's registrations at a
+//! start ([`restore`]).
 //! The server's part is reached through [`Server`], which the gateway implements, so this
-//! wing never names the gateway (no import circle). A creation is the gateway's
-//! (`gateway::lifecycle::register`: it checks and resolves through `spec`, then serves).
+//! wing never names the gateway (no import circle).
 //!
 //! Invariant: the registry entry goes first, so the very next request answers 404; then
 //! the registration is marked released and its token fires (streams end, calls are
@@ -18,11 +19,15 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::audit::{Audit, AuditError, Record as AuditRecord};
-use crate::store::{Store, StoreError};
-use crate::tools::InProcessTool;
+use crate::config::Config;
+use crate::store::{Store, StoreError, StoreKind};
+use crate::tools::{InProcessTool, ToolSet};
 
 use super::expiry::{Deadlines, Renewal};
-use super::{agent_paths, restore_order, Family, Record, RegistrationState, Registry};
+use super::{
+    agent_paths, new_registration_id_on, new_token, restore_order, Family, Record,
+    RegistrationSpec, RegistrationState, Registry,
+};
 
 /// Why a registration ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,10 +70,38 @@ pub(crate) enum Replica {
     },
 }
 
+/// Why a creation was refused before anything was stored.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    ShuttingDown,
+    /// What is wrong with the spec (or its parent), worded for the harness.
+    InvalidSpec(String),
+}
+
 /// What the lifecycle needs of the server that serves registrations (the gateway).
 pub(crate) trait Server: Sync {
     /// Why serving failed (a store's or the audit's failure among them).
-    type Error: From<StoreError> + From<AuditError>;
+    type Error: From<StoreError> + From<AuditError> + From<Refused>;
+    /// The configuration in effect.
+    fn config(&self) -> &Config;
+    /// Whether the server is shutting down (a creation is refused).
+    fn shutting_down(&self) -> bool;
+    /// A root registration's tools, resolved from its grants: the upstreams' tools (through
+    /// the pool) and the in-process catalog's.
+    fn resolve_grants<'a>(
+        &'a self,
+        spec: &'a RegistrationSpec,
+    ) -> BoxFuture<'a, Result<ToolSet, String>>;
+    /// Marks `id` as being created (`on`), so a cluster's watch does not adopt it
+    /// meanwhile, or no longer.
+    fn creating(&self, id: &str, on: bool);
+    /// Serves a new registration: the server started if need be, the registry insert under
+    /// the server's lifecycle lock. Its base URL.
+    fn serve_new(&self, state: &Arc<RegistrationState>) -> Result<String, Self::Error>;
+    /// A cluster node: the store revision of this node's creation of `id`.
+    fn create_revision(&self, id: &str) -> Option<u64>;
+    /// A cluster node: waits until every live node serves `id`, or has fenced.
+    fn await_served<'a>(&'a self, id: &'a str) -> BoxFuture<'a, ()>;
     /// The live registrations.
     fn registry(&self) -> &Registry;
     /// The TTL deadlines.
@@ -106,6 +139,137 @@ pub(crate) trait Server: Sync {
     /// Asks each of `upstreams` for its tools, in the background, and compares every
     /// registration with its pins, as on a `list_changed`.
     fn recheck_pins(&self, upstreams: BTreeSet<String>);
+}
+
+/// A registration made: served, stored and audited. Its token is given out once, here.
+pub(crate) struct Created {
+    pub state: Arc<RegistrationState>,
+    pub token: String,
+    pub base_url: String,
+}
+
+/// The one creation path: the spec checked, its tools resolved (a child's among its
+/// parent's, within its parent's bounds), id and token minted, the record written through
+/// to the store before it is served (the 201 follows the commit), then audited
+/// `registration_created`, its TTL armed and, on a cluster node, served by every node.
+pub(crate) async fn create<S: Server>(
+    server: &S,
+    spec: RegistrationSpec,
+) -> Result<Created, S::Error> {
+    if server.shutting_down() {
+        return Err(Refused::ShuttingDown.into());
+    }
+    spec.check().map_err(Refused::InvalidSpec)?;
+    let (tools, family, spec) = resolve(server, spec).await?;
+    // In a cluster any node serves any registration: its id names no node.
+    let node = match server.store().kind() {
+        StoreKind::Etcd => None,
+        _ => server.config().node_id.as_deref(),
+    };
+    let token = new_token();
+    let state = RegistrationState::new(new_registration_id_on(node), &token, &spec, tools);
+    let state = Arc::new(state.with_family(family));
+    let base_url = store_and_serve(server, &state).await?;
+    if let Some(parent) = &state.family.parent {
+        parent.family.add_child(&state.id);
+        // A parent released meanwhile took no note of this child: end it now.
+        if parent.is_released() {
+            if let Some(s) = close(server, &state.id, ReleaseReason::Released) {
+                // Best effort: the child is not served either way.
+                let _ = finish(server, &s, ReleaseReason::Released, Replica::No).await;
+            }
+            return Err(Refused::InvalidSpec(format!(
+                "parent {:?} was released while this child was made",
+                parent.id
+            ))
+            .into());
+        }
+    }
+    let mut rec = state.audit_record("registration_created");
+    rec.tools = Some(state.tools.names());
+    // A cluster node: the revision the store committed the creation at.
+    rec.store_revision = server.create_revision(&state.id);
+    if let Err(e) = server.audit().record(rec).await {
+        close(server, &state.id, ReleaseReason::Released);
+        let _ = server.store().release(&state.id).await;
+        return Err(e.into());
+    }
+    if let Some(ttl) = state.ttl_s {
+        let (at, after) = state.renewed_deadline(ttl);
+        state.move_expiry(at);
+        server.deadlines().set(&state.id, after);
+        server.start_sweep();
+    }
+    server.await_served(&state.id).await;
+    server.served();
+    tracing::info!(registration = %state.id, agent_id = %state.agent_id, tools = state.tools.len(), "registered");
+    Ok(Created {
+        state,
+        token,
+        base_url,
+    })
+}
+
+/// What a registration is made of: its tools, resolved from its grants, and its family.
+/// A child (a sub-agent) resolves among its parent's tools, within its parent's bounds.
+async fn resolve<S: Server>(
+    server: &S,
+    spec: RegistrationSpec,
+) -> Result<(ToolSet, Family, RegistrationSpec), Refused> {
+    let Some(pid) = spec.parent.clone() else {
+        let tools = server
+            .resolve_grants(&spec)
+            .await
+            .map_err(Refused::InvalidSpec)?;
+        return Ok((tools, Family::default(), spec));
+    };
+    let parent = server.registry().get(&pid).ok_or_else(|| {
+        Refused::InvalidSpec(format!(
+            "parent {pid:?} is not a live registration (released, expired, or never made)"
+        ))
+    })?;
+    let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+    let caps = &server.config().children;
+    let c = super::family::child_of(&parent, spec, caps, now).map_err(Refused::InvalidSpec)?;
+    Ok((c.tools, c.family, c.spec))
+}
+
+/// Writes a new registration through to the store (its first budget block reserved with
+/// it), then serves it. Its base URL. A registration not served is deleted again, so it
+/// does not come back at the next start either.
+async fn store_and_serve<S: Server>(
+    server: &S,
+    state: &Arc<RegistrationState>,
+) -> Result<String, S::Error> {
+    let store = server.store();
+    if state.limits.max_calls.is_some() {
+        // A cluster node holds none: the first call on any node reserves a block sized to
+        // what is left over the live nodes, so no budget waits on a node without traffic.
+        let block = match store.kind() {
+            StoreKind::Etcd => 0,
+            _ => crate::store::block_of(
+                &state.limits,
+                server.config().store.budget_block,
+                store.durable(),
+            ),
+        };
+        state.budget().first_block(block);
+    }
+    server.creating(&state.id, true);
+    let reserved = state.budget().store_reserved();
+    let created = store.create(state.record(reserved)).await;
+    let served = match created {
+        Ok(()) => server.serve_new(state),
+        Err(e) => {
+            server.creating(&state.id, false);
+            return Err(e.into());
+        }
+    };
+    server.creating(&state.id, false);
+    if served.is_err() {
+        let _ = store.release(&state.id).await;
+    }
+    served
 }
 
 /// The one close path: descendants first, deepest first, each closed like this one (its

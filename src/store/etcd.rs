@@ -10,7 +10,6 @@
 //! single-key transactions.
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -501,14 +500,6 @@ impl EtcdStore {
 impl Store for EtcdStore {
     fn kind(&self) -> crate::store::StoreKind {
         crate::store::StoreKind::Etcd
-    }
-
-    fn path(&self) -> Option<&Path> {
-        None
-    }
-
-    fn durable(&self) -> bool {
-        true
     }
 
     fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {

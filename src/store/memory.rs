@@ -1,7 +1,6 @@
 //! The `memory` store: a map in the process. Nothing survives the process; every operation
 //! is done when its future is first polled.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -27,14 +26,6 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn kind(&self) -> crate::store::StoreKind {
         crate::store::StoreKind::Memory
-    }
-
-    fn path(&self) -> Option<&Path> {
-        None
-    }
-
-    fn durable(&self) -> bool {
-        false
     }
 
     fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {

@@ -442,10 +442,6 @@ impl Store for SqliteStore {
         Some(&self.path)
     }
 
-    fn durable(&self) -> bool {
-        true
-    }
-
     fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>> {
         let tx = self.sender();
         async move {

@@ -53,9 +53,14 @@ pub trait Store: Send + Sync {
     /// Which backend this is (`memory`, `sqlite` or `etcd`).
     fn kind(&self) -> StoreKind;
     /// The file, for a file-backed store.
-    fn path(&self) -> Option<&Path>;
-    /// Whether registrations survive the process (then budgets are reserved block by block).
-    fn durable(&self) -> bool;
+    fn path(&self) -> Option<&Path> {
+        None
+    }
+    /// Whether registrations survive the process (then budgets are reserved block by block):
+    /// every kind but `memory`.
+    fn durable(&self) -> bool {
+        self.kind() != StoreKind::Memory
+    }
     /// Every registration kept, in creation order (start-up; expired ones included: the
     /// gateway audits and releases them).
     fn load_all(&self) -> BoxFuture<'_, Result<Vec<Record>, StoreError>>;

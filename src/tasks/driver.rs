@@ -111,6 +111,7 @@ pub(crate) fn spawn_poller(hub: Arc<Hub>, task: Arc<Task>) {
     let reg = task.registration.clone();
     reg.calls.spawn(async move {
         let every = task
+            .spec
             .poll_interval
             .max(Duration::from_millis(
                 hub.config().tasks.min_poll_interval_ms,
@@ -228,7 +229,7 @@ impl<'a> Driver<'a> {
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
         let session = task
-            .session
+            .spec.session
             .as_ref()
             .and_then(std::sync::Weak::upgrade)
             .filter(|s| !s.cancel.is_cancelled());
@@ -240,7 +241,7 @@ impl<'a> Driver<'a> {
                     if let Some(meta) = meta.as_object_mut() {
                         // The upstream's id, as an upstream's own request would name it: the
                         // delivery names the gateway's instead (`Hub::related_task_to_client`).
-                        meta.insert(RELATED_TASK.into(), json!({"taskId": task.upstream_id}));
+                        meta.insert(RELATED_TASK.into(), json!({"taskId": task.spec.upstream_id}));
                     }
                 }
                 match hub.pool().ask_session(&s, &method, params, &*hub).await {
@@ -346,7 +347,7 @@ impl<'a> Driver<'a> {
         let (hub, task) = (hub.clone(), task.clone());
         let reg = task.registration.clone();
         reg.calls.spawn(async move {
-            let declared = task.modern.unwrap_or(0);
+            let declared = task.spec.modern.unwrap_or(0);
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(crate::tasks::MAX_INPUTS);
             task.set_input_sink(Some(tx.clone()));
             let to = crate::upstream::TaskOwner {
@@ -405,7 +406,7 @@ impl<'a> Driver<'a> {
         let r = ask(hub, request).await;
         match r {
             Ok(Some(Ok(t))) => {
-                if !task.upstream_modern {
+                if !task.spec.upstream_modern {
                     // 2026-07-28: an empty acknowledgement, not the task.
                     task.observe(t);
                 }
@@ -459,10 +460,10 @@ impl<'a> Driver<'a> {
         };
         let r = ask(hub, request).await;
         match r {
-            Ok(Some(Ok(t))) if task.upstream_modern => self.settle_modern(t).await,
+            Ok(Some(Ok(t))) if task.spec.upstream_modern => self.settle_modern(t).await,
             Ok(Some(Ok(t))) => match observe_told(hub, task, t) {
                 Some(s) if s.is_terminal() && !task.is_settled() => self.settle_terminal(s).await,
-                Some(Status::InputRequired) if task.modern.is_some() => self.ask_inputs(),
+                Some(Status::InputRequired) if task.spec.modern.is_some() => self.ask_inputs(),
                 _ => {}
             },
             Ok(Some(Err(e)))
@@ -545,7 +546,7 @@ impl<'a> Driver<'a> {
                 task.keep_upstream_inputs(&listed);
                 for (up_key, request) in &listed {
                     match task.park_upstream_input(up_key, request.clone()) {
-                        Ok(Some(key)) if task.modern.is_none() => {
+                        Ok(Some(key)) if task.spec.modern.is_none() => {
                             self.ask_session(key, request.clone());
                         }
                         Ok(_) => {}
@@ -670,7 +671,7 @@ impl<'a> Driver<'a> {
         task.probed.store(true, Ordering::Release);
         tracing::info!(task = %task.id, upstream = %task.upstream, epoch, "task found on its upstream's new connection: moved there");
         hub.tasks().rebind(task, epoch);
-        if task.upstream_modern {
+        if task.spec.upstream_modern {
             Box::pin(self.settle_modern(t)).await;
         } else if let Some(s) = observe_told(hub, task, t) {
             if s.is_terminal() && !task.is_settled() {

@@ -1,16 +1,15 @@
 //! MCP tasks, a peer of the call: the [`table`] of live tasks (the gateway's ids, each
 //! task's state and settle latch), the two [`wire`] forms as pure translation, each live
 //! task's [`driver`] (poll, result, inputs, cancel, probe after reconnect, TTL), the one
-//! [`settle`] path, and [`serve`], where a call's task is taken in and a client's `tasks/*`
-//! answered. Layered bottom-up: table, wire, settle, driver, serve (`tests/modgraph.py`).
+//! [`settle`] path. One layer, beside the hub (`tests/modgraph.py`); a call's task taken in and
+//! a client's `tasks/*` answered are handlers, in `crate::methods::tasks`.
 
 pub mod driver;
-pub mod serve;
 pub mod settle;
 pub mod table;
 pub mod wire;
 
 pub use table::{
     mint_id, upstream_digest, Final, NewTask, ProgressTo, Refused, Status, Task, TaskOutcome,
-    TaskProgress, TaskTable, MAX_INPUTS, RELATED_TASK,
+    TaskProgress, TaskSpec, TaskTable, MAX_INPUTS, RELATED_TASK,
 };

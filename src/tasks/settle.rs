@@ -76,11 +76,11 @@ pub(crate) async fn settle(
         return false;
     }
     let mut rec = task.registration.audit_record("task_outcome");
-    rec.tool = Some(task.tool.as_str().into());
+    rec.tool = Some(task.spec.tool.as_str().into());
     rec.upstream = Some(task.upstream.as_str().into());
     rec.epoch = Some(task.epoch());
     rec.rare_mut().task_id = Some(task.id.as_str().into());
-    let digest = crate::tasks::upstream_digest(&task.upstream_id);
+    let digest = crate::tasks::upstream_digest(&task.spec.upstream_id);
     rec.rare_mut().upstream_task_digest = Some(digest.as_str().into());
     rec.outcome = Some(outcome.as_str().into());
     rec.error_code = error_code;
@@ -97,7 +97,7 @@ pub(crate) async fn settle(
 /// outcome inline once settled) to the registration's `subscriptions/listen` streams that
 /// named the task; nothing when none did.
 pub(crate) fn tell_listeners(hub: &Hub, task: &Task) {
-    if task.internal {
+    if task.spec.internal {
         return;
     }
     let mut params = detailed(task);
@@ -159,7 +159,7 @@ pub(crate) async fn cancel_and_settle(
         &task.registration,
         &task.upstream,
         task.epoch(),
-        &task.upstream_id,
+        &task.spec.upstream_id,
     )
     .await;
     let why = if ok { acked } else { unacked };

@@ -147,20 +147,9 @@ impl TaskOutcome {
 /// JSON-RPC error object.
 pub type Final = Result<Value, Value>;
 
-/// One task.
+/// What a task is made with, kept as it was.
 #[derive(Debug)]
-pub struct Task {
-    pub id: String,
-    pub registration: Arc<RegistrationState>,
-    pub upstream: String,
-    /// The upstream connection's epoch when the task was created: a task is only asked about
-    /// on that connection (a respawned stdio child does not know it). Moved once to a new
-    /// HTTP connection that still knows the task ([`TaskTable::rebind`]).
-    epoch: AtomicU64,
-    /// The task was probed on a new connection of its HTTP upstream once already, and
-    /// whether it was found there (and moved to it).
-    pub probed: AtomicBool,
-    pub moved: AtomicBool,
+pub struct TaskSpec {
     /// The upstream's id: never shown to a client nor written in clear.
     pub upstream_id: String,
     pub tool: String,
@@ -178,15 +167,33 @@ pub struct Task {
     /// The session that created it (handshake-era clients): where a 2026 upstream's input
     /// requests are asked.
     pub session: Option<std::sync::Weak<crate::session::Session>>,
+    pub progress: Option<TaskProgress>,
+    pub ttl: Duration,
+    pub poll_interval: Duration,
+}
+
+/// One task.
+#[derive(Debug)]
+pub struct Task {
+    pub id: String,
+    pub registration: Arc<RegistrationState>,
+    pub upstream: String,
+    /// The upstream connection's epoch when the task was created: a task is only asked about
+    /// on that connection (a respawned stdio child does not know it). Moved once to a new
+    /// HTTP connection that still knows the task ([`TaskTable::rebind`]).
+    epoch: AtomicU64,
+    /// The task was probed on a new connection of its HTTP upstream once already, and
+    /// whether it was found there (and moved to it).
+    pub probed: AtomicBool,
+    pub moved: AtomicBool,
+    /// What the task was made with (never changes).
+    pub spec: TaskSpec,
     /// A 2026 task's upstream `tasks/result` is open (it collects the upstream's side-channel
     /// requests as `inputRequests`): at most one at a time.
     pub asking: AtomicBool,
-    pub progress: Option<TaskProgress>,
     /// While `asking`: where the upstream's side-channel requests for the task go.
     inputs_sink: Mutex<Option<tokio::sync::mpsc::Sender<Value>>>,
     pub created: Instant,
-    pub ttl: Duration,
-    pub poll_interval: Duration,
     /// Fires when the task is settled, or its registration released: stops its poller.
     pub stop: CancellationToken,
     /// Wakes the poller (a status notification said the task changed).
@@ -224,15 +231,7 @@ pub struct NewTask {
     pub registration: Arc<RegistrationState>,
     pub upstream: String,
     pub epoch: u64,
-    pub upstream_id: String,
-    pub tool: String,
-    pub internal: bool,
-    pub modern: Option<u8>,
-    pub upstream_modern: bool,
-    pub session: Option<std::sync::Weak<crate::session::Session>>,
-    pub progress: Option<TaskProgress>,
-    pub ttl: Duration,
-    pub poll_interval: Duration,
+    pub spec: TaskSpec,
     /// The upstream's `Task` object (its id is replaced here).
     pub view: Value,
 }
@@ -260,7 +259,7 @@ impl Task {
     /// Whether the upstream was asked about this task within its poll interval (a client's
     /// poll is then answered from the table).
     pub fn polled_lately(&self) -> bool {
-        lock(&self.state).polled.elapsed() < self.poll_interval
+        lock(&self.state).polled.elapsed() < self.spec.poll_interval
     }
 
     /// Takes an upstream `Task` object (its id replaced by ours, its TTL by the effective
@@ -285,12 +284,12 @@ impl Task {
             m.insert("taskId".into(), Value::String(self.id.clone()));
             m.insert(
                 "ttl".into(),
-                Value::from(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)),
+                Value::from(u64::try_from(self.spec.ttl.as_millis()).unwrap_or(u64::MAX)),
             );
-            if m.contains_key("pollInterval") || !self.poll_interval.is_zero() {
+            if m.contains_key("pollInterval") || !self.spec.poll_interval.is_zero() {
                 m.insert(
                     "pollInterval".into(),
-                    Value::from(u64::try_from(self.poll_interval.as_millis()).unwrap_or(0)),
+                    Value::from(u64::try_from(self.spec.poll_interval.as_millis()).unwrap_or(0)),
                 );
             }
         }
@@ -463,7 +462,7 @@ impl Task {
 
     /// When the task's TTL runs out.
     pub fn deadline(&self) -> Instant {
-        self.created + self.ttl
+        self.created + self.spec.ttl
     }
 }
 
@@ -539,7 +538,7 @@ impl TaskTable {
                 None => return Err(Refused::Full(max_live)),
             }
         }
-        if !new.internal {
+        if !new.spec.internal {
             // Its registration's slot and, for a child, each ancestor's (a family shares them).
             new.registration.hold_slot();
         }
@@ -552,18 +551,9 @@ impl TaskTable {
             epoch: AtomicU64::new(new.epoch),
             probed: AtomicBool::new(false),
             moved: AtomicBool::new(false),
-            upstream_id: new.upstream_id,
-            tool: new.tool,
-            internal: new.internal,
-            modern: new.modern,
-            upstream_modern: new.upstream_modern,
-            session: new.session,
             asking: AtomicBool::new(false),
-            progress: new.progress,
             inputs_sink: Mutex::new(None),
             created: Instant::now(),
-            ttl: new.ttl,
-            poll_interval: new.poll_interval,
             wake: Notify::new(),
             gone: CancellationToken::new(),
             state: Mutex::new(State {
@@ -576,8 +566,9 @@ impl TaskTable {
             }),
             finished,
             settled: AtomicBool::new(false),
-            holds_slot: AtomicBool::new(!new.internal),
+            holds_slot: AtomicBool::new(!new.spec.internal),
             seq,
+            spec: new.spec,
         });
         let mut view = new.view;
         task.rewrite(&mut view);
@@ -588,7 +579,7 @@ impl TaskTable {
             .entry(task.registration.id.clone())
             .or_default()
             .insert(seq, id.clone());
-        if let Some(p) = &task.progress {
+        if let Some(p) = &task.spec.progress {
             inner.by_progress.insert(
                 (task.upstream.clone(), p.upstream_token.clone()),
                 id.clone(),
@@ -598,7 +589,7 @@ impl TaskTable {
             (
                 task.upstream.clone(),
                 task.epoch(),
-                task.upstream_id.clone(),
+                task.spec.upstream_id.clone(),
             ),
             id,
         );
@@ -638,7 +629,7 @@ impl TaskTable {
             .get(registration_id)?
             .values()
             .filter_map(|id| inner.by_id.get(id))
-            .find(|t| t.upstream_id == upstream_id)
+            .find(|t| t.spec.upstream_id == upstream_id)
             .cloned()
     }
 
@@ -668,7 +659,7 @@ impl TaskTable {
             return;
         }
         let old = task.epoch.swap(epoch, Ordering::AcqRel);
-        let up = task.upstream_id.clone();
+        let up = task.spec.upstream_id.clone();
         if let Some(id) = inner
             .by_upstream
             .remove(&(task.upstream.clone(), old, up.clone()))
@@ -698,9 +689,9 @@ impl TaskTable {
         inner.by_upstream.remove(&(
             task.upstream.clone(),
             task.epoch(),
-            task.upstream_id.clone(),
+            task.spec.upstream_id.clone(),
         ));
-        if let Some(p) = &task.progress {
+        if let Some(p) = &task.spec.progress {
             inner
                 .by_progress
                 .remove(&(task.upstream.clone(), p.upstream_token.clone()));
@@ -728,15 +719,17 @@ mod tests {
             registration: reg.clone(),
             upstream: "everything".into(),
             epoch: 1,
-            upstream_id: up_id.into(),
-            tool: "everything.simulate-research-query".into(),
-            internal: false,
-            modern: None,
-            upstream_modern: false,
-            session: None,
-            progress: None,
-            ttl: Duration::from_secs(60),
-            poll_interval: Duration::from_secs(1),
+            spec: TaskSpec {
+                upstream_id: up_id.into(),
+                tool: "everything.simulate-research-query".into(),
+                internal: false,
+                modern: None,
+                upstream_modern: false,
+                session: None,
+                progress: None,
+                ttl: Duration::from_secs(60),
+                poll_interval: Duration::from_secs(1),
+            },
             view: json!({"taskId": up_id, "status": "working", "ttl": null}),
         }
     }

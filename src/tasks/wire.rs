@@ -12,9 +12,6 @@ use crate::protocol::jsonrpc::{self, RpcError};
 use crate::tasks::{Final, Status, Task, RELATED_TASK};
 use crate::upstream::{On, Request};
 
-/// The methods the tasks module answers.
-pub const METHODS: &[&str] = crate::protocol::TASK_METHODS;
-
 /// The 2026-07-28 tasks extension's name, and its error when a request did not declare it.
 pub const EXTENSION: &str = crate::upstream::TASKS_EXTENSION;
 pub const EXTENSION_NOT_DECLARED: i64 = crate::protocol::error::MISSING_CAPABILITY;
@@ -277,14 +274,8 @@ pub(crate) fn detailed(task: &Task) -> Value {
 pub(crate) fn stateless(id: Value, method: &str, params: Option<&Value>) -> Option<Value> {
     if matches!(method, "tasks/result" | "tasks/list") {
         // (Refused before dispatch by the stateless endpoint; kept for any other caller.)
-        return Some(
-            RpcError::new(
-                Some(id),
-                crate::protocol::error::METHOD_NOT_FOUND,
-                format!("method not found: {method} (removed in 2026-07-28)"),
-            )
-            .to_value(),
-        );
+        let why = format!("method not found: {method} (removed in 2026-07-28)");
+        return Some(RpcError::method_not_found(why).answer(&id));
     }
     let declared = params
         .and_then(|p| p.get("_meta"))
@@ -331,7 +322,10 @@ pub(crate) fn answer(id: Value, task: &Task, f: &Final) -> Value {
 /// `{taskId: <upstream id>}`.
 fn upstream_params(task: &Task) -> Map<String, Value> {
     let mut p = Map::new();
-    p.insert("taskId".into(), Value::String(task.upstream_id.clone()));
+    p.insert(
+        "taskId".into(),
+        Value::String(task.spec.upstream_id.clone()),
+    );
     p
 }
 

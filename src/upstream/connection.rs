@@ -205,18 +205,12 @@ impl Connection {
             }
             return self.discover(opts).await;
         }
-        let mut params = json!({
+        let params = json!({
             "protocolVersion": opts.protocol_version,
             "capabilities": opts.client_capabilities,
             "clientInfo": opts.client_info,
         });
-        let request = traced(&mut params, opts.trace.as_ref());
-        // `initialize` must not be cancelled (MCP lifecycle), so it is sent non-cancellable.
-        let response = self.call("initialize", params, request, false).await?;
-        let result = response
-            .outcome
-            .map(Answer::into_value)
-            .map_err(|error| UpstreamError::from_rpc_error(&error))?;
+        let result = self.request_handshake("initialize", params, opts).await?;
         let version = result
             .get("protocolVersion")
             .and_then(Value::as_str)
@@ -241,17 +235,27 @@ impl Connection {
         self.notify("notifications/initialized", Value::Null).await
     }
 
+    /// A handshake request (`initialize`, `server/discover`): traced, and sent non-cancellable
+    /// (the MCP lifecycle forbids cancelling `initialize`); its result, or the upstream's error.
+    async fn request_handshake(
+        &self,
+        method: &str,
+        mut params: Value,
+        opts: &ConnectOptions,
+    ) -> Result<Value, UpstreamError> {
+        let request = traced(&mut params, opts.trace.as_ref());
+        self.call(method, params, request, false)
+            .await?
+            .into_result()
+    }
+
     /// A 2026-07-28 upstream's handshake: `server/discover` (no `initialize`, no
     /// `notifications/initialized`). Its answer is kept in the shape of an `InitializeResult`
     /// (`protocolVersion`, `capabilities`, `serverInfo`), which is what the pool reads.
     async fn discover(&self, opts: &ConnectOptions) -> Result<(), UpstreamError> {
-        let mut params = json!({});
-        let request = traced(&mut params, opts.trace.as_ref());
-        let response = self.call("server/discover", params, request, false).await?;
-        let mut result = response
-            .outcome
-            .map(Answer::into_value)
-            .map_err(|error| UpstreamError::from_rpc_error(&error))?;
+        let mut result = self
+            .request_handshake("server/discover", json!({}), opts)
+            .await?;
         let speaks = result
             .get("supportedVersions")
             .and_then(Value::as_array)

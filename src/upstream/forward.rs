@@ -392,31 +392,6 @@ impl Pool {
         }
     }
 
-    /// [`Pool::send`] on the current connection, as the proxied methods asked before it
-    /// (`mcp::proxy`): `Ok(answer)` or why the upstream could not answer.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn forward_request(
-        &self,
-        registration: &Arc<RegistrationState>,
-        upstream: &str,
-        method: &str,
-        params: Map<String, Value>,
-        cancel: CancellationToken,
-        session: Option<Arc<Session>>,
-        notify: Option<mpsc::Sender<Value>>,
-        trace: Option<(&crate::telemetry::CallTrace, crate::telemetry::Target<'_>)>,
-    ) -> Result<Result<Value, Value>, ForwardError> {
-        let request = Request {
-            owner: TaskOwner { session, notify },
-            trace,
-            ..Request::new(registration, upstream, method, params, cancel, On::Current)
-        };
-        let sent = self.send(request).await?;
-        sent.map(|(_, answer)| answer)
-            .ok_or(ForwardError::Upstream(UpstreamError::Closed(
-                "connection replaced".into(),
-            )))
-    }
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
     /// (spawned if needed) — each step abandoned when `cancel` fires, and the whole bounded by
     /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's

@@ -45,7 +45,7 @@ pub use events::{
     channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
 };
 pub use forward::{CallIds, ForwardCall, ForwardOutcome, On, Request, TaskOwner};
-pub use pool::{Pool, UpstreamInfo};
+pub use pool::{ConnectionInfo, Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
 pub use types::{

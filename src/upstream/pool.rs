@@ -102,8 +102,8 @@ pub struct Reconfigured {
     pub removed: Vec<String>,
 }
 
-/// One live upstream connection, as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One live upstream connection, as the admin API shows it (`GET /v1/upstreams`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionInfo {
     pub epoch: u64,
     pub pid: Option<u32>,

@@ -147,49 +147,30 @@ impl ClientRequests {
     /// an MRTR `input_required` result. Anything else — no registration, no such session, a
     /// full stream — gets an error upstream at once.
     pub async fn route(&self, req: Incoming, downstream: Option<Arc<dyn Downstream>>) {
+        let (registration_id, session, call_sink) = match target_of(&req, downstream.as_deref()) {
+            Ok(Target::Roots(roots)) => {
+                tracing::debug!(upstream = %req.upstream_id, "roots/list answered from the registration's roots");
+                let _ = req.conn.respond(req.id, Ok(roots)).await;
+                return;
+            }
+            Ok(Target::Session(s, sink)) => (s.registration.id.clone(), Some(s), sink),
+            Ok(Target::Stateless(r, sink)) => (r, None, Some(sink)),
+            Err(why) => {
+                let err = req.refusal(&why);
+                let _ = req.conn.respond(req.id, Err(err)).await;
+                return;
+            }
+        };
         let Incoming {
             upstream_id,
             conn,
             id,
             method,
             params,
-            related_tag,
-            registration,
+            ..
         } = req;
-        let refuse = |why: &str| {
-            tracing::warn!(upstream = %upstream_id, method, why, "server → client request refused");
-            RpcError::internal(format!("gatehouse: {method} refused: {why}")).object()
-        };
-        // A request naming a 2026-form task whose side channel the gateway holds open goes
-        // there (stdio cannot tell which pending request it belongs to).
-        let task_sink = downstream.as_ref().and_then(|ds| {
-            let up_task = params
-                .as_ref()?
-                .get(crate::protocol::meta::META)?
-                .get(crate::protocol::meta::RELATED_TASK)?
-                .get("taskId")?
-                .as_str()?;
-            ds.task_inputs(&upstream_id, conn.epoch(), up_task)
-        });
-        let target = match (downstream.as_ref(), task_sink) {
-            (_, Some((reg, sink))) => Ok(Target::Stateless(reg, sink)),
-            (Some(ds), None) => pick(ds.as_ref(), &method, related_tag.as_ref(), registration),
-            (None, None) => Err("the gateway is shutting down".to_string()),
-        };
-        let (registration_id, session, call_sink) = match target {
-            Ok(Target::Roots(roots)) => {
-                tracing::debug!(upstream = %upstream_id, "roots/list answered from the registration's roots");
-                let _ = conn.respond(id, Ok(roots)).await;
-                return;
-            }
-            Ok(Target::Session(s, sink)) => (s.registration.id.clone(), Some(s), sink),
-            Ok(Target::Stateless(r, sink)) => (r, None, Some(sink)),
-            Err(why) => {
-                let _ = conn.respond(id, Err(refuse(&why))).await;
-                return;
-            }
-        };
         let Some(ds) = downstream else { return };
+        let refuse = |why: &str| refusal(&upstream_id, &method, why);
         tracing::trace!(upstream = %upstream_id, method, id = %id, "server → client request");
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{upstream_id}-{n}");
@@ -339,6 +320,44 @@ impl ClientRequests {
 
 /// Which session (or the registration's roots) answers a server → client request; `Err` says
 /// why none may (the upstream gets it in the error).
+/// Where a server → client request goes: a 2026-form task's side channel the gateway holds
+/// open if the request names that task (stdio cannot tell which pending request it belongs
+/// to), else what [`pick`] finds. `Err`: why it is refused.
+fn target_of(req: &Incoming, downstream: Option<&dyn Downstream>) -> Result<Target, String> {
+    let task_sink = downstream.and_then(|ds| {
+        let up_task = req
+            .params
+            .as_ref()?
+            .get(crate::protocol::meta::META)?
+            .get(crate::protocol::meta::RELATED_TASK)?
+            .get("taskId")?
+            .as_str()?;
+        ds.task_inputs(&req.upstream_id, req.conn.epoch(), up_task)
+    });
+    match (downstream, task_sink) {
+        (_, Some((reg, sink))) => Ok(Target::Stateless(reg, sink)),
+        (Some(ds), None) => pick(
+            ds,
+            &req.method,
+            req.related_tag.as_ref(),
+            req.registration.clone(),
+        ),
+        (None, None) => Err("the gateway is shutting down".to_string()),
+    }
+}
+
+/// The error a refused server → client request is answered with (and logged).
+fn refusal(upstream_id: &str, method: &str, why: &str) -> Value {
+    tracing::warn!(upstream = %upstream_id, method, why, "server → client request refused");
+    RpcError::internal(format!("gatehouse: {method} refused: {why}")).object()
+}
+
+impl Incoming {
+    fn refusal(&self, why: &str) -> Value {
+        refusal(&self.upstream_id, &self.method, why)
+    }
+}
+
 fn pick(
     ds: &dyn Downstream,
     method: &str,

@@ -244,6 +244,15 @@ pub struct Answered {
     pub outcome: Result<Answer, Value>,
 }
 
+impl Answered {
+    /// The result as a value, or the upstream's error as an [`UpstreamError`].
+    pub(crate) fn into_result(self) -> Result<Value, UpstreamError> {
+        self.outcome
+            .map(Answer::into_value)
+            .map_err(|error| UpstreamError::from_rpc_error(&error))
+    }
+}
+
 /// A completed upstream request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {

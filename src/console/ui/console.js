@@ -28,6 +28,30 @@
     return e;
   }
 
+  // The plots: canvas id, title, what it covers, and its legend's id (if it has one).
+  const PLOTS = [
+    ["plot-agents-calls", "Calls per second, per agent", "last 15 min", "legend-agents"],
+    ["plot-agents-errors", "Error rate, per agent", "% of calls, 10 s window", null],
+    ["plot-upstreams-calls", "Calls per second, per upstream", "last 15 min", "legend-upstreams"],
+    ["plot-upstreams-errors", "Error rate, per upstream", "% of calls, 10 s window", null],
+    ["plot-refusals", "Refused requests per second, per reason", "last 15 min, both listeners", "legend-refusals"],
+  ];
+  for (const [id, title, covers, legendId] of PLOTS) {
+    const heading = el("h2", title + " ");
+    heading.append(el("span", covers, "muted"));
+    const canvas = el("canvas", null, "plot");
+    Object.assign(canvas, { id, width: 560, height: 150 });
+    canvas.dataset.total = "0";
+    const card = el("div", null, "card");
+    card.append(heading, canvas);
+    if (legendId) {
+      const legend = el("ul", null, "legend");
+      legend.id = legendId;
+      card.append(legend);
+    }
+    $("plots").append(card);
+  }
+
   function setStatus(text) {
     $("status").textContent = text;
   }

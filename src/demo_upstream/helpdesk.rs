@@ -1,27 +1,19 @@
-//! The shipped demo upstreams: "helpdesk", a stdio MCP server with per-lease case selection that
-//! implements the `io.gatehouse/lease` extension, and "echo", a lean stdio MCP server for benchmarks.
-//!
-//! Both speak the stdio transport: one JSON-RPC object per line on the reader, one per line on the
-//! writer, nothing else on the writer (logs go through `tracing`, which the binary sends to stderr).
-//!
-//! Helpdesk state lives for one [`serve`] call (one process in production): cases and their notes
-//! are global by case id (`case-1`, `case-2`, … from one counter), and each lease owns only its
-//! *selected case*. The lease of a request is `params._meta["io.gatehouse/lease"]` (a string),
-//! `""` when absent; with the extension switched off every caller shares the lease `""`, which is
-//! how a server without the extension behaves behind the gateway.
+//! The helpdesk's protocol handling: requests, notifications, its tools and their calls.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::desk::*;
+use super::wire::*;
+use crate::protocol::jsonrpc::Message;
 use crate::protocol::RpcError;
 
 /// Key of the lease capability in `capabilities.experimental`.
@@ -35,11 +27,6 @@ pub const TEST_ECHO_META_KEY: &str = "io.gatehouse.test/echo_meta";
 /// Result `_meta` key holding the echoed request `_meta`.
 pub const TEST_SEEN_META_KEY: &str = "io.gatehouse.test/seen_meta";
 
-/// Protocol revisions echoed back when a client asks for them; anything else gets the latest.
-const SUPPORTED_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
-const LATEST_VERSION: &str = "2025-11-25";
-/// Longest accepted input line; longer lines are answered with a parse error and skipped.
-const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 /// Requests handled at once; the reader waits for a slot beyond that (backpressure).
 const MAX_IN_FLIGHT: usize = 256;
 /// Lines queued for the writer task.
@@ -148,7 +135,7 @@ where
             Message::Notification { method, params } => {
                 handle_notification(&ctx, &in_flight, &method, params.as_ref());
             }
-            Message::Response => tracing::debug!("ignoring a response from the client"),
+            Message::Response { .. } => tracing::debug!("ignoring a response from the client"),
         }
     };
 
@@ -183,223 +170,28 @@ pub async fn run_stdio(opts: HelpdeskOptions) -> anyhow::Result<()> {
     serve(tokio::io::stdin(), tokio::io::stdout(), opts).await
 }
 
-/// A minimal MCP server with one tool, `echo {message: string}`, which returns the message as
-/// text. Requests are handled one after another in arrival order (pipelining keeps order); output
-/// is flushed whenever no further complete request is already buffered. Runs until EOF.
-///
-/// # Errors
-/// Reading the input or writing the output fails.
-pub async fn serve_echo<R, W>(reader: R, writer: W) -> anyhow::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut lines = LineReader::new(reader);
-    let mut out = BufWriter::new(writer);
-    while let Some(frame) = lines.next_frame().await? {
-        let reply = match decode(frame) {
-            Decoded::Reply(reply) => Some(reply),
-            Decoded::Skip => None,
-            Decoded::Message(Message::Request { id, method, params }) => {
-                Some(match echo_request(&method, params.as_ref()) {
-                    Ok(result) => response(id, result),
-                    Err(err) => error_response(id, err),
-                })
-            }
-            Decoded::Message(Message::Notification { .. } | Message::Response) => None,
-        };
-        if let Some(reply) = reply {
-            let mut line = reply.to_string();
-            line.push('\n');
-            out.write_all(line.as_bytes()).await?;
-        }
-        if !lines.has_buffered_line() {
-            out.flush().await?;
-        }
-    }
-    out.flush().await?;
-    out.shutdown().await?;
-    Ok(())
-}
-
-/// [`serve_echo`] on the process's stdin/stdout (logs go to stderr only).
-///
-/// # Errors
-/// As [`serve_echo`].
-pub async fn run_echo_stdio() -> anyhow::Result<()> {
-    init_stderr_logging();
-    serve_echo(tokio::io::stdin(), tokio::io::stdout()).await
-}
-
-/// Install a stderr `tracing` subscriber filtered by `RUST_LOG` unless one is already set.
-fn init_stderr_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // An error only means the binary installed its own subscriber first.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpdesk state
-// ---------------------------------------------------------------------------------------------
-
-/// Cases, their notes, and the selected case of each lease. Cheap to clone; short locks only.
-#[derive(Clone, Default)]
-struct Desk {
-    shared: Arc<Mutex<DeskState>>,
-}
-
-#[derive(Default)]
-struct DeskState {
-    next_case: u64,
-    cases: HashMap<String, Case>,
-    /// lease id → selected case id; entries are removed on release.
-    selected: HashMap<String, String>,
-}
-
-struct Case {
-    notes: Vec<String>,
-}
-
-impl Desk {
-    fn lock(&self) -> MutexGuard<'_, DeskState> {
-        // A poisoned lock still holds consistent data: every critical section is a few inserts.
-        crate::sync::lock(&self.shared)
-    }
-
-    /// Open a case and select it for `lease`; returns its id.
-    fn open_case(&self, lease: &str) -> String {
-        let mut state = self.lock();
-        state.next_case += 1;
-        let case_id = format!("case-{}", state.next_case);
-        state
-            .cases
-            .insert(case_id.clone(), Case { notes: Vec::new() });
-        state.selected.insert(lease.to_owned(), case_id.clone());
-        case_id
-    }
-
-    fn selected(&self, lease: &str) -> Option<String> {
-        self.lock().selected.get(lease).cloned()
-    }
-
-    /// Append a note to the lease's selected case; returns the case id.
-    fn add_note(&self, lease: &str, text: &str) -> Option<String> {
-        let mut state = self.lock();
-        let case_id = state.selected.get(lease)?.clone();
-        let case = state.cases.get_mut(&case_id)?;
-        case.notes.push(text.to_owned());
-        Some(case_id)
-    }
-
-    /// The lease's selected case and its notes.
-    fn list_notes(&self, lease: &str) -> Option<(String, Vec<String>)> {
-        let state = self.lock();
-        let case_id = state.selected.get(lease)?;
-        let case = state.cases.get(case_id)?;
-        Some((case_id.clone(), case.notes.clone()))
-    }
-
-    /// Forget the lease's selection; returns the case it had selected.
-    fn release(&self, lease: &str) -> Option<String> {
-        self.lock().selected.remove(lease)
-    }
-}
-
-/// Cancellation handles of requests being handled, keyed by their JSON-RPC id.
-#[derive(Clone, Default)]
-struct InFlight {
-    shared: Arc<Mutex<InFlightState>>,
-}
-
-#[derive(Default)]
-struct InFlightState {
-    next_seq: u64,
-    by_id: HashMap<String, (u64, CancellationToken)>,
-}
-
-/// Removes its entry from [`InFlight`] on drop (unless a later request reused the id).
-struct InFlightGuard {
-    in_flight: InFlight,
-    key: String,
-    seq: u64,
-    cancel: CancellationToken,
-}
-
-impl InFlight {
-    fn lock(&self) -> MutexGuard<'_, InFlightState> {
-        crate::sync::lock(&self.shared)
-    }
-
-    fn register(&self, id: &Value) -> InFlightGuard {
-        let key = id.to_string();
-        let cancel = CancellationToken::new();
-        let mut state = self.lock();
-        state.next_seq += 1;
-        let seq = state.next_seq;
-        state.by_id.insert(key.clone(), (seq, cancel.clone()));
-        InFlightGuard {
-            in_flight: self.clone(),
-            key,
-            seq,
-            cancel,
-        }
-    }
-
-    /// Cancel the request with this id; false if it is not in flight.
-    fn cancel(&self, id: &Value) -> bool {
-        let token = self
-            .lock()
-            .by_id
-            .get(&id.to_string())
-            .map(|(_, t)| t.clone());
-        token.map(|t| t.cancel()).is_some()
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        let mut state = self.in_flight.lock();
-        if state
-            .by_id
-            .get(&self.key)
-            .is_some_and(|(seq, _)| *seq == self.seq)
-        {
-            state.by_id.remove(&self.key);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Helpdesk protocol handling
-// ---------------------------------------------------------------------------------------------
-
-struct Ctx {
-    opts: HelpdeskOptions,
-    desk: Desk,
-    outbox: Outbox,
+pub(super) struct Ctx {
+    pub(super) opts: HelpdeskOptions,
+    pub(super) desk: Desk,
+    pub(super) outbox: Outbox,
     /// Cancelled when the input reaches EOF: slow work stops.
-    shutdown: CancellationToken,
+    pub(super) shutdown: CancellationToken,
 }
 
 /// The sending side of the single writer task.
-struct Outbox {
-    tx: mpsc::Sender<String>,
+pub(super) struct Outbox {
+    pub(super) tx: mpsc::Sender<String>,
 }
 
 impl Outbox {
-    async fn send(&self, message: Value) {
+    pub(super) async fn send(&self, message: Value) {
         if self.tx.send(message.to_string()).await.is_err() {
             tracing::debug!("output closed; message dropped");
         }
     }
 }
 
-async fn write_lines<W>(writer: W, mut rx: mpsc::Receiver<String>) -> std::io::Result<()>
+pub(super) async fn write_lines<W>(writer: W, mut rx: mpsc::Receiver<String>) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
@@ -417,13 +209,13 @@ where
     out.shutdown().await
 }
 
-fn log_join(joined: Result<(), tokio::task::JoinError>) {
+pub(super) fn log_join(joined: Result<(), tokio::task::JoinError>) {
     if let Err(err) = joined {
         tracing::error!(error = %err, "request task failed");
     }
 }
 
-async fn handle_request(
+pub(super) async fn handle_request(
     ctx: &Ctx,
     guard: &InFlightGuard,
     id: Value,
@@ -456,7 +248,12 @@ async fn handle_request(
     }
 }
 
-fn handle_notification(ctx: &Ctx, in_flight: &InFlight, method: &str, params: Option<&Value>) {
+pub(super) fn handle_notification(
+    ctx: &Ctx,
+    in_flight: &InFlight,
+    method: &str,
+    params: Option<&Value>,
+) {
     match method {
         "notifications/initialized" => tracing::debug!("client initialized"),
         "notifications/cancelled" => {
@@ -480,7 +277,7 @@ fn handle_notification(ctx: &Ctx, in_flight: &InFlight, method: &str, params: Op
     }
 }
 
-fn helpdesk_capabilities(lease_extension: bool) -> Value {
+pub(super) fn helpdesk_capabilities(lease_extension: bool) -> Value {
     let mut capabilities = json!({ "tools": { "listChanged": true } });
     if lease_extension {
         capabilities["experimental"] = json!({ LEASE_CAPABILITY: {} });
@@ -488,7 +285,7 @@ fn helpdesk_capabilities(lease_extension: bool) -> Value {
     capabilities
 }
 
-fn helpdesk_tools() -> Value {
+pub(super) fn helpdesk_tools() -> Value {
     let writes = json!({
         "readOnlyHint": false,
         "destructiveHint": false,
@@ -555,15 +352,18 @@ fn helpdesk_tools() -> Value {
 }
 
 /// The parts of `tools/call` params every tool needs.
-struct Call<'a> {
-    name: &'a str,
-    args: Map<String, Value>,
-    meta: Option<&'a Map<String, Value>>,
-    lease: String,
+pub(super) struct Call<'a> {
+    pub(super) name: &'a str,
+    pub(super) args: Map<String, Value>,
+    pub(super) meta: Option<&'a Map<String, Value>>,
+    pub(super) lease: String,
 }
 
 impl<'a> Call<'a> {
-    fn parse(params: Option<&'a Value>, lease_extension: bool) -> Result<Self, RpcError> {
+    pub(super) fn parse(
+        params: Option<&'a Value>,
+        lease_extension: bool,
+    ) -> Result<Self, RpcError> {
         let params = params
             .and_then(Value::as_object)
             .ok_or_else(|| RpcError::invalid_params("tools/call needs params with a tool name"))?;
@@ -597,7 +397,7 @@ impl<'a> Call<'a> {
         })
     }
 
-    fn progress_token(&self) -> Option<Value> {
+    pub(super) fn progress_token(&self) -> Option<Value> {
         self.meta
             .and_then(|m| m.get(crate::protocol::meta::PROGRESS_TOKEN))
             .filter(|t| t.is_string() || t.is_number())
@@ -605,7 +405,7 @@ impl<'a> Call<'a> {
     }
 
     /// A successful result: text plus structured content, both stamped with the lease.
-    fn ok(&self, text: String, mut structured: Map<String, Value>) -> Value {
+    pub(super) fn ok(&self, text: String, mut structured: Map<String, Value>) -> Value {
         structured.insert("lease".into(), Value::String(self.lease.clone()));
         self.finish(json!({
             "content": [{ "type": "text", "text": text }],
@@ -617,7 +417,7 @@ impl<'a> Call<'a> {
     /// A successful result whose text is the JSON of its structured content (stamped with
     /// the lease), as the spec asks of a tool that declares an `outputSchema`: a client that
     /// reads either form gets the same facts.
-    fn ok_structured(&self, mut structured: Map<String, Value>) -> Value {
+    pub(super) fn ok_structured(&self, mut structured: Map<String, Value>) -> Value {
         structured.insert("lease".into(), Value::String(self.lease.clone()));
         let structured = Value::Object(structured);
         self.finish(json!({
@@ -628,14 +428,14 @@ impl<'a> Call<'a> {
     }
 
     /// A tool execution error (`isError: true`).
-    fn tool_error(&self, text: String) -> Value {
+    pub(super) fn tool_error(&self, text: String) -> Value {
         self.finish(json!({
             "content": [{ "type": "text", "text": text }],
             "isError": true
         }))
     }
 
-    fn finish(&self, mut result: Value) -> Value {
+    pub(super) fn finish(&self, mut result: Value) -> Value {
         let mut meta = Map::new();
         meta.insert("lease".into(), Value::String(self.lease.clone()));
         if let Some(request_meta) = self.meta {
@@ -653,7 +453,7 @@ impl<'a> Call<'a> {
 
 /// Argument validation failures, reported to the caller as tool errors.
 #[derive(Debug, thiserror::Error)]
-enum ArgError {
+pub(super) enum ArgError {
     #[error("missing required argument \"{0}\" (string)")]
     Missing(&'static str),
     #[error("argument \"{0}\" must be a string")]
@@ -665,7 +465,7 @@ enum ArgError {
 }
 
 /// Check that `args` has exactly the `expected` keys and return the string values in order.
-fn string_args(
+pub(super) fn string_args(
     args: &Map<String, Value>,
     expected: &[&'static str],
 ) -> Result<Vec<String>, ArgError> {
@@ -683,10 +483,10 @@ fn string_args(
         .collect()
 }
 
-const NO_CASE: &str = "no case selected: call open_case first";
+pub(super) const NO_CASE: &str = "no case selected: call open_case first";
 
 /// `None` means the call was cancelled and gets no response.
-async fn call_tool(
+pub(super) async fn call_tool(
     ctx: &Ctx,
     cancel: &CancellationToken,
     params: Option<&Value>,
@@ -745,7 +545,7 @@ async fn call_tool(
     Some(Ok(result))
 }
 
-fn add_note(desk: &Desk, call: &Call<'_>, text: &str) -> Value {
+pub(super) fn add_note(desk: &Desk, call: &Call<'_>, text: &str) -> Value {
     match desk.add_note(&call.lease, text) {
         Some(case_id) => {
             let mut structured = Map::new();
@@ -758,7 +558,11 @@ fn add_note(desk: &Desk, call: &Call<'_>, text: &str) -> Value {
 
 /// Sleep `slow_ms`, reporting progress every [`PROGRESS_INTERVAL_MS`] when there is a token.
 /// Returns false if the request was cancelled or the server is shutting down.
-async fn wait_slowly(ctx: &Ctx, cancel: &CancellationToken, progress_token: Option<Value>) -> bool {
+pub(super) async fn wait_slowly(
+    ctx: &Ctx,
+    cancel: &CancellationToken,
+    progress_token: Option<Value>,
+) -> bool {
     let total = ctx.opts.slow_ms;
     let start = Instant::now();
     let mut elapsed = 0;
@@ -786,250 +590,4 @@ async fn wait_slowly(ctx: &Ctx, cancel: &CancellationToken, progress_token: Opti
         }
     }
     !cancel.is_cancelled()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Echo
-// ---------------------------------------------------------------------------------------------
-
-fn echo_request(method: &str, params: Option<&Value>) -> Result<Value, RpcError> {
-    match method {
-        "initialize" => Ok(initialize_result(
-            params,
-            "gatehouse-echo",
-            json!({ "tools": {} }),
-            "Echo server for benchmarks.",
-        )),
-        "ping" => Ok(json!({})),
-        "tools/list" => Ok(json!({ "tools": [{
-            "name": "echo",
-            "description": "Return the message unchanged.",
-            "inputSchema": {
-                "type": "object",
-                "properties": { "message": { "type": "string" } },
-                "required": ["message"],
-                "additionalProperties": false
-            },
-            "annotations": { "readOnlyHint": true, "openWorldHint": false }
-        }] })),
-        "tools/call" => {
-            let params = params.and_then(Value::as_object);
-            let name = params.and_then(|p| p.get("name")).and_then(Value::as_str);
-            match name {
-                Some("echo") => {}
-                Some(other) => {
-                    return Err(RpcError::invalid_params(format!("Unknown tool: {other}")))
-                }
-                None => {
-                    return Err(RpcError::invalid_params(
-                        "tools/call needs a string \"name\"",
-                    ))
-                }
-            }
-            let message = params
-                .and_then(|p| p.get("arguments"))
-                .and_then(|a| a.get("message"));
-            Ok(match message {
-                Some(Value::String(message)) => json!({
-                    "content": [{ "type": "text", "text": message }],
-                    "isError": false
-                }),
-                _ => json!({
-                    "content": [{ "type": "text", "text": "invalid arguments: missing required argument \"message\" (string)" }],
-                    "isError": true
-                }),
-            })
-        }
-        other => Err(RpcError::method_not_found(format!(
-            "Method not found: {other}"
-        ))),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// JSON-RPC framing shared by both servers
-// ---------------------------------------------------------------------------------------------
-
-fn initialize_result(
-    params: Option<&Value>,
-    name: &str,
-    capabilities: Value,
-    instructions: &str,
-) -> Value {
-    let requested = params
-        .and_then(|p| p.get("protocolVersion"))
-        .and_then(Value::as_str);
-    let version = requested
-        .filter(|v| SUPPORTED_VERSIONS.contains(v))
-        .unwrap_or(LATEST_VERSION);
-    json!({
-        "protocolVersion": version,
-        "capabilities": capabilities,
-        "serverInfo": { "name": name, "version": env!("CARGO_PKG_VERSION") },
-        "instructions": instructions
-    })
-}
-
-fn response(id: Value, result: Value) -> Value {
-    json!({ "jsonrpc": "2.0", "id": id, "result": result })
-}
-
-fn error_response(id: Value, err: RpcError) -> Value {
-    err.to(id).to_value()
-}
-
-/// One well-formed incoming JSON-RPC message.
-enum Message {
-    Request {
-        id: Value,
-        method: String,
-        params: Option<Value>,
-    },
-    Notification {
-        method: String,
-        params: Option<Value>,
-    },
-    /// A response from the client; we never send requests, so it is ignored.
-    Response,
-}
-
-/// What to do with one input line.
-enum Decoded {
-    Message(Message),
-    /// Answer at once (parse error / invalid request).
-    Reply(Value),
-    /// Blank line.
-    Skip,
-}
-
-fn decode(frame: Frame) -> Decoded {
-    let line = match frame {
-        Frame::Line(line) => line,
-        Frame::TooLong => {
-            return Decoded::Reply(error_response(
-                Value::Null,
-                RpcError::parse_error(format!(
-                    "Parse error: line longer than {MAX_LINE_BYTES} bytes"
-                )),
-            ))
-        }
-    };
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return Decoded::Skip;
-    }
-    let value: Value = match serde_json::from_slice(&line) {
-        Ok(value) => value,
-        Err(err) => {
-            tracing::debug!(error = %err, "unparsable input line");
-            return Decoded::Reply(error_response(
-                Value::Null,
-                RpcError::parse_error("Parse error"),
-            ));
-        }
-    };
-    match classify(value) {
-        Ok(msg) => Decoded::Message(msg),
-        Err((id, reason)) => Decoded::Reply(error_response(
-            id,
-            RpcError::invalid_request(format!("Invalid Request: {reason}")),
-        )),
-    }
-}
-
-/// Sort a parsed value into a message, or say why it is not a valid one (with the id to answer).
-fn classify(value: Value) -> Result<Message, (Value, &'static str)> {
-    let Value::Object(mut obj) = value else {
-        return Err((
-            Value::Null,
-            "expected a JSON object (batches are not supported)",
-        ));
-    };
-    let id = obj.remove("id");
-    let method = obj.remove("method");
-    if method.is_none() && id.is_some() && (obj.contains_key("result") || obj.contains_key("error"))
-    {
-        return Ok(Message::Response);
-    }
-    let usable_id = match &id {
-        Some(id @ (Value::String(_) | Value::Number(_))) => Some(id.clone()),
-        _ => None,
-    };
-    let reply_id = usable_id.clone().unwrap_or(Value::Null);
-    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err((reply_id, "\"jsonrpc\" must be \"2.0\""));
-    }
-    let params = obj.remove("params");
-    match method {
-        Some(Value::String(method)) => match (id, usable_id) {
-            (None, _) => Ok(Message::Notification { method, params }),
-            (Some(_), Some(id)) => Ok(Message::Request { id, method, params }),
-            (Some(_), None) => Err((Value::Null, "\"id\" must be a string or an integer")),
-        },
-        Some(_) => Err((reply_id, "\"method\" must be a string")),
-        None => Err((reply_id, "missing \"method\"")),
-    }
-}
-
-/// One input line, without its newline.
-enum Frame {
-    Line(Vec<u8>),
-    /// A line over [`MAX_LINE_BYTES`], already skipped.
-    TooLong,
-}
-
-/// Splits the input into lines with a length bound. Cancel-safe: all state lives in `self`.
-struct LineReader<R> {
-    inner: BufReader<R>,
-    buf: Vec<u8>,
-    discarding: bool,
-}
-
-impl<R: AsyncRead + Unpin> LineReader<R> {
-    fn new(reader: R) -> Self {
-        Self {
-            inner: BufReader::new(reader),
-            buf: Vec::new(),
-            discarding: false,
-        }
-    }
-
-    /// The next line, or `None` at EOF. A final line without a newline still counts.
-    async fn next_frame(&mut self) -> std::io::Result<Option<Frame>> {
-        loop {
-            let available = self.inner.fill_buf().await?;
-            if available.is_empty() {
-                return Ok(if std::mem::take(&mut self.discarding) {
-                    Some(Frame::TooLong)
-                } else if self.buf.is_empty() {
-                    None
-                } else {
-                    Some(Frame::Line(std::mem::take(&mut self.buf)))
-                });
-            }
-            let newline = available.iter().position(|b| *b == b'\n');
-            let chunk = &available[..newline.unwrap_or(available.len())];
-            if !self.discarding {
-                if self.buf.len() + chunk.len() > MAX_LINE_BYTES {
-                    self.discarding = true;
-                    self.buf = Vec::new();
-                } else {
-                    self.buf.extend_from_slice(chunk);
-                }
-            }
-            let consumed = newline.map_or(available.len(), |i| i + 1);
-            self.inner.consume(consumed);
-            if newline.is_some() {
-                return Ok(Some(if std::mem::take(&mut self.discarding) {
-                    Frame::TooLong
-                } else {
-                    Frame::Line(std::mem::take(&mut self.buf))
-                }));
-            }
-        }
-    }
-
-    /// True when a complete line is already buffered (reading it will not wait for input).
-    fn has_buffered_line(&self) -> bool {
-        self.inner.buffer().contains(&b'\n')
-    }
 }

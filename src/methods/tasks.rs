@@ -10,7 +10,7 @@
 //! - A client's poll within the task's poll interval of the last upstream poll is answered
 //!   from the table.
 //! - Every task is audited `task_created` once and `task_outcome` exactly once
-//!   ([`super::settle`]).
+//!   ([`crate::tasks::settle`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +18,15 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::driver::{spawn_poller, Driver, SETTLED_ASK_GRACE};
-use super::settle::{ask, cancel_and_settle, cancel_upstream_id, settle};
-use super::wire::{answer, cancelled_error, detailed, is_error, stateless, upstream_request};
 use crate::hub::Hub;
-use crate::methods::request::RequestCtx;
+use crate::methods::request::{RequestCtx, Served};
 use crate::protocol::jsonrpc::{self, RpcError};
-use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome};
+use crate::tasks::driver::{spawn_poller, Driver, SETTLED_ASK_GRACE};
+use crate::tasks::settle::{ask, cancel_and_settle, cancel_upstream_id, settle};
+use crate::tasks::wire::{
+    answer, cancelled_error, detailed, is_error, stateless, upstream_request,
+};
+use crate::tasks::{Final, NewTask, Status, Task, TaskOutcome, TaskSpec};
 use crate::telemetry::Target;
 use crate::upstream::{Request, TaskOwner};
 
@@ -73,15 +75,17 @@ pub async fn created(
         registration: ctx.registration.clone(),
         upstream: upstream.to_string(),
         epoch,
-        upstream_id: upstream_id.clone(),
-        tool: tool.to_string(),
-        internal,
-        modern,
-        upstream_modern,
-        session: ctx.session.as_ref().map(Arc::downgrade),
-        progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
-        ttl,
-        poll_interval: Duration::from_millis(poll),
+        spec: TaskSpec {
+            upstream_id: upstream_id.clone(),
+            tool: tool.to_string(),
+            internal,
+            modern,
+            upstream_modern,
+            session: ctx.session.as_ref().map(Arc::downgrade),
+            progress: progress_route(ctx, epoch, progress, internal, modern.is_some()),
+            ttl,
+            poll_interval: Duration::from_millis(poll),
+        },
         view: upstream_task,
     };
     let task = match hub.tasks().insert(new, cfg.max_live_per_registration) {
@@ -99,7 +103,7 @@ pub async fn created(
     rec.upstream = Some(upstream.into());
     rec.epoch = Some(epoch);
     rec.rare_mut().task_id = Some(task.id.as_str().into());
-    let digest = crate::tasks::upstream_digest(&task.upstream_id);
+    let digest = crate::tasks::upstream_digest(&task.spec.upstream_id);
     rec.rare_mut().upstream_task_digest = Some(digest.as_str().into());
     rec.rare_mut().ttl_ms = u64::try_from(ttl.as_millis()).ok();
     let _ = hub.audit().record(rec).await;
@@ -205,7 +209,7 @@ fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Ta
     let task_id = params.and_then(|p| p.get("taskId")).and_then(Value::as_str);
     task_id
         .and_then(|t| ctx.hub.tasks().get(&ctx.registration.id, t))
-        .filter(|t| !t.internal)
+        .filter(|t| !t.spec.internal)
         .ok_or_else(|| {
             RpcError::new(
                 Some(id.clone()),
@@ -217,27 +221,20 @@ fn lookup(ctx: &RequestCtx, id: &Value, params: Option<&Value>) -> Result<Arc<Ta
 }
 
 /// Handles `tasks/get|result|cancel|list` for a session. `None`: the request was cancelled.
-pub async fn handle(
-    ctx: &RequestCtx,
-    id: Value,
-    method: &str,
-    params: Option<Value>,
-    cancel: CancellationToken,
-    trace: Option<&crate::telemetry::CallTrace>,
-) -> Option<Value> {
+pub async fn handle(ctx: &RequestCtx, req: Served<'_>) -> Option<Value> {
+    let Served {
+        id,
+        method,
+        params,
+        cancel,
+        trace,
+    } = req;
     if ctx.session.is_none() {
         return Some(modern(ctx, id, method, params.as_ref()).await);
     }
     if method == "tasks/update" {
         // Not a 2025-11-25 method.
-        return Some(
-            RpcError::new(
-                Some(id),
-                crate::protocol::error::METHOD_NOT_FOUND,
-                format!("method not found: {method}"),
-            )
-            .to_value(),
-        );
+        return Some(RpcError::method_not_found(format!("method not found: {method}")).answer(&id));
     }
     if method == "tasks/list" {
         return Some(list(ctx, id, params.as_ref()));
@@ -303,7 +300,7 @@ async fn modern(ctx: &RequestCtx, id: Value, method: &str, params: Option<&Value
                 )
                 .to_value();
             };
-            if task.upstream_modern {
+            if task.spec.upstream_modern {
                 return Driver::new(hub, &task).update_upstream(id, responses).await;
             }
             for (key, response) in responses {
@@ -350,7 +347,7 @@ fn list(ctx: &RequestCtx, id: Value, params: Option<&Value>) -> Value {
         .tasks()
         .of_registration(&ctx.registration.id)
         .iter()
-        .filter(|t| !t.internal)
+        .filter(|t| !t.spec.internal)
         .map(|t| t.view())
         .collect();
     jsonrpc::success(id, json!({"tasks": tasks}))
@@ -383,7 +380,7 @@ async fn wait_final(
     if let Some(f) = task.final_answer() {
         return Some(f);
     }
-    if task.upstream_modern {
+    if task.spec.upstream_modern {
         // No blocking `tasks/result` in the 2026-07-28 era: the poller's `tasks/get` sees the
         // end (woken now, so a call waiting on it is not a poll interval late).
         task.wake.notify_one();
