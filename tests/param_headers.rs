@@ -506,3 +506,117 @@ async fn a_2026_upstreams_list_change_reaches_registrations_through_subscription
         "the catalog was not fetched again ({lists} tools/list)"
     );
 }
+
+/// tests/fixtures/updates2026_server.py (the official Python SDK's `MCPServer`, 2026-07-28)
+/// over HTTP on a free port, as upstream `u`; killed on drop.
+async fn sdk_2026_upstream() -> (tokio::process::Child, gatehouse::config::UpstreamConfig) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = tokio::process::Command::new(peers::peer(".venv-fastmcp-tasks/bin/python"))
+        .arg(repo_root().join("tests/fixtures/updates2026_server.py"))
+        .arg(port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "updates2026_server.py {port} did not listen");
+    let config = toml::from_str(&format!(
+        "id = \"u\"\nurl = \"http://127.0.0.1:{port}/mcp\"\nsharing = \"shared\"\ncall_timeout_s = 30\nprotocol = \"2026-07-28\"\n"
+    ))
+    .unwrap();
+    (server, config)
+}
+
+/// The `notifications/resources/updated` for `uri` among `notes`.
+fn updated(notes: &[Value], uri: &str) -> bool {
+    notes
+        .iter()
+        .any(|n| n["method"] == "notifications/resources/updated" && n["params"]["uri"] == uri)
+}
+
+/// Issue 52 item 3 (second line, resource updates): a 2025-era session subscribes to a
+/// resource of a 2026-07-28 upstream (which has no `resources/subscribe`); the gateway asks
+/// for it in `resourceSubscriptions` on its `subscriptions/listen` stream, and the upstream's
+/// update reaches that session only (not a session that did not subscribe, nor for another URI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_resource_updates_reach_the_subscribed_sessions() {
+    let (_server, up) = sdk_2026_upstream().await;
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![up];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-u").grant("u.*"))
+        .await
+        .unwrap();
+    let mut a = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    let init = a.initialize().await;
+    assert_eq!(
+        init["result"]["capabilities"]["resources"]["subscribe"], true,
+        "{init}"
+    );
+    let mut b = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    b.initialize().await;
+
+    let r = a
+        .request("resources/subscribe", json!({"uri": "note://a"}))
+        .await;
+    assert_eq!(r["result"], json!({}), "{r}");
+
+    // The listen stream reopens with the URI shortly after: touched until heard (bounded).
+    let mut heard = Vec::new();
+    for _ in 0..20 {
+        let (r, mut notes) = a
+            .request_with_notes(
+                "tools/call",
+                json!({"name": "u.touch", "arguments": {"uri": "note://a"}}),
+            )
+            .await;
+        assert_eq!(r["result"]["content"][0]["text"], "touched:note://a", "{r}");
+        while let Some(n) = a.next_message(1).await {
+            notes.push(n);
+        }
+        if updated(&notes, "note://a") {
+            heard = notes;
+            break;
+        }
+    }
+    assert!(
+        updated(&heard, "note://a"),
+        "the subscribed session never heard note://a's update"
+    );
+    // Another URI (not subscribed) is not delivered to it.
+    let (_, mut notes) = a
+        .request_with_notes(
+            "tools/call",
+            json!({"name": "u.touch", "arguments": {"uri": "note://b"}}),
+        )
+        .await;
+    while let Some(n) = a.next_message(1).await {
+        notes.push(n);
+    }
+    assert!(!updated(&notes, "note://b"), "{notes:?}");
+    // The session that did not subscribe heard nothing of it.
+    let mut other = Vec::new();
+    while let Some(n) = b.next_message(1).await {
+        other.push(n);
+    }
+    assert!(!updated(&other, "note://a"), "{other:?}");
+}

@@ -254,6 +254,16 @@ impl Pool {
         self.inner.up(id).map(|u| u.spec.config.clone())
     }
 
+    /// A client subscribed to `uri` on `upstream_id`: a 2026-07-28 HTTP upstream hears it on
+    /// its `subscriptions/listen` stream (Some: whether the URI is watched now); any other
+    /// upstream is asked `resources/subscribe` by the caller (None).
+    pub fn watch_resource(&self, upstream_id: &str, uri: &str) -> Option<bool> {
+        let up = self.inner.up(upstream_id)?;
+        let modern = up.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION);
+        let http = matches!(up.spec.transport, Transport::Http { .. });
+        (modern && http).then(|| up.spec.watched.add(uri))
+    }
+
     /// The configs of the upstreams in effect now (a reload may have changed them since the
     /// gateway started), in id order.
     pub fn upstream_configs(&self) -> Vec<UpstreamConfig> {

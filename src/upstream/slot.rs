@@ -38,6 +38,9 @@ pub(super) struct Spec {
     pub catalog_work: Mutex<Option<crate::telemetry::PoolWork>>,
     /// Why the last connection attempt failed, until one succeeds (`GET /v1/upstreams`).
     pub last_error: Mutex<Option<String>>,
+    /// The resource URIs clients subscribed to on a 2026-07-28 HTTP upstream (asked on its
+    /// `subscriptions/listen` stream; survives respawns).
+    pub watched: super::subscriptions::Watched,
 }
 
 impl Spec {
@@ -57,6 +60,7 @@ impl Spec {
             server,
             catalog_work: Mutex::new(None),
             last_error: Mutex::new(None),
+            watched: Default::default(),
         }
     }
 
@@ -287,7 +291,11 @@ impl Slot {
                 *guard = Some(c.clone());
                 *lock(&self.current) = Some(c.clone());
                 // A 2026-07-28 HTTP upstream's list changes come on `subscriptions/listen`.
-                super::subscriptions::keep_listening(&c, self.stop.child_token());
+                super::subscriptions::keep_listening(
+                    &c,
+                    &self.spec.watched,
+                    self.stop.child_token(),
+                );
                 *lock(&self.last_used) = Instant::now();
                 *lock(&self.spec.last_error) = None;
                 Ok(c)
