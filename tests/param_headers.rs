@@ -620,3 +620,78 @@ async fn a_2026_upstreams_resource_updates_reach_the_subscribed_sessions() {
     }
     assert!(!updated(&other, "note://a"), "{other:?}");
 }
+
+/// `tools/call` u.ask on a legacy-SSE session, answering the server requests it is sent with
+/// `answer` (None: left unanswered): the call's response and the methods it was asked.
+async fn ask_through(c: &mut SseClient, answer: Option<Value>) -> (Value, Vec<String>) {
+    let resp = c
+        .post(
+            json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
+                     "params": {"name": "u.ask", "arguments": {"what": "x"}}}),
+        )
+        .await;
+    assert_eq!(resp.status(), 202);
+    let mut asked = Vec::new();
+    loop {
+        let msg = c.next_message(30).await.expect("no reply to tools/call");
+        if msg["id"] == "call-1" {
+            return (msg, asked);
+        }
+        if let Some(m) = msg["method"].as_str().filter(|_| msg.get("id").is_some()) {
+            asked.push(m.to_string());
+            assert_eq!(msg["params"]["message"], "Proceed with x?", "{msg}");
+            if let Some(a) = &answer {
+                let r = c
+                    .post(json!({"jsonrpc": "2.0", "id": msg["id"], "result": a}))
+                    .await;
+                assert_eq!(r.status(), 202);
+            }
+        }
+    }
+}
+
+/// Issue 52 item 3 (first line): a 2026-07-28 upstream (the Python SDK's `MCPServer`) answers
+/// a plain `tools/call` `input_required` with an elicitation. A 2025-era session is sent the
+/// `elicitation/create` itself, and its answer goes back in the retried call (the tool says
+/// what it received); a session that declared no elicitation is answered `decline` for it; a
+/// stateless 2026-07-28 client gets the `input_required` answer as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_input_required_is_asked_of_2025_clients() {
+    let (_server, up) = sdk_2026_upstream().await;
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![up];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-u").grant("u.*"))
+        .await
+        .unwrap();
+
+    let mut a = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    a.initialize_with(json!({"elicitation": {}})).await;
+    let accept = json!({"action": "accept", "content": {"ok": true}});
+    let (r, asked) = ask_through(&mut a, Some(accept)).await;
+    assert_eq!(asked, ["elicitation/create"], "{r}");
+    assert_eq!(
+        r["result"]["content"][0]["text"], "ask:x:accept:{\"ok\": true}",
+        "{r}"
+    );
+
+    let mut b = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    b.initialize().await;
+    let (r, asked) = ask_through(&mut b, None).await;
+    assert!(asked.is_empty(), "{asked:?}");
+    assert_eq!(
+        r["result"]["content"][0]["text"], "ask:x:decline:null",
+        "{r}"
+    );
+
+    let (status, r) = call(&reg, "u.ask", json!({"what": "x"}), &[]).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    assert!(
+        r["result"]["inputRequests"]["ok"]["method"] == "elicitation/create",
+        "{r}"
+    );
+}

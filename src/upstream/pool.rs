@@ -259,9 +259,15 @@ impl Pool {
     /// upstream is asked `resources/subscribe` by the caller (None).
     pub fn watch_resource(&self, upstream_id: &str, uri: &str) -> Option<bool> {
         let up = self.inner.up(upstream_id)?;
-        let modern = up.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION);
         let http = matches!(up.spec.transport, Transport::Http { .. });
-        (modern && http).then(|| up.spec.watched.add(uri))
+        (self.is_modern(upstream_id) && http).then(|| up.spec.watched.add(uri))
+    }
+
+    /// Whether `upstream_id` is configured for 2026-07-28.
+    pub fn is_modern(&self, upstream_id: &str) -> bool {
+        self.inner.up(upstream_id).is_some_and(|up| {
+            up.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION)
+        })
     }
 
     /// The configs of the upstreams in effect now (a reload may have changed them since the
