@@ -687,6 +687,20 @@ async fn a_2026_upstreams_input_required_is_asked_of_2025_clients() {
         "{r}"
     );
 
+    // The official Python SDK's client (handshake-era Streamable HTTP), its elicitation
+    // callback answering.
+    let cells = json!([{"transport": "streamable", "url": reg.mcp_url(), "token": reg.token(),
+        "timeout": 60, "elicit": {"ok": true},
+        "steps": [{"name": "ask", "tool": "u.ask", "args": {"what": "py"}, "timeout": 30}]}]);
+    let out = common::peers::batch(".venv", "py_client.py", &cells).await;
+    let out = common::peers::ok("py_client.py", &out[0]);
+    assert_eq!(out["asked"], json!(["elicitation"]), "{out}");
+    assert_eq!(
+        common::peers::step_text(&out["steps"]["ask"]),
+        "ask:py:accept:{\"ok\": true}",
+        "{out}"
+    );
+
     let (status, r) = call(&reg, "u.ask", json!({"what": "x"}), &[]).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["result"]["resultType"], "input_required", "{r}");
