@@ -84,6 +84,9 @@ pub struct Config {
     /// OpenTelemetry traces (issue 38): off unless an OTLP endpoint is set here or by the
     /// `OTEL_*` variables (which override this section in the daemon).
     pub telemetry: TelemetryConfig,
+    /// Policy rules over calls and the default for a call no rule matched (issue 49,
+    /// docs/policy.md); applied by a reload.
+    pub policy: crate::policy::PolicyConfig,
     pub upstreams: Vec<UpstreamConfig>,
 }
 
@@ -308,6 +311,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             cluster: ClusterConfig::default(),
             telemetry: TelemetryConfig::default(),
+            policy: crate::policy::PolicyConfig::default(),
             upstreams: Vec::new(),
         }
     }

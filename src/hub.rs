@@ -49,6 +49,8 @@ pub struct Hub {
     fence: crate::fence::Fence,
     /// OpenTelemetry traces; `None` (off) unless an endpoint is configured.
     telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// The config's policy rules (issue 49), replaced by a reload.
+    policy: crate::policy::Live,
 }
 
 impl Hub {
@@ -64,7 +66,10 @@ impl Hub {
         // The coarse deadlines' ticker (parked until a call waits): started with the gateway.
         crate::sync::coarse::start();
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
+        // Validated with the config (`Config::validate`): an error here cannot happen.
+        let policy = crate::policy::Live::new(&config.policy).unwrap_or_default();
         let hub = Arc::new(Hub {
+            policy,
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
             sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
@@ -98,6 +103,11 @@ impl Hub {
 
     pub fn fence(&self) -> &crate::fence::Fence {
         &self.fence
+    }
+
+    /// The config's policy rules as they are now (issue 49).
+    pub fn policy(&self) -> &crate::policy::Live {
+        &self.policy
     }
 
     /// The tracer, if tracing is on.

@@ -29,6 +29,7 @@ mod listen;
 mod methods;
 mod metrics;
 mod mrtr;
+pub mod policy;
 mod protocol;
 mod refusals;
 mod registration;

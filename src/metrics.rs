@@ -236,6 +236,8 @@ pub struct Metrics {
     /// Handles into `calls` and `latency`, by tool label (bounded like the labels).
     call_handles: RwLock<HashMap<String, ToolHandles>>,
     registrations_created: Counter,
+    /// Tool calls refused by a rate limit (issue 49).
+    rate_limited: Counter,
     registrations_closed: Family<ReasonLabel, Counter>,
     registrations: Gauge,
     sessions: Gauge,
@@ -319,6 +321,7 @@ impl Metrics {
             latency: add(r, "tool_call_duration_seconds", "Tool call latency, from request to audited reply", Family::new_with_constructor(latency_histogram)),
             call_handles: RwLock::new(HashMap::default()),
             registrations_created: add(r, "registrations_created", "Registrations created", Counter::default()),
+            rate_limited: add(r, "tool_calls_rate_limited", "Tool calls refused by a rate limit (limits.calls_per_minute, tool_calls_per_minute)", Counter::default()),
             registrations_closed: add(r, "registrations_closed", "Registrations ended, by reason (released, expired, shutdown)", Family::<ReasonLabel, Counter>::default()),
             registrations: add(r, "registrations", "Live registrations", Gauge::default()),
             sessions: add(r, "sessions", "Open MCP sessions", Gauge::default()),
@@ -494,6 +497,10 @@ impl Metrics {
                 reason,
             })
             .inc();
+    }
+
+    pub fn rate_limited(&self) {
+        self.rate_limited.inc();
     }
 
     pub fn registration_created(&self) {

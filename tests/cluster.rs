@@ -1860,3 +1860,52 @@ async fn a_release_whose_answer_one_member_lost_is_read_back_on_another() {
         "c audited the release"
     );
 }
+
+/// Issue 49 item 2: rate limits are per node (docs/policy.md "In a cluster"): with
+/// `calls_per_minute = 3` and two nodes, each node serves exactly 3 of a burst of 6 and
+/// refuses the rest with -32030 and `retry_after_ms`, so the registration is held to at most
+/// 2 × 3 a minute, and a node's refusals do not spend the other's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limit_holds_per_node_within_n_times_its_figure() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let nodes = [node("a", &eps, 2), node("b", &eps, 2)];
+    let http = common::http();
+    let r = nodes[0]
+        .register(
+            json!({"agent_id": "agent-r", "tools": ["demo.*"], "limits": {"calls_per_minute": 3}}),
+        )
+        .await;
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in &nodes {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (s, _) = call(&http, n, &id, "wrong", "demo.echo", json!({"text":"x"})).await;
+            if s == 401 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not replicated to {}", n.data);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    for n in &nodes {
+        let mut served = 0;
+        for _ in 0..6 {
+            let (s, v) = call(&http, n, &id, &token, "demo.echo", json!({"text":"x"})).await;
+            if s == 200 && echo_ok(&v) {
+                served += 1;
+                continue;
+            }
+            assert_eq!(v["error"]["code"], -32030, "{s} {v}");
+            assert!(
+                v["error"]["data"]["retry_after_ms"].as_u64().unwrap() > 0,
+                "{v}"
+            );
+        }
+        assert_eq!(served, 3, "node {}: one bucket of 3 per node", n.data);
+    }
+}

@@ -50,6 +50,7 @@ async fn a_child_sees_a_subset_within_its_parents_bounds_and_caps_hold() {
             max_calls: Some(100),
             max_concurrent: Some(4),
             call_timeout_s: None,
+            ..Default::default()
         }))
         .await
         .unwrap();

@@ -24,6 +24,8 @@ RULES = [
     ("config", ["*"], []),
     ("config_load", ["*"], []),
     ("tool_name", ["*"], []),
+    # Policy rules and rate limits (issue 49): CEL over plain values, token buckets.
+    ("policy", ["*"], []),
     ("audit", ["*"], []),
     # Outgoing TLS (issue 46): rustls configs and TLS failures named, for upstreams and OTLP.
     ("tls", ["*"], []),
@@ -67,7 +69,8 @@ LAYERS = [
     (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: the protocol (versions, methods, JSON-RPC, the one
     # error value — no dispatch), the config, names, the audit trail, the std-lock helpers.
-    (0, ["protocol", "config", "config_load", "tool_name", "audit", "sync", "telemetry", "tls"]),
+    (0, ["protocol", "config", "config_load", "tool_name", "audit", "sync", "telemetry", "tls",
+         "policy"]),
 ]
 
 
@@ -81,7 +84,8 @@ def rank_of(m):
 
 
 # What the leaves may still use.
-LEAF_ALLOWED = {"config": ["sync", "tool_name"],
+LEAF_ALLOWED = {"config": ["sync", "tool_name", "policy"],
+                "policy": ["sync"],
                 "config_load": ["config", "sync", "tool_name", "tls"],
                 "audit": ["config", "sync", "protocol"],
                 "telemetry": ["config", "sync", "tls", "protocol"], "protocol": [],

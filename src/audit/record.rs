@@ -169,6 +169,9 @@ pub struct Rare<'a> {
     /// The OpenTelemetry trace id of a traced call (32 lowercase hex digits; issue 38).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<Cow<'a, str>>,
+    /// The id of the policy rule that denied a call (issue 49; with `reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<Cow<'a, str>>,
 }
 
 /// No rare field at all: `None`, as a record built without them has.
@@ -186,6 +189,7 @@ static NO_RARE: Rare<'static> = Rare {
     upstream_task_digest: None,
     ttl_ms: None,
     trace_id: None,
+    rule: None,
 };
 
 /// The rare fields read back: `None` when the line has none of them.
@@ -338,6 +342,7 @@ impl<'a> Record<'a> {
                     upstream_task_digest: r.upstream_task_digest.map(owned),
                     ttl_ms: r.ttl_ms,
                     trace_id: r.trace_id.map(owned),
+                    rule: r.rule.map(owned),
                 })
             }),
             prev: self.prev,
@@ -448,6 +453,7 @@ impl<'a> Record<'a> {
                 line.u64(k!("ttl_ms"), v);
             }
             line.opt_str(k!("trace_id"), &r.trace_id);
+            line.opt_str(k!("rule"), &r.rule);
         }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
@@ -674,6 +680,7 @@ mod tests {
                 upstream_task_digest: Some("ef".repeat(32).into()),
                 ttl_ms: Some(u64::MAX),
                 trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+                rule: Some("no_\"etc".into()),
             })),
             prev: String::new(),
         };

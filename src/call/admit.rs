@@ -24,11 +24,13 @@ pub(crate) async fn admit<'r>(
     reg: &'r RegistrationState,
     name: &str,
     audit_healthy: bool,
+    govern: Govern<'_>,
 ) -> Result<(&'r GrantedTool, Admission<'r>), (Option<&'r GrantedTool>, Refused)> {
     let refused = |reason: Cow<'static, str>, ended| Refused {
         tool: None,
         reason,
         ended,
+        rule: None,
     };
     // Unknown to this registration: not granted, or removed upstream since (its pin).
     let unknown = |reason: &'static str, message: String| {
@@ -73,9 +75,83 @@ pub(crate) async fn admit<'r>(
             refused("audit log unavailable".into(), Ended::AuditDown),
         ));
     }
+    if let Some(r) = govern.check(reg, tool) {
+        return Err((Some(tool), r));
+    }
     let limited = |why: String| (Some(tool), refused(why.clone().into(), Ended::Limited(why)));
     match reg.admit_call(budget).await {
         Ok(admission) => Ok((tool, admission)),
         Err(why) => Err(limited(why)),
+    }
+}
+
+/// What a call is governed by besides its limits (issue 49): the config's policy rules as
+/// they are now, and the call's arguments.
+#[derive(Clone, Copy)]
+pub(crate) struct Govern<'a> {
+    pub config: Option<&'a crate::policy::eval::ConfigPolicy>,
+    pub args: &'a serde_json::Value,
+}
+
+impl Govern<'_> {
+    /// The policy's decision (config rules, then the family's, root first), then the rate
+    /// limits (this registration's buckets and every ancestor's). With no policy and no rate
+    /// limit anywhere: `None` checks only.
+    fn check(self, reg: &RegistrationState, tool: &GrantedTool) -> Option<Refused> {
+        use crate::policy::{decide, Buckets, CallFacts, Layers};
+        let family_rules = reg.policy.is_some()
+            || (reg.family.parent.is_some() && reg.family.ancestors().any(|a| a.policy.is_some()));
+        if self.config.is_some() || family_rules {
+            let mut chain: Vec<&RegistrationState> = reg.family.ancestors().map(|a| &**a).collect();
+            chain.reverse();
+            chain.push(reg);
+            let layers = Layers {
+                root: chain.first().and_then(|r| r.policy.as_ref()),
+                narrowing: chain
+                    .iter()
+                    .skip(1)
+                    .filter_map(|r| r.policy.as_ref())
+                    .collect(),
+            };
+            let upstream_name = match &tool.backend {
+                crate::tools::Backend::Upstream { tool, .. } => tool.as_str(),
+                crate::tools::Backend::InProcess(_) => tool.name.as_str(),
+            };
+            let facts = CallFacts {
+                registration_id: &reg.id,
+                agent_id: &reg.agent_id,
+                agent_path: reg.family.agent_path.as_deref(),
+                label: reg.label.as_deref(),
+                tool: &tool.name,
+                upstream_name,
+                descriptor: &tool.descriptor,
+                args: self.args,
+                upstream: tool.upstream(),
+            };
+            if let Some((rule, reason)) = decide(self.config, &layers, &facts).refusal() {
+                let text = format!("denied by policy rule {rule}: {reason}");
+                return Some(Refused {
+                    tool: None,
+                    reason: format!("policy rule {rule}: {reason}").into(),
+                    ended: Ended::Result(ToolResult::error(text).0, Outcome::Denied),
+                    rule: Some(rule),
+                });
+            }
+        }
+        let limited = !reg.rate.is_empty()
+            || (reg.family.parent.is_some() && reg.family.ancestors().any(|a| !a.rate.is_empty()));
+        if limited {
+            let levels = std::iter::once((reg.id.as_str(), &reg.rate))
+                .chain(reg.family.ancestors().map(|a| (a.id.as_str(), &a.rate)));
+            if let Err(r) = Buckets::take_all(levels, &tool.name) {
+                return Some(Refused {
+                    tool: None,
+                    reason: "rate_limited".into(),
+                    ended: Ended::RateLimited(r.message, r.retry_after_ms),
+                    rule: None,
+                });
+            }
+        }
+        None
     }
 }

@@ -32,6 +32,8 @@ pub(crate) struct Summary<'a> {
     pub trace: Option<Box<CallTrace>>,
     /// A cluster node: the store revision the call was admitted (or refused) against.
     pub revision: Option<u64>,
+    /// The policy rule that denied the call, if one did.
+    pub rule: Option<String>,
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
@@ -66,6 +68,7 @@ pub(super) fn refuse<'c>(
             ended: r.ended,
             trace,
             revision: ctx.hub.fence().decided_at(),
+            rule: r.rule,
         },
     )
 }
@@ -124,6 +127,17 @@ pub(crate) fn conclude(
             let reply = jsonrpc::success(id.clone(), ToolResult::error(why.clone()).0).into();
             let mut c = plain(Outcome::Denied, reply);
             c.reason = Some(why.into());
+            c
+        }
+        Ended::RateLimited(message, retry_after_ms) => {
+            let code = crate::protocol::error::BUSY;
+            let reply = RpcError::new(Some(id.clone()), code, message)
+                .with_data(json!({ "retry_after_ms": retry_after_ms }))
+                .to_value()
+                .into();
+            let mut c = plain(Outcome::Denied, reply);
+            c.error_code = Some(code);
+            c.reason = Some("rate_limited".into());
             c
         }
         Ended::TimedOut(secs) => {
@@ -199,6 +213,9 @@ pub(crate) fn finish<'c>(
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;
     rec.reason = c.reason;
+    if let Some(rule) = summary.rule {
+        rec.rare_mut().rule = Some(Cow::Owned(rule));
+    }
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let tool_label = match summary.tool {
         Some(t) if summary.granted => t,

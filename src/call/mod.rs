@@ -27,7 +27,7 @@ mod plan;
 mod tests;
 mod types;
 
-pub(crate) use admit::{admit, Budget};
+pub(crate) use admit::{admit, Budget, Govern};
 pub(crate) use execute::{execute, Execution};
 pub(crate) use finish::{finish, Summary};
 pub(crate) use parse::parse;
@@ -80,10 +80,18 @@ pub fn run<'c>(
         // A cluster node: the store revision the admission is decided against (everything
         // up to it applied; `None` outside a cluster: one atomic load).
         let revision = ctx.hub.fence().decided_at();
-        let (tool, admission) = match admit(budget, reg, &name, ctx.hub.audit().is_healthy()).await
-        {
+        let policy = ctx.hub.policy().current();
+        let govern = Govern {
+            config: policy.as_deref(),
+            args: &arguments,
+        };
+        let healthy = ctx.hub.audit().is_healthy();
+        let (tool, admission) = match admit(budget, reg, &name, healthy, govern).await {
             Ok(a) => a,
             Err((tool, mut r)) => {
+                if matches!(r.ended, types::Ended::RateLimited(..)) {
+                    ctx.hub.metrics().rate_limited();
+                }
                 r.tool = Some(name);
                 let upstream = tool.and_then(GrantedTool::upstream);
                 let asked = Some((digest.as_str(), recorded));
@@ -127,6 +135,7 @@ pub fn run<'c>(
             ended,
             trace,
             revision,
+            rule: None,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.

@@ -20,6 +20,7 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
             message.to_string(),
             Outcome::ProtocolError,
         ),
+        rule: None,
     };
     let mut params = match params {
         Some(Value::Object(m)) => m,
@@ -79,6 +80,7 @@ pub(crate) fn parse(params: Option<Value>) -> Result<ToolCall, Refused> {
                 ),
                 Outcome::Denied,
             ),
+            rule: None,
         });
     }
     Ok(ToolCall {

@@ -96,11 +96,17 @@ async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
         store: &store,
         block: 64,
     };
-    let admit = |reg, name, healthy| admit(budget, reg, name, healthy);
+    let args = serde_json::Value::Null;
+    let govern = super::Govern {
+        config: None,
+        args: &args,
+    };
+    let admit = |reg, name, healthy| admit(budget, reg, name, healthy, govern);
     let reg = registration(crate::registration::Limits {
         max_calls: Some(2),
         max_concurrent: Some(1),
         call_timeout_s: None,
+        ..Default::default()
     });
     let (_, r) = admit(&reg, "nope", true).await.unwrap_err();
     assert_eq!(

@@ -19,6 +19,8 @@ pub(crate) enum Ended {
     Error(i64, String, Outcome),
     /// Refused by a limit: a tool error result saying why (the record's reason too).
     Limited(String),
+    /// Over a rate limit (issue 49): a JSON-RPC error, its message and `retry_after_ms`.
+    RateLimited(String, u64),
     /// The registration's `call_timeout_s` (seconds) elapsed.
     TimedOut(f64),
     /// Refused while the audit log cannot be written.
@@ -48,4 +50,6 @@ pub(crate) struct Refused {
     pub tool: Option<String>,
     pub reason: Cow<'static, str>,
     pub ended: Ended,
+    /// The policy rule that denied the call (its audit record's `rule`).
+    pub rule: Option<String>,
 }

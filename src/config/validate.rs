@@ -28,6 +28,18 @@ impl Config {
         within("store.budget_block", self.store.budget_block, 1, 1_000_000)?;
         within("store.queue", self.store.queue, 16, 1_048_576)?;
         self.validate_bounds()?;
+        crate::policy::compile(&self.policy.rules, "policy.rules", true)
+            .map_err(ConfigError::Invalid)?;
+        for (i, r) in self.policy.rules.iter().enumerate() {
+            if let Some(u) = &r.upstream {
+                if !self.upstreams.iter().any(|x| &x.id == u) {
+                    return Err(ConfigError::Invalid(format!(
+                        "policy.rules[{i}] (rule {:?}): upstream {u:?} is not a configured upstream",
+                        r.id
+                    )));
+                }
+            }
+        }
         self.validate_cluster()?;
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {

@@ -122,8 +122,13 @@ impl super::Gateway {
             .into_iter()
             .filter(|k| !k.starts_with("upstreams."))
             .collect();
+        // Policy rules apply to new calls at once (validated with the file above).
+        let policy_changed = self.hub().policy().replace(&new.policy) == Ok(true);
         let done = self.pool().reconfigure(transports);
         let mut applied = Vec::new();
+        if policy_changed {
+            applied.push("policy (changed)".to_string());
+        }
         for (ids, what) in [
             (&done.added, "added"),
             (&done.changed, "changed"),

@@ -71,6 +71,25 @@ pub fn child_of(
     let l = &mut spec.limits;
     bounded("max_calls", &mut l.max_calls, p.max_calls)?;
     bounded("max_concurrent", &mut l.max_concurrent, p.max_concurrent)?;
+    bounded(
+        "calls_per_minute",
+        &mut l.calls_per_minute,
+        p.calls_per_minute,
+    )?;
+    if let Some(pt) = &p.tool_calls_per_minute {
+        let ct = l.tool_calls_per_minute.get_or_insert_with(Default::default);
+        for (tool, n) in pt {
+            let mut c = ct.get(tool).copied();
+            bounded(
+                &format!("tool_calls_per_minute[{tool:?}]"),
+                &mut c,
+                Some(*n),
+            )?;
+            if let Some(c) = c {
+                ct.insert(tool.clone(), c);
+            }
+        }
+    }
     match (l.call_timeout_s, p.call_timeout_s) {
         (Some(c), Some(pp)) if c > pp => {
             return Err(format!(

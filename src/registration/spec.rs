@@ -19,6 +19,17 @@ pub struct Limits {
     pub max_concurrent: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_timeout_s: Option<f64>,
+    /// Calls per minute (a token bucket; issue 49): this registration's, a child's within its
+    /// parent's, and a child's calls take from every ancestor's bucket too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
+    /// Calls per minute of one tool (by the name the registration sees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls_per_minute: Option<BTreeMap<String, u32>>,
+    /// The registration's policy rules (issue 49), written as the body's top-level `policy`;
+    /// kept with the limits so every store keeps them as it keeps the limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy: Vec<crate::policy::RuleSpec>,
 }
 
 /// A root the harness sets for an execution (MCP `Root`): what `roots/list` from an upstream
@@ -175,6 +186,17 @@ impl RegistrationSpec {
         for pattern in &self.tools {
             Grant::parse(pattern)?;
         }
+        if self.limits.calls_per_minute == Some(0)
+            || self
+                .limits
+                .tool_calls_per_minute
+                .iter()
+                .flatten()
+                .any(|(_, n)| *n == 0)
+        {
+            return Err("limits: calls_per_minute and tool_calls_per_minute are at least 1".into());
+        }
+        crate::policy::compile(&self.limits.policy, "policy", false)?;
         Ok(())
     }
 
@@ -220,6 +242,20 @@ impl RegistrationSpec {
             None | Some(Value::Null) => Limits::default(),
             Some(v) => serde_json::from_value::<Limits>(v).map_err(|e| format!("limits: {e}"))?,
         };
+        let mut limits = limits;
+        match m.remove("policy") {
+            None | Some(Value::Null) => {}
+            Some(_) if !limits.policy.is_empty() => {
+                return Err("policy: give it once, at the top level".into())
+            }
+            Some(v) => {
+                limits.policy = serde_json::from_value(v).map_err(|e| {
+                    format!(
+                        "policy: {e} (an array of {{\"id\", \"when\", \"effect\", \"reason\"?}})"
+                    )
+                })?
+            }
+        }
         let roots = match m.remove("roots") {
             None | Some(Value::Null) => None,
             Some(v) => Some(serde_json::from_value::<Vec<Root>>(v).map_err(|e| {
@@ -233,7 +269,7 @@ impl RegistrationSpec {
         };
         if let Some(k) = m.keys().next() {
             return Err(format!(
-                "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, roots, parent)"
+                "{k}: unknown field (expected agent_id, tools, label, ttl_s, limits, policy, roots, parent)"
             ));
         }
         Ok(RegistrationSpec {

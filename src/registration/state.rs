@@ -53,6 +53,10 @@ pub struct RegistrationState {
     /// agent ids from the root down (in a child's audit records), the live children's ids,
     /// and the children closed with this one, which its release finishes first.
     pub family: Family,
+    /// Its own policy rules (`limits.policy`), compiled; `None` when it has none.
+    pub policy: Option<crate::policy::Rules>,
+    /// Its rate limits' token buckets (`limits.calls_per_minute`, `tool_calls_per_minute`).
+    pub rate: crate::policy::Buckets,
 }
 
 /// A registration's cancellation, read-only outside this module: its calls and streams take
@@ -214,6 +218,16 @@ impl RegistrationState {
             // The whole budget in hand (a store that dies with the process); `register` sets
             // the first block of a durable store.
             budget: Budget::new(spec.limits.max_calls.unwrap_or(0)),
+            // Checked by `RegistrationSpec::check`; a stored one that no longer compiles
+            // denies every call (an empty list would allow them).
+            policy: (!spec.limits.policy.is_empty()).then(|| {
+                crate::policy::compile(&spec.limits.policy, "policy", false)
+                    .unwrap_or_else(|_| crate::policy::Rules::deny_all())
+            }),
+            rate: crate::policy::Buckets::new(
+                spec.limits.calls_per_minute,
+                spec.limits.tool_calls_per_minute.as_ref(),
+            ),
         }
     }
 

@@ -360,7 +360,7 @@ impl NativeGateway {
                     py,
                     "RegistrationError",
                     format!(
-                        "limits: {e} (allowed keys: max_calls, max_concurrent, call_timeout_s)"
+                        "limits: {e} (allowed keys: max_calls, max_concurrent, call_timeout_s, calls_per_minute, tool_calls_per_minute, policy)"
                     ),
                 )
             })?;

@@ -1,0 +1,64 @@
+//! What config (`[policy]`, `[[policy.rules]]`) and a registration (`"policy": [...]`)
+//! write: a rule's id, its CEL condition and its effect.
+
+use serde::{Deserialize, Serialize};
+
+/// What a matching rule does.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    Allow,
+    Deny,
+    /// Held for approval (issue 49 item 3). Accepted and checked; until approval is
+    /// implemented a matching `approve` rule denies the call ("approval not yet supported").
+    Approve,
+}
+
+/// Who approves an `approve` rule's call.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Approver {
+    Harness,
+    Client,
+}
+
+/// One rule, as config and the admin API write it (an absent optional field reads as none).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// Named in refusals and audit records: 1-64 characters of `[A-Za-z0-9_.-]`.
+    pub id: String,
+    /// A CEL expression giving a boolean.
+    pub when: String,
+    pub effect: Effect,
+    /// A `deny` rule's reason, told to the client and audited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// An `approve` rule's approver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approver: Option<Approver>,
+    /// An `approve` rule's wait for a decision, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    /// Config rules only: the rule applies to calls of this upstream's tools only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+}
+
+/// What a call no rule matched gets.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultEffect {
+    #[default]
+    Allow,
+    Deny,
+}
+
+/// The `[policy]` table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// For a call that no config rule and no rule of its root registration matched.
+    pub default: DefaultEffect,
+    pub rules: Vec<RuleSpec>,
+}
