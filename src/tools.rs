@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::protocol::param_header::{self, ParamHeaders};
 use crate::protocol::{jsonrpc, LOG_LEVELS};
 
 /// The boxed future an in-process tool handler returns.
@@ -242,6 +243,9 @@ impl GrantedTool {
 pub struct ToolSet {
     tools: Vec<GrantedTool>,
     index: HashMap<String, usize>,
+    /// The tools whose `inputSchema` carries `x-mcp-header` annotations, by name, computed
+    /// once here (empty for most sets: a call of another tool pays one `is_empty`).
+    params: HashMap<String, ParamHeaders>,
 }
 
 impl ToolSet {
@@ -253,7 +257,28 @@ impl ToolSet {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        ToolSet { tools, index }
+        let params = tools
+            .iter()
+            .filter_map(|t| {
+                // A tool breaking the rules was left out of its catalog (`upstream::catalog`);
+                // one stored before is served without the check.
+                let found = param_header::scan(t.descriptor.get("inputSchema")?).ok()?;
+                (!found.is_empty()).then(|| (t.name.clone(), ParamHeaders::from(found)))
+            })
+            .collect();
+        ToolSet {
+            tools,
+            index,
+            params,
+        }
+    }
+
+    /// The `Mcp-Param-*` arguments of tool `name` (2026-07-28), if it has any.
+    pub fn param_headers(&self, name: &str) -> Option<&ParamHeaders> {
+        if self.params.is_empty() {
+            return None;
+        }
+        self.params.get(name)
     }
 
     pub fn get(&self, name: &str) -> Option<&GrantedTool> {

@@ -220,6 +220,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
             notify: None,
             ids: None,
             trace: None,
+            param_headers: None,
         }))
         .await;
         assert!(
@@ -245,6 +246,7 @@ async fn idle_reaper_on_a_paused_clock_spares_open_leases_and_calls_in_flight() 
                 notify: None,
                 ids: None,
                 trace: None,
+                param_headers: None,
             })
             .await
         })

@@ -152,20 +152,51 @@ fn run_backend<'a>(
                 tool: upstream_tool,
                 ..
             } => {
-                let fwd = Box::pin(ctx.hub.pool().forward(ForwardCall {
+                let forward_call = |params, arguments| ForwardCall {
                     registration: reg,
                     session: ctx.session.clone(),
                     upstream,
                     tool: upstream_tool,
-                    // Moved, not copied: nothing reads them after the call is under way.
-                    params: exec.params,
-                    arguments: exec.arguments,
+                    params,
+                    arguments,
                     cancel,
                     notify: ctx.notify.clone(),
                     ids: Some(exec.ids),
                     trace: exec.trace,
-                }))
-                .await;
+                    param_headers: reg.tools.param_headers(&exec.tool.name),
+                };
+                // A 2025-era session on a 2026-07-28 upstream: an `input_required` answer is
+                // asked of the client and the call retried (`input`); only then are the
+                // params kept (otherwise moved: nothing reads them after the call starts).
+                let session = ctx
+                    .session
+                    .as_ref()
+                    .filter(|_| ctx.hub.pool().is_modern(upstream));
+                let kept = session.map(|_| (exec.params.clone(), exec.arguments.clone()));
+                let first = forward_call(exec.params, exec.arguments);
+                let mut fwd = Box::pin(ctx.hub.pool().forward(first)).await;
+                let mut rounds = 0;
+                while let (Some(s), Some((params, arguments))) = (session, &kept) {
+                    let ForwardOutcome::Result(raw) = &fwd.outcome else {
+                        break;
+                    };
+                    let Some(asked) = super::input::input_required(raw) else {
+                        break;
+                    };
+                    rounds += 1;
+                    if rounds > super::input::MAX_ROUNDS {
+                        break;
+                    }
+                    let answers = Box::pin(super::input::answers(ctx, s, &asked, cancel)).await;
+                    let Some(answers) = answers else { break };
+                    let mut params = params.clone();
+                    params.extend(answers);
+                    if let Some(span) = fwd.client_span.take() {
+                        span.end(fwd.upstream_request_id, None, None);
+                    }
+                    let retry = forward_call(params, arguments.clone());
+                    fwd = Box::pin(ctx.hub.pool().forward(retry)).await;
+                }
                 let ended = upstream_ended(name, fwd.outcome);
                 if let Some(span) = fwd.client_span {
                     let error_type = match &ended {

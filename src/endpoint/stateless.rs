@@ -194,6 +194,9 @@ fn plan(
     };
     let version = check_version(headers, &id, params.as_ref())?;
     check_mirrors(headers, &id, &method, params.as_ref(), &version)?;
+    if id.is_some() && method == "tools/call" {
+        check_params(headers, &id, &reg.tools, params.as_ref())?;
+    }
     let Some(id) = id else {
         // Notifications carry nothing the gateway acts on statelessly (cancellation is
         // closing the response stream).
@@ -325,6 +328,34 @@ fn check_mirrors(
         }
     }
     Ok(())
+}
+
+/// `Mcp-Param-*` (SEP-2243): a granted tool's `x-mcp-header` arguments against their headers
+/// (-32020 when one is missing, differs or is badly encoded). A tool without annotations
+/// costs one `is_empty` (`ToolSet::param_headers`).
+fn check_params(
+    headers: &HeaderMap,
+    id: &Option<Value>,
+    tools: &crate::tools::ToolSet,
+    params: Option<&Value>,
+) -> Result<(), Rejection> {
+    use crate::protocol::param_header::{check, Received};
+    let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else {
+        return Ok(());
+    };
+    let Some(annotated) = tools.param_headers(name) else {
+        return Ok(());
+    };
+    let arguments = params.and_then(|p| p.get("arguments"));
+    check(annotated, arguments, |h| {
+        let mut all = headers.get_all(h).iter();
+        match (all.next(), all.next()) {
+            (None, _) => Received::None,
+            (Some(v), None) => Received::One(v.as_bytes()),
+            _ => Received::Many,
+        }
+    })
+    .map_err(|m| Rejection::malformed(RpcError::header_mismatch(m).with_id(id.clone())))
 }
 
 /// An MRTR retry (`requestState`): the held call it continues, its server requests answered

@@ -375,7 +375,20 @@ async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<
     } else {
         target
     };
-    let r = call(asked, &up, method, params, target).await;
+    // A 2026-07-28 HTTP upstream has no `resources/subscribe`: the URI is asked on its
+    // `subscriptions/listen` stream (and stays asked; delivery follows the session's set).
+    let watched = match method {
+        "resources/subscribe" => ctx.hub.pool().watch_resource(&up, &uri),
+        "resources/unsubscribe" => ctx.hub.pool().watch_resource(&up, &uri).map(|_| true),
+        _ => None,
+    };
+    let r = match watched {
+        Some(true) => Ok(json!({})),
+        Some(false) => {
+            Err(RpcError::internal("too many resource subscriptions on the upstream").answer(id))
+        }
+        None => call(asked, &up, method, params, target).await,
+    };
     // The session hears `resources/updated` for what it subscribed to (and the
     // upstream accepted), and for nothing else.
     if let (Ok(_), Some(s)) = (&r, &ctx.session) {

@@ -9,6 +9,7 @@ pub mod jsonrpc;
 pub mod meta;
 pub mod method;
 pub mod notice;
+pub mod param_header;
 pub mod version;
 
 pub use capability::{

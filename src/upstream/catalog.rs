@@ -67,6 +67,15 @@ impl Catalog {
                 tracing::warn!(upstream = %config.id, tool, "tool not exposed: its name is not 1-128 characters of [A-Za-z0-9_.-]");
                 continue;
             }
+            // 2026-07-28: a client MUST drop a tool whose `x-mcp-header` annotations break the
+            // rules (its clients over Streamable HTTP would; the gateway could not mirror them).
+            if let Some(Err(rule)) = t
+                .get("inputSchema")
+                .map(crate::protocol::param_header::scan)
+            {
+                tracing::warn!(upstream = %config.id, tool, rule = %rule, "tool not exposed: its x-mcp-header annotation breaks the rules");
+                continue;
+            }
             let mut descriptor = t.clone();
             if let Some(m) = descriptor.as_object_mut() {
                 m.insert("name".into(), Value::String(name.clone()));

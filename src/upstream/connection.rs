@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::core::{rewrite_progress_token, Core};
 use super::events::EventSink;
-use super::http::HttpTransport;
+use super::http::{HttpTransport, Mirror};
 use super::stdio::StdioTransport;
 use super::{
     Answer, Answered, ConnectOptions, IdCounter, RequestOptions, Response, Transport,
@@ -459,7 +459,7 @@ impl Connection {
                 envelope.put(method, &mut params);
                 match transport {
                     TransportHandle::Http(_) => {
-                        super::http::Mirror::of(method, &params).map(Box::new)
+                        Mirror::of(method, &params, opts.param_headers.as_deref()).map(Box::new)
                     }
                     TransportHandle::Stdio(_) => None,
                 }

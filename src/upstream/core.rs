@@ -348,6 +348,10 @@ impl Core {
         params: Option<Value>,
         related_hint: Option<u64>,
     ) {
+        if method == "notifications/subscriptions/acknowledged" {
+            // The first message of a `subscriptions/listen` stream (`upstream::subscriptions`).
+            return;
+        }
         if method == "notifications/progress" {
             if let Some(params) = params {
                 self.on_progress(params).await;

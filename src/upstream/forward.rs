@@ -38,6 +38,9 @@ pub struct ForwardCall<'a> {
     /// The call's SERVER span (tracing on): the upstream request gets a CLIENT span, its
     /// child, whose context replaces the client's in `_meta`.
     pub trace: Option<&'a crate::telemetry::CallTrace>,
+    /// The tool's `x-mcp-header` arguments (`ToolSet::param_headers`): a 2026-07-28 HTTP
+    /// upstream gets them as `Mcp-Param-{Name}` headers.
+    pub param_headers: Option<&'a crate::protocol::param_header::ParamHeaders>,
 }
 
 /// Where a request's server → client requests go: the session's, or (a stateless 2026 task)
@@ -302,6 +305,7 @@ impl Pool {
             log_filter,
             raw_result: true,
             trace: fwd.client_span.as_ref().map(|s| Box::new(s.meta().clone())),
+            param_headers: call.param_headers.cloned(),
         };
         let request = conn.request_answer("tools/call", Value::Object(params), opts);
         tokio::pin!(request);

@@ -241,10 +241,18 @@ impl HttpTransport {
 pub(crate) struct Mirror {
     method: HeaderValue,
     name: Option<HeaderValue>,
+    /// `Mcp-Param-{Name}` of a `tools/call`: its tool's `x-mcp-header` arguments that have
+    /// a value (`protocol::param_header`).
+    params: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Mirror {
-    pub(crate) fn of(method: &str, params: &serde_json::Value) -> Option<Mirror> {
+    /// `annotated`: the called tool's `x-mcp-header` arguments (`tools/call` only).
+    pub(crate) fn of(
+        method: &str,
+        params: &serde_json::Value,
+        annotated: Option<&[crate::protocol::param_header::ParamHeader]>,
+    ) -> Option<Mirror> {
         let field = match method {
             "tools/call" | "prompts/get" => Some("name"),
             "resources/read" => Some("uri"),
@@ -255,9 +263,32 @@ impl Mirror {
             .and_then(|f| params.get(f))
             .and_then(serde_json::Value::as_str)
             .and_then(header_value);
+        let params = match annotated {
+            Some(a) if method == "tools/call" => {
+                crate::protocol::param_header::headers_for(a, params.get("arguments"))
+                    .filter_map(|(h, text)| {
+                        Some((
+                            HeaderName::from_bytes(h.as_bytes()).ok()?,
+                            HeaderValue::from_str(&text).ok()?,
+                        ))
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         Some(Mirror {
             method: header_value(method)?,
             name,
+            params,
+        })
+    }
+
+    /// A notification's: `Mcp-Method` only.
+    fn notification(method: &str) -> Option<Mirror> {
+        Some(Mirror {
+            method: header_value(method)?,
+            name: None,
+            params: Vec::new(),
         })
     }
 }
@@ -322,6 +353,9 @@ impl Shared {
             headers.insert("mcp-method", m.method.clone());
             if let Some(name) = &m.name {
                 headers.insert("mcp-name", name.clone());
+            }
+            for (h, v) in &m.params {
+                headers.insert(h.clone(), v.clone());
             }
         }
         if let Some(t) = trace {
@@ -406,8 +440,17 @@ impl Shared {
     }
 
     async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {
+        // A notification to a 2026-07-28 upstream carries `Mcp-Method` as requests do.
+        let modern = self
+            .protocol_version
+            .get()
+            .is_some_and(|v| v.as_bytes() == crate::protocol::MODERN_VERSION.as_bytes());
+        let mirror = match (modern, msg.get("id"), msg.get("method")) {
+            (true, None, Some(Value::String(m))) => Mirror::notification(m),
+            _ => None,
+        };
         let response = self
-            .post(core, serde_json::to_vec(msg)?, None, None)
+            .post(core, serde_json::to_vec(msg)?, None, mirror.as_ref())
             .await?;
         // Drain any body so the connection can be reused.
         let _ = response.bytes().await;
@@ -506,14 +549,19 @@ mod tests {
 
     #[test]
     fn mirrored_headers_name_what_the_body_names_in_base64_where_not_plain() {
-        let m = Mirror::of("tools/call", &serde_json::json!({"name": "m.slow"})).unwrap();
+        let m = Mirror::of("tools/call", &serde_json::json!({"name": "m.slow"}), None).unwrap();
         assert_eq!(m.method, "tools/call");
         assert_eq!(m.name.unwrap(), "m.slow");
-        let m = Mirror::of("tasks/get", &serde_json::json!({"taskId": "abc"})).unwrap();
+        let m = Mirror::of("tasks/get", &serde_json::json!({"taskId": "abc"}), None).unwrap();
         assert_eq!(m.name.unwrap(), "abc");
-        let m = Mirror::of("resources/read", &serde_json::json!({"uri": "mémo://x"})).unwrap();
+        let m = Mirror::of(
+            "resources/read",
+            &serde_json::json!({"uri": "mémo://x"}),
+            None,
+        )
+        .unwrap();
         assert_eq!(m.name.unwrap(), "=?base64?bcOpbW86Ly94?=");
-        let m = Mirror::of("tools/list", &serde_json::json!({})).unwrap();
+        let m = Mirror::of("tools/list", &serde_json::json!({}), None).unwrap();
         assert!(m.name.is_none());
         assert_eq!(header_value(" x").unwrap(), "=?base64?IHg=?=");
     }

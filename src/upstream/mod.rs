@@ -37,6 +37,7 @@ mod reaper;
 mod routing;
 mod slot;
 mod stdio;
+mod subscriptions;
 mod types;
 
 pub use connection::Connection;

@@ -254,6 +254,22 @@ impl Pool {
         self.inner.up(id).map(|u| u.spec.config.clone())
     }
 
+    /// A client subscribed to `uri` on `upstream_id`: a 2026-07-28 HTTP upstream hears it on
+    /// its `subscriptions/listen` stream (Some: whether the URI is watched now); any other
+    /// upstream is asked `resources/subscribe` by the caller (None).
+    pub fn watch_resource(&self, upstream_id: &str, uri: &str) -> Option<bool> {
+        let up = self.inner.up(upstream_id)?;
+        let http = matches!(up.spec.transport, Transport::Http { .. });
+        (self.is_modern(upstream_id) && http).then(|| up.spec.watched.add(uri))
+    }
+
+    /// Whether `upstream_id` is configured for 2026-07-28.
+    pub fn is_modern(&self, upstream_id: &str) -> bool {
+        self.inner.up(upstream_id).is_some_and(|up| {
+            up.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION)
+        })
+    }
+
     /// The configs of the upstreams in effect now (a reload may have changed them since the
     /// gateway started), in id order.
     pub fn upstream_configs(&self) -> Vec<UpstreamConfig> {

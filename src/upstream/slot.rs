@@ -41,6 +41,9 @@ pub(super) struct Spec {
     /// What its requests carry without a registration's own credential: `static` when the
     /// config sets headers (`upstream_auth`).
     pub static_auth: crate::registration::AuthKind,
+    /// The resource URIs clients subscribed to on a 2026-07-28 HTTP upstream (asked on its
+    /// `subscriptions/listen` stream; survives respawns).
+    pub watched: super::subscriptions::Watched,
 }
 
 impl Spec {
@@ -67,6 +70,7 @@ impl Spec {
             server,
             catalog_work: Mutex::new(None),
             last_error: Mutex::new(None),
+            watched: Default::default(),
         }
     }
 
@@ -302,6 +306,12 @@ impl Slot {
                 self.record("upstream_spawned", epoch, c.pid(), None);
                 *guard = Some(c.clone());
                 *lock(&self.current) = Some(c.clone());
+                // A 2026-07-28 HTTP upstream's list changes come on `subscriptions/listen`.
+                super::subscriptions::keep_listening(
+                    &c,
+                    &self.spec.watched,
+                    self.stop.child_token(),
+                );
                 *lock(&self.last_used) = Instant::now();
                 *lock(&self.spec.last_error) = None;
                 Ok(c)

@@ -177,6 +177,9 @@ pub struct RequestOptions {
     /// `traceparent` (`tracestate`, `baggage`) headers of the request's POST (it is in the
     /// request's `_meta` already, the only carrier on stdio).
     pub trace: Option<Box<crate::telemetry::TraceMeta>>,
+    /// A forwarded `tools/call`'s `x-mcp-header` arguments: mirrored as `Mcp-Param-{Name}`
+    /// headers to a 2026-07-28 HTTP upstream.
+    pub param_headers: Option<crate::protocol::param_header::ParamHeaders>,
 }
 
 /// See [`RequestOptions::log_filter`]: `level` is the log's `params.level` (`""` if none).
