@@ -382,7 +382,13 @@ impl Downstream for Hub {
                 .get(crate::protocol::meta::PROGRESS_TOKEN)
                 .and_then(Value::as_str)
                 .and_then(|t| self.tasks.by_progress(upstream_id, t))
-                .filter(|t| !t.is_settled());
+                // A settled task's progress still reaches the plain call it ran for while that
+                // call has not answered (it waits for the events read before the task's final
+                // status: `methods::tasks::run_for_call`); after that its sink is closed.
+                .filter(|t| {
+                    !t.is_settled()
+                        || matches!(&t.spec.progress, Some(p) if matches!(p.to, crate::tasks::ProgressTo::Call(_)))
+                });
             let Some(task) = task else {
                 tracing::debug!(upstream = %upstream_id, "progress for a request that is no longer pending (no live task): dropped");
                 return;
@@ -396,12 +402,14 @@ impl Downstream for Hub {
                         self.deliver(&s, msg).await;
                     }
                 }
-                crate::tasks::ProgressTo::Call(sink) => {
+                crate::tasks::ProgressTo::Call(sink) if !sink.is_closed() => {
                     // Bounded: a call that does not take it in time loses this one.
                     let _ = sink
                         .send_timeout(msg, std::time::Duration::from_millis(100))
                         .await;
                 }
+                // The call answered: its stream is gone.
+                crate::tasks::ProgressTo::Call(_) => {}
             }
         })
     }

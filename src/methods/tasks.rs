@@ -173,6 +173,9 @@ fn progress_route(
     })
 }
 
+/// How long a call a task ran for waits for the task's queued progress before it answers.
+const EVENTS_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Runs a task for a `tools/call` that did not ask for one (the upstream requires a task for
 /// the tool, or answered with one unasked): waits for its end and returns its answer for the
 /// plain call. The call's cancel becomes `tasks/cancel` upstream (audited `cancelled`;
@@ -183,7 +186,14 @@ pub async fn run_for_call(
     cancel: &CancellationToken,
 ) -> Option<Arc<Final>> {
     match wait_final(ctx, task, cancel, None).await {
-        Some(f) => Some(f),
+        Some(f) => {
+            // The task's progress read before its final status is still queued on the slot's
+            // events: it reaches the call's stream before the reply (bounded wait).
+            let pool = ctx.hub.pool();
+            pool.events_handled(&task.upstream, &task.registration, EVENTS_WITHIN)
+                .await;
+            Some(f)
+        }
         None => {
             if !task.is_settled() {
                 let why = [

@@ -6,6 +6,11 @@
 //! gets one line when refusals start and one summary per [`SUMMARY_EVERY`] — never a line per
 //! event. `Closed` (one per connection epoch) has its own channel and is never refused.
 //!
+//! A barrier ([`EventSink::barrier`]) is queued like an event, outside the rate, and is
+//! passed when the event task has handled everything queued before it: a call that a task ran
+//! waits for it so that the task's last progress, read before its final status, reaches the
+//! call's stream before the reply.
+//!
 //! [`Limiter`] is also what the stdio transport uses for its child's stderr lines.
 
 use std::sync::{Arc, Mutex};
@@ -121,17 +126,23 @@ impl Gate {
     }
 }
 
+/// What the event queue carries: an event, or a barrier to pass.
+enum Queued {
+    Event(UpstreamEvent),
+    Barrier(Arc<tokio::sync::Notify>),
+}
+
 /// The sending side, one clone per connection of the slot.
 #[derive(Clone)]
 pub struct EventSink {
-    events: mpsc::Sender<UpstreamEvent>,
+    events: mpsc::Sender<Queued>,
     closed: mpsc::UnboundedSender<UpstreamEvent>,
     gate: Arc<Gate>,
 }
 
 /// The receiving side: the slot's event task.
 pub struct EventReceiver {
-    events: mpsc::Receiver<UpstreamEvent>,
+    events: mpsc::Receiver<Queued>,
     closed: mpsc::UnboundedReceiver<UpstreamEvent>,
     gate: Arc<Gate>,
 }
@@ -191,7 +202,7 @@ impl EventSink {
             return Err("over the connection's rate limit");
         }
         // bounded: EVENT_QUEUE; full means the event task is behind: refused and counted.
-        let sent = self.events.try_send(event); // bounded: EVENT_QUEUE, full → refused and counted
+        let sent = self.events.try_send(Queued::Event(event)); // bounded: EVENT_QUEUE, full → refused and counted
         match sent {
             // bounded: EVENT_QUEUE, full → refused and counted
             Ok(()) => Ok(()),
@@ -201,14 +212,41 @@ impl EventSink {
     }
 }
 
+impl EventSink {
+    /// Queues a barrier (outside the rate; bounded by the queue) and waits, at most `within`,
+    /// until the event task reached it: every event queued before it has been handled. False
+    /// when the queue was full or closed, or the wait ran out.
+    pub(crate) async fn barrier(&self, within: Duration) -> bool {
+        let passed = Arc::new(tokio::sync::Notify::new());
+        // bounded: EVENT_QUEUE; a full queue skips the wait.
+        if self
+            .events
+            .try_send(Queued::Barrier(passed.clone()))
+            .is_err()
+        {
+            return false;
+        }
+        tokio::time::timeout(within, passed.notified())
+            .await
+            .is_ok()
+    }
+}
+
 impl EventReceiver {
-    /// The next event: what was queued before a `Closed` is seen first.
+    /// The next event: what was queued before a `Closed` is seen first. A barrier is passed
+    /// here (the caller handled every event before it before asking for the next).
     pub async fn recv(&mut self) -> Option<UpstreamEvent> {
-        tokio::select! {
-            biased;
-            Some(ev) = self.events.recv() => Some(ev),
-            Some(ev) = self.closed.recv() => Some(ev),
-            else => None,
+        loop {
+            let queued = tokio::select! {
+                biased;
+                Some(q) = self.events.recv() => q,
+                Some(ev) = self.closed.recv() => return Some(ev),
+                else => return None,
+            };
+            match queued {
+                Queued::Event(ev) => return Some(ev),
+                Queued::Barrier(passed) => passed.notify_one(),
+            }
         }
     }
 

@@ -406,6 +406,26 @@ impl Pool {
         }
     }
 
+    /// Waits (at most `within`) until the events already queued by the connections serving
+    /// `registration` on `upstream` have been handled (a task's progress read before its final
+    /// status: `methods::tasks::run_for_call`). No slot: nothing to wait for.
+    pub async fn events_handled(
+        &self,
+        upstream: &str,
+        registration: &RegistrationState,
+        within: Duration,
+    ) {
+        let auth = registration.upstream_auth(upstream);
+        if let Ok((slot, _)) = self
+            .slot_for(upstream, &registration.id, auth.as_ref())
+            .await
+        {
+            if !slot.events_handled(within).await {
+                tracing::debug!(upstream, "the slot's events were not all handled in time");
+            }
+        }
+    }
+
     /// The slot serving `registration_id` on `upstream`, a permit on it and its connection
     /// (spawned if needed) — each step abandoned when `cancel` fires, and the whole bounded by
     /// the upstream's `call_timeout_s` (the wait for a permit counts against the call's

@@ -184,6 +184,12 @@ impl Drop for Slot {
 }
 
 impl Slot {
+    /// Waits (at most `within`) until the slot's event task has handled every event its
+    /// connections queued so far ([`EventSink::barrier`]).
+    pub(crate) async fn events_handled(&self, within: Duration) -> bool {
+        self.events_tx.barrier(within).await
+    }
+
     /// A slot with no connection yet, and the receiver of its connections' events.
     pub fn new(
         spec: &Arc<Spec>,
