@@ -624,11 +624,19 @@ async fn a_2026_upstreams_resource_updates_reach_the_subscribed_sessions() {
 /// `tools/call` u.ask on a legacy-SSE session, answering the server requests it is sent with
 /// `answer` (None: left unanswered): the call's response and the methods it was asked.
 async fn ask_through(c: &mut SseClient, answer: Option<Value>) -> (Value, Vec<String>) {
+    let call = json!({"name": "u.ask", "arguments": {"what": "x"}});
+    ask_with(c, "tools/call", call, answer).await
+}
+
+/// `method` with `params` (id "call-1") on a legacy-SSE session, answering as [`ask_through`].
+async fn ask_with(
+    c: &mut SseClient,
+    method: &str,
+    params: Value,
+    answer: Option<Value>,
+) -> (Value, Vec<String>) {
     let resp = c
-        .post(
-            json!({"jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
-                     "params": {"name": "u.ask", "arguments": {"what": "x"}}}),
-        )
+        .post(json!({"jsonrpc": "2.0", "id": "call-1", "method": method, "params": params}))
         .await;
     assert_eq!(resp.status(), 202);
     let mut asked = Vec::new();
@@ -639,7 +647,12 @@ async fn ask_through(c: &mut SseClient, answer: Option<Value>) -> (Value, Vec<St
         }
         if let Some(m) = msg["method"].as_str().filter(|_| msg.get("id").is_some()) {
             asked.push(m.to_string());
-            assert_eq!(msg["params"]["message"], "Proceed with x?", "{msg}");
+            let what = params["arguments"]["what"].as_str().unwrap_or("r");
+            assert_eq!(
+                msg["params"]["message"],
+                format!("Proceed with {what}?"),
+                "{msg}"
+            );
             if let Some(a) = &answer {
                 let r = c
                     .post(json!({"jsonrpc": "2.0", "id": msg["id"], "result": a}))
@@ -708,4 +721,50 @@ async fn a_2026_upstreams_input_required_is_asked_of_2025_clients() {
         r["result"]["inputRequests"]["ok"]["method"] == "elicitation/create",
         "{r}"
     );
+}
+
+/// Issue 52 item 3 (first line), beyond tools: the same upstream's prompt `confirm` and
+/// resource template `ask://{what}` answer `input_required` until retried with the answers.
+/// Through a 2025-era session both are asked of the client (`elicitation/create`) and retried
+/// with its answer (`methods::proxy::call_answering`); without an elicitation capability the
+/// gateway answers `decline` for it; a stateless 2026-07-28 client gets `input_required`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_upstreams_input_required_on_prompts_and_resources_is_asked_of_2025_clients() {
+    let (_server, up) = sdk_2026_upstream().await;
+    let tg = TestGateway::with(|c| {
+        c.audit.fsync = gatehouse::config::FsyncPolicy::Never;
+        c.upstreams = vec![up];
+    });
+    let reg = tg
+        .gateway
+        .register(RegistrationSpec::new("agent-u").grant("u.*"))
+        .await
+        .unwrap();
+    let prompt = json!({"name": "u.confirm", "arguments": {"what": "p"}});
+    let read = json!({"uri": "ask://r"});
+    let accept = json!({"action": "accept", "content": {"ok": true}});
+
+    let mut a = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    a.initialize_with(json!({"elicitation": {}})).await;
+    let (r, asked) = ask_with(&mut a, "prompts/get", prompt.clone(), Some(accept.clone())).await;
+    assert_eq!(asked, ["elicitation/create"], "{r}");
+    assert_eq!(
+        r["result"]["messages"][0]["content"]["text"], "prompt:p:accept",
+        "{r}"
+    );
+    let (r, asked) = ask_with(&mut a, "resources/read", read.clone(), Some(accept)).await;
+    assert_eq!(asked, ["elicitation/create"], "{r}");
+    assert_eq!(r["result"]["contents"][0]["text"], "read:r:accept", "{r}");
+
+    let mut b = SseClient::connect(&reg.sse_url(), reg.token()).await;
+    b.initialize().await;
+    let (r, asked) = ask_with(&mut b, "resources/read", read.clone(), None).await;
+    assert!(asked.is_empty(), "{asked:?}");
+    assert_eq!(r["result"]["contents"][0]["text"], "read:r:decline", "{r}");
+
+    // A stateless 2026-07-28 client retries itself: it gets the answer as it is.
+    let r = stateless(&reg.mcp_url(), reg.token(), 7, "prompts/get", prompt).await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let r = stateless(&reg.mcp_url(), reg.token(), 8, "resources/read", read).await;
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
 }

@@ -1,4 +1,5 @@
-//! A 2026-07-28 upstream answers a plain `tools/call` `input_required` (MRTR: `inputRequests`,
+//! A 2026-07-28 upstream answers a plain `tools/call` (or `prompts/get`, `resources/read`:
+//! `methods::proxy`) `input_required` (MRTR: `inputRequests`,
 //! `requestState`) and the client is a 2025-era session, which knows nothing of it: each input
 //! request is sent to the session as the request it is (`elicitation/create`,
 //! `sampling/createMessage`, `roots/list`), the answers are collected, and the call is retried
@@ -34,9 +35,15 @@ pub(super) fn input_required(raw: &RawResult) -> Option<Map<String, Value>> {
     (v.get("resultType").and_then(Value::as_str) == Some("input_required")).then_some(v)
 }
 
+/// The same, of an answer already parsed.
+pub(crate) fn input_required_value(v: &Value) -> Option<&Map<String, Value>> {
+    let m = v.as_object()?;
+    (m.get("resultType").and_then(Value::as_str) == Some("input_required")).then_some(m)
+}
+
 /// The answers of `session`'s client to `asked`'s `inputRequests`, with its `requestState`,
 /// as the retry's params carry them (None: one could not be answered).
-pub(super) async fn answers(
+pub(crate) async fn answers(
     ctx: &RequestCtx,
     session: &Arc<Session>,
     asked: &Map<String, Value>,

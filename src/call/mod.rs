@@ -20,7 +20,7 @@ use crate::upstream::CallIds;
 mod admit;
 mod execute;
 mod finish;
-mod input;
+pub(crate) mod input;
 mod parse;
 mod plan;
 #[cfg(test)]

@@ -184,6 +184,41 @@ async fn call(
     }
 }
 
+/// [`call`] for `prompts/get` and `resources/read`: a 2026-07-28 upstream's `input_required`
+/// answer (MRTR) is asked of a 2025-era session's client and the request retried with its
+/// answers, as a `tools/call`'s is (`call::input`, the same bounds); a stateless 2026-07-28
+/// client gets it as it is (it retries itself).
+async fn call_answering(
+    asked: Asked<'_>,
+    upstream: &str,
+    method: &str,
+    params: Map<String, Value>,
+    target: Target<'_>,
+) -> Result<Value, Value> {
+    use crate::call::input;
+    let pool = asked.ctx.hub.pool();
+    let Some(session) = asked
+        .ctx
+        .session
+        .as_ref()
+        .filter(|_| pool.is_modern(upstream))
+    else {
+        return call(asked, upstream, method, params, target).await;
+    };
+    let mut r = call(asked, upstream, method, params.clone(), target).await;
+    for _ in 0..input::MAX_ROUNDS {
+        let Some(ask) = r.as_ref().ok().and_then(input::input_required_value) else {
+            break;
+        };
+        let answers = Box::pin(input::answers(asked.ctx, session, ask, asked.cancel)).await;
+        let Some(answers) = answers else { break };
+        let mut retry = params.clone();
+        retry.extend(answers);
+        r = call(asked, upstream, method, retry, target).await;
+    }
+    r
+}
+
 /// Every item of `key` an upstream lists, following `nextCursor`.
 async fn list_all(
     asked: Asked<'_>,
@@ -340,7 +375,7 @@ async fn serve(
                 return Err(RpcError::invalid_params(format!("Unknown prompt: {name}")).answer(id));
             };
             params.insert("name".into(), json!(own));
-            call(asked, &up, method, params, Target::Prompt(&own)).await
+            call_answering(asked, &up, method, params, Target::Prompt(&own)).await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
             serve_resource(asked, params).await
@@ -386,6 +421,9 @@ async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<
         Some(true) => Ok(json!({})),
         Some(false) => {
             Err(RpcError::internal("too many resource subscriptions on the upstream").answer(id))
+        }
+        None if method == "resources/read" => {
+            call_answering(asked, &up, method, params, target).await
         }
         None => call(asked, &up, method, params, target).await,
     };
