@@ -5,6 +5,9 @@
 //!   grant on (`<upstream>.*` or `<upstream>.<tool>`); never those of any other upstream.
 //! - Prompts are namespaced like tools: `<upstream>.<prompt>`, or bare with the upstream's
 //!   `bare_names`. Resources keep their URIs.
+//! - An app's view (a `ui://` resource, MCP Apps) is listed and read only through a granted
+//!   tool whose `_meta.ui.resourceUri` names it, from that tool's upstream; any other `ui://`
+//!   URI answers -32602 (`protocol::apps`).
 //! - `resources/read` (and `subscribe`/`unsubscribe`) go to the upstream that lists the URI (as
 //!   a resource, or a template equal to it), else, with one resource upstream, to that one.
 //!   `completion/complete` routes by its `ref`: a prompt name to its upstream (the name
@@ -18,6 +21,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::methods::request::{RequestCtx, Served};
+use crate::protocol::apps;
 use crate::protocol::jsonrpc::{self, RpcError};
 use crate::telemetry::{CallTrace, Target};
 
@@ -92,6 +96,9 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
             caps["extensions"] = Value::Object(ext);
         }
     }
+    if let Some(settings) = apps_settings(ctx).await {
+        apps::declare(&mut caps, settings);
+    }
     if !upstreams_with(ctx, "prompts").await.is_empty() {
         caps["prompts"] = json!({});
     }
@@ -99,6 +106,48 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
         caps["completions"] = json!({});
     }
     caps
+}
+
+/// MCP Apps, as this registration offers it: the settings of the first granted upstream that
+/// declared `io.modelcontextprotocol/ui`, else the gateway's own when a granted tool carries a
+/// view (the SDK's example servers declare nothing and put `_meta.ui` on their tools); `None`
+/// when no granted tool can show a view.
+async fn apps_settings(ctx: &RequestCtx) -> Option<Value> {
+    let tools = &ctx.registration.tools;
+    for up in granted_upstreams(ctx) {
+        if let Ok(c) = ctx.hub.pool().catalog(&up).await {
+            if let Some(s) = apps::declared(&c.capabilities) {
+                return Some(s.clone());
+            }
+        }
+    }
+    tools
+        .iter()
+        .any(|t| apps::resource_uri(&t.descriptor).is_some())
+        .then(apps::settings)
+}
+
+/// The upstream whose granted tool has `uri` as its view (`ui://`), if one does: an app's view
+/// is served only to registrations granted one of its tools.
+fn granted_view(ctx: &RequestCtx, uri: &str) -> Option<String> {
+    ctx.registration.tools.iter().find_map(|t| {
+        let up = t.upstream()?;
+        (apps::resource_uri(&t.descriptor) == Some(uri)).then(|| up.to_string())
+    })
+}
+
+/// Whether a listed resource of `upstream` may be shown: anything but a `ui://` view, which
+/// only when a granted tool of that upstream has it as its view.
+fn listable(ctx: &RequestCtx, upstream: &str, item: &Value) -> bool {
+    let key = if item.get("uriTemplate").is_some() {
+        "uriTemplate"
+    } else {
+        "uri"
+    };
+    match item.get(key).and_then(Value::as_str) {
+        Some(uri) if apps::is_ui(uri) => granted_view(ctx, uri).as_deref() == Some(upstream),
+        _ => true,
+    }
 }
 
 fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
@@ -291,6 +340,35 @@ async fn serve(
         cancel,
         trace,
     };
+    // An app's view (`ui://`): only through a granted tool whose view it is, from that
+    // tool's upstream; any other is unknown here (-32602, as 2026-07-28 answers a resource not
+    // found), whether it exists or not.
+    let view = match method {
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => params
+            .get("uri")
+            .and_then(Value::as_str)
+            .filter(|u| apps::is_ui(u))
+            .map(|u| (u.to_string(), granted_view(ctx, u))),
+        _ => None,
+    };
+    if let Some((uri, up)) = view {
+        let Some(up) = up else {
+            return Err(
+                RpcError::invalid_params(format!("Resource not found: {uri}"))
+                    .to(id.clone())
+                    .with_data(json!({ "uri": uri }))
+                    .to_value(),
+            );
+        };
+        if method == "resources/read" {
+            let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
+                Target::None
+            } else {
+                Target::Resource(&uri)
+            };
+            return call(asked, &up, method, params, target).await;
+        }
+    }
     // Without a granted upstream offering the feature, the method does not exist here.
     let needs: &[&str] = match method {
         m if m.starts_with("resources/") => &["resources"],
@@ -318,6 +396,9 @@ async fn serve(
         for (up, _) in upstreams_with(ctx, cap).await {
             let items = list_all(asked, &up, method, key).await?;
             for mut item in items {
+                if cap == "resources" && !listable(ctx, &up, &item) {
+                    continue;
+                }
                 if method == "prompts/list" {
                     let own = item.get("name").and_then(Value::as_str).map(str::to_string);
                     if let (Some(own), Some(m)) = (own, item.as_object_mut()) {
