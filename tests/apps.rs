@@ -263,3 +263,65 @@ async fn apps_views_and_app_calls_through_a_registration() {
         .expect("B's refused call is audited");
     assert_eq!(refused.outcome.as_deref(), Some("denied"), "{refused:?}");
 }
+
+/// The ext-apps SDK's host side, headless in Node (tests/peers/apps_host.mjs): its `AppBridge`
+/// over the official TypeScript client 2.x (Streamable HTTP) sees the extension, reads the
+/// view, and forwards its `App`'s call to an app-only tool, audited as the app's.
+#[tokio::test]
+async fn the_ext_apps_host_bridge_reads_a_view_and_forwards_the_apps_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let pdf = dir.path().join("tiny.pdf");
+    tiny_pdf(&pdf);
+    let pdf_arg = pdf.display().to_string();
+    let tg = TestGateway::with(|c| {
+        c.upstreams = vec![
+            app_server("basic", "server-basic-vanillajs", &[]),
+            app_server("pdf", "server-pdf", &[&pdf_arg]),
+        ]
+    });
+    let a = tg
+        .gateway
+        .register(
+            RegistrationSpec::new("bridged")
+                .grant("basic.get-time")
+                .grant("pdf.read_pdf_bytes"),
+        )
+        .await
+        .unwrap();
+    let host = repo_root().join("tests/peers/apps_host.mjs");
+    let args = json!({"url": pdf_arg, "offset": 0, "byteCount": 32}).to_string();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new("node")
+            .arg(&host)
+            .args([&a.mcp_url(), a.token(), "pdf.read_pdf_bytes", &args])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the host finishes")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "apps_host.mjs failed: {stderr}");
+    let line = String::from_utf8_lossy(&out.stdout);
+    let r: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(r["extensions"][UI]["mimeTypes"], json!([MIME]), "{r}");
+    assert_eq!(
+        r["views"],
+        json!([{"name": "basic.get-time", "uri": TIME_VIEW}]),
+        "{r}"
+    );
+    assert_eq!(r["read"]["mimeType"], MIME, "{r}");
+    assert!(r["read"]["length"].as_u64().unwrap() > 1000, "{r}");
+    assert_eq!(r["call"]["isError"], false, "{r}");
+    assert_eq!(r["call"]["structuredContent"]["offset"], 0, "{r}");
+
+    let calls = tg.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let c = &calls[0];
+    assert_eq!(c.tool.as_deref(), Some("pdf.read_pdf_bytes"));
+    assert_eq!(c.agent_id.as_deref(), Some("bridged"));
+    assert_eq!(c.transport.as_deref(), Some("streamable_http"), "{c:?}");
+    assert_eq!(c.outcome.as_deref(), Some("ok"));
+    assert_eq!(c.rare().initiator.as_deref(), Some("app"));
+}
