@@ -114,7 +114,7 @@ async fn answers(c: &mut SseClient, upstream: &str, n: usize) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owned_connections_declare_client_capabilities_and_shared_ones_none() {
+async fn owned_connections_declare_client_capabilities_shared_ones_only_the_apps_extension() {
     let tg = gateway(vec![
         asker("own", "per_registration", false, ""),
         asker("lease", "leased", true, ""),
