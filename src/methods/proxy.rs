@@ -65,15 +65,36 @@ pub async fn resources_subscribable(ctx: &RequestCtx) -> bool {
         .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)))
 }
 
+/// The `capabilities` of each granted upstream's server (one catalog look-up each; an
+/// unavailable upstream is logged and left out).
+async fn granted_capabilities(ctx: &RequestCtx) -> Vec<Value> {
+    let mut out = Vec::new();
+    for id in granted_upstreams(ctx) {
+        match ctx.hub.pool().catalog(&id).await {
+            Ok(c) => out.push(c.capabilities.clone()),
+            Err(e) => tracing::warn!(upstream = %id, error = %e, "upstream unavailable"),
+        }
+    }
+    out
+}
+
 /// The server capabilities for this registration: tools and logging always; `resources`,
-/// `prompts`, `completions` when a granted upstream advertised them.
+/// `prompts`, `completions` when a granted upstream advertised them; tasks and MCP Apps as
+/// below. The granted upstreams' capabilities are read once.
 pub async fn capabilities(ctx: &RequestCtx) -> Value {
     let mut caps = crate::protocol::server_capabilities();
-    let resources = upstreams_with(ctx, "resources").await;
+    let granted = granted_capabilities(ctx).await;
+    let with = |cap: &str| -> Vec<&Value> {
+        granted
+            .iter()
+            .filter_map(|c| c.get(cap).filter(|v| !v.is_null()))
+            .collect()
+    };
+    let resources = with("resources");
     if !resources.is_empty() {
         let subscribe = resources
             .iter()
-            .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)));
+            .any(|c| c.get("subscribe") == Some(&Value::Bool(true)));
         let mut r = Map::new();
         if subscribe && ctx.session.is_some() {
             r.insert("subscribe".into(), Value::Bool(true));
@@ -83,10 +104,9 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
     // Tasks, when a granted upstream runs tool calls as tasks: the gateway owns them
     // (`mcp::tasks`). Sessions (the handshake era): the 2025-11-25 capability; stateless
     // 2026-07-28: the `io.modelcontextprotocol/tasks` extension.
-    let tasks = upstreams_with(ctx, "tasks").await;
-    if tasks
-        .iter()
-        .any(|(_, c)| crate::tasks::wire::upstream_runs_tasks(c))
+    if with("tasks")
+        .into_iter()
+        .any(crate::tasks::wire::upstream_runs_tasks)
     {
         if ctx.session.is_some() {
             caps["tasks"] = crate::tasks::wire::capability();
@@ -96,35 +116,30 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
             caps["extensions"] = Value::Object(ext);
         }
     }
-    if let Some(settings) = apps_settings(ctx).await {
+    // MCP Apps: the settings of the first granted upstream that declared the extension, else
+    // the gateway's own when a granted tool carries a view (the SDK's example servers declare
+    // nothing and put `_meta.ui` on their tools); not offered when no granted tool can show one.
+    let apps = granted
+        .iter()
+        .find_map(apps::declared)
+        .cloned()
+        .or_else(|| {
+            ctx.registration
+                .tools
+                .iter()
+                .any(|t| apps::resource_uri(&t.descriptor).is_some())
+                .then(apps::settings)
+        });
+    if let Some(settings) = apps {
         apps::declare(&mut caps, settings);
     }
-    if !upstreams_with(ctx, "prompts").await.is_empty() {
+    if !with("prompts").is_empty() {
         caps["prompts"] = json!({});
     }
-    if !upstreams_with(ctx, "completions").await.is_empty() {
+    if !with("completions").is_empty() {
         caps["completions"] = json!({});
     }
     caps
-}
-
-/// MCP Apps, as this registration offers it: the settings of the first granted upstream that
-/// declared `io.modelcontextprotocol/ui`, else the gateway's own when a granted tool carries a
-/// view (the SDK's example servers declare nothing and put `_meta.ui` on their tools); `None`
-/// when no granted tool can show a view.
-async fn apps_settings(ctx: &RequestCtx) -> Option<Value> {
-    let tools = &ctx.registration.tools;
-    for up in granted_upstreams(ctx) {
-        if let Ok(c) = ctx.hub.pool().catalog(&up).await {
-            if let Some(s) = apps::declared(&c.capabilities) {
-                return Some(s.clone());
-            }
-        }
-    }
-    tools
-        .iter()
-        .any(|t| apps::resource_uri(&t.descriptor).is_some())
-        .then(apps::settings)
 }
 
 /// The upstream whose granted tool has `uri` as its view (`ui://`), if one does: an app's view
