@@ -114,7 +114,7 @@ async fn answers(c: &mut SseClient, upstream: &str, n: usize) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owned_connections_declare_client_capabilities_and_shared_ones_none() {
+async fn owned_connections_declare_client_capabilities_shared_ones_only_the_apps_extension() {
     let tg = gateway(vec![
         asker("own", "per_registration", false, ""),
         asker("lease", "leased", true, ""),
@@ -136,12 +136,18 @@ async fn owned_connections_declare_client_capabilities_and_shared_ones_none() {
     )
     .await;
     let mut c = session(&a, all_caps()).await;
-    let declared = json!({"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}});
+    // Every connection also declares MCP Apps (the gateway passes views through: docs/apps.md).
+    let ui = json!({"io.modelcontextprotocol/ui": {"mimeTypes": ["text/html;profile=mcp-app"]}});
+    let declared = json!({"sampling": {}, "elicitation": {}, "roots": {"listChanged": true},
+        "extensions": ui});
     for (up, want) in [
         ("own", declared.clone()),
         ("lease", declared),
-        ("pub", json!({})),
-        ("narrow", json!({"roots": {"listChanged": true}})),
+        ("pub", json!({ "extensions": ui })),
+        (
+            "narrow",
+            json!({"roots": {"listChanged": true}, "extensions": ui}),
+        ),
     ] {
         let r = c.call(&format!("{up}.caps"), json!({})).await;
         assert_eq!(structured(&r)["capabilities"], want, "{up}: {r}");

@@ -178,6 +178,10 @@ pub struct Rare<'a> {
     /// The id of the policy rule that denied a call (issue 49; with `reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<Cow<'a, str>>,
+    /// Who made a call when not the model: `"app"` for a call to a tool an MCP App's view
+    /// alone can see (`_meta.ui.visibility` `["app"]`; `protocol::apps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initiator: Option<Cow<'a, str>>,
 }
 
 /// No rare field at all: `None`, as a record built without them has.
@@ -196,6 +200,7 @@ static NO_RARE: Rare<'static> = Rare {
     ttl_ms: None,
     trace_id: None,
     rule: None,
+    initiator: None,
 };
 
 /// The rare fields read back: `None` when the line has none of them.
@@ -350,6 +355,7 @@ impl<'a> Record<'a> {
                     ttl_ms: r.ttl_ms,
                     trace_id: r.trace_id.map(owned),
                     rule: r.rule.map(owned),
+                    initiator: r.initiator.map(owned),
                 })
             }),
             prev: self.prev,
@@ -462,6 +468,7 @@ impl<'a> Record<'a> {
             }
             line.opt_str(k!("trace_id"), &r.trace_id);
             line.opt_str(k!("rule"), &r.rule);
+            line.opt_str(k!("initiator"), &r.initiator);
         }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
@@ -690,6 +697,7 @@ mod tests {
                 ttl_ms: Some(u64::MAX),
                 trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
                 rule: Some("no_\"etc".into()),
+                initiator: Some("app".into()),
             })),
             prev: String::new(),
         };

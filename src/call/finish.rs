@@ -219,6 +219,11 @@ pub(crate) fn finish<'c>(
     if let Some(rule) = summary.rule {
         rec.rare_mut().rule = Some(Cow::Owned(rule));
     }
+    // A tool only an app's view can see: the call came from the view (MCP Apps).
+    let granted = summary.tool.and_then(|t| reg.tools.get(t));
+    if granted.is_some_and(|t| crate::protocol::apps::app_only(&t.descriptor)) {
+        rec.rare_mut().initiator = Some(Cow::Borrowed(crate::protocol::apps::APP_INITIATOR));
+    }
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let tool_label = match summary.tool {
         Some(t) if summary.granted => t,

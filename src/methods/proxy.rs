@@ -5,6 +5,9 @@
 //!   grant on (`<upstream>.*` or `<upstream>.<tool>`); never those of any other upstream.
 //! - Prompts are namespaced like tools: `<upstream>.<prompt>`, or bare with the upstream's
 //!   `bare_names`. Resources keep their URIs.
+//! - An app's view (a `ui://` resource, MCP Apps) is listed and read only through a granted
+//!   tool whose `_meta.ui.resourceUri` names it, from that tool's upstream; any other `ui://`
+//!   URI answers -32602 (`protocol::apps`).
 //! - `resources/read` (and `subscribe`/`unsubscribe`) go to the upstream that lists the URI (as
 //!   a resource, or a template equal to it), else, with one resource upstream, to that one.
 //!   `completion/complete` routes by its `ref`: a prompt name to its upstream (the name
@@ -18,6 +21,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::methods::request::{RequestCtx, Served};
+use crate::protocol::apps;
 use crate::protocol::jsonrpc::{self, RpcError};
 use crate::telemetry::{CallTrace, Target};
 
@@ -61,15 +65,36 @@ pub async fn resources_subscribable(ctx: &RequestCtx) -> bool {
         .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)))
 }
 
+/// The `capabilities` of each granted upstream's server (one catalog look-up each; an
+/// unavailable upstream is logged and left out).
+async fn granted_capabilities(ctx: &RequestCtx) -> Vec<Value> {
+    let mut out = Vec::new();
+    for id in granted_upstreams(ctx) {
+        match ctx.hub.pool().catalog(&id).await {
+            Ok(c) => out.push(c.capabilities.clone()),
+            Err(e) => tracing::warn!(upstream = %id, error = %e, "upstream unavailable"),
+        }
+    }
+    out
+}
+
 /// The server capabilities for this registration: tools and logging always; `resources`,
-/// `prompts`, `completions` when a granted upstream advertised them.
+/// `prompts`, `completions` when a granted upstream advertised them; tasks and MCP Apps as
+/// below. The granted upstreams' capabilities are read once.
 pub async fn capabilities(ctx: &RequestCtx) -> Value {
     let mut caps = crate::protocol::server_capabilities();
-    let resources = upstreams_with(ctx, "resources").await;
+    let granted = granted_capabilities(ctx).await;
+    let with = |cap: &str| -> Vec<&Value> {
+        granted
+            .iter()
+            .filter_map(|c| c.get(cap).filter(|v| !v.is_null()))
+            .collect()
+    };
+    let resources = with("resources");
     if !resources.is_empty() {
         let subscribe = resources
             .iter()
-            .any(|(_, c)| c.get("subscribe") == Some(&Value::Bool(true)));
+            .any(|c| c.get("subscribe") == Some(&Value::Bool(true)));
         let mut r = Map::new();
         if subscribe && ctx.session.is_some() {
             r.insert("subscribe".into(), Value::Bool(true));
@@ -79,10 +104,9 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
     // Tasks, when a granted upstream runs tool calls as tasks: the gateway owns them
     // (`mcp::tasks`). Sessions (the handshake era): the 2025-11-25 capability; stateless
     // 2026-07-28: the `io.modelcontextprotocol/tasks` extension.
-    let tasks = upstreams_with(ctx, "tasks").await;
-    if tasks
-        .iter()
-        .any(|(_, c)| crate::tasks::wire::upstream_runs_tasks(c))
+    if with("tasks")
+        .into_iter()
+        .any(crate::tasks::wire::upstream_runs_tasks)
     {
         if ctx.session.is_some() {
             caps["tasks"] = crate::tasks::wire::capability();
@@ -92,13 +116,53 @@ pub async fn capabilities(ctx: &RequestCtx) -> Value {
             caps["extensions"] = Value::Object(ext);
         }
     }
-    if !upstreams_with(ctx, "prompts").await.is_empty() {
+    // MCP Apps: the settings of the first granted upstream that declared the extension, else
+    // the gateway's own when a granted tool carries a view (the SDK's example servers declare
+    // nothing and put `_meta.ui` on their tools); not offered when no granted tool can show one.
+    let apps = granted
+        .iter()
+        .find_map(apps::declared)
+        .cloned()
+        .or_else(|| {
+            ctx.registration
+                .tools
+                .iter()
+                .any(|t| apps::resource_uri(&t.descriptor).is_some())
+                .then(apps::settings)
+        });
+    if let Some(settings) = apps {
+        apps::declare(&mut caps, settings);
+    }
+    if !with("prompts").is_empty() {
         caps["prompts"] = json!({});
     }
-    if !upstreams_with(ctx, "completions").await.is_empty() {
+    if !with("completions").is_empty() {
         caps["completions"] = json!({});
     }
     caps
+}
+
+/// The upstream whose granted tool has `uri` as its view (`ui://`), if one does: an app's view
+/// is served only to registrations granted one of its tools.
+fn granted_view(ctx: &RequestCtx, uri: &str) -> Option<String> {
+    ctx.registration.tools.iter().find_map(|t| {
+        let up = t.upstream()?;
+        (apps::resource_uri(&t.descriptor) == Some(uri)).then(|| up.to_string())
+    })
+}
+
+/// Whether a listed resource of `upstream` may be shown: anything but a `ui://` view, which
+/// only when a granted tool of that upstream has it as its view.
+fn listable(ctx: &RequestCtx, upstream: &str, item: &Value) -> bool {
+    let key = if item.get("uriTemplate").is_some() {
+        "uriTemplate"
+    } else {
+        "uri"
+    };
+    match item.get(key).and_then(Value::as_str) {
+        Some(uri) if apps::is_ui(uri) => granted_view(ctx, uri).as_deref() == Some(upstream),
+        _ => true,
+    }
 }
 
 fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
@@ -326,6 +390,35 @@ async fn serve(
         cancel,
         trace,
     };
+    // An app's view (`ui://`): only through a granted tool whose view it is, from that
+    // tool's upstream; any other is unknown here (-32602, as 2026-07-28 answers a resource not
+    // found), whether it exists or not.
+    let view = match method {
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => params
+            .get("uri")
+            .and_then(Value::as_str)
+            .filter(|u| apps::is_ui(u))
+            .map(|u| (u.to_string(), granted_view(ctx, u))),
+        _ => None,
+    };
+    if let Some((uri, up)) = view {
+        let Some(up) = up else {
+            return Err(
+                RpcError::invalid_params(format!("Resource not found: {uri}"))
+                    .to(id.clone())
+                    .with_data(json!({ "uri": uri }))
+                    .to_value(),
+            );
+        };
+        if method == "resources/read" {
+            let target = if ctx.registration.token_in(&Value::from(uri.as_str())) {
+                Target::None
+            } else {
+                Target::Resource(&uri)
+            };
+            return call(asked, &up, method, params, target).await;
+        }
+    }
     // Without a granted upstream offering the feature, the method does not exist here.
     let needs: &[&str] = match method {
         m if m.starts_with("resources/") => &["resources"],
@@ -353,6 +446,9 @@ async fn serve(
         for (up, _) in upstreams_with(ctx, cap).await {
             let items = list_all(asked, &up, method, key).await?;
             for mut item in items {
+                if cap == "resources" && !listable(ctx, &up, &item) {
+                    continue;
+                }
                 if method == "prompts/list" {
                     let own = item.get("name").and_then(Value::as_str).map(str::to_string);
                     if let (Some(own), Some(m)) = (own, item.as_object_mut()) {

