@@ -123,6 +123,12 @@ pub(crate) fn conclude(
                 result,
             },
         ),
+        Ended::AuthFailed(why, tag) => {
+            let reply = jsonrpc::success(id.clone(), ToolResult::error(why).0).into();
+            let mut c = plain(Outcome::UpstreamFailed, reply);
+            c.reason = Some(tag.into());
+            c
+        }
         Ended::Limited(why) => {
             let reply = jsonrpc::success(id.clone(), ToolResult::error(why.clone()).0).into();
             let mut c = plain(Outcome::Denied, reply);

@@ -34,6 +34,28 @@ impl Gateway {
                     "upstream {up:?} is a stdio upstream: credentials go only to HTTP upstreams"
                 )));
             }
+            let subject = matches!(
+                set.get(up),
+                Some(crate::registration::Credential::SubjectToken(_))
+            );
+            match (config.oauth.as_ref().map(|o| o.grant), subject) {
+                (Some(crate::config::OAuthGrant::TokenExchange), false) => {
+                    return Err(bad(format!(
+                        "upstream {up:?} exchanges a subject token for its OAuth tokens (token_exchange): give {{\"subject_token\": \"…\"}}"
+                    )))
+                }
+                (Some(crate::config::OAuthGrant::ClientCredentials), _) => {
+                    return Err(bad(format!(
+                        "upstream {up:?} is called with the gateway's own OAuth token (client_credentials): a registration's credential would not be sent"
+                    )))
+                }
+                (None, true) => {
+                    return Err(bad(format!(
+                        "a subject_token goes only to an upstream with [upstreams.oauth] grant = \"token_exchange\"; {up:?} has none"
+                    )))
+                }
+                _ => {}
+            }
             let granted = tools.iter().any(
                 |t| matches!(&t.backend, Backend::Upstream { upstream, .. } if upstream == up),
             );

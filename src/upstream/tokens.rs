@@ -1,0 +1,191 @@
+//! Cached upstream access tokens (issue 47): one [`Tokens`] per upstream for
+//! `client_credentials`, one per registration and upstream for `token_exchange`. A token is
+//! used until shortly before it expires; then the first request that finds it stale starts
+//! ONE token request, which every other request waiting meanwhile shares (a shared future: no
+//! lock is held across `.await`). A 401 for a token drops it and fetches one more, once; a
+//! 401 for that one is final (no retry storm).
+
+use std::sync::{Arc, Mutex};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+
+use super::oauth::{Ask, OAuthClient, OAuthError, Token};
+use crate::config::OAuthGrant;
+use crate::registration::{AuthCell, AuthState, Credential};
+use crate::sync::lock;
+
+type Flight = Shared<BoxFuture<'static, Result<Arc<Token>, OAuthError>>>;
+
+/// Whose tokens these are.
+enum Kind {
+    /// The gateway's own (`client_credentials`).
+    Own,
+    /// A registration's: its subject token read from `cell` at each request (a rotation is
+    /// seen by the next one); `actor`: a child's agent path.
+    Exchange {
+        cell: Option<Arc<AuthCell>>,
+        actor: Option<String>,
+    },
+}
+
+#[derive(Default)]
+struct State {
+    current: Option<Arc<Token>>,
+    /// The subject credential `current` was exchanged for (compared by pointer).
+    subject: Option<Arc<Credential>>,
+    inflight: Option<Flight>,
+    /// The next fetch replaces a token an upstream refused.
+    next_after_401: bool,
+}
+
+/// One token holder. Cheap to share; every connection of its slot reads it.
+pub struct Tokens {
+    client: Arc<OAuthClient>,
+    kind: Kind,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("upstream", &self.client.upstream())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokens {
+    /// The gateway's own tokens for `client`'s upstream.
+    pub fn own(client: Arc<OAuthClient>) -> Arc<Tokens> {
+        Arc::new(Tokens {
+            client,
+            kind: Kind::Own,
+            state: Mutex::default(),
+        })
+    }
+
+    /// A registration's exchanged tokens: its subject token from `cell`; `actor`: a child's
+    /// agent path.
+    pub fn exchange(
+        client: Arc<OAuthClient>,
+        cell: Option<Arc<AuthCell>>,
+        actor: Option<String>,
+    ) -> Arc<Tokens> {
+        Arc::new(Tokens {
+            client,
+            kind: Kind::Exchange { cell, actor },
+            state: Mutex::default(),
+        })
+    }
+
+    pub fn grant(&self) -> OAuthGrant {
+        self.client.grant()
+    }
+
+    /// The subject credential to exchange now (exchange only).
+    fn subject(&self) -> Result<Option<Arc<Credential>>, OAuthError> {
+        let Kind::Exchange { cell, .. } = &self.kind else {
+            return Ok(None);
+        };
+        match cell.as_ref().map(|c| c.state()) {
+            Some(AuthState::Set(_, c)) if matches!(*c, Credential::SubjectToken(_)) => Ok(Some(c)),
+            _ => Err(OAuthError::NoSubject {
+                upstream: self.client.upstream().to_string(),
+            }),
+        }
+    }
+
+    /// A token to send now: the cached one while fresh, else the one request in flight's.
+    pub async fn get(self: &Arc<Self>) -> Result<Arc<Token>, OAuthError> {
+        let flight = {
+            let subject = self.subject()?;
+            let mut s = lock(&self.state);
+            let same = match (&subject, &s.subject) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            if let Some(t) = s.current.as_ref().filter(|_| same) {
+                if tokio::time::Instant::now() < t.refresh_at {
+                    return Ok(t.clone());
+                }
+            }
+            match &s.inflight {
+                Some(f) => f.clone(),
+                None => {
+                    let after_401 = std::mem::take(&mut s.next_after_401);
+                    let f = self.clone().fetch(subject, after_401).boxed().shared();
+                    s.inflight = Some(f.clone());
+                    f
+                }
+            }
+        };
+        flight.await
+    }
+
+    async fn fetch(
+        self: Arc<Self>,
+        subject: Option<Arc<Credential>>,
+        after_401: bool,
+    ) -> Result<Arc<Token>, OAuthError> {
+        let ask = match (&self.kind, subject.as_deref()) {
+            (Kind::Exchange { actor, .. }, Some(Credential::SubjectToken(t))) => Ask::Exchange {
+                subject: t.expose(),
+                actor: actor.as_deref(),
+            },
+            (Kind::Exchange { .. }, _) => {
+                return Err(OAuthError::NoSubject {
+                    upstream: self.client.upstream().to_string(),
+                })
+            }
+            (Kind::Own, _) => Ask::ClientCredentials,
+        };
+        let got = self.client.request(ask, after_401).await.map(Arc::new);
+        let replaced = {
+            let mut s = lock(&self.state);
+            s.inflight = None;
+            match &got {
+                Ok(t) => {
+                    s.subject = subject;
+                    s.current.replace(t.clone())
+                }
+                Err(_) => None,
+            }
+        };
+        if let Some(old) = replaced {
+            // A token of a rotated subject: no longer wanted (one that expired is harmless).
+            if matches!(self.kind, Kind::Exchange { .. })
+                && old.refresh_at > tokio::time::Instant::now()
+            {
+                self.client.revoke(&old).await;
+            }
+        }
+        got
+    }
+
+    /// The upstream answered 401 to `token`: true when one more token should be tried (the
+    /// caller then [`Tokens::get`]s it); false when `token` was itself such a retry.
+    pub fn rejected(&self, token: &Arc<Token>) -> bool {
+        if token.after_401 {
+            return false;
+        }
+        let mut s = lock(&self.state);
+        if s.current.as_ref().is_some_and(|c| Arc::ptr_eq(c, token)) {
+            s.current = None;
+            s.next_after_401 = true;
+        }
+        true
+    }
+
+    /// Drops the cached token and revokes it (RFC 7009) where the server offers it: a
+    /// registration's release. Bounded by the client's request timeout.
+    pub async fn revoke(&self) {
+        let old = {
+            let mut s = lock(&self.state);
+            s.subject = None;
+            s.current.take()
+        };
+        if let Some(t) = old {
+            self.client.revoke(&t).await;
+        }
+    }
+}
