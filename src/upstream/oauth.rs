@@ -135,6 +135,7 @@ impl OAuthClient {
                 .connect_timeout(CONNECT_TIMEOUT)
                 .timeout(REQUEST_TIMEOUT)
                 .redirect(reqwest::redirect::Policy::none())
+                .pool_max_idle_per_host(0)
         };
         let built = crate::tls::build(&crate::config::UpstreamTls::default()).and_then(|tls| {
             builder()
@@ -525,7 +526,7 @@ fn transport_failure(e: &reqwest::Error) -> String {
     } else if e.is_connect() {
         "cannot connect".into()
     } else {
-        "transport failure".into()
+        format!("transport failure: {}", crate::tls::chain(e))
     }
 }
 

@@ -353,6 +353,8 @@ impl Pool {
             probe
                 .close("probe connection not reused (per_registration, or a registration's own credential)")
                 .await;
+            // A registration's exchanged token that fetched it (issue 47) is not kept.
+            super::own_slot::revoke_tokens(&probe).await;
         }
         Ok(catalog)
     }

