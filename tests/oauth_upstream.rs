@@ -18,6 +18,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::daemon::Daemon;
@@ -39,6 +40,69 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// tests/peers/otel_receiver.py (an OTLP/HTTP receiver) on a loopback port: the spans the
+/// daemon exported.
+struct Receiver {
+    _child: Proc,
+    port: u16,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let mut child = Command::new(python())
+            .arg(peer("otel_receiver.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let v: Value = serde_json::from_str(&line).unwrap();
+                if let Some(p) = v.get("listening") {
+                    let _ = tx.send(p.as_u64().unwrap() as u16);
+                }
+                kept.lock().unwrap().push(v);
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("otel_receiver.py did not start");
+        Receiver {
+            _child: Proc(child),
+            port,
+            lines,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The spans, once `f` holds of them (20 s at most).
+    async fn wait_spans(&self, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        for _ in 0..400 {
+            let spans: Vec<Value> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|v| v.get("span").cloned())
+                .collect();
+            if f(&spans) {
+                return spans;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("spans not as expected in 20 s");
     }
 }
 
@@ -76,10 +140,7 @@ impl World {
             .stderr(std::fs::File::create(dir.path().join("auth_server.log")).unwrap())
             .spawn()
             .unwrap();
-        let issuer = announced(&mut auth)["issuer"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let issuer = announced(&mut auth)["issuer"].as_str().unwrap().to_string();
         let auth = Proc(auth);
         let mut up = Command::new(python())
             .arg(repo_root().join("tests/fixtures/jwt_upstream.py"))
@@ -166,7 +227,11 @@ async fn claims(reg: &Value, tool: &str) -> Value {
 /// The text of a failed call's tool error.
 async fn failure(reg: &Value, tool: &str) -> String {
     let r = call(reg, tool, 2).await;
-    assert_eq!(r["result"]["isError"], json!(true), "{tool} should fail: {r}");
+    assert_eq!(
+        r["result"]["isError"],
+        json!(true),
+        "{tool} should fail: {r}"
+    );
     text_of(&r)
 }
 
@@ -181,7 +246,10 @@ async fn assert_nowhere(d: &Daemon) {
         .await;
     let audit = std::fs::read_to_string(d.audit_path()).unwrap();
     let stderr = d.stderr();
-    assert!(stderr.contains("got an upstream access token"), "debug log expected");
+    assert!(
+        stderr.contains("got an upstream access token"),
+        "debug log expected"
+    );
     let places = [
         ("the daemon's log", stderr),
         ("/metrics", metrics),
@@ -209,15 +277,24 @@ fn calls_of<'a>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation() {
     let w = World::start(300);
-    let d = Daemon::start(&w.config(), "", "gatehouse=debug", &[]);
+    let rx = Receiver::start();
+    let endpoint = rx.endpoint();
+    let d = Daemon::start(
+        &w.config(),
+        "",
+        "gatehouse=debug",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+    );
     let a = d
         .register(json!({"agent_id": "run-alice", "tools": ["cc.*", "tx.*"],
             "upstream_credentials": {"tx": {"subject_token": ALICE}}}))
         .await;
     assert_eq!(a["upstream_credentials"], json!({"tx": "set"}), "{a}");
     let b = d
-        .register(json!({"agent_id": "run-bob", "tools": ["cc.whoami", "tx.whoami"],
-            "upstream_credentials": {"tx": {"subject_token": BOB}}}))
+        .register(
+            json!({"agent_id": "run-bob", "tools": ["cc.whoami", "tx.whoami"],
+            "upstream_credentials": {"tx": {"subject_token": BOB}}}),
+        )
         .await;
 
     // Client credentials: the gateway's own identity, for this resource; one token for all.
@@ -233,7 +310,11 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
 
     // Token exchange: each registration acts for its own user.
     let ca = claims(&a, "tx.whoami").await;
-    assert_eq!((&ca["sub"], &ca["act"]), (&json!("alice"), &Value::Null), "{ca}");
+    assert_eq!(
+        (&ca["sub"], &ca["act"]),
+        (&json!("alice"), &Value::Null),
+        "{ca}"
+    );
     assert_eq!(ca["aud"], w.upstream_url.as_str());
     assert_eq!(claims(&b, "tx.whoami").await["sub"], "bob");
     assert_eq!(claims(&a, "tx.whoami").await["jti"], ca["jti"], "cached");
@@ -248,7 +329,10 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
         .await;
     let cc = claims(&child, "tx.whoami").await;
     assert_eq!(cc["sub"], "alice", "{cc}");
-    assert_eq!(cc["act"], json!({"sub": "researcher", "act": {"sub": "run-alice"}}));
+    assert_eq!(
+        cc["act"],
+        json!({"sub": "researcher", "act": {"sub": "run-alice"}})
+    );
     let cg = claims(&grandchild, "tx.whoami").await;
     assert_eq!(
         cg["act"],
@@ -260,7 +344,10 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
     let (s, v) = d
         .admin_call(
             Method::PUT,
-            &format!("/v1/registrations/{}/credentials", b["id"].as_str().unwrap()),
+            &format!(
+                "/v1/registrations/{}/credentials",
+                b["id"].as_str().unwrap()
+            ),
             Some(json!({"tx": {"subject_token": CAROL}})),
         )
         .await;
@@ -269,12 +356,19 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
 
     // Wrong kinds are refused at registration, naming the upstream and the reason.
     for (creds, want) in [
-        (json!({"cc": {"subject_token": ALICE}}), "client_credentials"),
+        (
+            json!({"cc": {"subject_token": ALICE}}),
+            "client_credentials",
+        ),
         (json!({"tx": {"bearer": "x"}}), "subject_token"),
     ] {
         let (s, v) = d
-            .admin_call(Method::POST, "/v1/registrations", Some(json!({"agent_id": "x",
-                "tools": ["cc.*", "tx.*"], "upstream_credentials": creds})))
+            .admin_call(
+                Method::POST,
+                "/v1/registrations",
+                Some(json!({"agent_id": "x",
+                "tools": ["cc.*", "tx.*"], "upstream_credentials": creds})),
+            )
             .await;
         assert_eq!(s, 400, "{v}");
         assert!(v.to_string().contains(want), "{v}");
@@ -330,6 +424,37 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
     }
     assert_eq!(revoked, 3);
     assert_nowhere(&d).await;
+
+    // Traced: a span per token request, by grant and outcome; calls' spans say the kind.
+    let spans = rx
+        .wait_spans(|s| {
+            s.iter()
+                .filter(|s| s["attributes"]["gatehouse.pool.work"] == "token")
+                .count()
+                >= 7
+        })
+        .await;
+    let token_spans: Vec<_> = spans
+        .iter()
+        .filter(|s| s["attributes"]["gatehouse.pool.work"] == "token")
+        .collect();
+    assert!(token_spans.iter().any(|s| s["name"] == "token cc"
+        && s["attributes"]["gatehouse.oauth.grant"] == "client_credentials"
+        && s["attributes"]["gatehouse.oauth.outcome"] == "ok"));
+    assert_eq!(
+        token_spans
+            .iter()
+            .filter(|s| s["attributes"]["gatehouse.oauth.grant"] == "token_exchange")
+            .count(),
+        6
+    );
+    assert!(spans
+        .iter()
+        .any(|s| s["attributes"]["gatehouse.upstream_auth"] == "token_exchange"));
+    let text = serde_json::to_string(&spans).unwrap();
+    for s in [CLIENT_SECRET, ALICE, BOB, CAROL, "eyJ"] {
+        assert!(!text.contains(s), "{s} in a span");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,8 +463,10 @@ async fn thirty_two_calls_across_a_tokens_expiry_make_one_token_request() {
     let w = World::start(5);
     let d = Daemon::start(&w.config(), "", "gatehouse=debug", &[]);
     let r = d
-        .register(json!({"agent_id": "many", "tools": ["cc.whoami", "tx.whoami"],
-            "upstream_credentials": {"tx": {"subject_token": ALICE}}}))
+        .register(
+            json!({"agent_id": "many", "tools": ["cc.whoami", "tx.whoami"],
+            "upstream_credentials": {"tx": {"subject_token": ALICE}}}),
+        )
         .await;
     let first = claims(&r, "cc.whoami").await["jti"].clone();
     let first_tx = claims(&r, "tx.whoami").await["jti"].clone();
@@ -364,7 +491,11 @@ async fn thirty_two_calls_across_a_tokens_expiry_make_one_token_request() {
             let claims: Value = serde_json::from_str(&text_of(&v)).unwrap();
             jtis.insert(claims["jti"].as_str().unwrap().to_string());
         }
-        assert_eq!(w.token_requests(grant).await, base + 1, "{tool}: exactly one more");
+        assert_eq!(
+            w.token_requests(grant).await,
+            base + 1,
+            "{tool}: exactly one more"
+        );
         assert_eq!(jtis.len(), 1, "{tool}: one new token for all 32: {jtis:?}");
         assert!(!jtis.contains(old.as_str().unwrap()), "{tool}: refreshed");
         // The next refresh is 4 s away: the tx round starts as fresh as the cc one did.
@@ -405,7 +536,11 @@ async fn a_401_refreshes_once_then_fails_and_an_authorization_server_down_fails_
             "{e}"
         );
     }
-    assert_eq!(w.token_requests("tx").await, before + 1, "one refresh, then none");
+    assert_eq!(
+        w.token_requests("tx").await,
+        before + 1,
+        "one refresh, then none"
+    );
     let records = d.audit();
     let failed: Vec<_> = calls_of(&records, "tx.whoami")
         .filter(|r| r.reason.as_deref() == Some("upstream_auth_failed"))
@@ -415,6 +550,19 @@ async fn a_401_refreshes_once_then_fails_and_an_authorization_server_down_fails_
         .iter()
         .all(|r| r.outcome.as_deref() == Some("upstream_failed")
             && r.upstream_auth.as_deref() == Some("token_exchange")));
+    let events: Vec<_> = records
+        .iter()
+        .filter(|r| r.event == "upstream_auth_failed")
+        .collect();
+    assert_eq!(
+        events.len(),
+        5,
+        "one upstream_auth_failed event per failed call"
+    );
+    assert!(events
+        .iter()
+        .all(|r| r.upstream.as_deref() == Some("tx")
+            && r.registration_id.as_deref() == m["id"].as_str()));
 
     // The authorization server down: a call that needs a new token fails, saying so, and
     // the failed request is counted; one with a cached token still works.
@@ -439,4 +587,3 @@ async fn a_401_refreshes_once_then_fails_and_an_authorization_server_down_fails_
     assert_eq!(claims(&r, "cc.whoami").await["jti"], second);
     assert_nowhere(&d).await;
 }
-

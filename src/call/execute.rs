@@ -254,7 +254,7 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
             },
         ) => {
             tracing::warn!(tool = name, error = %e, "call failed: the upstream rejected the credentials");
-            Ended::AuthFailed(e.to_string(), "upstream_auth_failed")
+            Ended::AuthFailed(e.to_string(), super::finish::UPSTREAM_AUTH_FAILED)
         }
         F::Failed(
             ForwardError::Upstream(UpstreamError::Auth(e))
