@@ -197,10 +197,6 @@ impl World {
         self.stats().await["token"][g].as_u64().unwrap_or(0)
     }
 
-    fn auth_server_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("auth_server.log")).unwrap_or_default()
-    }
-
     fn stop_auth_server(&mut self) {
         self.auth_server.take();
     }

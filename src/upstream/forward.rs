@@ -427,13 +427,13 @@ impl Pool {
         // No credential in its family: one atomic load.
         let auth = registration
             .upstream_auth(upstream)
-            .map(|cell| super::own_slot::OwnAuth {
+            .map(|cell| super::tokens::OwnAuth {
                 cell,
                 actor: registration
                     .family
                     .agent_path
                     .as_deref()
-                    .map(super::own_slot::agent_path_token),
+                    .map(super::tokens::agent_path_token),
             });
         let own = match &auth {
             Some(a) => credential_check(upstream, &a.cell)?,

@@ -1,7 +1,7 @@
 //! A registration's own upstream credential in the pool (issue 47): the slot a registration
 //! with its own credential for an upstream uses alone, whatever the upstream's sharing, and
 //! its grants' catalogs fetched with that credential; the making of every slot with the OAuth
-//! tokens its requests carry (`upstream::tokens`), and their revocation at a release.
+//! tokens its requests carry (`upstream::tokens`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,34 +16,6 @@ use super::tokens::Tokens;
 use crate::config::OAuthGrant;
 use crate::sync::lock;
 use crate::tools::GrantedTool;
-
-/// A registration's credential cell for an upstream (its own or its nearest ancestor's), and
-/// its agent path (`/`-joined, a child's only): a token exchange names it as the actor.
-pub(crate) struct OwnAuth {
-    pub cell: Arc<crate::registration::AuthCell>,
-    pub actor: Option<String>,
-}
-
-/// A child's agent path as the actor token of its token exchange: the agent ids from the
-/// root down, each form-encoded (so a `/` in an id stays inside it), joined by `/`.
-pub(crate) fn agent_path_token(path: &[String]) -> String {
-    let ids: Vec<String> = path
-        .iter()
-        .map(|id| form_urlencoded::byte_serialize(id.as_bytes()).collect())
-        .collect();
-    ids.join("/")
-}
-
-/// Drops a released registration's exchanged tokens, revoking them where the authorization
-/// server offers it (bounded by the client's request timeout). The upstream's own
-/// (`client_credentials`) tokens are the gateway's and stay.
-pub(super) async fn revoke_tokens(slot: &Slot) {
-    if let Some(t) = &slot.tokens {
-        if t.grant() == OAuthGrant::TokenExchange {
-            t.revoke().await;
-        }
-    }
-}
 
 impl Pool {
     /// A slot and its event task; `owner` is the registration a `per_registration` slot
@@ -93,7 +65,7 @@ impl Pool {
         &self,
         up: &Arc<Upstream>,
         registration_id: &str,
-        own: &OwnAuth,
+        own: &super::tokens::OwnAuth,
     ) -> Arc<Slot> {
         let cell = &own.cell;
         let mut slots = lock(&up.slots);
@@ -126,7 +98,7 @@ impl Pool {
                 let _ =
                     tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed")).await;
                 old.stop.cancel();
-                revoke_tokens(&old).await;
+                old.revoke_tokens().await;
             });
         }
         slot

@@ -354,7 +354,7 @@ impl Pool {
                 .close("probe connection not reused (per_registration, or a registration's own credential)")
                 .await;
             // A registration's exchanged token that fetched it (issue 47) is not kept.
-            super::own_slot::revoke_tokens(&probe).await;
+            probe.revoke_tokens().await;
         }
         Ok(catalog)
     }
@@ -419,7 +419,7 @@ impl Pool {
         &self,
         upstream_id: &str,
         registration_id: &str,
-        auth: Option<&super::own_slot::OwnAuth>,
+        auth: Option<&super::tokens::OwnAuth>,
     ) -> Result<(Arc<Slot>, bool), ForwardError> {
         let up = self
             .inner
@@ -494,7 +494,7 @@ impl Pool {
                     .await;
                 slot.stop.cancel();
                 // Its exchanged tokens (issue 47) dropped, and revoked where offered.
-                super::own_slot::revoke_tokens(&slot).await;
+                slot.revoke_tokens().await;
             }
             let Some(slot) = shared else { continue };
             let Some(lease) = slot.leases.remove(registration_id) else {

@@ -265,6 +265,17 @@ impl Slot {
         self.audit.record_detached(r);
     }
 
+    /// Drops a released registration's exchanged tokens (issue 47), revoking them where the
+    /// authorization server offers it (bounded by the client's request timeout). The
+    /// upstream's own (`client_credentials`) tokens are the gateway's and stay.
+    pub async fn revoke_tokens(&self) {
+        if let Some(t) = &self.tokens {
+            if t.grant() == crate::config::OAuthGrant::TokenExchange {
+                t.revoke().await;
+            }
+        }
+    }
+
     /// The current connection of `epoch`, if it is still the current one.
     pub fn current_of(&self, epoch: u64) -> Option<Connection> {
         lock(&self.current).clone().filter(|c| c.epoch() == epoch)

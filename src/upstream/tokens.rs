@@ -3,7 +3,8 @@
 //! used until shortly before it expires; then the first request that finds it stale starts
 //! ONE token request, which every other request waiting meanwhile shares (a shared future: no
 //! lock is held across `.await`). A 401 for a token drops it and fetches one more, once; a
-//! 401 for that one is final (no retry storm).
+//! 401 for that one is final (no retry storm). Also what picks a registration's own slot
+//! ([`OwnAuth`]: its credential cell and, for a child, the agent path its exchange names).
 
 use std::sync::{Arc, Mutex};
 
@@ -188,4 +189,21 @@ impl Tokens {
             self.client.revoke(&t).await;
         }
     }
+}
+
+/// A registration's credential cell for an upstream (its own or its nearest ancestor's), and
+/// its agent path (`/`-joined, a child's only): a token exchange names it as the actor.
+pub(crate) struct OwnAuth {
+    pub cell: Arc<crate::registration::AuthCell>,
+    pub actor: Option<String>,
+}
+
+/// A child's agent path as the actor token of its token exchange: the agent ids from the
+/// root down, each form-encoded (so a `/` in an id stays inside it), joined by `/`.
+pub(crate) fn agent_path_token(path: &[String]) -> String {
+    let ids: Vec<String> = path
+        .iter()
+        .map(|id| form_urlencoded::byte_serialize(id.as_bytes()).collect())
+        .collect();
+    ids.join("/")
 }
