@@ -213,10 +213,9 @@ impl HttpTransport {
         if let Some(session) = session {
             let mut headers = self.shared.headers.clone();
             self.shared.authorize(&mut headers);
-            if let Some(tokens) = &self.shared.tokens {
-                if let Ok(t) = tokens.get().await {
-                    headers.insert(reqwest::header::AUTHORIZATION, t.header.clone());
-                }
+            // The token cached now, if any: a closing DELETE fetches none.
+            if let Some(t) = self.shared.tokens.as_ref().and_then(|t| t.cached()) {
+                headers.insert(reqwest::header::AUTHORIZATION, t.header.clone());
             }
             headers.insert(SESSION_HEADER, session);
             if let Some(version) = self.shared.protocol_version.get() {

@@ -115,7 +115,14 @@ pub struct OAuthClient {
     telemetry: OnceLock<Arc<crate::telemetry::Telemetry>>,
     /// The authorization server's host and port (spans).
     server: Option<(String, u16)>,
+    /// Revocations under way (each bounded by [`REQUEST_TIMEOUT`], at most
+    /// [`MAX_REVOCATIONS`] at once): a release or rotation does not wait for them.
+    revocations: tokio_util::task::TaskTracker,
 }
+
+/// Most revocations under way at once per upstream; past it a token is dropped unrevoked
+/// (logged): it expires by itself.
+const MAX_REVOCATIONS: usize = 256;
 
 impl std::fmt::Debug for OAuthClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -161,7 +168,23 @@ impl OAuthClient {
             endpoints: tokio::sync::OnceCell::new(),
             counts: Mutex::new(BTreeMap::new()),
             telemetry: OnceLock::new(),
+            revocations: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Revokes `token` in the background ([`OAuthClient::revoke`]); owned by this client's
+    /// tracker, bounded in time and number.
+    pub fn revoke_later(self: &Arc<Self>, token: Arc<Token>) {
+        if self.revocations.len() >= MAX_REVOCATIONS {
+            tracing::info!(upstream = %self.upstream, "too many token revocations under way: a token is left to expire");
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.clone();
+        self.revocations
+            .spawn_on(async move { client.revoke(&token).await }, &rt);
     }
 
     /// The authorization server's host and port, as spans say it.
@@ -302,7 +325,7 @@ impl OAuthClient {
     }
 
     /// Revokes `token` (RFC 7009) where the server offers revocation; best effort, bounded.
-    pub async fn revoke(&self, token: &Token) {
+    async fn revoke(&self, token: &Token) {
         let Ok(endpoints) = self.endpoints().await else {
             return;
         };

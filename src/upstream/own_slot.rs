@@ -98,7 +98,7 @@ impl Pool {
                 let _ =
                     tokio::time::timeout(RELEASE_TIMEOUT, old.close("credentials changed")).await;
                 old.stop.cancel();
-                old.revoke_tokens().await;
+                old.revoke_tokens();
             });
         }
         slot

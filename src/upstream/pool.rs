@@ -354,7 +354,7 @@ impl Pool {
                 .close("probe connection not reused (per_registration, or a registration's own credential)")
                 .await;
             // A registration's exchanged token that fetched it (issue 47) is not kept.
-            probe.revoke_tokens().await;
+            probe.revoke_tokens();
         }
         Ok(catalog)
     }
@@ -494,7 +494,7 @@ impl Pool {
                     .await;
                 slot.stop.cancel();
                 // Its exchanged tokens (issue 47) dropped, and revoked where offered.
-                slot.revoke_tokens().await;
+                slot.revoke_tokens();
             }
             let Some(slot) = shared else { continue };
             let Some(lease) = slot.leases.remove(registration_id) else {

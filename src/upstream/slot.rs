@@ -266,12 +266,12 @@ impl Slot {
     }
 
     /// Drops a released registration's exchanged tokens (issue 47), revoking them where the
-    /// authorization server offers it (bounded by the client's request timeout). The
-    /// upstream's own (`client_credentials`) tokens are the gateway's and stay.
-    pub async fn revoke_tokens(&self) {
+    /// authorization server offers it (in the background, bounded). The upstream's own
+    /// (`client_credentials`) tokens are the gateway's and stay.
+    pub fn revoke_tokens(&self) {
         if let Some(t) = &self.tokens {
             if t.grant() == crate::config::OAuthGrant::TokenExchange {
-                t.revoke().await;
+                t.revoke();
             }
         }
     }

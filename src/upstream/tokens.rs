@@ -37,6 +37,20 @@ struct State {
     inflight: Option<Flight>,
     /// The next fetch replaces a token an upstream refused.
     next_after_401: bool,
+    /// The last token request failed (when, why, for which subject): requests within
+    /// [`FAILED_HOLD`] fail with it, without another (a server down is not hammered).
+    failed: Option<(tokio::time::Instant, OAuthError, Option<Arc<Credential>>)>,
+}
+
+/// How long a failed token request's error answers the requests that follow it.
+const FAILED_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn same_subject(a: &Option<Arc<Credential>>, b: &Option<Arc<Credential>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 /// One token holder. Cheap to share; every connection of its slot reads it.
@@ -100,14 +114,19 @@ impl Tokens {
         let flight = {
             let subject = self.subject()?;
             let mut s = lock(&self.state);
-            let same = match (&subject, &s.subject) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (None, None) => true,
-                _ => false,
-            };
-            if let Some(t) = s.current.as_ref().filter(|_| same) {
-                if tokio::time::Instant::now() < t.refresh_at {
+            let now = tokio::time::Instant::now();
+            if let Some(t) = s
+                .current
+                .as_ref()
+                .filter(|_| same_subject(&subject, &s.subject))
+            {
+                if now < t.refresh_at {
                     return Ok(t.clone());
+                }
+            }
+            if let Some((at, e, failed_for)) = &s.failed {
+                if now < *at + FAILED_HOLD && same_subject(&subject, failed_for) {
+                    return Err(e.clone());
                 }
             }
             match &s.inflight {
@@ -146,10 +165,14 @@ impl Tokens {
             s.inflight = None;
             match &got {
                 Ok(t) => {
+                    s.failed = None;
                     s.subject = subject;
                     s.current.replace(t.clone())
                 }
-                Err(_) => None,
+                Err(e) => {
+                    s.failed = Some((tokio::time::Instant::now(), e.clone(), subject));
+                    None
+                }
             }
         };
         if let Some(old) = replaced {
@@ -157,7 +180,7 @@ impl Tokens {
             if matches!(self.kind, Kind::Exchange { .. })
                 && old.refresh_at > tokio::time::Instant::now()
             {
-                self.client.revoke(&old).await;
+                self.client.revoke_later(old);
             }
         }
         got
@@ -177,17 +200,22 @@ impl Tokens {
         true
     }
 
-    /// Drops the cached token and revokes it (RFC 7009) where the server offers it: a
-    /// registration's release. Bounded by the client's request timeout.
-    pub async fn revoke(&self) {
+    /// Drops the cached token and revokes it (RFC 7009, in the background) where the server
+    /// offers it: a registration's release.
+    pub fn revoke(&self) {
         let old = {
             let mut s = lock(&self.state);
             s.subject = None;
             s.current.take()
         };
         if let Some(t) = old {
-            self.client.revoke(&t).await;
+            self.client.revoke_later(t);
         }
+    }
+
+    /// The cached token, if any, fetching none (a session's closing DELETE).
+    pub fn cached(&self) -> Option<Arc<Token>> {
+        lock(&self.state).current.clone()
     }
 }
 
