@@ -583,3 +583,45 @@ async fn a_401_refreshes_once_then_fails_and_an_authorization_server_down_fails_
     assert_eq!(claims(&r, "cc.whoami").await["jti"], second);
     assert_nowhere(&d).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rotations_leave_the_store_and_the_registration_on_the_same_one() {
+    let w = World::start(300);
+    let mut d = Daemon::start(&w.config(), "", "info", &[]);
+    let mut r = d
+        .register(json!({"agent_id": "run-rot", "tools": ["tx.whoami"],
+            "upstream_credentials": {"tx": {"subject_token": ALICE}}}))
+        .await;
+    let users = [
+        (ALICE, "alice"),
+        (BOB, "bob"),
+        (CAROL, "carol"),
+        (MALLORY, "mallory"),
+    ];
+    let path = format!(
+        "/v1/registrations/{}/credentials",
+        r["id"].as_str().unwrap()
+    );
+    for round in 0..3 {
+        // Eight PUTs at once, each naming another subject token.
+        let puts = (0..8).map(|i| {
+            let (subject, _) = users[(i + round) % users.len()];
+            d.admin_call(
+                Method::PUT,
+                &path,
+                Some(json!({"tx": {"subject_token": subject}})),
+            )
+        });
+        for (s, v) in futures::future::join_all(puts).await {
+            assert_eq!(s, 200, "{v}");
+        }
+        // The one served now is the one stored: a kill -9 and restart opens it again.
+        let served = claims(&r, "tx.whoami").await["sub"].clone();
+        d.kill9_and_restart();
+        let url = r["mcp_url"].as_str().unwrap();
+        r["mcp_url"] = json!(url.replace(&url[..url.find("/gw/").unwrap()], &d.data));
+        let stored = claims(&r, "tx.whoami").await["sub"].clone();
+        assert_eq!(served, stored, "round {round}");
+        assert!(users.iter().any(|(_, u)| served == *u));
+    }
+}

@@ -71,7 +71,8 @@ impl Gateway {
     /// Replaces the credentials of the live registration `id` with `set` (`None`: no such
     /// registration). Calls in flight finish with what they had; the next upstream request
     /// carries the new ones (same URL, same token). Written through to the store first,
-    /// sealed; audited `credentials_rotated` naming the upstreams.
+    /// sealed; audited `credentials_rotated` naming the upstreams. Concurrent rotations of one
+    /// registration are serialized.
     pub async fn rotate_credentials(
         &self,
         id: &str,
@@ -80,6 +81,8 @@ impl Gateway {
         let Some(state) = self.registry().get(id) else {
             return Ok(None);
         };
+        // One rotation of a registration at a time: the store and the cells end on the same.
+        let one = state.credentials.rotating().await;
         self.check_credentials(&set, &state.tools)?;
         // Each value checked before anything is stored.
         crate::registration::Credentials::of(&set).map_err(GatewayError::InvalidSpec)?;
@@ -103,6 +106,7 @@ impl Gateway {
         );
         self.audit().record(rec).await?;
         tracing::info!(registration = %id, upstreams = set.len(), "upstream credentials rotated");
+        drop(one);
         Ok(Some(state))
     }
 }

@@ -329,6 +329,10 @@ pub struct Credentials {
     /// The sealed form last applied (opaque, not secret): a cluster node's watch opens a
     /// stored value again only when it changed (a rotation made on another node).
     sealed: Mutex<Option<BTreeMap<String, String>>>,
+    /// Held by a rotation from its check to its audit record: two concurrent rotations of
+    /// one registration are applied one after the other, so the store and the cells end on
+    /// the same one (an async lock: the store's write is awaited under it).
+    rotation: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -351,6 +355,11 @@ impl Credentials {
             return None;
         }
         lock(&self.cells).get(upstream).cloned()
+    }
+
+    /// Waits for the other rotations of this registration to end ([`Credentials::rotation`]).
+    pub async fn rotating(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.rotation.lock().await
     }
 
     /// Whether any cell was ever made.
