@@ -555,10 +555,10 @@ async fn a_401_refreshes_once_then_fails_and_an_authorization_server_down_fails_
         5,
         "one upstream_auth_failed event per failed call"
     );
-    assert!(events
-        .iter()
-        .all(|r| r.upstream.as_deref() == Some("tx")
-            && r.registration_id.as_deref() == m["id"].as_str()));
+    assert!(events.iter().all(|r| r.upstream.as_deref() == Some("tx")
+        && r.registration_id.as_deref() == m["id"].as_str()
+        && r.agent_id.as_deref() == Some("run-m")
+        && r.upstream_auth.as_deref() == Some("token_exchange")));
 
     // The authorization server down: a call that needs a new token fails, saying so, and
     // the failed request is counted; one with a cached token still works.

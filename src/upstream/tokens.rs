@@ -57,7 +57,8 @@ fn same_subject(a: &Option<Arc<Credential>>, b: &Option<Arc<Credential>>) -> boo
 pub struct Tokens {
     client: Arc<OAuthClient>,
     kind: Kind,
-    state: Mutex<State>,
+    /// Shared with a token request under way only weakly (no cycle through `inflight`).
+    state: Arc<Mutex<State>>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -74,7 +75,7 @@ impl Tokens {
         Arc::new(Tokens {
             client,
             kind: Kind::Own,
-            state: Mutex::default(),
+            state: Arc::default(),
         })
     }
 
@@ -88,7 +89,7 @@ impl Tokens {
         Arc::new(Tokens {
             client,
             kind: Kind::Exchange { cell, actor },
-            state: Mutex::default(),
+            state: Arc::default(),
         })
     }
 
@@ -109,8 +110,16 @@ impl Tokens {
         }
     }
 
+    /// `Some` for an exchange: its actor (a child's agent path, if any).
+    fn actor(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Exchange { actor, .. } => actor.as_deref(),
+            Kind::Own => None,
+        }
+    }
+
     /// A token to send now: the cached one while fresh, else the one request in flight's.
-    pub async fn get(self: &Arc<Self>) -> Result<Arc<Token>, OAuthError> {
+    pub async fn get(&self) -> Result<Arc<Token>, OAuthError> {
         let flight = {
             let subject = self.subject()?;
             let mut s = lock(&self.state);
@@ -133,57 +142,21 @@ impl Tokens {
                 Some(f) => f.clone(),
                 None => {
                     let after_401 = std::mem::take(&mut s.next_after_401);
-                    let f = self.clone().fetch(subject, after_401).boxed().shared();
+                    let f = fetch(
+                        self.client.clone(),
+                        self.actor().map(str::to_owned),
+                        Arc::downgrade(&self.state),
+                        subject,
+                        after_401,
+                    )
+                    .boxed()
+                    .shared();
                     s.inflight = Some(f.clone());
                     f
                 }
             }
         };
         flight.await
-    }
-
-    async fn fetch(
-        self: Arc<Self>,
-        subject: Option<Arc<Credential>>,
-        after_401: bool,
-    ) -> Result<Arc<Token>, OAuthError> {
-        let ask = match (&self.kind, subject.as_deref()) {
-            (Kind::Exchange { actor, .. }, Some(Credential::SubjectToken(t))) => Ask::Exchange {
-                subject: t.expose(),
-                actor: actor.as_deref(),
-            },
-            (Kind::Exchange { .. }, _) => {
-                return Err(OAuthError::NoSubject {
-                    upstream: self.client.upstream().to_string(),
-                })
-            }
-            (Kind::Own, _) => Ask::ClientCredentials,
-        };
-        let got = self.client.request(ask, after_401).await.map(Arc::new);
-        let replaced = {
-            let mut s = lock(&self.state);
-            s.inflight = None;
-            match &got {
-                Ok(t) => {
-                    s.failed = None;
-                    s.subject = subject;
-                    s.current.replace(t.clone())
-                }
-                Err(e) => {
-                    s.failed = Some((tokio::time::Instant::now(), e.clone(), subject));
-                    None
-                }
-            }
-        };
-        if let Some(old) = replaced {
-            // A token of a rotated subject: no longer wanted (one that expired is harmless).
-            if matches!(self.kind, Kind::Exchange { .. })
-                && old.refresh_at > tokio::time::Instant::now()
-            {
-                self.client.revoke_later(old);
-            }
-        }
-        got
     }
 
     /// The upstream answered 401 to `token`: true when one more token should be tried (the
@@ -234,4 +207,59 @@ pub(crate) fn agent_path_token(path: &[String]) -> String {
         .map(|id| form_urlencoded::byte_serialize(id.as_bytes()).collect())
         .collect();
     ids.join("/")
+}
+
+/// One token request, shared by every request waiting for it (`Tokens::get`); it writes its
+/// result back into `state` if the holder still exists. `actor` is meaningful for an exchange
+/// only (a subject credential is given then).
+async fn fetch(
+    client: Arc<OAuthClient>,
+    actor: Option<String>,
+    state: std::sync::Weak<Mutex<State>>,
+    subject: Option<Arc<Credential>>,
+    after_401: bool,
+) -> Result<Arc<Token>, OAuthError> {
+    let exchange = client.grant() == OAuthGrant::TokenExchange;
+    let ask = match subject.as_deref() {
+        Some(Credential::SubjectToken(t)) if exchange => Ask::Exchange {
+            subject: t.expose(),
+            actor: actor.as_deref(),
+        },
+        _ if exchange => {
+            return Err(OAuthError::NoSubject {
+                upstream: client.upstream().to_string(),
+            })
+        }
+        _ => Ask::ClientCredentials,
+    };
+    let got = client.request(ask, after_401).await.map(Arc::new);
+    let Some(state) = state.upgrade() else {
+        // Its holder is gone (a released registration): the token is not wanted.
+        if let (true, Ok(t)) = (exchange, &got) {
+            client.revoke_later(t.clone());
+        }
+        return got;
+    };
+    let replaced = {
+        let mut s = lock(&state);
+        s.inflight = None;
+        match &got {
+            Ok(t) => {
+                s.failed = None;
+                s.subject = subject;
+                s.current.replace(t.clone())
+            }
+            Err(e) => {
+                s.failed = Some((tokio::time::Instant::now(), e.clone(), subject));
+                None
+            }
+        }
+    };
+    if let Some(old) = replaced {
+        // A token of a rotated subject: no longer wanted (one that expired is harmless).
+        if exchange && old.refresh_at > tokio::time::Instant::now() {
+            client.revoke_later(old);
+        }
+    }
+    got
 }
