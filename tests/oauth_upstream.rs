@@ -375,6 +375,9 @@ async fn client_credentials_and_token_exchange_with_the_act_chain_and_revocation
         .await;
     let e = failure(&none, "tx.whoami").await;
     assert!(e.contains("set upstream_credentials.tx"), "{e}");
+    assert!(calls_of(&d.audit(), "tx.whoami")
+        .any(|r| r.reason.as_deref() == Some("no_subject_token")
+            && r.outcome.as_deref() == Some("upstream_failed")));
     assert_eq!(claims(&none, "cc.whoami").await["sub"], "gatehouse");
 
     // Audit and spans say which kind of credential each call carried.

@@ -264,7 +264,11 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
             },
         ) => {
             tracing::warn!(tool = name, error = %e, "call failed: no upstream access token");
-            Ended::AuthFailed(e.to_string(), "authorization_server_failed")
+            let tag = match e {
+                crate::upstream::oauth::OAuthError::NoSubject { .. } => "no_subject_token",
+                _ => "authorization_server_failed",
+            };
+            Ended::AuthFailed(e.to_string(), tag)
         }
         F::Failed(why @ ForwardError::CredentialsRefused { .. }) => {
             tracing::warn!(tool = name, error = %why, "call refused: the registration's upstream credentials are refused");

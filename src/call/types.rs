@@ -21,7 +21,8 @@ pub(crate) enum Ended {
     Limited(String),
     /// The upstream's credential failed (issue 47): a tool error result saying why, the
     /// record's outcome `upstream_failed` with this reason (`upstream_auth_failed`, or
-    /// `authorization_server_failed` when no token could be had).
+    /// `authorization_server_failed` when no token could be had, `no_subject_token` when a
+    /// token exchange has nothing to exchange).
     AuthFailed(String, &'static str),
     /// Over a rate limit (issue 49): a JSON-RPC error, its message and `retry_after_ms`.
     RateLimited(String, u64),
