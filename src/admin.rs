@@ -494,6 +494,9 @@ pub struct UpstreamStatus {
     /// Call notifications (progress, logs) that could not be delivered: the call ended
     /// first, or its caller took none for the grace. Never dropped without being counted.
     pub notifications_refused: u64,
+    /// OAuth (issue 47): token requests by outcome; absent without `[upstreams.oauth]`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub token_requests: std::collections::BTreeMap<&'static str, u64>,
     pub connections: Vec<crate::upstream::ConnectionInfo>,
     /// Why the last connection attempt failed (e.g. a TLS failure with its cause and what to
     /// fix), until a connection opens again; `null` otherwise (issue 46).
@@ -521,6 +524,9 @@ pub fn upstream_status(gw: &Gateway) -> Vec<UpstreamStatus> {
                 sharing: sharing.as_str().into(),
                 restarts: info.map(|i| i.restarts).unwrap_or(0),
                 notifications_refused: info.map(|i| i.notifications_refused).unwrap_or(0),
+                token_requests: info
+                    .map(|i| i.token_requests.iter().map(|(_, o, n)| (*o, *n)).collect())
+                    .unwrap_or_default(),
                 connections: info.map(|i| i.connections.clone()).unwrap_or_default(),
                 last_error: info.and_then(|i| i.last_error.clone()),
             }
@@ -544,7 +550,19 @@ async fn audit_tail(State(st): State<AdminState>, RawQuery(q): RawQuery) -> Resp
 /// The gauges of one gateway, read now.
 pub fn snapshot(gw: &Gateway) -> Snapshot {
     let status = upstream_status(gw);
+    let token_requests = gw
+        .pool()
+        .status()
+        .into_iter()
+        .flat_map(|u| {
+            let id = u.id;
+            u.token_requests
+                .into_iter()
+                .map(move |(g, o, n)| (id.clone(), g, o, n))
+        })
+        .collect();
     Snapshot {
+        token_requests,
         notifications_refused: status
             .iter()
             .map(|u| (u.id.clone(), u.notifications_refused))

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod oauth;
 mod validate;
+pub use oauth::{OAuthConfig, OAuthGrant};
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -658,6 +660,8 @@ pub struct UpstreamConfig {
     /// URL's host (e.g. a URL with an IP address).
     #[serde(default)]
     pub tls_server_name: Option<String>,
+    /// HTTP only (issue 47): OAuth tokens from an authorization server (`config::oauth`).
+    pub oauth: Option<OAuthConfig>,
 }
 
 /// An HTTPS upstream's TLS settings, as `src/tls.rs` builds them (all unset: the platform's

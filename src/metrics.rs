@@ -48,6 +48,14 @@ pub struct RefusedLabels {
     pub reason: &'static str,
 }
 
+/// A token request's labels (issue 47): configured upstream ids and closed sets.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub upstream: String,
+    pub grant: &'static str,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
     pub upstream: String,
@@ -187,6 +195,8 @@ pub struct Snapshot {
     pub upstreams: Vec<(String, usize, usize, u64)>,
     /// Per upstream: call notifications not delivered (`NotificationsRefused`).
     pub notifications_refused: Vec<(String, u64)>,
+    /// OAuth (issue 47): token requests, (upstream, grant, outcome, count so far).
+    pub token_requests: Vec<(String, &'static str, &'static str, u64)>,
     /// The span exporter's counts, when tracing is on.
     pub otel: Option<OtelCounts>,
 }
@@ -249,6 +259,7 @@ pub struct Metrics {
     upstream_restarts: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     notifications_refused: Family<UpstreamLabel, Counter<u64, AtomicU64>>,
     refused: Family<RefusedLabels, Counter<u64, AtomicU64>>,
+    token_requests: Family<TokenLabels, Counter<u64, AtomicU64>>,
     /// Cluster (issue 36): from a release's commit to the last live node's acknowledgment.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     release_propagation: Histogram,
@@ -332,6 +343,7 @@ impl Metrics {
             upstream_in_flight: add(r, "upstream_in_flight", "Requests in flight to an upstream", Family::<UpstreamLabel, Gauge>::default()),
             upstream_restarts: add(r, "upstream_restarts", "Upstream connection (re)spawns after the first", Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default()),
             notifications_refused: add(r, "notifications_refused", "Call notifications (progress, logs) from an upstream that were not delivered: the call ended first, or its caller took none for the grace", Family::<UpstreamLabel, Counter<u64, AtomicU64>>::default()),
+            token_requests: add(r, "upstream_token_requests", "OAuth token requests to an upstream's authorization server, by upstream, grant (client_credentials, token_exchange) and outcome (ok, refused, unreachable, invalid)", Family::<TokenLabels, Counter<u64, AtomicU64>>::default()),
             registry: root,
         }
     }
@@ -544,6 +556,17 @@ impl Metrics {
                 c.inc_by(refused - seen);
             }
         }
+        for (id, grant, outcome, n) in &snap.token_requests {
+            let c = self.token_requests.get_or_create(&TokenLabels {
+                upstream: id.clone(),
+                grant,
+                outcome,
+            });
+            let seen = c.get();
+            if *n > seen {
+                c.inc_by(n - seen);
+            }
+        }
         if let Some(o) = &snap.otel {
             for (c, now) in [
                 (&self.otel_sent, o.sent),
@@ -601,6 +624,7 @@ mod tests {
             audit_queue_depth: 5,
             upstreams: vec![("helpdesk".into(), 1, 0, 3)],
             notifications_refused: vec![("helpdesk".into(), 2)],
+            token_requests: vec![("gh".into(), "client_credentials", "ok", 3)],
             ..Default::default()
         });
         assert!(
@@ -626,6 +650,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("gatehouse_audit_queue_depth 5"), "{text}");
+        assert!(
+            text.contains(r#"gatehouse_upstream_token_requests_total{upstream="gh",grant="client_credentials",outcome="ok"} 3"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"gatehouse_registrations_closed_total{reason="expired"} 1"#),
             "{text}"

@@ -407,6 +407,11 @@ impl PoolSpan {
         &self.meta
     }
 
+    /// Adds an attribute (a bounded value: never a token).
+    pub fn set_attribute(&mut self, key: &'static str, value: &'static str) {
+        self.span.set_attribute(KeyValue::new(key, value));
+    }
+
     /// Ends the span (`error` sets `error.type=_OTHER` and ERROR with it as the description)
     /// and gives what later calls link to, if it was sampled.
     pub fn end(mut self, epoch: Option<u64>, error: Option<&str>) -> Option<PoolWork> {

@@ -1584,8 +1584,10 @@ async fn every_record_about_a_registration_carries_its_agent_and_a_childs_its_ch
         .filter(|(e, s)| {
             matches!(s, Subject::Registration | Subject::RegistrationOrAdmin)
                 && *e != "release_acknowledged"
-                // Upstream credentials' events (issue 47): tests/credentials.rs.
+                // Upstream credentials' events (issue 47): tests/credentials.rs, and
+                // tests/oauth_upstream.rs for `upstream_auth_failed`.
                 && !e.starts_with("credentials_")
+                && *e != "upstream_auth_failed"
         })
         .map(|(e, _)| e.to_string())
         .collect();

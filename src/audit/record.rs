@@ -32,7 +32,7 @@ pub enum Subject {
 /// Every event an audit record names, with its subject (docs/audit.md "Events" lists them;
 /// tests/audit.rs produces each one about a registration for a child, and checks its agent
 /// and its chain).
-pub const EVENTS: [(&str, Subject); 22] = [
+pub const EVENTS: [(&str, Subject); 23] = [
     ("governed_mcp_call", Subject::Registration),
     ("registration_created", Subject::Registration),
     ("registration_renewed", Subject::Registration),
@@ -45,6 +45,7 @@ pub const EVENTS: [(&str, Subject); 22] = [
     ("task_outcome", Subject::Registration),
     ("auth_failed", Subject::RegistrationOrAdmin),
     ("credentials_rotated", Subject::Registration),
+    ("upstream_auth_failed", Subject::Registration),
     ("credentials_refused", Subject::Registration),
     ("upstream_spawned", Subject::Upstream),
     ("upstream_exited", Subject::Upstream),

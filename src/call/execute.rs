@@ -13,7 +13,9 @@ use crate::audit::Outcome;
 use crate::methods::request::RequestCtx;
 use crate::telemetry::CallTrace;
 use crate::tools::{Backend, GrantedTool, ToolContext, ToolResult};
-use crate::upstream::{CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult};
+use crate::upstream::{
+    CallIds, ForwardCall, ForwardError, ForwardOutcome, RawResult, UpstreamError,
+};
 
 /// What [`execute`] runs: the granted tool and the call's parts, moved in.
 pub(crate) struct Execution<'a> {
@@ -244,6 +246,30 @@ fn upstream_ended(name: &str, outcome: ForwardOutcome) -> Ended {
             Ended::Raw(raw, o)
         }
         F::RpcError { code, message } => Ended::Error(code, message, Outcome::ToolError),
+        F::Failed(
+            ForwardError::Upstream(e @ UpstreamError::AuthRejected { .. })
+            | ForwardError::Unavailable {
+                source: e @ UpstreamError::AuthRejected { .. },
+                ..
+            },
+        ) => {
+            tracing::warn!(tool = name, error = %e, "call failed: the upstream rejected the credentials");
+            Ended::AuthFailed(e.to_string(), super::finish::UPSTREAM_AUTH_FAILED)
+        }
+        F::Failed(
+            ForwardError::Upstream(UpstreamError::Auth(e))
+            | ForwardError::Unavailable {
+                source: UpstreamError::Auth(e),
+                ..
+            },
+        ) => {
+            tracing::warn!(tool = name, error = %e, "call failed: no upstream access token");
+            let tag = match e {
+                crate::upstream::oauth::OAuthError::NoSubject { .. } => "no_subject_token",
+                _ => "authorization_server_failed",
+            };
+            Ended::AuthFailed(e.to_string(), tag)
+        }
         F::Failed(why @ ForwardError::CredentialsRefused { .. }) => {
             tracing::warn!(tool = name, error = %why, "call refused: the registration's upstream credentials are refused");
             Ended::Limited(why.to_string())

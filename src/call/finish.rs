@@ -123,6 +123,12 @@ pub(crate) fn conclude(
                 result,
             },
         ),
+        Ended::AuthFailed(why, tag) => {
+            let reply = jsonrpc::success(id.clone(), ToolResult::error(why).0).into();
+            let mut c = plain(Outcome::UpstreamFailed, reply);
+            c.reason = Some(tag.into());
+            c
+        }
         Ended::Limited(why) => {
             let reply = jsonrpc::success(id.clone(), ToolResult::error(why.clone()).0).into();
             let mut c = plain(Outcome::Denied, reply);
@@ -176,6 +182,9 @@ pub(crate) fn conclude(
     c
 }
 
+/// The reason (and event) of a call whose upstream rejected its credential (issue 47).
+pub(crate) const UPSTREAM_AUTH_FAILED: &str = "upstream_auth_failed";
+
 /// Step 4, for every outcome: builds the call's record once from `summary`, observes the
 /// call's metric and writes the record; then the reply (`None`: the call was cancelled, or
 /// its registration released meanwhile: nothing is sent). A reply whose record could not be
@@ -212,6 +221,15 @@ pub(crate) fn finish<'c>(
     let error_type = error_type_of(&c);
     if let Some(t) = summary.trace {
         end_server_span(t, reg, &mut rec, &c, error_type, summary.upstream, auth);
+    }
+    if c.reason.as_deref() == Some(UPSTREAM_AUTH_FAILED) {
+        // Its own event too (issue 47), naming the upstream and the kind, never a value.
+        let mut ev = reg.audit_record(UPSTREAM_AUTH_FAILED);
+        ev.upstream = rec.upstream.clone();
+        ev.tool = rec.tool.clone();
+        ev.upstream_auth = rec.upstream_auth.clone();
+        ev.reason = Some("the upstream answered 401 to a fresh credential".into());
+        ctx.hub.audit().record_detached(ev);
     }
     rec.set_outcome(c.outcome);
     rec.error_code = c.error_code;

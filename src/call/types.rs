@@ -19,6 +19,11 @@ pub(crate) enum Ended {
     Error(i64, String, Outcome),
     /// Refused by a limit: a tool error result saying why (the record's reason too).
     Limited(String),
+    /// The upstream's credential failed (issue 47): a tool error result saying why, the
+    /// record's outcome `upstream_failed` with this reason (`upstream_auth_failed`, or
+    /// `authorization_server_failed` when no token could be had, `no_subject_token` when a
+    /// token exchange has nothing to exchange).
+    AuthFailed(String, &'static str),
     /// Over a rate limit (issue 49): a JSON-RPC error, its message and `retry_after_ms`.
     RateLimited(String, u64),
     /// The registration's `call_timeout_s` (seconds) elapsed.

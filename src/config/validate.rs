@@ -156,6 +156,10 @@ impl Config {
             }
         }
         u.validate_tls().map_err(ConfigError::Invalid)?;
+        if let Some(o) = &u.oauth {
+            o.validate(&u.id, u.url.is_some())
+                .map_err(ConfigError::Invalid)?;
+        }
         match u.protocol.as_deref() {
             None | Some(MODERN_PROTOCOL) => {}
             Some(other) => {

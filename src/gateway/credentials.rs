@@ -34,6 +34,28 @@ impl Gateway {
                     "upstream {up:?} is a stdio upstream: credentials go only to HTTP upstreams"
                 )));
             }
+            let subject = matches!(
+                set.get(up),
+                Some(crate::registration::Credential::SubjectToken(_))
+            );
+            match (config.oauth.as_ref().map(|o| o.grant), subject) {
+                (Some(crate::config::OAuthGrant::TokenExchange), false) => {
+                    return Err(bad(format!(
+                        "upstream {up:?} exchanges a subject token for its OAuth tokens (token_exchange): give {{\"subject_token\": \"…\"}}"
+                    )))
+                }
+                (Some(crate::config::OAuthGrant::ClientCredentials), _) => {
+                    return Err(bad(format!(
+                        "upstream {up:?} is called with the gateway's own OAuth token (client_credentials): a registration's credential would not be sent"
+                    )))
+                }
+                (None, true) => {
+                    return Err(bad(format!(
+                        "a subject_token goes only to an upstream with [upstreams.oauth] grant = \"token_exchange\"; {up:?} has none"
+                    )))
+                }
+                _ => {}
+            }
             let granted = tools.iter().any(
                 |t| matches!(&t.backend, Backend::Upstream { upstream, .. } if upstream == up),
             );
@@ -49,7 +71,8 @@ impl Gateway {
     /// Replaces the credentials of the live registration `id` with `set` (`None`: no such
     /// registration). Calls in flight finish with what they had; the next upstream request
     /// carries the new ones (same URL, same token). Written through to the store first,
-    /// sealed; audited `credentials_rotated` naming the upstreams.
+    /// sealed; audited `credentials_rotated` naming the upstreams. Concurrent rotations of one
+    /// registration are serialized.
     pub async fn rotate_credentials(
         &self,
         id: &str,
@@ -58,6 +81,8 @@ impl Gateway {
         let Some(state) = self.registry().get(id) else {
             return Ok(None);
         };
+        // One rotation of a registration at a time: the store and the cells end on the same.
+        let one = state.credentials.rotating().await;
         self.check_credentials(&set, &state.tools)?;
         // Each value checked before anything is stored.
         crate::registration::Credentials::of(&set).map_err(GatewayError::InvalidSpec)?;
@@ -81,6 +106,7 @@ impl Gateway {
         );
         self.audit().record(rec).await?;
         tracing::info!(registration = %id, upstreams = set.len(), "upstream credentials rotated");
+        drop(one);
         Ok(Some(state))
     }
 }

@@ -79,6 +79,9 @@ pub enum Credential {
     Bearer(Secret),
     /// Headers set on every request (names lowercased).
     Headers(Vec<(String, Secret)>),
+    /// For a `token_exchange` upstream: what the gateway exchanges for the registration's
+    /// access tokens (RFC 8693 `subject_token`); sets no header itself.
+    SubjectToken(Secret),
 }
 
 /// A registration's credentials by upstream id, as given.
@@ -98,6 +101,14 @@ impl Credential {
                 "{what}: exactly one of \"bearer\" or \"headers\" (got {} fields)",
                 m.len()
             ));
+        }
+        if let Some(t) = m.get("subject_token") {
+            let Value::String(t) = t else {
+                return Err(format!("{what}.subject_token: must be a string"));
+            };
+            let c = Credential::SubjectToken(Secret::new(t.clone()));
+            c.header_map().map_err(|e| format!("{what}: {e}"))?;
+            return Ok(c);
         }
         let c = match (m.get("bearer"), m.get("headers")) {
             (Some(Value::String(t)), None) => Credential::Bearer(Secret::new(t.clone())),
@@ -120,7 +131,7 @@ impl Credential {
             _ => {
                 let k = m.keys().next().map(String::as_str).unwrap_or("");
                 return Err(format!(
-                    "{what}.{k}: unknown field (expected \"bearer\" or \"headers\")"
+                    "{what}.{k}: unknown field (expected \"bearer\", \"headers\" or \"subject_token\")"
                 ));
             }
         };
@@ -156,6 +167,7 @@ impl Credential {
                     .collect();
                 serde_json::json!({ "headers": m })
             }
+            Credential::SubjectToken(t) => serde_json::json!({"subject_token": t.expose()}),
         }
     }
 
@@ -194,6 +206,17 @@ impl Credential {
                 }
                 put("authorization", format!("Bearer {t}"))?;
             }
+            Credential::SubjectToken(t) => {
+                let t = t.expose();
+                if t.is_empty()
+                    || t.len() > MAX_CREDENTIAL_BYTES
+                    || !t.bytes().all(|b| (0x21..0x7f).contains(&b))
+                {
+                    return Err(format!(
+                        "subject_token: must be 1 to {MAX_CREDENTIAL_BYTES} bytes of visible ASCII"
+                    ));
+                }
+            }
             Credential::Headers(h) => {
                 if h.is_empty() || h.len() > MAX_HEADERS {
                     return Err(format!("headers: 1 to {MAX_HEADERS} headers"));
@@ -208,7 +231,7 @@ impl Credential {
 }
 
 /// Which kind of credential an upstream request carried (`upstream_auth` in a call's audit
-/// record and span); never the value. OAuth kinds come with issue 47's item 3.
+/// record and span); never the value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum AuthKind {
@@ -218,6 +241,10 @@ pub enum AuthKind {
     Static = 2,
     /// This registration's own (or its parent's) `upstream_credentials`.
     Registration = 3,
+    /// The gateway's own OAuth token for the upstream (`client_credentials`).
+    ClientCredentials = 4,
+    /// The registration's subject token exchanged for an OAuth token (`token_exchange`).
+    TokenExchange = 5,
 }
 
 impl AuthKind {
@@ -226,6 +253,8 @@ impl AuthKind {
             AuthKind::None => "none",
             AuthKind::Static => "static",
             AuthKind::Registration => "registration",
+            AuthKind::ClientCredentials => "client_credentials",
+            AuthKind::TokenExchange => "token_exchange",
         }
     }
 
@@ -234,6 +263,8 @@ impl AuthKind {
             1 => Some(AuthKind::None),
             2 => Some(AuthKind::Static),
             3 => Some(AuthKind::Registration),
+            4 => Some(AuthKind::ClientCredentials),
+            5 => Some(AuthKind::TokenExchange),
             _ => None,
         }
     }
@@ -298,6 +329,10 @@ pub struct Credentials {
     /// The sealed form last applied (opaque, not secret): a cluster node's watch opens a
     /// stored value again only when it changed (a rotation made on another node).
     sealed: Mutex<Option<BTreeMap<String, String>>>,
+    /// Held by a rotation from its check to its audit record: two concurrent rotations of
+    /// one registration are applied one after the other, so the store and the cells end on
+    /// the same one (an async lock: the store's write is awaited under it).
+    rotation: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -320,6 +355,11 @@ impl Credentials {
             return None;
         }
         lock(&self.cells).get(upstream).cloned()
+    }
+
+    /// Waits for the other rotations of this registration to end ([`Credentials::rotation`]).
+    pub async fn rotating(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.rotation.lock().await
     }
 
     /// Whether any cell was ever made.

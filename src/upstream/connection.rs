@@ -174,6 +174,7 @@ impl Connection {
                 headers,
                 tls,
                 opts.auth.clone(),
+                opts.tokens.clone(),
             )?),
         };
         let conn = Connection {

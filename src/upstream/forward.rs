@@ -445,9 +445,18 @@ impl Pool {
         let began = tokio::time::Instant::now();
         let registration_id = registration.id.as_str();
         // No credential in its family: one atomic load.
-        let auth = registration.upstream_auth(upstream);
+        let auth = registration
+            .upstream_auth(upstream)
+            .map(|cell| super::tokens::OwnAuth {
+                cell,
+                actor: registration
+                    .family
+                    .agent_path
+                    .as_deref()
+                    .map(super::tokens::agent_path_token),
+            });
         let own = match &auth {
-            Some(cell) => credential_check(upstream, cell)?,
+            Some(a) => credential_check(upstream, &a.cell)?,
             None => false,
         };
         // Each wait below polls its step first: when the step is ready at once (the common
@@ -459,7 +468,8 @@ impl Pool {
             () = cancel.cancelled() => return Err(ForwardError::Cancelled),
         };
         if let Some(ids) = ids {
-            ids.set_auth(if own {
+            // An OAuth upstream's requests carry its tokens (a subject token sets no header).
+            ids.set_auth(if own && slot.tokens.is_none() {
                 crate::registration::AuthKind::Registration
             } else {
                 slot.spec.static_auth

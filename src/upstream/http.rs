@@ -56,6 +56,9 @@ struct Shared {
     /// A registration's own credential (issue 47), read on every request: set over the
     /// configured headers, never logged (its values are marked sensitive).
     auth: Option<Arc<crate::registration::AuthCell>>,
+    /// OAuth (issue 47): the access tokens every request carries, fetched and cached by
+    /// `upstream::tokens`; a 401 gets one fresh token, then fails the request.
+    tokens: Option<Arc<super::tokens::Tokens>>,
     session: Mutex<Option<HeaderValue>>,
     protocol_version: OnceLock<HeaderValue>,
 }
@@ -68,6 +71,7 @@ impl HttpTransport {
         headers: &BTreeMap<String, String>,
         tls: &crate::config::UpstreamTls,
         auth: Option<Arc<crate::registration::AuthCell>>,
+        tokens: Option<Arc<super::tokens::Tokens>>,
     ) -> Result<Self, UpstreamError> {
         let url = Url::parse(url)
             .map_err(|err| UpstreamError::Config(format!("invalid upstream url {url:?}: {err}")))?;
@@ -108,6 +112,7 @@ impl HttpTransport {
                 url,
                 headers: map,
                 auth,
+                tokens,
                 session: Mutex::new(None),
                 protocol_version: OnceLock::new(),
             }),
@@ -208,6 +213,10 @@ impl HttpTransport {
         if let Some(session) = session {
             let mut headers = self.shared.headers.clone();
             self.shared.authorize(&mut headers);
+            // The token cached now, if any: a closing DELETE fetches none.
+            if let Some(t) = self.shared.tokens.as_ref().and_then(|t| t.cached()) {
+                headers.insert(reqwest::header::AUTHORIZATION, t.header.clone());
+            }
             headers.insert(SESSION_HEADER, session);
             if let Some(version) = self.shared.protocol_version.get() {
                 headers.insert(PROTOCOL_VERSION_HEADER, version.clone());
@@ -369,13 +378,17 @@ impl Shared {
             set("tracestate", t.tracestate.as_deref());
             set("baggage", t.baggage.as_deref());
         }
-        let sent = self
-            .client
-            .post(self.url.clone())
-            .headers(headers)
-            .body(body)
-            .send()
-            .await;
+        let sent = match &self.tokens {
+            None => {
+                self.client
+                    .post(self.url.clone())
+                    .headers(headers)
+                    .body(body)
+                    .send()
+                    .await
+            }
+            Some(tokens) => self.send_with_token(tokens, headers, body).await?,
+        };
         let response = match sent {
             Ok(response) => response,
             Err(err) => {
@@ -413,6 +426,12 @@ impl Shared {
             }
         };
         let status = response.status();
+        if status == StatusCode::UNAUTHORIZED && (self.tokens.is_some() || self.auth.is_some()) {
+            tracing::warn!(upstream = %self.upstream_id, "upstream rejected the credentials (401)");
+            return Err(UpstreamError::AuthRejected {
+                upstream: self.upstream_id.clone(),
+            });
+        }
         if status == StatusCode::NOT_FOUND && had_session {
             let reason = "upstream session expired (404)".to_owned();
             core.mark_closed(reason.clone());
@@ -437,6 +456,44 @@ impl Shared {
             });
         }
         Ok(response)
+    }
+
+    /// Sends with the current access token; on a 401, once more with a fresh one, unless
+    /// the token was itself a 401's replacement (`Tokens::rejected`). A token that cannot be
+    /// had fails the request ([`UpstreamError::Auth`]).
+    async fn send_with_token(
+        &self,
+        tokens: &Arc<super::tokens::Tokens>,
+        mut headers: HeaderMap,
+        body: Vec<u8>,
+    ) -> Result<Result<reqwest::Response, reqwest::Error>, UpstreamError> {
+        let body = bytes::Bytes::from(body);
+        let token = tokens.get().await.map_err(UpstreamError::Auth)?;
+        headers.insert(reqwest::header::AUTHORIZATION, token.header.clone());
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(headers.clone())
+            .body(body.clone())
+            .send()
+            .await;
+        let refused = matches!(&sent, Ok(r) if r.status() == StatusCode::UNAUTHORIZED);
+        if !refused || !tokens.rejected(&token) {
+            return Ok(sent);
+        }
+        if let Ok(r) = sent {
+            let _ = r.bytes().await;
+        }
+        tracing::info!(upstream = %self.upstream_id, "upstream refused its access token (401): fetching a fresh one, once");
+        let fresh = tokens.get().await.map_err(UpstreamError::Auth)?;
+        headers.insert(reqwest::header::AUTHORIZATION, fresh.header.clone());
+        Ok(self
+            .client
+            .post(self.url.clone())
+            .headers(headers)
+            .body(body)
+            .send()
+            .await)
     }
 
     async fn post_accepted(&self, core: &Arc<Core>, msg: &Value) -> Result<(), UpstreamError> {

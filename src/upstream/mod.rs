@@ -31,6 +31,7 @@ mod events;
 mod forward;
 mod http;
 mod lease;
+pub mod oauth;
 mod own_slot;
 pub mod pool;
 mod reaper;
@@ -38,6 +39,7 @@ mod routing;
 mod slot;
 mod stdio;
 mod subscriptions;
+mod tokens;
 mod types;
 
 pub use connection::Connection;

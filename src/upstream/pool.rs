@@ -45,7 +45,7 @@ pub(super) struct PoolInner {
     /// The configured upstreams; a config reload swaps the whole map (`Pool::reconfigure`).
     /// Read on every forwarded call (a shared lock: readers never wait for one another).
     upstreams: RwLock<Arc<BTreeMap<String, Arc<Upstream>>>>,
-    audit: Audit,
+    pub(super) audit: Audit,
     pub tasks: TaskTracker,
     stop: CancellationToken,
     /// Where what the pool cannot handle itself goes (the gateway's hub).
@@ -53,7 +53,7 @@ pub(super) struct PoolInner {
     reaper_started: AtomicBool,
     pub(super) client_requests: ClientRequests,
     /// The tracer, when tracing is on (pool work gets traces of its own).
-    telemetry: OnceLock<Arc<crate::telemetry::Telemetry>>,
+    pub(super) telemetry: OnceLock<Arc<crate::telemetry::Telemetry>>,
 }
 
 pub(super) struct Upstream {
@@ -122,6 +122,8 @@ pub struct UpstreamInfo {
     pub restarts: u64,
     /// Call notifications its connections could not deliver (`NotificationsRefused`).
     pub notifications_refused: u64,
+    /// OAuth (issue 47): its token requests so far, (grant, outcome, count).
+    pub token_requests: Vec<(&'static str, &'static str, u64)>,
     pub connections: Vec<ConnectionInfo>,
     /// Why its last connection attempt failed (a TLS failure names its cause), until a
     /// connection opens again.
@@ -305,7 +307,7 @@ impl Pool {
             return Ok(c.clone());
         }
         // (`leased` is decided below, once the server's capabilities are known.)
-        let probe = self.new_slot(&up.spec, false, None, auth);
+        let probe = self.new_slot(&up.spec, false, None, auth, None);
         let span = self
             .inner
             .telemetry
@@ -351,6 +353,8 @@ impl Pool {
             probe
                 .close("probe connection not reused (per_registration, or a registration's own credential)")
                 .await;
+            // A registration's exchanged token that fetched it (issue 47) is not kept.
+            probe.revoke_tokens();
         }
         Ok(catalog)
     }
@@ -405,33 +409,6 @@ impl Pool {
         self.tools_for_grants_with(grants, None).await
     }
 
-    /// A slot and its event task; `owner` is the registration a `per_registration` slot
-    /// serves (connection-wide notifications go to its sessions).
-    pub(super) fn new_slot(
-        &self,
-        spec: &Arc<Spec>,
-        leased: bool,
-        owner: Option<&str>,
-        auth: Option<Arc<crate::registration::AuthCell>>,
-    ) -> Arc<Slot> {
-        self.start_reaper();
-        let (slot, rx) = Slot::new(
-            spec,
-            self.inner.audit.clone(),
-            leased,
-            self.inner.telemetry.get().cloned(),
-            auth,
-        );
-        self.inner.tasks.spawn(run_events(
-            Arc::downgrade(&self.inner),
-            Arc::downgrade(&slot),
-            rx,
-            slot.stop.clone(),
-            owner.map(str::to_string),
-        ));
-        slot
-    }
-
     /// The slot serving `registration_id` on `upstream_id` (the sharing choice), created on
     /// first use, and whether the slot is shared between registrations (`shared`, or `leased`
     /// with the extension): its permits are then divided.
@@ -442,7 +419,7 @@ impl Pool {
         &self,
         upstream_id: &str,
         registration_id: &str,
-        auth: Option<&Arc<crate::registration::AuthCell>>,
+        auth: Option<&super::tokens::OwnAuth>,
     ) -> Result<(Arc<Slot>, bool), ForwardError> {
         let up = self
             .inner
@@ -462,15 +439,15 @@ impl Pool {
         if uncatalogued {
             // Boxed: the first call's rare path (spawn, initialize, tools/list) would otherwise
             // make every forwarded call's future as large as it (BENCHMARKS.md, issue 19).
-            Box::pin(self.catalog_with(upstream_id, auth.cloned()))
+            Box::pin(self.catalog_with(upstream_id, auth.map(|a| a.cell.clone())))
                 .await
                 .map_err(|source| ForwardError::Unavailable {
                     upstream: upstream_id.to_string(),
                     source,
                 })?;
         }
-        if let Some(cell) = auth {
-            return Ok((self.own_slot(&up, registration_id, cell), false));
+        if let Some(a) = auth {
+            return Ok((self.own_slot(&up, registration_id, a), false));
         }
         let mut slots = lock(&up.slots);
         let shared = slots.effective.is_some_and(shares);
@@ -481,13 +458,15 @@ impl Pool {
             Some(Sharing::PerRegistration) | None => slots
                 .per_registration
                 .entry(registration_id.to_string())
-                .or_insert_with(|| self.new_slot(&up.spec, false, Some(registration_id), None))
+                .or_insert_with(|| {
+                    self.new_slot(&up.spec, false, Some(registration_id), None, None)
+                })
                 .clone(),
             Some(sharing) => {
                 let leased = sharing == Sharing::Leased;
                 slots
                     .shared
-                    .get_or_insert_with(|| self.new_slot(&up.spec, leased, None, None))
+                    .get_or_insert_with(|| self.new_slot(&up.spec, leased, None, None, None))
                     .clone()
             }
         };
@@ -514,6 +493,8 @@ impl Pool {
                 let _ = tokio::time::timeout(RELEASE_TIMEOUT, slot.close("registration released"))
                     .await;
                 slot.stop.cancel();
+                // Its exchanged tokens (issue 47) dropped, and revoked where offered.
+                slot.revoke_tokens();
             }
             let Some(slot) = shared else { continue };
             let Some(lease) = slot.leases.remove(registration_id) else {
@@ -574,6 +555,12 @@ impl Pool {
                     effective_sharing: effective,
                     restarts,
                     notifications_refused: up.spec.refused.get(),
+                    token_requests: up
+                        .spec
+                        .oauth
+                        .as_ref()
+                        .map(|c| c.counts())
+                        .unwrap_or_default(),
                     connections,
                     last_error: lock(&up.spec.last_error).clone(),
                 }
@@ -616,7 +603,7 @@ impl Pool {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.tasks.wait()).await;
     }
 
-    fn start_reaper(&self) {
+    pub(super) fn start_reaper(&self) {
         if self.inner.reaper_started.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -727,7 +714,7 @@ fn named_registration(
 }
 
 /// A slot's event task: what its connections report.
-async fn run_events(
+pub(super) async fn run_events(
     pool: Weak<PoolInner>,
     slot: Weak<Slot>,
     mut rx: EventReceiver,

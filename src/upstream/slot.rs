@@ -44,6 +44,10 @@ pub(super) struct Spec {
     /// The resource URIs clients subscribed to on a 2026-07-28 HTTP upstream (asked on its
     /// `subscriptions/listen` stream; survives respawns).
     pub watched: super::subscriptions::Watched,
+    /// `[upstreams.oauth]` (issue 47): its authorization server's client, and for
+    /// `client_credentials` the gateway's own tokens, which every slot of it shares.
+    pub oauth: Option<Arc<super::oauth::OAuthClient>>,
+    pub own_tokens: Option<Arc<super::tokens::Tokens>>,
 }
 
 impl Spec {
@@ -55,8 +59,27 @@ impl Spec {
             }),
             Transport::Stdio { .. } => None,
         };
-        let static_auth = match &transport {
-            Transport::Http { headers, .. } if !headers.is_empty() => {
+        let oauth = match (&transport, &config.oauth) {
+            (Transport::Http { .. }, Some(o)) => Some(Arc::new(super::oauth::OAuthClient::new(
+                &config.id,
+                o.clone(),
+            ))),
+            _ => None,
+        };
+        let own_tokens = oauth
+            .as_ref()
+            .filter(|c| c.grant() == crate::config::OAuthGrant::ClientCredentials)
+            .map(|c| super::tokens::Tokens::own(c.clone()));
+        let static_auth = match (&transport, &oauth) {
+            (_, Some(c)) => match c.grant() {
+                crate::config::OAuthGrant::ClientCredentials => {
+                    crate::registration::AuthKind::ClientCredentials
+                }
+                crate::config::OAuthGrant::TokenExchange => {
+                    crate::registration::AuthKind::TokenExchange
+                }
+            },
+            (Transport::Http { headers, .. }, None) if !headers.is_empty() => {
                 crate::registration::AuthKind::Static
             }
             _ => crate::registration::AuthKind::None,
@@ -71,6 +94,8 @@ impl Spec {
             catalog_work: Mutex::new(None),
             last_error: Mutex::new(None),
             watched: Default::default(),
+            oauth,
+            own_tokens,
         }
     }
 
@@ -175,6 +200,9 @@ pub(super) struct Slot {
     /// The credential of the registration this slot serves alone (issue 47): its
     /// connections read it on every request. `None` for every other slot.
     pub auth: Option<Arc<crate::registration::AuthCell>>,
+    /// OAuth (issue 47): the tokens its requests carry (the upstream's own for
+    /// `client_credentials`; this registration's exchanged ones for `token_exchange`).
+    pub tokens: Option<Arc<super::tokens::Tokens>>,
 }
 
 impl Drop for Slot {
@@ -197,7 +225,11 @@ impl Slot {
         leased: bool,
         telemetry: Option<Arc<crate::telemetry::Telemetry>>,
         auth: Option<Arc<crate::registration::AuthCell>>,
+        tokens: Option<Arc<super::tokens::Tokens>>,
     ) -> (Arc<Slot>, EventReceiver) {
+        if let Some(c) = &spec.oauth {
+            c.trace_with(telemetry.as_ref());
+        }
         // Bounded and rate-limited per connection (events.rs).
         let (tx, rx) = super::events::channel(&spec.id, spec.refused.clone());
         let slot = Arc::new(Slot {
@@ -225,6 +257,7 @@ impl Slot {
             telemetry,
             spawn_work: Mutex::new(None),
             auth,
+            tokens,
         });
         (slot, rx)
     }
@@ -236,6 +269,17 @@ impl Slot {
         r.pid = pid;
         r.reason = reason.map(Into::into);
         self.audit.record_detached(r);
+    }
+
+    /// Drops a released registration's exchanged tokens (issue 47), revoking them where the
+    /// authorization server offers it (in the background, bounded). The upstream's own
+    /// (`client_credentials`) tokens are the gateway's and stay.
+    pub fn revoke_tokens(&self) {
+        if let Some(t) = &self.tokens {
+            if t.grant() == crate::config::OAuthGrant::TokenExchange {
+                t.revoke();
+            }
+        }
     }
 
     /// The current connection of `epoch`, if it is still the current one.
@@ -288,6 +332,7 @@ impl Slot {
         opts.client_capabilities = super::routing::declared_capabilities(&self.spec.config);
         opts.modern = self.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION);
         opts.auth = self.auth.clone();
+        opts.tokens = self.tokens.clone();
         // Pool work: a trace of its own (tracing on), linked from the calls that waited; the
         // upstream's span of `initialize` joins it.
         let span = self

