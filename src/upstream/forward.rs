@@ -415,7 +415,7 @@ impl Pool {
         registration: &RegistrationState,
         within: Duration,
     ) {
-        let auth = registration.upstream_auth(upstream);
+        let auth = own_auth(registration, upstream);
         if let Ok((slot, _)) = self
             .slot_for(upstream, &registration.id, auth.as_ref())
             .await
@@ -445,16 +445,7 @@ impl Pool {
         let began = tokio::time::Instant::now();
         let registration_id = registration.id.as_str();
         // No credential in its family: one atomic load.
-        let auth = registration
-            .upstream_auth(upstream)
-            .map(|cell| super::tokens::OwnAuth {
-                cell,
-                actor: registration
-                    .family
-                    .agent_path
-                    .as_deref()
-                    .map(super::tokens::agent_path_token),
-            });
+        let auth = own_auth(registration, upstream);
         let own = match &auth {
             Some(a) => credential_check(upstream, &a.cell)?,
             None => false,
@@ -726,4 +717,19 @@ impl Pool {
             }),
         }
     }
+}
+
+/// The registration's own credential for `upstream` (issue 47), with its agent path as the
+/// actor of a token exchange. No credential in its family: one atomic load.
+fn own_auth(registration: &RegistrationState, upstream: &str) -> Option<super::tokens::OwnAuth> {
+    registration
+        .upstream_auth(upstream)
+        .map(|cell| super::tokens::OwnAuth {
+            cell,
+            actor: registration
+                .family
+                .agent_path
+                .as_deref()
+                .map(super::tokens::agent_path_token),
+        })
 }
