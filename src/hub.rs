@@ -51,6 +51,8 @@ pub struct Hub {
     telemetry: Option<Arc<crate::telemetry::Telemetry>>,
     /// The config's policy rules (issue 49), replaced by a reload.
     policy: crate::policy::Live,
+    /// Calls held for approval (issue 49).
+    approvals: crate::approval::Approvals,
 }
 
 impl Hub {
@@ -68,8 +70,13 @@ impl Hub {
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
         // Validated with the config (`Config::validate`): an error here cannot happen.
         let policy = crate::policy::Live::new(&config.policy).unwrap_or_default();
+        let approvals = crate::approval::Approvals::new(
+            config.policy.max_pending_approvals,
+            config.policy.max_pending_approvals_per_registration,
+        );
         let hub = Arc::new(Hub {
             policy,
+            approvals,
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
             sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
@@ -108,6 +115,11 @@ impl Hub {
     /// The config's policy rules as they are now (issue 49).
     pub fn policy(&self) -> &crate::policy::Live {
         &self.policy
+    }
+
+    /// Calls held for approval (issue 49).
+    pub fn approvals(&self) -> &crate::approval::Approvals {
+        &self.approvals
     }
 
     /// The tracer, if tracing is on.

@@ -18,6 +18,7 @@ use crate::tools::GrantedTool;
 use crate::upstream::CallIds;
 
 mod admit;
+mod approve;
 mod execute;
 mod finish;
 mod input;
@@ -28,6 +29,7 @@ mod tests;
 mod types;
 
 pub(crate) use admit::{admit, Budget, Govern};
+pub(crate) use approve::check_retry;
 pub(crate) use execute::{execute, Execution};
 pub(crate) use finish::{finish, Summary};
 pub(crate) use parse::parse;
@@ -86,7 +88,7 @@ pub fn run<'c>(
             args: &arguments,
         };
         let healthy = ctx.hub.audit().is_healthy();
-        let (tool, admission) = match admit(budget, reg, &name, healthy, govern).await {
+        let (tool, admission, hold) = match admit(budget, reg, &name, healthy, govern).await {
             Ok(a) => a,
             Err((tool, mut r)) => {
                 if matches!(r.ended, types::Ended::RateLimited(..)) {
@@ -98,6 +100,35 @@ pub fn run<'c>(
                 return Box::pin(finish::refuse(ctx, started, id, r, upstream, asked, trace)).await;
             }
         };
+        // Held for approval (issue 49): run only once approved.
+        let mut approval_id = None;
+        let mut held_by = None;
+        if let Some(hold) = hold {
+            held_by = Some(hold.rule.clone());
+            let held = approve::hold(ctx, tool, &arguments, digest.as_str(), hold, &cancel);
+            match Box::pin(held).await {
+                Ok(id) => approval_id = Some(id),
+                Err(n) => {
+                    let summary = Summary {
+                        tool: Some(&name),
+                        granted: true,
+                        upstream: tool.upstream(),
+                        digest: Some(digest.as_str()),
+                        arguments: recorded,
+                        reason: Some(n.reason),
+                        ids: None,
+                        ended: n.ended,
+                        trace,
+                        revision,
+                        rule: held_by,
+                        approval_id: n.approval_id,
+                    };
+                    let reply = Box::pin(finish(ctx, started, id, summary)).await;
+                    drop(admission);
+                    return reply;
+                }
+            }
+        }
         let mut plan = plan::plan(ctx, tool, &mut params, task, &arguments, &progress_token);
         let timeout = reg
             .limits
@@ -135,7 +166,8 @@ pub fn run<'c>(
             ended,
             trace,
             revision,
-            rule: None,
+            rule: held_by,
+            approval_id,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.

@@ -316,6 +316,42 @@ class AdminClient:
             return False
         raise self._fail(status, payload, f"release {registration_id}")
 
+    def approvals(self, wait: float | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/approvals`` (issue 49): the calls an ``approve`` rule holds, oldest first,
+        each ``{"id", "registration_id", "agent_id", "tool", "rule", "approver", "arguments"
+        (``redact_keys`` applied), "args_digest", "definition_digest", "requested_at",
+        "expires_at", …}``. With ``wait`` (seconds, at most 60), waits until one is held."""
+        path = "/v1/approvals"
+        timeout = None
+        if wait is not None:
+            path += f"?wait={float(wait):g}"
+            timeout = max(self.timeout, float(wait) + 10.0)
+        status, payload = self._call("GET", path, timeout=timeout)
+        if status != 200 or not isinstance(payload, dict):
+            raise self._fail(status, payload, "approvals")
+        return list(payload.get("approvals") or [])
+
+    def _decide(self, approval_id: str, decision: str, reason: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"decision": decision, "by": "harness"}
+        if reason is not None:
+            body["reason"] = reason
+        aid = urllib.parse.quote(approval_id, safe="")
+        status, payload = self._call("POST", f"/v1/approvals/{aid}", body)
+        if status != 200 or not isinstance(payload, dict):
+            raise self._fail(status, payload, f"{decision} {approval_id}")
+        return payload
+
+    def approve(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
+        """``POST /v1/approvals/<id>`` ``{"decision": "approve"}``: the held call runs (once,
+        with exactly the arguments it was held with). Raises ``AdminError`` with status 404
+        for an unknown id, 409 for one decided, timed out or ended already."""
+        return self._decide(approval_id, "approve", reason)
+
+    def deny(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
+        """``POST /v1/approvals/<id>`` ``{"decision": "deny"}``: the held call is refused with
+        a tool error carrying ``reason``. Errors as :meth:`approve`."""
+        return self._decide(approval_id, "deny", reason)
+
     def probe(
         self,
         registration_id: str,
