@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sync::{lock, HashMap};
 
+pub mod webhook;
+
 /// Decided or ended approvals remembered, so a late decision gets 409 rather than 404.
 pub const REMEMBERED: usize = 1024;
 /// Defaults of `[policy] max_pending_approvals` and `max_pending_approvals_per_registration`.
@@ -351,6 +353,11 @@ impl Approvals {
                     && e.binding.registration_id == registration_id
             })
             .map(|(id, e)| (id.clone(), e.binding.clone()))
+    }
+
+    /// Approval `id` as it is shown, while it waits.
+    pub fn get(&self, id: &str) -> Option<Pending> {
+        lock(&self.table).entries.get(id).map(|e| e.pending.clone())
     }
 
     /// The calls waiting for a decision, oldest first.

@@ -53,6 +53,8 @@ pub struct Hub {
     policy: crate::policy::Live,
     /// Calls held for approval (issue 49).
     approvals: crate::approval::Approvals,
+    /// `[policy.approval_webhook]`, when configured (and its secret could be read).
+    webhook: Option<crate::approval::webhook::Webhook>,
 }
 
 impl Hub {
@@ -74,9 +76,15 @@ impl Hub {
             config.policy.max_pending_approvals,
             config.policy.max_pending_approvals_per_registration,
         );
+        let webhook = config.policy.approval_webhook.as_ref().and_then(|w| {
+            crate::approval::webhook::Webhook::new(w)
+                .map_err(|e| tracing::error!(error = %e, "approval webhook off"))
+                .ok()
+        });
         let hub = Arc::new(Hub {
             policy,
             approvals,
+            webhook,
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
             sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
@@ -120,6 +128,11 @@ impl Hub {
     /// Calls held for approval (issue 49).
     pub fn approvals(&self) -> &crate::approval::Approvals {
         &self.approvals
+    }
+
+    /// `[policy.approval_webhook]`, if configured.
+    pub fn webhook(&self) -> Option<&crate::approval::webhook::Webhook> {
+        self.webhook.as_ref()
     }
 
     /// The tracer, if tracing is on.

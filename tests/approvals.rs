@@ -686,3 +686,158 @@ async fn a_2026_clients_input_request_approves_only_the_arguments_shown() {
     assert_trail(&d, &ids[2], "client", "approve", "ok");
     assert_chain(&d);
 }
+
+/// A receiver of webhook POSTs on 127.0.0.1:0: its URL, and each POST's signature and body.
+async fn webhook_receiver() -> (String, tokio::sync::mpsc::Receiver<(String, Vec<u8>)>) {
+    use axum::routing::post;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let app = axum::Router::new().route(
+        "/hook",
+        post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let tx = tx.clone();
+                async move {
+                    let sig = headers
+                        .get("x-gatehouse-signature")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    let _ = tx.send((sig, body.to_vec())).await;
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            },
+        ),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, rx)
+}
+
+/// HMAC-SHA256 as the receiver computes it (RFC 2104, independently of the gateway's).
+fn hmac(key: &[u8], msg: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let ipad: Vec<u8> = k.iter().map(|b| b ^ 0x36).collect();
+    let opad: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
+    let inner = Sha256::new()
+        .chain_update(&ipad)
+        .chain_update(msg)
+        .finalize();
+    hex::encode(
+        Sha256::new()
+            .chain_update(&opad)
+            .chain_update(inner)
+            .finalize(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_announces_a_held_call_signed_and_the_cli_and_the_stream_decide_and_see_it() {
+    let (url, mut hooks) = webhook_receiver().await;
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_dir.path().join("hook.secret");
+    let secret = "a-shared-secret-of-32-bytes-long";
+    std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
+    let d = daemon(&format!(
+        "[policy.approval_webhook]\nurl = {url:?}\nsecret_file = {:?}\n",
+        secret_file.display().to_string()
+    ));
+    let reg = d
+        .register(
+            json!({"agent_id": "payer", "tools": ["demo.*"], "policy": pay_rule("harness", 60)}),
+        )
+        .await;
+    // The SSE stream: the list at once, then on every change.
+    let stream = common::http()
+        .get(format!("{}/v1/approvals/stream", d.admin))
+        .bearer_auth(&d.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let mut stream = stream.bytes_stream();
+    let mut seen = String::new();
+    let mut next_event = async || -> Value {
+        use futures::StreamExt;
+        loop {
+            if let Some(end) = seen.find("\n\n") {
+                let frame: String = seen.drain(..end + 2).collect();
+                if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                    return serde_json::from_str(data).unwrap();
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(20), stream.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    assert_eq!(next_event().await["approvals"], json!([]));
+    let held = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            call(
+                &reg,
+                json!({"text": "pay 5", "card": "4111"}),
+                json!({}),
+                json!({}),
+            )
+            .await
+        })
+    };
+    let listed = next_event().await;
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 1, "{listed}");
+    // The webhook: signed over the exact body, the arguments redacted.
+    let (sig, body) = tokio::time::timeout(Duration::from_secs(10), hooks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sig, format!("sha256={}", hmac(secret.as_bytes(), &body)));
+    let hook: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(hook["event"], "approval_requested");
+    assert_eq!(
+        hook["approval"]["arguments"],
+        json!({"text": "pay 5", "card": "[redacted]"})
+    );
+    let id = hook["approval"]["id"].as_str().unwrap().to_string();
+    assert_eq!(listed["approvals"][0]["id"], json!(id));
+    // The CLI lists it and approves it.
+    let out = d.cli(&["approvals"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&id) && table.contains("demo.echo") && table.contains("[redacted]"),
+        "{table}"
+    );
+    let out = d.cli(&["approve", &id, "--reason", "ok"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (t, err) = text(&held.await.unwrap());
+    assert_eq!((t.as_str(), err), ("payer:pay 5", false));
+    assert_eq!(next_event().await["approvals"], json!([]));
+    // Deciding again: the CLI fails with the 409's reason.
+    let out = d.cli(&["deny", &id]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already approved"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.wait_audit(10, |r| r.iter().any(|r| r.event == "governed_mcp_call"))
+        .await;
+    // Decided from the CLI: an operator's (admin) decision.
+    assert_trail(&d, &id, "admin", "approve", "ok");
+}

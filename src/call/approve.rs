@@ -126,6 +126,11 @@ pub(super) async fn hold(
             reason: "audit log unavailable".into(),
         });
     }
+    if !client {
+        if let Some((w, p)) = ctx.hub.webhook().zip(ctx.hub.approvals().get(&id)) {
+            w.announce(&p);
+        }
+    }
     let waited = if client {
         let ask = ask_client(ctx, &id, tool, &shown, &hold.rule);
         tokio::select! {
