@@ -529,7 +529,7 @@ mod tests {
         drop(t2);
         assert_eq!(a.decide(&id2, v), Err(DecideError::Ended("ended".into())));
         assert_eq!(a.len(), 1);
-        assert!(lock(&a.table).per_registration.get("r1").is_none());
+        assert!(!lock(&a.table).per_registration.contains_key("r1"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,11 +68,7 @@ impl Pool {
         session: Option<&Arc<crate::session::Session>>,
         method: &str,
         params: Value,
-    ) -> Option<(
-        String,
-        Value,
-        tokio::sync::oneshot::Receiver<Result<Value, Value>>,
-    )> {
+    ) -> Option<super::routing::Asked> {
         self.inner
             .client_requests
             .ask_call(registration_id, session, method, params)

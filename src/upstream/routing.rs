@@ -74,6 +74,10 @@ impl AnswerTo {
     }
 }
 
+/// A request of the gateway's own about one call: its id, the message to send on the call's
+/// stream, and the receiver of the client's answer.
+pub type Asked = (String, Value, oneshot::Receiver<Result<Value, Value>>);
+
 /// Server → client requests one registration's clients may leave unanswered at once; one
 /// more is refused (the table is bounded like every other).
 const MAX_WAITING_PER_REGISTRATION: usize = 256;
@@ -323,7 +327,7 @@ impl ClientRequests {
         session: Option<&Arc<Session>>,
         method: &str,
         params: Value,
-    ) -> Option<(String, Value, oneshot::Receiver<Result<Value, Value>>)> {
+    ) -> Option<Asked> {
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{n}");
         let (tx, rx) = oneshot::channel();

@@ -246,6 +246,7 @@ class AdminClient:
         roots: Iterable[Any] | None = None,
         parent: str | None = None,
         upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
+        policy: Iterable[Mapping[str, Any]] | None = None,
     ) -> AdminRegistration:
         """``POST /v1/registrations``. Use as a context manager: renews while held (if it has
         a ``ttl_s``), releases on exit. ``roots`` as for :meth:`gatehouse.Gateway.register`
@@ -253,8 +254,11 @@ class AdminClient:
         is a child of (a sub-agent; see :meth:`AdminRegistration.child`).
         ``upstream_credentials``: ``{"<upstream>": {"bearer": "…"} | {"headers": {…}}}`` for
         HTTP upstreams the grant names, sent on this registration's upstream requests only and
-        never shown again (the reply says ``"set"``)."""
+        never shown again (the reply says ``"set"``). ``policy``: its rules,
+        ``[{"id", "when", "effect", "reason"?, "approver"?, "timeout_s"?}]`` (docs/policy.md)."""
         body: dict[str, Any] = {"agent_id": agent_id, "tools": list(tools)}
+        if policy is not None:
+            body["policy"] = [dict(r) for r in policy]
         if upstream_credentials is not None:
             body["upstream_credentials"] = {k: dict(v) for k, v in upstream_credentials.items()}
         if parent is not None:
