@@ -570,9 +570,22 @@ async fn client_approval_through_the_sdks_elicitation_callback() {
         common::peers::step_text(step).contains("not today"),
         "{step}"
     );
-    // The harness may not decide the user's approval: it is not listed as the harness's.
+    // A 2026-07-28 client (the SDK's `Client`, stateless): asked through an input request
+    // (`input_required`), its elicitation callback answers, its retry runs the call.
+    let cell = json!({"transport": "client", "mode": "2026-07-28", "url": reg["mcp_url"],
+                      "token": reg["token"], "elicit": {"approve": true},
+                      "steps": [{"name": "pay", "tool": "demo.echo", "args": {"text": "pay 30"}, "timeout": 60}]});
+    let cells = common::peers::batch(".venv", "py_client.py", &json!([cell])).await;
+    let out = common::peers::ok("py_client.py", &cells[0]);
+    assert_eq!(out["protocol_version"], "2026-07-28", "{out}");
+    assert_eq!(
+        common::peers::step_text(&out["steps"]["pay"]),
+        "payer:pay 30",
+        "{out}"
+    );
+    assert_eq!(out["asked"], json!(["elicitation"]), "{out}");
     d.wait_audit(10, |r| {
-        r.iter().filter(|r| r.event == "governed_mcp_call").count() >= 2
+        r.iter().filter(|r| r.event == "governed_mcp_call").count() >= 3
     })
     .await;
     let ids: Vec<String> = d
@@ -581,11 +594,13 @@ async fn client_approval_through_the_sdks_elicitation_callback() {
         .filter(|r| r.event == "approval_requested")
         .map(|r| r.rare().approval_id.clone().unwrap().into_owned())
         .collect();
-    assert_eq!(ids.len(), 2);
+    assert_eq!(ids.len(), 3);
     let t = assert_trail(&d, &ids[0], "client", "approve", "ok");
     assert_eq!(t[0].rare().approver.as_deref(), Some("client"));
     let t = assert_trail(&d, &ids[1], "client", "deny", "denied");
     assert_eq!(t[1].reason.as_deref(), Some("not today"));
+    let t = assert_trail(&d, &ids[2], "client", "approve", "ok");
+    assert_eq!(t[2].transport.as_deref(), Some("stateless"));
     assert_chain(&d);
 }
 

@@ -32,6 +32,44 @@ pub(super) struct NotApproved {
     pub reason: Cow<'static, str>,
 }
 
+/// A held call that did not run, as its record says it: its name, tool, arguments' digest,
+/// recorded arguments, and the rule that held it.
+pub(super) type HeldCall<'a> = (
+    &'a str,
+    &'a GrantedTool,
+    &'a str,
+    Option<Value>,
+    Option<String>,
+);
+
+/// The end of a held call that does not run, through `finish`.
+pub(super) fn refused<'c>(
+    ctx: &'c RequestCtx,
+    started: tokio::time::Instant,
+    id: Value,
+    call: HeldCall<'_>,
+    n: NotApproved,
+    trace: Option<Box<crate::telemetry::CallTrace>>,
+    revision: Option<u64>,
+) -> impl std::future::Future<Output = Option<crate::protocol::jsonrpc::Reply>> + Send + 'c {
+    let (name, tool, digest, recorded, rule) = call;
+    let summary = super::Summary {
+        tool: Some(name),
+        granted: true,
+        upstream: tool.upstream(),
+        digest: Some(digest),
+        arguments: recorded,
+        reason: Some(n.reason),
+        ids: None,
+        ended: n.ended,
+        trace,
+        revision,
+        rule,
+        approval_id: n.approval_id,
+    };
+    super::finish(ctx, started, id, summary)
+}
+
 /// The digest of `name`'s definition as the registration serves it now (`None`: removed).
 pub(crate) fn definition_now(reg: &RegistrationState, name: &str) -> Option<String> {
     match reg.pins.drift_of(name) {
@@ -81,22 +119,7 @@ pub(super) async fn hold(
         redact(arguments, keys)
     };
     let definition = definition_now(reg, &tool.name).unwrap_or_default();
-    let pending = Pending {
-        id: String::new(),
-        registration_id: reg.id.clone(),
-        agent_id: reg.agent_id.to_string(),
-        agent_path: reg.family.agent_path.clone(),
-        label: reg.label.clone(),
-        tool: tool.name.clone(),
-        upstream: tool.upstream().map(str::to_owned),
-        rule: hold.rule.clone(),
-        approver: if client { "client" } else { "harness" },
-        arguments: shown.clone(),
-        args_digest: digest.to_string(),
-        definition_digest: definition.clone(),
-        requested_at: String::new(),
-        expires_at: String::new(),
-    };
+    let pending = pending_of(ctx, tool, &shown, digest, &definition, &hold.rule, client);
     let timeout = hold
         .timeout_s
         .map_or(crate::approval::DEFAULT_TIMEOUT, Duration::from_secs);
@@ -142,27 +165,7 @@ pub(super) async fn hold(
         ticket.wait(cancel).await
     };
     let wait_ms = u64::try_from(ticket.waited().as_millis()).unwrap_or(u64::MAX);
-    let (decision, by, reason): (&str, By, Option<String>) = match &waited {
-        Waited::Decided(v) => (
-            if v.approve { "approve" } else { "deny" },
-            v.by,
-            v.reason.clone(),
-        ),
-        Waited::TimedOut(t) => (
-            "timeout",
-            By::Gatehouse,
-            Some(format!("no decision within {} s", t.as_secs())),
-        ),
-        Waited::Cancelled => (
-            "cancelled",
-            By::Gatehouse,
-            Some(if reg.is_released() {
-                "registration released".into()
-            } else {
-                "cancelled by client or session end".into()
-            }),
-        ),
-    };
+    let (decision, by, reason) = described(&waited, reg.is_released());
     // An approved call runs only as the call that was approved.
     let mismatch = match &waited {
         Waited::Decided(v) if v.approve => {
@@ -191,29 +194,92 @@ pub(super) async fn hold(
             reason: "audit log unavailable".into(),
         });
     }
+    ending(waited, mismatch, id, &hold.rule, reason)
+}
+
+/// What the admin API and the client are shown of a held call.
+fn pending_of(
+    ctx: &RequestCtx,
+    tool: &GrantedTool,
+    shown: &Value,
+    digest: &str,
+    definition: &str,
+    rule: &str,
+    client: bool,
+) -> Pending {
+    let reg = &ctx.registration;
+    Pending {
+        id: String::new(),
+        registration_id: reg.id.clone(),
+        agent_id: reg.agent_id.to_string(),
+        agent_path: reg.family.agent_path.clone(),
+        label: reg.label.clone(),
+        tool: tool.name.clone(),
+        upstream: tool.upstream().map(str::to_owned),
+        rule: rule.to_string(),
+        approver: if client { "client" } else { "harness" },
+        arguments: shown.clone(),
+        args_digest: digest.to_string(),
+        definition_digest: definition.to_string(),
+        requested_at: String::new(),
+        expires_at: String::new(),
+    }
+}
+
+/// The `approval_decided` record's decision, decider and reason.
+fn described(waited: &Waited, released: bool) -> (&'static str, By, Option<String>) {
+    match waited {
+        Waited::Decided(v) => (
+            if v.approve { "approve" } else { "deny" },
+            v.by,
+            v.reason.clone(),
+        ),
+        Waited::TimedOut(t) => (
+            "timeout",
+            By::Gatehouse,
+            Some(format!("no decision within {} s", t.as_secs())),
+        ),
+        Waited::Cancelled => (
+            "cancelled",
+            By::Gatehouse,
+            Some(if released {
+                "registration released".into()
+            } else {
+                "cancelled by client or session end".into()
+            }),
+        ),
+    }
+}
+
+/// How the held call goes on: approved (and still the call approved) it runs; else it ends.
+fn ending(
+    waited: Waited,
+    mismatch: Option<crate::approval::Mismatch>,
+    id: String,
+    rule: &str,
+    reason: Option<String>,
+) -> Result<String, NotApproved> {
     let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
     match waited {
         Waited::Decided(v) if v.approve => match mismatch {
             None => Ok(id),
             Some(m) => Err(denied(
                 Some(id),
-                format!("approval void (policy rule {}): {m}", hold.rule),
+                format!("approval void (policy rule {rule}): {m}"),
             )),
         },
         Waited::Decided(v) => Err(denied(
             Some(id),
             format!(
-                "denied by {} (approval for policy rule {}){why}",
-                v.by.as_str(),
-                hold.rule
+                "denied by {} (approval for policy rule {rule}){why}",
+                v.by.as_str()
             ),
         )),
         Waited::TimedOut(t) => Err(denied(
             Some(id),
             format!(
-                "approval timed out after {} s (policy rule {}): denied",
-                t.as_secs(),
-                hold.rule
+                "approval timed out after {} s (policy rule {rule}): denied",
+                t.as_secs()
             ),
         )),
         Waited::Cancelled => Err(NotApproved {

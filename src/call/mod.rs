@@ -101,29 +101,16 @@ pub fn run<'c>(
             }
         };
         // Held for approval (issue 49): run only once approved.
-        let mut approval_id = None;
-        let mut held_by = None;
+        let (mut approval_id, mut held_by) = (None, None);
         if let Some(hold) = hold {
             held_by = Some(hold.rule.clone());
             let held = approve::hold(ctx, tool, &arguments, digest.as_str(), hold, &cancel);
             match Box::pin(held).await {
                 Ok(id) => approval_id = Some(id),
                 Err(n) => {
-                    let summary = Summary {
-                        tool: Some(&name),
-                        granted: true,
-                        upstream: tool.upstream(),
-                        digest: Some(digest.as_str()),
-                        arguments: recorded,
-                        reason: Some(n.reason),
-                        ids: None,
-                        ended: n.ended,
-                        trace,
-                        revision,
-                        rule: held_by,
-                        approval_id: n.approval_id,
-                    };
-                    let reply = Box::pin(finish(ctx, started, id, summary)).await;
+                    let call = (name.as_str(), tool, digest.as_str(), recorded, held_by);
+                    let refused = approve::refused(ctx, started, id, call, n, trace, revision);
+                    let reply = Box::pin(refused).await;
                     drop(admission);
                     return reply;
                 }
