@@ -47,8 +47,13 @@ async fn answer(r: reqwest::Response) -> Value {
 /// One stateless (2026-07-28) `tools/call` with `extra` params (`requestState`,
 /// `inputResponses`) and the client capabilities `caps`: the JSON-RPC answer.
 async fn call(reg: &Value, args: Value, caps: Value, extra: Value) -> Value {
+    call_tool(reg, "demo.echo", args, caps, extra).await
+}
+
+/// [`call`] of another tool.
+async fn call_tool(reg: &Value, tool: &str, args: Value, caps: Value, extra: Value) -> Value {
     let mut params = json!({
-        "name": "demo.echo",
+        "name": tool,
         "arguments": args,
         "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                   "io.modelcontextprotocol/clientCapabilities": caps},
@@ -65,7 +70,7 @@ async fn call(reg: &Value, args: Value, caps: Value, extra: Value) -> Value {
         .header("accept", "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", "tools/call")
-        .header("mcp-name", "demo.echo")
+        .header("mcp-name", tool)
         .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}))
         .send()
         .await
@@ -855,4 +860,84 @@ async fn the_webhook_announces_a_held_call_signed_and_the_cli_and_the_stream_dec
         .await;
     // Decided from the CLI: an operator's (admin) decision.
     assert_trail(&d, &id, "admin", "approve", "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_void_when_the_tools_definition_changed_during_the_wait() {
+    use nix::sys::signal::{kill, Signal};
+    let scratch = tempfile::tempdir().unwrap();
+    let pid_file = scratch.path().join("mutable.pid");
+    let server = common::repo_root().join("tests/fixtures/mutable_server.py");
+    let d = daemon(&format!(
+        "[[upstreams]]\nid = \"mfol\"\ncommand = \"python3\"\nargs = [{:?}]\nsharing = \"shared\"\non_tool_change = \"follow\"\n[upstreams.env]\nMUTABLE_PID_FILE = {:?}\n",
+        server.display().to_string(),
+        pid_file.display().to_string(),
+    ));
+    let rule = json!([{"id": "pay", "when": "tool.name == 'mfol.greet'", "effect": "approve",
+                       "approver": "harness", "timeout_s": 60}]);
+    let reg = d
+        .register(json!({"agent_id": "greeter", "tools": ["mfol.*"], "policy": rule}))
+        .await;
+    let held = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            call_tool(
+                &reg,
+                "mfol.greet",
+                json!({"name": "ada"}),
+                json!({}),
+                json!({}),
+            )
+            .await
+        })
+    };
+    let p = until_pending(&d, 1).await;
+    let id = p[0]["id"].as_str().unwrap().to_string();
+    let first_definition = p[0]["definition_digest"].clone();
+    // The upstream changes the tool's contract while the call waits (`follow`: it is served).
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1).unwrap();
+    d.wait_audit(10, |r| r.iter().any(|r| r.event == "tool_changed"))
+        .await;
+    let (s, v) = decide(&d, &id, json!({"decision": "approve"})).await;
+    assert_eq!(s, 200, "{v}");
+    let (t, err) = text(&held.await.unwrap());
+    assert!(
+        err && t.contains("approval void") && t.contains("definition changed"),
+        "{t}"
+    );
+    d.wait_audit(10, |r| r.iter().any(|r| r.event == "governed_mcp_call"))
+        .await;
+    let t = trail(&d, &id);
+    let call = t.iter().find(|r| r.event == "governed_mcp_call").unwrap();
+    assert_eq!(call.outcome.as_deref(), Some("denied"), "{t:?}");
+    // A new call is held again, for the new definition, and runs once approved.
+    let again = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            call_tool(
+                &reg,
+                "mfol.greet",
+                json!({"name": "ada"}),
+                json!({}),
+                json!({}),
+            )
+            .await
+        })
+    };
+    let p = until_pending(&d, 1).await;
+    assert_ne!(p[0]["definition_digest"], first_definition);
+    let (s, _) = decide(
+        &d,
+        p[0]["id"].as_str().unwrap(),
+        json!({"decision": "approve"}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (t2, err) = text(&again.await.unwrap());
+    assert!(!err && t2.contains("ada"), "{t2}");
 }
