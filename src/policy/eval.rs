@@ -90,7 +90,8 @@ impl Live {
             })
         });
         let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
-        let changed = cur.0 != *config;
+        // The rules and the default (the approvals' bounds and webhook need a restart).
+        let changed = cur.0.default != config.default || cur.0.rules != config.rules;
         *cur = (config.clone(), new);
         self.active.store(active, Ordering::Release);
         Ok(changed)
