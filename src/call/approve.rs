@@ -70,6 +70,16 @@ pub(super) fn refused<'c>(
     super::finish(ctx, started, id, summary)
 }
 
+/// `reply`, the admission's slot given back once it is written (as `max_concurrent` counts).
+pub(super) async fn with_slot<F: std::future::Future>(
+    reply: F,
+    admission: super::admit::Admission<'_>,
+) -> F::Output {
+    let r = reply.await;
+    drop(admission);
+    r
+}
+
 /// The digest of `name`'s definition as the registration serves it now (`None`: removed).
 pub(crate) fn definition_now(reg: &RegistrationState, name: &str) -> Option<String> {
     match reg.pins.drift_of(name) {

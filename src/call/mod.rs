@@ -100,19 +100,17 @@ pub fn run<'c>(
                 return Box::pin(finish::refuse(ctx, started, id, r, upstream, asked, trace)).await;
             }
         };
-        // Held for approval (issue 49): run only once approved.
-        let (mut approval_id, mut held_by) = (None, None);
+        // Held for approval (issue 49): run only once approved (its rule and approval id, boxed).
+        let mut approved: Option<Box<(String, String)>> = None;
         if let Some(hold) = hold {
-            held_by = Some(hold.rule.clone());
+            let held_by = Some(hold.rule.clone());
             let held = approve::hold(ctx, tool, &arguments, digest.as_str(), hold, &cancel);
             match Box::pin(held).await {
-                Ok(id) => approval_id = Some(id),
+                Ok(id) => approved = held_by.map(|r| Box::new((r, id))),
                 Err(n) => {
                     let call = (name.as_str(), tool, digest.as_str(), recorded, held_by);
                     let refused = approve::refused(ctx, started, id, call, n, trace, revision);
-                    let reply = Box::pin(refused).await;
-                    drop(admission);
-                    return reply;
+                    return Box::pin(approve::with_slot(refused, admission)).await;
                 }
             }
         }
@@ -142,6 +140,7 @@ pub fn run<'c>(
                 (ended, reason) = Box::pin(at_once).await;
             }
         }
+        let (rule, approval_id) = approved.map_or((None, None), |a| (Some(a.0), Some(a.1)));
         let summary = Summary {
             tool: Some(&name),
             granted: true,
@@ -153,7 +152,7 @@ pub fn run<'c>(
             ended,
             trace,
             revision,
-            rule: held_by,
+            rule,
             approval_id,
         };
         let reply = finish(ctx, started, id, summary).await;
