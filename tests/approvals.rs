@@ -860,6 +860,26 @@ async fn the_webhook_announces_a_held_call_signed_and_the_cli_and_the_stream_dec
         .await;
     // Decided from the CLI: an operator's (admin) decision.
     assert_trail(&d, &id, "admin", "approve", "ok");
+    // An open stream and a long poll do not hold up the daemon's stop (grace 10 s).
+    let long_poll = {
+        let (admin, token) = (d.admin.clone(), d.token.clone());
+        tokio::spawn(async move {
+            common::http()
+                .get(format!("{admin}/v1/approvals?wait=60"))
+                .bearer_auth(token)
+                .send()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut d = d;
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, took) = d.wait_exit(Duration::from_secs(8));
+    assert_eq!(code, Some(0));
+    assert!(took < 5.0, "{took} s");
+    let _ = long_poll.await;
+    drop(stream);
+    assert_eq!(d.audit().last().unwrap().event, "daemon_stopped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

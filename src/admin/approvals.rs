@@ -3,7 +3,8 @@
 //! change), `POST /v1/approvals/<id>` `{"decision": "approve"|"deny", "reason"?, "by"?}`.
 //!
 //! A wait holds a `watch` receiver and its connection, nothing else, and ends by [`MAX_WAIT`];
-//! a stream ends after [`MAX_STREAM`] (the client reconnects) or when its client goes.
+//! a stream ends after [`MAX_STREAM`] (the client reconnects) or when its client goes. Both end
+//! when the gateway begins to stop, so neither holds up the daemon's shutdown.
 
 use std::time::Duration;
 
@@ -68,9 +69,10 @@ pub(super) async fn list(gw: Gateway, q: Option<String>) -> Response {
     }
     let approvals = gw.hub().approvals();
     let mut rx = approvals.changed();
+    let stopping = gw.stopping();
     if let Some(wait) = wait {
         let deadline = tokio::time::Instant::now() + wait;
-        loop {
+        while !stopping.is_cancelled() {
             let v = *rx.borrow_and_update();
             let ready = match since {
                 Some(s) => v != s,
@@ -79,9 +81,12 @@ pub(super) async fn list(gw: Gateway, q: Option<String>) -> Response {
             if ready {
                 break;
             }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                _ => break,
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, rx.changed()) => match r {
+                    Ok(Ok(())) => {}
+                    _ => break,
+                },
+                () = stopping.cancelled() => break,
             }
         }
     }
@@ -94,21 +99,27 @@ pub(super) async fn list(gw: Gateway, q: Option<String>) -> Response {
 pub(super) fn stream(gw: Gateway) -> Response {
     let rx = gw.hub().approvals().changed();
     let end = tokio::time::Instant::now() + MAX_STREAM;
-    let events = futures::stream::unfold((gw, rx, true), move |(gw, mut rx, first)| async move {
+    let stop = gw.stopping();
+    let events = futures::stream::unfold((gw, rx, true, stop), move |st| async move {
+        let (gw, mut rx, first, stop) = st;
+        if stop.is_cancelled() {
+            return None;
+        }
         if !first {
             tokio::select! {
                 r = rx.changed() => r.ok()?,
                 () = tokio::time::sleep(KEEPALIVE) => {
                     let frame = Bytes::from_static(b": keep-alive\n\n");
-                    return Some((Ok::<_, std::convert::Infallible>(frame), (gw, rx, false)));
+                    return Some((Ok::<_, std::convert::Infallible>(frame), (gw, rx, false, stop)));
                 }
                 () = tokio::time::sleep_until(end) => return None,
+                () = stop.cancelled() => return None,
             }
         }
         let v = *rx.borrow_and_update();
         let data = listing(&gw, v).to_string();
         let frame = Bytes::from(format!("event: approvals\nid: {v}\ndata: {data}\n\n"));
-        Some((Ok(frame), (gw, rx, false)))
+        Some((Ok(frame), (gw, rx, false, stop)))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
