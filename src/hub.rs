@@ -77,7 +77,7 @@ impl Hub {
             config.policy.max_pending_approvals_per_registration,
         );
         let webhook = config.policy.approval_webhook.as_ref().and_then(|w| {
-            crate::approval::webhook::Webhook::new(w)
+            crate::approval::webhook::Webhook::new(w, config.node_id.as_deref())
                 .map_err(|e| tracing::error!(error = %e, "approval webhook off"))
                 .ok()
         });

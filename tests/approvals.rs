@@ -821,6 +821,7 @@ async fn the_webhook_announces_a_held_call_signed_and_the_cli_and_the_stream_dec
     assert_eq!(sig, format!("sha256={}", hmac(secret.as_bytes(), &body)));
     let hook: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(hook["event"], "approval_requested");
+    assert_eq!(hook["node_id"], Value::Null, "no node_id configured");
     assert_eq!(
         hook["approval"]["arguments"],
         json!({"text": "pay 5", "card": "[redacted]"})

@@ -49,6 +49,8 @@ pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
 /// The webhook, ready to send.
 pub struct Webhook {
     url: String,
+    /// The node that holds the call (`node_id`), where the decision must be posted.
+    node_id: Option<String>,
     secret: Vec<u8>,
     http: reqwest::Client,
     permits: Arc<Semaphore>,
@@ -76,7 +78,7 @@ pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
 }
 
 impl Webhook {
-    pub fn new(cfg: &ApprovalWebhook) -> Result<Webhook, String> {
+    pub fn new(cfg: &ApprovalWebhook, node_id: Option<&str>) -> Result<Webhook, String> {
         let secret = read_secret(&cfg.secret_file)?;
         let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(cfg.timeout_s.unwrap_or(5)))
@@ -87,6 +89,7 @@ impl Webhook {
         let http = builder.build().map_err(|e| e.to_string())?;
         Ok(Webhook {
             url: cfg.url.clone(),
+            node_id: node_id.map(str::to_owned),
             secret,
             http,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -99,6 +102,7 @@ impl Webhook {
         let body = serde_json::json!({
             "event": "approval_requested",
             "sent_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "node_id": self.node_id,
             "approval": pending,
         })
         .to_string()
