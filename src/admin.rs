@@ -30,6 +30,8 @@ use crate::metrics::Snapshot;
 use crate::refusals::{AuthFailure, Listener, Reason, Refused};
 use crate::registration::RegistrationSpec;
 
+mod approvals;
+
 /// Where the admin token came from (printed at start; the token itself never is).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenSource {
@@ -125,6 +127,9 @@ pub fn router(gw: Gateway, admin_token: &str) -> AdminApp {
         .route("/metrics", get(metrics))
         .route("/v1/console/stats", get(console_stats))
         .route("/v1/audit", get(audit_tail))
+        .route("/v1/approvals", get(approvals_list))
+        .route("/v1/approvals/stream", get(approvals_stream))
+        .route("/v1/approvals/{id}", post(approvals_decide))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not found") })
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .merge(crate::console::routes().layer(axum::middleware::from_fn(strict)))
@@ -541,6 +546,25 @@ async fn upstreams(State(st): State<AdminState>) -> Response {
 async fn console_stats(State(st): State<AdminState>) -> Response {
     let upstreams = serde_json::to_value(upstream_status(&st.gw)).unwrap_or_default();
     Json(crate::console::stats(&st.gw, upstreams)).into_response()
+}
+
+/// `GET /v1/approvals[?wait=N]` (issue 49; `admin::approvals`).
+async fn approvals_list(State(st): State<AdminState>, RawQuery(q): RawQuery) -> Response {
+    approvals::list(st.gw, q).await
+}
+
+/// `GET /v1/approvals/stream` (SSE).
+async fn approvals_stream(State(st): State<AdminState>) -> Response {
+    approvals::stream(st.gw)
+}
+
+/// `POST /v1/approvals/<id>` `{"decision", "reason"?, "by"?}`.
+async fn approvals_decide(
+    State(st): State<AdminState>,
+    UrlPath(id): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    approvals::decide(&st.gw, &id, &body)
 }
 
 async fn audit_tail(State(st): State<AdminState>, RawQuery(q): RawQuery) -> Response {

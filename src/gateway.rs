@@ -366,6 +366,11 @@ impl Gateway {
         }
     }
 
+    /// Fires when the gateway begins to stop (the admin API's long polls and streams end).
+    pub(crate) fn stopping(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
     /// Stops everything: releases every registration, closes sessions, stops the server.
     pub async fn shutdown(&self) {
         for state in self.inner.hub.registry().all() {

@@ -51,6 +51,10 @@ pub struct Hub {
     telemetry: Option<Arc<crate::telemetry::Telemetry>>,
     /// The config's policy rules (issue 49), replaced by a reload.
     policy: crate::policy::Live,
+    /// Calls held for approval (issue 49).
+    approvals: crate::approval::Approvals,
+    /// `[policy.approval_webhook]`, when configured (and its secret could be read).
+    webhook: Option<crate::approval::webhook::Webhook>,
 }
 
 impl Hub {
@@ -68,8 +72,19 @@ impl Hub {
         let fold_every = std::time::Duration::from_secs(config.audit.auth_failed_interval_s);
         // Validated with the config (`Config::validate`): an error here cannot happen.
         let policy = crate::policy::Live::new(&config.policy).unwrap_or_default();
+        let approvals = crate::approval::Approvals::new(
+            config.policy.max_pending_approvals,
+            config.policy.max_pending_approvals_per_registration,
+        );
+        let webhook = config.policy.approval_webhook.as_ref().and_then(|w| {
+            crate::approval::webhook::Webhook::new(w, config.node_id.as_deref())
+                .map_err(|e| tracing::error!(error = %e, "approval webhook off"))
+                .ok()
+        });
         let hub = Arc::new(Hub {
             policy,
+            approvals,
+            webhook,
             refusals: crate::refusals::Refusals::new(audit.clone(), fold_every),
             sessions: SessionTable::new(config.sessions.clone()).on_node(config.node_id.as_deref()),
             config: Arc::new(config),
@@ -108,6 +123,16 @@ impl Hub {
     /// The config's policy rules as they are now (issue 49).
     pub fn policy(&self) -> &crate::policy::Live {
         &self.policy
+    }
+
+    /// Calls held for approval (issue 49).
+    pub fn approvals(&self) -> &crate::approval::Approvals {
+        &self.approvals
+    }
+
+    /// `[policy.approval_webhook]`, if configured.
+    pub fn webhook(&self) -> Option<&crate::approval::webhook::Webhook> {
+        self.webhook.as_ref()
     }
 
     /// The tracer, if tracing is on.

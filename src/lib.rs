@@ -12,6 +12,7 @@
 // the binary's `cli`; every other module is crate-private. Integration tests and benches that
 // need internals reach them through `testing`.
 mod admin;
+mod approval;
 mod audit;
 mod call;
 #[doc(hidden)]

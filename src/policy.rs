@@ -15,4 +15,4 @@ pub mod rules;
 pub use compile::{compile, Rules};
 pub use eval::{decide, CallFacts, Decision, Layers, Live};
 pub use limits::{Buckets, RateLimited};
-pub use rules::{Approver, DefaultEffect, Effect, PolicyConfig, RuleSpec};
+pub use rules::{ApprovalWebhook, Approver, DefaultEffect, Effect, PolicyConfig, RuleSpec};

@@ -64,7 +64,7 @@ LAYERS = [
     (6, ["methods", "call"]),
     (5, ["hub", "tasks"]),
     (4, ["upstream"]),
-    (3, ["session", "listen", "mrtr", "metrics", "refusals", "fence"]),
+    (3, ["session", "listen", "mrtr", "approval", "metrics", "refusals", "fence"]),
     (2, ["registration", "connections", "store", "sd_notify"]),
     (1, ["tools", "demo_upstream"]),
     # The vocabulary every layer speaks: the protocol (versions, methods, JSON-RPC, the one

@@ -32,7 +32,7 @@ pub enum Subject {
 /// Every event an audit record names, with its subject (docs/audit.md "Events" lists them;
 /// tests/audit.rs produces each one about a registration for a child, and checks its agent
 /// and its chain).
-pub const EVENTS: [(&str, Subject); 23] = [
+pub const EVENTS: [(&str, Subject); 25] = [
     ("governed_mcp_call", Subject::Registration),
     ("registration_created", Subject::Registration),
     ("registration_renewed", Subject::Registration),
@@ -47,6 +47,8 @@ pub const EVENTS: [(&str, Subject); 23] = [
     ("credentials_rotated", Subject::Registration),
     ("upstream_auth_failed", Subject::Registration),
     ("credentials_refused", Subject::Registration),
+    ("approval_requested", Subject::Registration),
+    ("approval_decided", Subject::Registration),
     ("upstream_spawned", Subject::Upstream),
     ("upstream_exited", Subject::Upstream),
     ("upstream_killed", Subject::Upstream),
@@ -176,13 +178,28 @@ pub struct Rare<'a> {
     /// The OpenTelemetry trace id of a traced call (32 lowercase hex digits; issue 38).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<Cow<'a, str>>,
-    /// The id of the policy rule that denied a call (issue 49; with `reason`).
+    /// The id of the policy rule that denied a call, or held it for approval (issue 49).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<Cow<'a, str>>,
     /// Who made a call when not the model: `"app"` for a call to a tool an MCP App's view
     /// alone can see (`_meta.ui.visibility` `["app"]`; `protocol::apps`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initiator: Option<Cow<'a, str>>,
+    /// The approval a call was held for (`approval_requested`, `approval_decided`, and the
+    /// call's own record; issue 49).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<Cow<'a, str>>,
+    /// Who is asked (`harness` or `client`; `approval_requested`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approver: Option<Cow<'a, str>>,
+    /// Who decided (`harness`, `admin`, `client`, `gatehouse`) and what (`approve`, `deny`,
+    /// `timeout`, `cancelled`), after how long (`approval_decided`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// No rare field at all: `None`, as a record built without them has.
@@ -202,6 +219,11 @@ static NO_RARE: Rare<'static> = Rare {
     trace_id: None,
     rule: None,
     initiator: None,
+    approval_id: None,
+    approver: None,
+    decided_by: None,
+    decision: None,
+    wait_ms: None,
 };
 
 /// The rare fields read back: `None` when the line has none of them.
@@ -357,6 +379,11 @@ impl<'a> Record<'a> {
                     trace_id: r.trace_id.map(owned),
                     rule: r.rule.map(owned),
                     initiator: r.initiator.map(owned),
+                    approval_id: r.approval_id.map(owned),
+                    approver: r.approver.map(owned),
+                    decided_by: r.decided_by.map(owned),
+                    decision: r.decision.map(owned),
+                    wait_ms: r.wait_ms,
                 })
             }),
             prev: self.prev,
@@ -470,6 +497,13 @@ impl<'a> Record<'a> {
             line.opt_str(k!("trace_id"), &r.trace_id);
             line.opt_str(k!("rule"), &r.rule);
             line.opt_str(k!("initiator"), &r.initiator);
+            line.opt_str(k!("approval_id"), &r.approval_id);
+            line.opt_str(k!("approver"), &r.approver);
+            line.opt_str(k!("decided_by"), &r.decided_by);
+            line.opt_str(k!("decision"), &r.decision);
+            if let Some(v) = r.wait_ms {
+                line.u64(k!("wait_ms"), v);
+            }
         }
         if !prev.is_empty() {
             // A line hash: lowercase hex, nothing to escape.
@@ -699,6 +733,11 @@ mod tests {
                 trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
                 rule: Some("no_\"etc".into()),
                 initiator: Some("app".into()),
+                approval_id: Some("ap\"1".into()),
+                approver: Some("harness".into()),
+                decided_by: Some("client".into()),
+                decision: Some("approve".into()),
+                wait_ms: Some(u64::MAX),
             })),
             prev: String::new(),
         };

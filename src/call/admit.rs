@@ -25,7 +25,7 @@ pub(crate) async fn admit<'r>(
     name: &str,
     audit_healthy: bool,
     govern: Govern<'_>,
-) -> Result<(&'r GrantedTool, Admission<'r>), (Option<&'r GrantedTool>, Refused)> {
+) -> Result<(&'r GrantedTool, Admission<'r>, Option<Hold>), (Option<&'r GrantedTool>, Refused)> {
     let refused = |reason: Cow<'static, str>, ended| Refused {
         tool: None,
         reason,
@@ -75,14 +75,23 @@ pub(crate) async fn admit<'r>(
             refused("audit log unavailable".into(), Ended::AuditDown),
         ));
     }
-    if let Some(r) = govern.check(reg, tool) {
-        return Err((Some(tool), r));
-    }
+    let hold = match govern.check(reg, tool) {
+        Err(r) => return Err((Some(tool), r)),
+        Ok(hold) => hold,
+    };
     let limited = |why: String| (Some(tool), refused(why.clone().into(), Ended::Limited(why)));
     match reg.admit_call(budget).await {
-        Ok(admission) => Ok((tool, admission)),
+        Ok(admission) => Ok((tool, admission, hold)),
         Err(why) => Err(limited(why)),
     }
+}
+
+/// An admitted call an `approve` rule holds until its approver decides (`call::approve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub rule: String,
+    pub approver: crate::policy::Approver,
+    pub timeout_s: Option<u64>,
 }
 
 /// What a call is governed by besides its limits (issue 49): the config's policy rules as
@@ -96,9 +105,10 @@ pub(crate) struct Govern<'a> {
 impl Govern<'_> {
     /// The policy's decision (config rules, then the family's, root first), then the rate
     /// limits (this registration's buckets and every ancestor's). With no policy and no rate
-    /// limit anywhere: `None` checks only.
-    fn check(self, reg: &RegistrationState, tool: &GrantedTool) -> Option<Refused> {
-        use crate::policy::{decide, Buckets, CallFacts, Layers};
+    /// limit anywhere: `None` checks only. `Ok(Some(hold))`: an `approve` rule matched.
+    fn check(self, reg: &RegistrationState, tool: &GrantedTool) -> Result<Option<Hold>, Refused> {
+        use crate::policy::{decide, Buckets, CallFacts, Decision, Layers};
+        let mut hold = None;
         let family_rules = reg.policy.is_some()
             || (reg.family.parent.is_some() && reg.family.ancestors().any(|a| a.policy.is_some()));
         if self.config.is_some() || family_rules {
@@ -128,14 +138,28 @@ impl Govern<'_> {
                 args: self.args,
                 upstream: tool.upstream(),
             };
-            if let Some((rule, reason)) = decide(self.config, &layers, &facts).refusal() {
-                let text = format!("denied by policy rule {rule}: {reason}");
-                return Some(Refused {
-                    tool: None,
-                    reason: format!("policy rule {rule}: {reason}").into(),
-                    ended: Ended::Result(ToolResult::error(text).0, Outcome::Denied),
-                    rule: Some(rule),
-                });
+            match decide(self.config, &layers, &facts) {
+                Decision::Allow => {}
+                Decision::Deny { rule, reason } => {
+                    let text = format!("denied by policy rule {rule}: {reason}");
+                    return Err(Refused {
+                        tool: None,
+                        reason: format!("policy rule {rule}: {reason}").into(),
+                        ended: Ended::Result(ToolResult::error(text).0, Outcome::Denied),
+                        rule: Some(rule),
+                    });
+                }
+                Decision::Approve {
+                    rule,
+                    approver,
+                    timeout_s,
+                } => {
+                    hold = Some(Hold {
+                        rule,
+                        approver,
+                        timeout_s,
+                    })
+                }
             }
         }
         let limited = !reg.rate.is_empty()
@@ -144,7 +168,7 @@ impl Govern<'_> {
             let levels = std::iter::once((reg.id.as_str(), &reg.rate))
                 .chain(reg.family.ancestors().map(|a| (a.id.as_str(), &a.rate)));
             if let Err(r) = Buckets::take_all(levels, &tool.name) {
-                return Some(Refused {
+                return Err(Refused {
                     tool: None,
                     reason: "rate_limited".into(),
                     ended: Ended::RateLimited(r.message, r.retry_after_ms),
@@ -152,6 +176,6 @@ impl Govern<'_> {
                 });
             }
         }
-        None
+        Ok(hold)
     }
 }

@@ -34,6 +34,8 @@ pub(crate) struct Summary<'a> {
     pub revision: Option<u64>,
     /// The policy rule that denied the call, if one did.
     pub rule: Option<String>,
+    /// The approval the call was held for (issue 49), if it was.
+    pub approval_id: Option<String>,
 }
 
 /// A call refused by [`parse`] or [`admit`], through [`finish`].
@@ -69,6 +71,7 @@ pub(super) fn refuse<'c>(
             trace,
             revision: ctx.hub.fence().decided_at(),
             rule: r.rule,
+            approval_id: None,
         },
     )
 }
@@ -241,6 +244,9 @@ pub(crate) fn finish<'c>(
     let granted = summary.tool.and_then(|t| reg.tools.get(t));
     if granted.is_some_and(|t| crate::protocol::apps::app_only(&t.descriptor)) {
         rec.rare_mut().initiator = Some(Cow::Borrowed(crate::protocol::apps::APP_INITIATOR));
+    }
+    if let Some(a) = summary.approval_id {
+        rec.rare_mut().approval_id = Some(Cow::Owned(a));
     }
     rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
     let tool_label = match summary.tool {

@@ -18,6 +18,7 @@ use crate::tools::GrantedTool;
 use crate::upstream::CallIds;
 
 mod admit;
+mod approve;
 mod execute;
 mod finish;
 pub(crate) mod input;
@@ -28,6 +29,7 @@ mod tests;
 mod types;
 
 pub(crate) use admit::{admit, Budget, Govern};
+pub(crate) use approve::check_retry;
 pub(crate) use execute::{execute, Execution};
 pub(crate) use finish::{finish, Summary};
 pub(crate) use parse::parse;
@@ -86,7 +88,7 @@ pub fn run<'c>(
             args: &arguments,
         };
         let healthy = ctx.hub.audit().is_healthy();
-        let (tool, admission) = match admit(budget, reg, &name, healthy, govern).await {
+        let (tool, admission, hold) = match admit(budget, reg, &name, healthy, govern).await {
             Ok(a) => a,
             Err((tool, mut r)) => {
                 if matches!(r.ended, types::Ended::RateLimited(..)) {
@@ -98,6 +100,20 @@ pub fn run<'c>(
                 return Box::pin(finish::refuse(ctx, started, id, r, upstream, asked, trace)).await;
             }
         };
+        // Held for approval (issue 49): run only once approved (its rule and approval id, boxed).
+        let mut approved: Option<Box<(String, String)>> = None;
+        if let Some(hold) = hold {
+            let held_by = Some(hold.rule.clone());
+            let held = approve::hold(ctx, tool, &arguments, digest.as_str(), hold, &cancel);
+            match Box::pin(held).await {
+                Ok(id) => approved = held_by.map(|r| Box::new((r, id))),
+                Err(n) => {
+                    let call = (name.as_str(), tool, digest.as_str(), recorded, held_by);
+                    let refused = approve::refused(ctx, started, id, call, n, trace, revision);
+                    return Box::pin(approve::with_slot(refused, admission)).await;
+                }
+            }
+        }
         let mut plan = plan::plan(ctx, tool, &mut params, task, &arguments, &progress_token);
         let timeout = reg
             .limits
@@ -124,6 +140,7 @@ pub fn run<'c>(
                 (ended, reason) = Box::pin(at_once).await;
             }
         }
+        let (rule, approval_id) = approved.map_or((None, None), |a| (Some(a.0), Some(a.1)));
         let summary = Summary {
             tool: Some(&name),
             granted: true,
@@ -135,7 +152,8 @@ pub fn run<'c>(
             ended,
             trace,
             revision,
-            rule: None,
+            rule,
+            approval_id,
         };
         let reply = finish(ctx, started, id, summary).await;
         // The slot is given back once the record is written, as `max_concurrent` counts it.

@@ -116,7 +116,7 @@ async fn admission_refuses_in_order_and_gives_back_its_slot_when_dropped() {
     let (tool, r) = admit(&reg, "echo", false).await.unwrap_err();
     assert!(tool.is_some() && matches!(r.ended, Ended::AuditDown));
     assert_eq!(reg.budget().started(), 0, "refused before the limits");
-    let (_, held) = admit(&reg, "echo", true).await.unwrap();
+    let (_, held, _) = admit(&reg, "echo", true).await.unwrap();
     assert_eq!(reg.budget().in_flight(), 1);
     let (_, r) = admit(&reg, "echo", true).await.unwrap_err();
     assert!(

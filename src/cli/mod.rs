@@ -1,6 +1,7 @@
 //! Command-line verbs, one file each. The library owns all behaviour; these parse and print.
 
 pub mod admin_client;
+pub mod approvals;
 pub mod audit;
 pub mod check_config;
 pub mod demo_upstream;
@@ -45,6 +46,12 @@ pub enum Command {
     /// Probe a registration as its agent would reach it (MCP round trip with its token, tools
     /// against the grant, upstreams pinged); exit 1 with the reason when it is not healthy.
     Probe(probe::ProbeArgs),
+    /// List the calls waiting for approval (issue 49); `--wait N` waits for one.
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve one held call by its approval id.
+    Approve(approvals::DecideArgs),
+    /// Deny one held call by its approval id (`--reason` is told to the agent).
+    Deny(approvals::DecideArgs),
     /// Read, filter and summarise an audit file.
     Audit(Box<audit::AuditArgs>),
     /// Validate a config file and exit (non-zero on error), before anything binds.
@@ -67,6 +74,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Reload(a) => reload::run(a),
         Command::List(a) => list::run(a),
         Command::Probe(a) => probe::run(a),
+        Command::Approvals(a) => approvals::list(a),
+        Command::Approve(a) => approvals::decide(a, true),
+        Command::Deny(a) => approvals::decide(a, false),
         Command::Audit(a) => audit::run(*a),
         Command::CheckConfig(a) => check_config::run(a),
         Command::DemoUpstream(a) => demo_upstream::run(a),

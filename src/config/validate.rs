@@ -40,6 +40,31 @@ impl Config {
                 }
             }
         }
+        if let Some(w) = &self.policy.approval_webhook {
+            if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+                return Err(ConfigError::Invalid(format!(
+                    "policy.approval_webhook.url {:?} must be an http:// or https:// URL",
+                    w.url
+                )));
+            }
+            let secret = std::fs::read(&w.secret_file).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "policy.approval_webhook.secret_file {}: {e}",
+                    w.secret_file.display()
+                ))
+            })?;
+            if secret.trim_ascii().len() < 16 {
+                return Err(ConfigError::Invalid(format!(
+                    "policy.approval_webhook.secret_file {}: the secret must be at least 16 bytes",
+                    w.secret_file.display()
+                )));
+            }
+            if w.timeout_s.is_some_and(|t| t == 0 || t > 60) {
+                return Err(ConfigError::Invalid(
+                    "policy.approval_webhook.timeout_s must be 1-60".into(),
+                ));
+            }
+        }
         self.validate_cluster()?;
         let mut seen = std::collections::BTreeSet::new();
         for u in &self.upstreams {

@@ -384,6 +384,15 @@ fn resume_retry(
             ))
         }
     };
+    // A retry answering an approval must be the very call approved (issue 49).
+    for asked in &held.asked {
+        if let Err(why) = crate::call::check_retry(gw, reg, asked, params) {
+            drop(held);
+            return Err(Rejection::malformed(
+                RpcError::invalid_params(format!("invalid params: {why}")).to(id),
+            ));
+        }
+    }
     let responses = params
         .and_then(|p| p.get("inputResponses"))
         .and_then(Value::as_object);

@@ -118,10 +118,21 @@ impl super::Gateway {
         new.store.release_on_exit |= self.config().store.release_on_exit;
         let transports = crate::config_load::resolve_transports(&new).map_err(|e| e.to_string())?;
         // Upstreams are compared with what the pool runs (earlier reloads included).
-        let needs_restart = changed_keys(self.config(), &new)
+        let mut needs_restart: Vec<String> = changed_keys(self.config(), &new)
             .into_iter()
             .filter(|k| !k.starts_with("upstreams."))
             .collect();
+        // The approvals' table and webhook are built at start (issue 49).
+        let (o, n) = (&self.config().policy, &new.policy);
+        if o.max_pending_approvals != n.max_pending_approvals {
+            needs_restart.push("policy.max_pending_approvals".into());
+        }
+        if o.max_pending_approvals_per_registration != n.max_pending_approvals_per_registration {
+            needs_restart.push("policy.max_pending_approvals_per_registration".into());
+        }
+        if o.approval_webhook != n.approval_webhook {
+            needs_restart.push("policy.approval_webhook".into());
+        }
         // Policy rules apply to new calls at once (validated with the file above).
         let policy_changed = self.hub().policy().replace(&new.policy) == Ok(true);
         let done = self.pool().reconfigure(transports);

@@ -27,27 +27,12 @@ pub enum Decision {
         rule: String,
         reason: String,
     },
-    /// Held for approval by `approver` (issue 49 item 3, not served yet: see
-    /// [`Decision::refusal`]).
+    /// Held until `approver` decides, at most `timeout_s` (issue 49 item 3: `approval`).
     Approve {
         rule: String,
         approver: Approver,
         timeout_s: Option<u64>,
     },
-}
-
-/// What an `approve` decision is answered with until approval is implemented.
-pub const APPROVAL_NOT_SUPPORTED: &str = "approval not yet supported";
-
-impl Decision {
-    /// The rule and the reason of a call that does not run (today an `approve` too).
-    pub fn refusal(self) -> Option<(String, String)> {
-        match self {
-            Decision::Allow => None,
-            Decision::Deny { rule, reason } => Some((rule, reason)),
-            Decision::Approve { rule, .. } => Some((rule, APPROVAL_NOT_SUPPORTED.into())),
-        }
-    }
 }
 
 /// What a call's rules can read: its registration, agent, tool and arguments.
@@ -105,7 +90,8 @@ impl Live {
             })
         });
         let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
-        let changed = cur.0 != *config;
+        // The rules and the default (the approvals' bounds and webhook need a restart).
+        let changed = cur.0.default != config.default || cur.0.rules != config.rules;
         *cur = (config.clone(), new);
         self.active.store(active, Ordering::Release);
         Ok(changed)
@@ -470,12 +456,13 @@ mod tests {
         assert!(
             matches!(decide(None, &l5, &facts(&inside, &d)), Decision::Deny { rule, .. } if rule == "missing")
         );
-        // Approve: accepted, answered as a refusal for now.
+        // Approve: the rule, its approver and its timeout.
         let ap = one(rule("pay", "true", Effect::Approve));
         let l6 = only(&ap);
         let d6 = decide(None, &l6, &facts(&inside, &d));
-        assert!(matches!(d6, Decision::Approve { .. }));
-        assert_eq!(d6.refusal().unwrap().1, APPROVAL_NOT_SUPPORTED);
+        assert!(
+            matches!(d6, Decision::Approve { rule, approver: Approver::Harness, timeout_s: None } if rule == "pay")
+        );
     }
 
     #[test]

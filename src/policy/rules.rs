@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 pub enum Effect {
     Allow,
     Deny,
-    /// Held for approval (issue 49 item 3). Accepted and checked; until approval is
-    /// implemented a matching `approve` rule denies the call ("approval not yet supported").
+    /// Held until its approver decides (issue 49 item 3: `approval`, `call::approve`).
     Approve,
 }
 
@@ -55,10 +54,43 @@ pub enum DefaultEffect {
 }
 
 /// The `[policy]` table.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// For a call that no config rule and no rule of its root registration matched.
     pub default: DefaultEffect,
     pub rules: Vec<RuleSpec>,
+    /// Calls held for approval at once, in all (over it a call is denied with the reason).
+    pub max_pending_approvals: usize,
+    /// Calls held for approval at once, per registration.
+    pub max_pending_approvals_per_registration: usize,
+    /// Where a call held for the harness's approval is also announced (a signed POST).
+    pub approval_webhook: Option<ApprovalWebhook>,
+}
+
+/// `[policy.approval_webhook]`: each call held for the harness's approval is POSTed to `url`
+/// as JSON, signed with HMAC-SHA256 under the secret in `secret_file`
+/// (`X-Gatehouse-Signature: sha256=<hex>`, over the exact body).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalWebhook {
+    /// `http://` or `https://` (platform roots).
+    pub url: String,
+    /// A file holding the shared secret (read at start; at least 16 bytes).
+    pub secret_file: std::path::PathBuf,
+    /// The POST's timeout, seconds (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            default: DefaultEffect::Allow,
+            rules: Vec::new(),
+            max_pending_approvals: 256,
+            max_pending_approvals_per_registration: 16,
+            approval_webhook: None,
+        }
+    }
 }

@@ -60,6 +60,25 @@ impl Pool {
             .await
     }
 
+    /// A request of the gateway's own about one call (`ClientRequests::ask_call`): its id, the
+    /// message to send on the call's stream, the receiver of the answer.
+    pub fn ask_call(
+        &self,
+        registration_id: &str,
+        session: Option<&Arc<crate::session::Session>>,
+        method: &str,
+        params: Value,
+    ) -> Option<super::routing::Asked> {
+        self.inner
+            .client_requests
+            .ask_call(registration_id, session, method, params)
+    }
+
+    /// Forgets a request of the gateway's own whose call ended unanswered.
+    pub fn forget_ask(&self, id: &str) {
+        self.inner.client_requests.forget(id);
+    }
+
     /// A client of `registration_id` said its roots changed (`notifications/roots/list_changed`):
     /// tell the live connections that declared `roots` and that this registration owns (its
     /// `per_registration` slots; on a leased slot, naming its lease in `_meta`). Shared

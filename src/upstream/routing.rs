@@ -74,6 +74,10 @@ impl AnswerTo {
     }
 }
 
+/// A request of the gateway's own about one call: its id, the message to send on the call's
+/// stream, and the receiver of the client's answer.
+pub type Asked = (String, Value, oneshot::Receiver<Result<Value, Value>>);
+
 /// Server → client requests one registration's clients may leave unanswered at once; one
 /// more is refused (the table is bounded like every other).
 const MAX_WAITING_PER_REGISTRATION: usize = 256;
@@ -317,6 +321,46 @@ impl ClientRequests {
         }
         lock(&self.map).remove(&down_id);
         None
+    }
+
+    /// A request of the gateway's own about one call of `registration_id` (its `session`, or
+    /// none: a stateless call, answered by the MRTR retry's `inputResponses`): the message the
+    /// caller sends on the call's own stream, and the receiver of the client's answer.
+    /// `None`: the registration leaves too many unanswered.
+    pub fn ask_call(
+        &self,
+        registration_id: &str,
+        session: Option<&Arc<Session>>,
+        method: &str,
+        params: Value,
+    ) -> Option<Asked> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let down_id = format!("gatehouse-{n}");
+        let (tx, rx) = oneshot::channel();
+        let mut map = lock(&self.map);
+        let waiting = map
+            .values()
+            .filter(|r| r.registration_id == registration_id)
+            .count();
+        if waiting >= MAX_WAITING_PER_REGISTRATION {
+            return None;
+        }
+        map.insert(
+            down_id.clone(),
+            ClientRequest {
+                registration_id: registration_id.to_string(),
+                session_id: session.map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
+                session_closed: session.map(|s| s.cancel.clone()),
+                to: AnswerTo::Local(tx),
+            },
+        );
+        let msg = json!({"jsonrpc": "2.0", "id": down_id, "method": method, "params": params});
+        Some((down_id, msg, rx))
+    }
+
+    /// Forgets a request of the gateway's own that will not be answered (its call ended).
+    pub fn forget(&self, id: &str) {
+        lock(&self.map).remove(id);
     }
 
     pub fn forget_registration(&self, registration_id: &str) {

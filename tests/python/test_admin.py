@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -90,3 +91,45 @@ def test_register_list_renew_release_and_background_renewal(daemon_with_helpdesk
     other = admin.register("agent-f", ["helpdesk.open_case"])
     assert admin.release(other.id) is True
     assert admin.list() == []
+
+
+def test_approvals_wait_approve_and_deny_while_the_sdk_client_waits(daemon_with_helpdesk: Daemon) -> None:
+    """Issue 49: a call an `approve` rule holds is seen by approvals(wait=…), approved (it runs)
+    or denied (the client gets the reason); deciding twice is a 409, an unknown id a 404."""
+    d = daemon_with_helpdesk
+    admin = gatehouse.AdminClient(d.admin_url, d.token_file.read_text().strip())
+    rule = [{"id": "cases_need_ok", "when": "tool.name == 'helpdesk.open_case'", "effect": "approve",
+             "approver": "harness", "timeout_s": 60}]
+    with admin.register("agent-a", ["helpdesk.*"], policy=rule) as reg:
+        assert admin.approvals() == []
+        results: list[Any] = []
+
+        async def calls() -> None:
+            async with session("streamable", reg) as s:
+                for title in ["approved", "denied"]:
+                    results.append(await s.call_tool("helpdesk.open_case", {"title": title}))
+
+        def harness() -> None:
+            for decision in ["approve", "deny"]:
+                [p] = admin.approvals(wait=20)
+                assert p["tool"] == "helpdesk.open_case" and p["agent_id"] == "agent-a"
+                assert p["arguments"] == {"title": "approved" if decision == "approve" else "denied"}
+                if decision == "approve":
+                    admin.approve(p["id"])
+                else:
+                    admin.deny(p["id"], reason="not on a Sunday")
+                with pytest.raises(gatehouse.AdminError) as e:
+                    admin.approve(p["id"])
+                assert e.value.status == 409
+
+        async def both() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calls)
+                await anyio.to_thread.run_sync(harness)
+
+        anyio.run(both)
+        assert not results[0].is_error, text_of(results[0])
+        assert results[1].is_error and "not on a Sunday" in text_of(results[1])
+        with pytest.raises(gatehouse.AdminError) as e:
+            admin.deny("no-such-approval")
+        assert e.value.status == 404

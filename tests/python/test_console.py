@@ -391,3 +391,62 @@ def test_xss_payloads_in_a_label_an_agent_a_tool_name_and_an_argument_render_as_
         assert "argument-value-never-shown" not in b.page.content()
         b.shot("xss-as-text.png")
         assert b.errors == [], b.errors
+
+
+def test_the_console_lists_pending_approvals_and_its_buttons_decide_them(daemon: Daemon) -> None:
+    """Issue 49: two calls held for approval are listed (agent, tool, arguments as text); the
+    Approve button runs one, the Deny button refuses the other, each an operator's decision."""
+    d = daemon
+    admin = gatehouse.AdminClient(d.admin_url, admin_token(d))
+    rule = [{"id": "cases_need_ok", "when": "tool.name == 'helpdesk.open_case'", "effect": "approve",
+             "approver": "harness", "timeout_s": 60}]
+    with admin.register("approver-" + XSS_IMG, ["helpdesk.*"], policy=rule) as reg, browser() as b:
+
+        async def two_calls() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            async with session("streamable", reg) as s1, session("streamable", reg) as s2:
+
+                async def one(s: Any, title: str) -> None:
+                    out[title] = await s.call_tool("helpdesk.open_case", {"title": title})
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(one, s1, "approve me")
+                    tg.start_soon(one, s2, "deny me " + XSS)
+            return out
+
+        with ThreadPoolExecutor(1) as pool:
+            calls = pool.submit(anyio.run, two_calls)
+            b.login(d)
+
+            def rows() -> Any:
+                r = b.page.query_selector_all("#approvals tbody tr")
+                return r if len(r) == 2 else None
+
+            wait_until(rows, "two pending approvals in the console")
+
+            def row_with(text: str) -> Any:
+                for r in b.page.query_selector_all("#approvals tbody tr"):
+                    if text in r.query_selector(".arguments").inner_text():
+                        return r
+                pytest.fail(f"no pending approval shows {text!r}")
+
+            yes, no = row_with("approve me"), row_with("deny me")
+            assert yes.query_selector(".tool").inner_text() == "helpdesk.open_case"
+            assert yes.query_selector(".agent").inner_text() == "approver-" + XSS_IMG
+            assert XSS_SCRIPT in no.query_selector(".arguments").inner_text()  # as text
+            b.shot("approvals.png")
+            yes.query_selector('button[data-action="approve"]').click()
+            no.query_selector('button[data-action="deny"]').click()
+            out = calls.result(timeout=60)
+        assert not out["approve me"].is_error, text_of(out["approve me"])
+        denied = out["deny me " + XSS]
+        assert denied.is_error and "denied by admin" in text_of(denied), text_of(denied)
+        wait_until(lambda: not b.page.query_selector_all("#approvals tbody tr"), "the list emptied")
+        assert b.page.evaluate("typeof window.__xss") == "undefined"
+        assert b.dialogs == [], b.dialogs
+        assert b.errors == [], b.errors
+    status, _, body = get(d.admin_url + "/v1/audit?event=approval_decided&limit=10", admin_token(d))
+    assert status == 200
+    decided = json.loads(body)["records"]
+    assert sorted(r.get("decision") for r in decided) == ["approve", "deny"], decided
+    assert all(r.get("decided_by") == "admin" for r in decided), decided

@@ -47,6 +47,8 @@ export interface RegistrationSpec {
   roots?: Root[];
   /** Make a child (a sub-agent) of this live registration. */
   parent?: string;
+  /** Its policy rules (`[{id, when, effect, reason?, approver?, timeout_s?}]`, docs/policy.md). */
+  policy?: Record<string, unknown>[];
 }
 
 export interface RegisterOptions {
@@ -108,6 +110,25 @@ export interface AuditPage {
   verify: unknown;
   limit: number;
   max_bytes: number;
+}
+
+/** A call held for approval (`GET /v1/approvals`). */
+export interface PendingApproval {
+  id: string;
+  registration_id: string;
+  agent_id: string;
+  agent_path?: string[];
+  label?: string;
+  tool: string;
+  upstream?: string;
+  rule: string;
+  approver: "harness" | "client";
+  /** With the daemon's `redact_keys` applied. */
+  arguments: Record<string, unknown>;
+  args_digest: string;
+  definition_digest: string;
+  requested_at: string;
+  expires_at: string;
 }
 
 export interface ProbeOptions {
@@ -197,6 +218,7 @@ export class AdminClient {
     if (spec.limits !== undefined) body.limits = spec.limits;
     if (spec.roots !== undefined) body.roots = spec.roots;
     if (spec.parent !== undefined) body.parent = spec.parent;
+    if (spec.policy !== undefined) body.policy = spec.policy;
     const created = (await this.#expect("register", "POST", "/v1/registrations", 201, body)) as Created;
     return new Execution(this, created, spec.ttlSeconds ?? null, options.renew ?? true);
   }
@@ -246,6 +268,34 @@ export class AdminClient {
     for (const [k, v] of Object.entries(query)) if (v !== undefined) q.set(k, String(v));
     const qs = q.toString();
     return (await this.#expect("audit", "GET", `/v1/audit${qs ? `?${qs}` : ""}`, 200)) as AuditPage;
+  }
+
+  /**
+   * `GET /v1/approvals` (issue 49): the calls an `approve` rule holds, oldest first. With
+   * `waitSeconds` (at most 60) the daemon answers once one is held, or when the wait ends.
+   */
+  async approvals(waitSeconds?: number): Promise<PendingApproval[]> {
+    const qs = waitSeconds === undefined ? "" : `?wait=${Number(waitSeconds)}`;
+    const timeout = waitSeconds === undefined ? this.timeoutMs : Math.max(this.timeoutMs, (Number(waitSeconds) + 10) * 1000);
+    const r = await this.request("GET", `/v1/approvals${qs}`, undefined, timeout);
+    if (r.status !== 200) throw adminError("approvals", r.status, r.body, retryAfter(r.headers));
+    return ((r.body as { approvals?: PendingApproval[] }).approvals ?? []) as PendingApproval[];
+  }
+
+  /** `POST /v1/approvals/<id>` `{decision: "approve"}`: the held call runs, once, as held. */
+  async approve(id: string, reason?: string): Promise<unknown> {
+    return this.#decide(id, "approve", reason);
+  }
+
+  /** `POST /v1/approvals/<id>` `{decision: "deny"}`: the call gets a tool error with `reason`. */
+  async deny(id: string, reason?: string): Promise<unknown> {
+    return this.#decide(id, "deny", reason);
+  }
+
+  async #decide(id: string, decision: "approve" | "deny", reason?: string): Promise<unknown> {
+    const body: Record<string, unknown> = { decision, by: "harness" };
+    if (reason !== undefined) body.reason = reason;
+    return this.#expect(`${decision} ${id}`, "POST", `/v1/approvals/${encodeURIComponent(id)}`, 200, body);
   }
 
   /** `GET /v1/upstreams`. */

@@ -16,6 +16,7 @@ export {
   type AuditPage,
   type AuditQuery,
   type Created,
+  type PendingApproval,
   type ProbeOptions,
   type RegisterOptions,
   type RegistrationInfo,

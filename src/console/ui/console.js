@@ -63,7 +63,7 @@
     $("signout").classList.add("hidden");
     $("login").classList.remove("hidden");
     // Nothing of the last session stays in the page.
-    for (const id of ["registrations", "tools", "upstreams", "audit"]) {
+    for (const id of ["approvals", "registrations", "tools", "upstreams", "audit"]) {
       $(id).tBodies[0].replaceChildren();
     }
     for (const id of ["legend-agents", "legend-upstreams"]) $(id).replaceChildren();
@@ -99,12 +99,15 @@
 
   class Refused extends Error {}
 
-  async function api(path, method) {
+  async function api(path, method, body) {
     const t = token();
     if (!t) throw new Refused("no token");
+    const headers = { Authorization: "Bearer " + t, Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
     const resp = await fetch(path, {
       method: method || "GET",
-      headers: { Authorization: "Bearer " + t, Accept: "application/json" },
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
       cache: "no-store",
       credentials: "omit",
       redirect: "error",
@@ -139,10 +142,15 @@
     if (polling || !token()) return;
     polling = true;
     try {
-      const [stats, audit] = await Promise.all([json("/v1/console/stats"), json(auditQuery())]);
+      const [stats, audit, approvals] = await Promise.all([
+        json("/v1/console/stats"),
+        json(auditQuery()),
+        json("/v1/approvals"),
+      ]);
       showConsole();
       lastStats = stats;
       render(stats, audit);
+      renderApprovals(approvals.approvals || []);
       setStatus("live · updated " + new Date().toLocaleTimeString());
     } catch (e) {
       if (e instanceof Refused) {
@@ -281,6 +289,54 @@
         renderRegistrations(lastStats);
       }
       setStatus("released " + id);
+    } catch (e) {
+      if (e instanceof Refused) return signOut("The admin token was refused.");
+      setStatus("error: " + e.message);
+    }
+  }
+
+  // Calls held for approval (issue 49): their arguments as the daemon shows them
+  // (`redact_keys` applied), as text; a decision is one POST, by "admin".
+  // A row stays as it is while its approval waits (no re-render under the operator's click).
+  function renderApprovals(list) {
+    const body = $("approvals").tBodies[0];
+    const kept = new Map([...body.rows].map((tr) => [tr.dataset.approval, tr]));
+    const rows = list.map((a) => {
+      if (kept.has(a.id)) return kept.get(a.id);
+      const tr = el("tr");
+      tr.dataset.approval = a.id;
+      cell(tr, a.id, "mono approval-id");
+      cell(tr, a.agent_id, "agent");
+      cell(tr, a.tool, "mono tool");
+      cell(tr, a.rule + (a.approver === "client" ? " (the client's user decides)" : ""), "rule");
+      cell(tr, JSON.stringify(a.arguments), "mono arguments");
+      cell(tr, a.expires_at, "expires");
+      const actions = el("td");
+      if (a.approver !== "client") {
+        for (const [label, decision, cls] of [["Approve", "approve", "approve"], ["Deny", "deny", "danger"]]) {
+          const b = el("button", label, cls);
+          b.type = "button";
+          b.dataset.action = decision;
+          b.addEventListener("click", () => decide(a.id, decision, tr));
+          actions.append(b, " ");
+        }
+      }
+      tr.appendChild(actions);
+      return tr;
+    });
+    if (rows.length !== body.rows.length || rows.some((tr, i) => body.rows[i] !== tr)) {
+      body.replaceChildren(...rows);
+    }
+    $("approval-count").textContent = String(list.length);
+  }
+
+  async function decide(id, decision, tr) {
+    try {
+      const resp = await api("/v1/approvals/" + encodeURIComponent(id), "POST", { decision, by: "admin" });
+      const body = await resp.json().catch(() => null);
+      if (!resp.ok) throw new Error(decision + ": " + (body && body.error ? body.error : resp.status));
+      tr.remove();
+      setStatus((decision === "approve" ? "approved " : "denied ") + id);
     } catch (e) {
       if (e instanceof Refused) return signOut("The admin token was refused.");
       setStatus("error: " + e.message);

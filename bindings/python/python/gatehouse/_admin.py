@@ -246,6 +246,7 @@ class AdminClient:
         roots: Iterable[Any] | None = None,
         parent: str | None = None,
         upstream_credentials: Mapping[str, Mapping[str, Any]] | None = None,
+        policy: Iterable[Mapping[str, Any]] | None = None,
     ) -> AdminRegistration:
         """``POST /v1/registrations``. Use as a context manager: renews while held (if it has
         a ``ttl_s``), releases on exit. ``roots`` as for :meth:`gatehouse.Gateway.register`
@@ -253,8 +254,11 @@ class AdminClient:
         is a child of (a sub-agent; see :meth:`AdminRegistration.child`).
         ``upstream_credentials``: ``{"<upstream>": {"bearer": "…"} | {"headers": {…}}}`` for
         HTTP upstreams the grant names, sent on this registration's upstream requests only and
-        never shown again (the reply says ``"set"``)."""
+        never shown again (the reply says ``"set"``). ``policy``: its rules,
+        ``[{"id", "when", "effect", "reason"?, "approver"?, "timeout_s"?}]`` (docs/policy.md)."""
         body: dict[str, Any] = {"agent_id": agent_id, "tools": list(tools)}
+        if policy is not None:
+            body["policy"] = [dict(r) for r in policy]
         if upstream_credentials is not None:
             body["upstream_credentials"] = {k: dict(v) for k, v in upstream_credentials.items()}
         if parent is not None:
@@ -315,6 +319,42 @@ class AdminClient:
         if status == 404:
             return False
         raise self._fail(status, payload, f"release {registration_id}")
+
+    def approvals(self, wait: float | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/approvals`` (issue 49): the calls an ``approve`` rule holds, oldest first,
+        each ``{"id", "registration_id", "agent_id", "tool", "rule", "approver", "arguments"
+        (``redact_keys`` applied), "args_digest", "definition_digest", "requested_at",
+        "expires_at", …}``. With ``wait`` (seconds, at most 60), waits until one is held."""
+        path = "/v1/approvals"
+        timeout = None
+        if wait is not None:
+            path += f"?wait={float(wait):g}"
+            timeout = max(self.timeout, float(wait) + 10.0)
+        status, payload = self._call("GET", path, timeout=timeout)
+        if status != 200 or not isinstance(payload, dict):
+            raise self._fail(status, payload, "approvals")
+        return list(payload.get("approvals") or [])
+
+    def _decide(self, approval_id: str, decision: str, reason: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"decision": decision, "by": "harness"}
+        if reason is not None:
+            body["reason"] = reason
+        aid = urllib.parse.quote(approval_id, safe="")
+        status, payload = self._call("POST", f"/v1/approvals/{aid}", body)
+        if status != 200 or not isinstance(payload, dict):
+            raise self._fail(status, payload, f"{decision} {approval_id}")
+        return payload
+
+    def approve(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
+        """``POST /v1/approvals/<id>`` ``{"decision": "approve"}``: the held call runs (once,
+        with exactly the arguments it was held with). Raises ``AdminError`` with status 404
+        for an unknown id, 409 for one decided, timed out or ended already."""
+        return self._decide(approval_id, "approve", reason)
+
+    def deny(self, approval_id: str, reason: str | None = None) -> dict[str, Any]:
+        """``POST /v1/approvals/<id>`` ``{"decision": "deny"}``: the held call is refused with
+        a tool error carrying ``reason``. Errors as :meth:`approve`."""
+        return self._decide(approval_id, "deny", reason)
 
     def probe(
         self,
