@@ -103,7 +103,7 @@ pub mod testing {
             use std::sync::Arc;
 
             pub use crate::upstream::oauth::{OAuthClient, OAuthError, Token};
-            pub use crate::upstream::tokens::Tokens;
+            pub use crate::upstream::Tokens;
 
             /// A registration's `token_exchange` holder whose subject token is `subject`
             /// (`None`: not a valid credential).
