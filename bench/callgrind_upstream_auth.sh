@@ -18,15 +18,16 @@ BIN=$(cargo bench --profile profiling --no-run --bench upstream_auth 2>&1 \
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 count() {
-  valgrind --tool=callgrind --callgrind-out-file="$TMP/cg" "$BIN" --calls "$2" "$1" >/dev/null 2>&1
+  valgrind --tool=callgrind --callgrind-out-file="$TMP/cg" "$BIN" --calls "$2" "$1" >/dev/null 2>&1 \
+    || { echo "the run of $1 with $2 calls failed" >&2; return 1; }
   sed -n 's/^summary: //p' "$TMP/cg"
 }
 echo "| case | instructions per call | added |"
 echo "|---|---:|---:|"
 BASE=""
 for c in static client_credentials token_exchange; do
-  a=$(count "$c" "$N1")
-  b=$(count "$c" "$N2")
+  a=$(count "$c" "$N1") || exit 1
+  b=$(count "$c" "$N2") || exit 1
   per=$(((b - a) / (N2 - N1)))
   [[ -z "$BASE" ]] && BASE="$per"
   echo "| $c | $per | $((per - BASE)) |"

@@ -97,7 +97,10 @@ fn body() -> Vec<u8> {
 /// `headers_for_post` without a session: the configured headers, then the two it always sets.
 fn base_headers(configured: &HeaderMap) -> HeaderMap {
     let mut h = configured.clone();
-    h.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
+    h.insert(
+        ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h
 }
@@ -128,9 +131,8 @@ struct Setup {
 
 async fn setup() -> Setup {
     let (url, count) = token_endpoint();
-    let mut static_value = HeaderValue::from_static(
-        "Bearer eyJhbGciOiJSUzI1NiJ9.bench-access-token-0123456789abcdef",
-    );
+    let mut static_value =
+        HeaderValue::from_static("Bearer eyJhbGciOiJSUzI1NiJ9.bench-access-token-0123456789abcdef");
     static_value.set_sensitive(true);
     let mut with_static = HeaderMap::new();
     with_static.insert(AUTHORIZATION, static_value);

@@ -2018,6 +2018,9 @@ async fn credentials_replicate_sealed_and_open_only_on_nodes_that_share_the_key_
         );
     }
     for n in [&a, &b, &c] {
-        assert!(!n.stderr().contains(secret), "the credential in a node's log");
+        assert!(
+            !n.stderr().contains(secret),
+            "the credential in a node's log"
+        );
     }
 }
