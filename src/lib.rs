@@ -99,6 +99,25 @@ pub mod testing {
         pub mod pool {
             pub use crate::upstream::{CallIds, ForwardCall, ForwardOutcome, Pool};
         }
+        /// OAuth toward an upstream: the token cache a request reads (benches/upstream_auth.rs).
+        pub mod oauth {
+            use std::sync::Arc;
+
+            pub use crate::upstream::oauth::{OAuthClient, OAuthError, Token};
+            pub use crate::upstream::Tokens;
+
+            /// A registration's `token_exchange` holder whose subject token is `subject`
+            /// (`None`: not a valid credential).
+            pub fn exchange_tokens(client: Arc<OAuthClient>, subject: &str) -> Option<Arc<Tokens>> {
+                let up = client.upstream().to_string();
+                let set = crate::CredentialSet::from([(
+                    up.clone(),
+                    crate::Credential::SubjectToken(crate::Secret::new(subject)),
+                )]);
+                let creds = crate::registration::Credentials::of(&set).ok()?;
+                Some(Tokens::exchange(client, creds.cell(&up), None))
+            }
+        }
     }
 
     pub fn pool(gateway: &Gateway) -> &crate::upstream::Pool {

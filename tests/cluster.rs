@@ -5,7 +5,8 @@
 //! cancelled) within B and serves again after the cut heals, a compaction during the cut
 //! included; 2 of 3 etcd members killed → every node fences within B and recovers; a node
 //! killed with -9 leaves its registrations served by the others; `max_calls` holds across
-//! nodes. etcd missing fails the test (never a skip).
+//! nodes; upstream credentials replicate sealed and open only on nodes that share the key
+//! file. etcd missing fails the test (never a skip).
 #![cfg(feature = "cluster")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,6 +22,7 @@ use common::cluster::{
 use common::daemon::Daemon;
 use common::nginx::Nginx;
 use common::relay::Relay;
+use common::whoami::Whoami;
 use serde_json::{json, Value};
 
 /// B in these tests (the default).
@@ -1907,5 +1909,118 @@ async fn a_rate_limit_holds_per_node_within_n_times_its_figure() {
             );
         }
         assert_eq!(served, 3, "node {}: one bucket of 3 per node", n.data);
+    }
+}
+
+/// Issue 47: a registration's upstream credential replicates sealed. Made on a, it reaches the
+/// HTTPS upstream from b (both given copies of one key file); no value in etcd holds it; c,
+/// given another key file, serves the registration but refuses the credential with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn credentials_replicate_sealed_and_open_only_on_nodes_that_share_the_key_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let _serial = SERIAL.lock().await;
+    let up = Whoami::start();
+    let etcd = Etcd::start().await;
+    let eps = etcd.endpoints();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = |name: &str, hex: String| {
+        let p = keys.path().join(name);
+        std::fs::write(&p, hex).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    };
+    let shared = "5a".repeat(32);
+    let keyed = |name: &str, key: std::path::PathBuf| {
+        let store = format!(
+            "secret_key_file = {:?}\n\n[[upstreams]]\nid = \"who\"\nurl = {:?}\ntls_ca_file = {:?}\n",
+            key.display().to_string(),
+            up.url,
+            up.ca.display().to_string()
+        );
+        node_with(name, &eps, 16, &store)
+    };
+    let a = keyed("a", key_file("a.key", shared.clone()));
+    let b = keyed("b", key_file("b.key", shared));
+    let c = keyed("c", key_file("c.key", "c3".repeat(32)));
+    let http = common::http();
+
+    let secret = "cluster-tok-Rk52Wn8";
+    let r = a
+        .register(json!({"agent_id": "run-c", "tools": ["who.*", "demo.*"],
+            "upstream_credentials": {"who": {"bearer": secret}}}))
+        .await;
+    assert_eq!(r["upstream_credentials"], json!({"who": "set"}), "{r}");
+    let (id, token) = (
+        r["id"].as_str().unwrap().to_string(),
+        r["token"].as_str().unwrap().to_string(),
+    );
+    for n in [&a, &b, &c] {
+        wait_served(&http, n, &id, &token, BOUND).await;
+    }
+    for n in [&b, &a] {
+        let (s, v) = call(&http, n, &id, &token, "who.whoami", json!({})).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            common::text_of(&v),
+            format!("auth=Bearer {secret} tenant=-"),
+            "on {}: {v}",
+            n.data
+        );
+    }
+
+    // Another key: the registration is served, its credential refused with the cause.
+    let (s, v) = call(&http, &c, &id, &token, "who.whoami", json!({})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["result"]["isError"], json!(true), "{v}");
+    let text = common::text_of(&v);
+    assert!(
+        text.contains("credentials") && text.contains("another key") && text.contains("who"),
+        "{text}"
+    );
+    assert!(
+        c.stderr().contains("cannot be opened and are refused"),
+        "{}",
+        c.stderr()
+    );
+    let seen: Vec<String> = up
+        .requests()
+        .iter()
+        .map(|q| q["authorization"].as_str().unwrap_or("-").to_string())
+        .collect();
+    assert!(
+        seen.iter().all(|h| *h == format!("Bearer {secret}")),
+        "the upstream was called without the credential or with another: {seen:?}"
+    );
+
+    // etcd holds it sealed only: every value under the gateway's prefix, dumped.
+    let mut ec = etcd.client().await;
+    let all = ec
+        .get(
+            "/gatehouse/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let values: Vec<String> = all
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .collect();
+    assert!(
+        values.iter().any(|v| v.contains("\"who\":\"v1.")),
+        "no sealed credential in etcd: {values:?}"
+    );
+    for (kv, v) in all.kvs().iter().zip(&values) {
+        assert!(
+            !v.contains(secret),
+            "the credential in clear in etcd under {}",
+            String::from_utf8_lossy(kv.key())
+        );
+    }
+    for n in [&a, &b, &c] {
+        assert!(
+            !n.stderr().contains(secret),
+            "the credential in a node's log"
+        );
     }
 }

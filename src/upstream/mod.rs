@@ -51,6 +51,7 @@ pub use forward::{CallIds, ForwardCall, ForwardOutcome, On, Request, TaskOwner};
 pub use pool::{ConnectionInfo, Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
+pub use tokens::Tokens;
 pub use types::{
     Answer, Answered, ConnectOptions, Downstream, ForwardError, IdCounter, LogFilter,
     NotificationsRefused, RawResult, RequestOptions, RequestTag, Response, Transport,

@@ -9,6 +9,7 @@ pub mod mcp_remote;
 pub mod nginx;
 pub mod peers;
 pub mod relay;
+pub mod whoami;
 
 use std::path::PathBuf;
 use std::time::Duration;
