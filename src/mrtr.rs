@@ -77,30 +77,41 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
+pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    let mut k = [0u8; 64];
+    if key.len() > 64 {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
+    for i in 0..64 {
+        ipad[i] ^= k[i];
+        opad[i] ^= k[i];
+    }
+    let inner = Sha256::new()
+        .chain_update(ipad)
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(opad)
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
 impl HeldCalls {
     fn mac(&self, registration_id: &str, key: &str, expiry_ms: u64) -> [u8; 32] {
-        // HMAC-SHA256 (RFC 2104) over "v1\0<registration>\0<key>\0<expiry>".
-        let mut k = [0u8; 64];
-        k[..32].copy_from_slice(&self.secret);
-        let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
-        for i in 0..64 {
-            ipad[i] ^= k[i];
-            opad[i] ^= k[i];
-        }
-        let inner = Sha256::new()
-            .chain_update(ipad)
-            .chain_update(b"v1\0")
-            .chain_update(registration_id.as_bytes())
-            .chain_update(b"\0")
-            .chain_update(key.as_bytes())
-            .chain_update(b"\0")
-            .chain_update(expiry_ms.to_string().as_bytes())
-            .finalize();
-        Sha256::new()
-            .chain_update(opad)
-            .chain_update(inner)
-            .finalize()
-            .into()
+        let expiry = expiry_ms.to_string();
+        let parts = [
+            registration_id.as_bytes(),
+            key.as_bytes(),
+            expiry.as_bytes(),
+        ];
+        let rest = parts.join(&0u8);
+        let msg = [&b"v1"[..], &rest[..]].join(&0u8);
+        hmac_sha256(&self.secret, &msg)
     }
 
     fn seal(&self, registration_id: &str, key: &str, expiry_ms: u64) -> String {

@@ -10,41 +10,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use super::Pending;
+use crate::mrtr::hmac_sha256;
 use crate::policy::ApprovalWebhook;
 
 /// POSTs in flight at once.
 pub const MAX_IN_FLIGHT: usize = 16;
 /// The signature's header.
 pub const SIGNATURE_HEADER: &str = "x-gatehouse-signature";
-
-/// HMAC-SHA256 (RFC 2104) of `msg` under `key`.
-pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
-    for i in 0..64 {
-        ipad[i] ^= k[i];
-        opad[i] ^= k[i];
-    }
-    let inner = Sha256::new()
-        .chain_update(ipad)
-        .chain_update(msg)
-        .finalize();
-    Sha256::new()
-        .chain_update(opad)
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
 
 /// The webhook, ready to send.
 pub struct Webhook {

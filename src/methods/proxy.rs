@@ -173,14 +173,18 @@ fn exposed_prompt(ctx: &RequestCtx, upstream: &str, prompt: &str) -> String {
 }
 
 /// One request to one upstream: the result, or the JSON-RPC reply to send instead; observed
-/// in `mcp_client_operation_duration_seconds` (and a CLIENT span, with `trace`).
+/// in `mcp_client_operation_duration_seconds` (and a CLIENT span, with `trace`). A 2026-07-28
+/// upstream's `input_required` answer (MRTR) to `prompts/get` or `resources/read` is asked of a
+/// 2025-era session's client and the request retried with its answers, as a `tools/call`'s is
+/// (`call::input`, the same bounds); a stateless 2026-07-28 client gets it as it is.
 async fn call(
     asked: Asked<'_>,
     upstream: &str,
     method: &str,
-    params: Map<String, Value>,
+    mut params: Map<String, Value>,
     target: Target<'_>,
 ) -> Result<Value, Value> {
+    use crate::call::input;
     let Asked {
         ctx,
         id,
@@ -188,99 +192,89 @@ async fn call(
         trace,
         ..
     } = asked;
-    let started = std::time::Instant::now();
-    tracing::info!(
-        registration = %ctx.registration.id,
-        agent = %ctx.registration.agent_id,
-        upstream,
-        method,
-        "proxied request"
-    );
-    use crate::upstream::{ForwardError, On, Request, TaskOwner, UpstreamError};
-    let request = Request {
-        owner: TaskOwner {
-            session: ctx.session.clone(),
-            notify: ctx.notify.clone(),
-        },
-        trace: trace.map(|t| (t, target)),
-        ..Request::new(
-            &ctx.registration,
-            upstream,
-            method,
-            params,
-            cancel.clone(),
-            On::Current,
-        )
-    };
-    let answered = match ctx.hub.pool().send(request).await {
-        Ok(Some((_, answer))) => Ok(answer),
-        // Never for `On::Current` (the live connection is the one asked).
-        Ok(None) => Err(ForwardError::Upstream(UpstreamError::Closed(
-            "connection replaced".into(),
-        ))),
-        Err(e) => Err(e),
-    };
-    let error_type = match &answered {
-        Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(RpcError::type_of(RpcError::code_of(e))),
-        Err(crate::upstream::ForwardError::Cancelled) => Some("cancelled"),
-        Err(crate::upstream::ForwardError::Upstream(crate::upstream::UpstreamError::Timeout(
-            _,
-        ))) => Some("timeout"),
-        Err(_) => Some("_OTHER"),
-    };
-    if let Some(transport) = ctx.hub.pool().network_transport(upstream) {
-        ctx.hub.metrics().observe_operation(
-            true,
-            crate::protocol::method_name(method),
-            error_type,
-            transport,
-            started.elapsed(),
-        );
-    }
-    match answered {
-        Ok(Ok(v)) => Ok(v),
-        // The upstream's error as it came, but for members besides code, message and data.
-        Ok(Err(e)) => Err(RpcError::from_peer(&e).bare().answer(id)),
-        Err(why) => Err(
-            RpcError::internal(format!("upstream {upstream:?} is unavailable: {why}")).answer(id),
-        ),
-    }
-}
-
-/// [`call`] for `prompts/get` and `resources/read`: a 2026-07-28 upstream's `input_required`
-/// answer (MRTR) is asked of a 2025-era session's client and the request retried with its
-/// answers, as a `tools/call`'s is (`call::input`, the same bounds); a stateless 2026-07-28
-/// client gets it as it is (it retries itself).
-async fn call_answering(
-    asked: Asked<'_>,
-    upstream: &str,
-    method: &str,
-    params: Map<String, Value>,
-    target: Target<'_>,
-) -> Result<Value, Value> {
-    use crate::call::input;
-    let pool = asked.ctx.hub.pool();
-    let Some(session) = asked
-        .ctx
-        .session
-        .as_ref()
-        .filter(|_| pool.is_modern(upstream))
-    else {
-        return call(asked, upstream, method, params, target).await;
-    };
-    let mut r = call(asked, upstream, method, params.clone(), target).await;
-    for _ in 0..input::MAX_ROUNDS {
-        let Some(ask) = r.as_ref().ok().and_then(input::input_required_value) else {
-            break;
+    let asks = matches!(method, "prompts/get" | "resources/read");
+    let session = ctx.session.as_ref().filter(|_| asks);
+    let session = session.filter(|_| ctx.hub.pool().is_modern(upstream));
+    let mut rounds = 0;
+    loop {
+        let kept = session.map(|_| params.clone());
+        let r = {
+            let started = std::time::Instant::now();
+            tracing::info!(
+                registration = %ctx.registration.id,
+                agent = %ctx.registration.agent_id,
+                upstream,
+                method,
+                "proxied request"
+            );
+            use crate::upstream::{ForwardError, On, Request, TaskOwner, UpstreamError};
+            let request = Request {
+                owner: TaskOwner {
+                    session: ctx.session.clone(),
+                    notify: ctx.notify.clone(),
+                },
+                trace: trace.map(|t| (t, target)),
+                ..Request::new(
+                    &ctx.registration,
+                    upstream,
+                    method,
+                    params,
+                    cancel.clone(),
+                    On::Current,
+                )
+            };
+            let answered = match ctx.hub.pool().send(request).await {
+                Ok(Some((_, answer))) => Ok(answer),
+                // Never for `On::Current` (the live connection is the one asked).
+                Ok(None) => Err(ForwardError::Upstream(UpstreamError::Closed(
+                    "connection replaced".into(),
+                ))),
+                Err(e) => Err(e),
+            };
+            let error_type = match &answered {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(RpcError::type_of(RpcError::code_of(e))),
+                Err(crate::upstream::ForwardError::Cancelled) => Some("cancelled"),
+                Err(crate::upstream::ForwardError::Upstream(
+                    crate::upstream::UpstreamError::Timeout(_),
+                )) => Some("timeout"),
+                Err(_) => Some("_OTHER"),
+            };
+            if let Some(transport) = ctx.hub.pool().network_transport(upstream) {
+                ctx.hub.metrics().observe_operation(
+                    true,
+                    crate::protocol::method_name(method),
+                    error_type,
+                    transport,
+                    started.elapsed(),
+                );
+            }
+            match answered {
+                Ok(Ok(v)) => Ok(v),
+                // The upstream's error as it came, but for members besides code, message and data.
+                Ok(Err(e)) => Err(RpcError::from_peer(&e).bare().answer(id)),
+                Err(why) => Err(RpcError::internal(format!(
+                    "upstream {upstream:?} is unavailable: {why}"
+                ))
+                .answer(id)),
+            }
         };
-        let answers = Box::pin(input::answers(asked.ctx, session, ask, asked.cancel)).await;
-        let Some(answers) = answers else { break };
-        let mut retry = params.clone();
+        let (Some(s), Some(mut retry)) = (session, kept) else {
+            return r;
+        };
+        let Some(ask) = r.as_ref().ok().and_then(input::input_required_value) else {
+            return r;
+        };
+        rounds += 1;
+        if rounds > input::MAX_ROUNDS {
+            return r;
+        }
+        let Some(answers) = Box::pin(input::answers(ctx, s, ask, cancel)).await else {
+            return r;
+        };
         retry.extend(answers);
-        r = call(asked, upstream, method, retry, target).await;
+        params = retry;
     }
-    r
 }
 
 /// Every item of `key` an upstream lists, following `nextCursor`.
@@ -471,7 +465,7 @@ async fn serve(
                 return Err(RpcError::invalid_params(format!("Unknown prompt: {name}")).answer(id));
             };
             params.insert("name".into(), json!(own));
-            call_answering(asked, &up, method, params, Target::Prompt(&own)).await
+            call(asked, &up, method, params, Target::Prompt(&own)).await
         }
         "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
             serve_resource(asked, params).await
@@ -517,9 +511,6 @@ async fn serve_resource(asked: Asked<'_>, params: Map<String, Value>) -> Result<
         Some(true) => Ok(json!({})),
         Some(false) => {
             Err(RpcError::internal("too many resource subscriptions on the upstream").answer(id))
-        }
-        None if method == "resources/read" => {
-            call_answering(asked, &up, method, params, target).await
         }
         None => call(asked, &up, method, params, target).await,
     };

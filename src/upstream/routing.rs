@@ -292,29 +292,11 @@ impl ClientRequests {
         params: Value,
         ds: &dyn Downstream,
     ) -> Option<oneshot::Receiver<Result<Value, Value>>> {
-        let registration_id = session.registration.id.clone();
-        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let down_id = format!("gatehouse-{n}");
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut map = lock(&self.map);
-            let waiting = map
-                .values()
-                .filter(|r| r.registration_id == registration_id)
-                .count();
-            if waiting >= MAX_WAITING_PER_REGISTRATION {
-                return None;
-            }
-            map.insert(
-                down_id.clone(),
-                ClientRequest {
-                    registration_id,
-                    session_id: session.id.clone(),
-                    session_closed: Some(session.cancel.clone()),
-                    to: AnswerTo::Local(tx),
-                },
-            );
-        }
+        let (down_id, rx) = self.reserve(
+            &session.registration.id,
+            session.id.clone(),
+            Some(session.cancel.clone()),
+        )?;
         let msg = json!({"jsonrpc": "2.0", "id": down_id, "method": method, "params": params});
         if session.has_outbound() && ds.deliver(session, msg).await {
             return Some(rx);
@@ -334,6 +316,24 @@ impl ClientRequests {
         method: &str,
         params: Value,
     ) -> Option<Asked> {
+        let session_id = session.map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone());
+        let (down_id, rx) = self.reserve(
+            registration_id,
+            session_id,
+            session.map(|s| s.cancel.clone()),
+        )?;
+        let msg = json!({"jsonrpc": "2.0", "id": down_id, "method": method, "params": params});
+        Some((down_id, msg, rx))
+    }
+
+    /// An id for a request of the gateway's own to a client of `registration_id`, and the
+    /// receiver of its answer. `None`: the registration leaves too many unanswered.
+    fn reserve(
+        &self,
+        registration_id: &str,
+        session_id: String,
+        session_closed: Option<CancellationToken>,
+    ) -> Option<(String, oneshot::Receiver<Result<Value, Value>>)> {
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let down_id = format!("gatehouse-{n}");
         let (tx, rx) = oneshot::channel();
@@ -345,17 +345,15 @@ impl ClientRequests {
         if waiting >= MAX_WAITING_PER_REGISTRATION {
             return None;
         }
-        map.insert(
-            down_id.clone(),
-            ClientRequest {
-                registration_id: registration_id.to_string(),
-                session_id: session.map_or_else(|| STATELESS_SESSION.to_owned(), |s| s.id.clone()),
-                session_closed: session.map(|s| s.cancel.clone()),
-                to: AnswerTo::Local(tx),
-            },
-        );
-        let msg = json!({"jsonrpc": "2.0", "id": down_id, "method": method, "params": params});
-        Some((down_id, msg, rx))
+        let to = AnswerTo::Local(tx);
+        let request = ClientRequest {
+            registration_id: registration_id.to_string(),
+            session_id,
+            session_closed,
+            to,
+        };
+        map.insert(down_id.clone(), request);
+        Some((down_id, rx))
     }
 
     /// Forgets a request of the gateway's own that will not be answered (its call ended).
