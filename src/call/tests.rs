@@ -1,3 +1,6 @@
+//! Unit tests of the call pipeline (`#[cfg(test)] mod tests` in `call/mod.rs`): compiled only
+//! for `cargo test`, never on a request path, so their `unwrap`s and `panic!`s fail a test.
+
 use std::sync::Arc;
 
 use serde_json::json;

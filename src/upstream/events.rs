@@ -218,12 +218,9 @@ impl EventSink {
     /// when the queue was full or closed, or the wait ran out.
     pub(crate) async fn barrier(&self, within: Duration) -> bool {
         let passed = Arc::new(tokio::sync::Notify::new());
-        // bounded: EVENT_QUEUE; a full queue skips the wait.
-        if self
-            .events
-            .try_send(Queued::Barrier(passed.clone()))
-            .is_err()
-        {
+        let barrier = Queued::Barrier(passed.clone());
+        let queued = self.events.try_send(barrier); // bounded: EVENT_QUEUE; full → no wait (false)
+        if queued.is_err() {
             return false;
         }
         tokio::time::timeout(within, passed.notified())
