@@ -612,7 +612,6 @@ pub struct UpstreamConfig {
     /// Calls one registration may have in flight (waiting for a permit included) on a
     /// `shared` or `leased` connection; unset: half of `max_in_flight` (at least 1), so one
     /// registration cannot hold every permit. Over it a call is refused at once (-32030).
-    #[serde(default)]
     pub max_in_flight_per_registration: Option<usize>,
     /// Renames: upstream tool name -> name agents see (without the `<id>.` prefix).
     #[serde(default)]
@@ -623,16 +622,13 @@ pub struct UpstreamConfig {
     pub bare_names: bool,
     /// This upstream's separator (`"."`, `"_"`, `"__"`); unset: the gateway's
     /// `tool_name_separator`.
-    #[serde(default)]
     pub name_separator: Option<String>,
     /// This upstream's model-safe rule; unset: the gateway's `model_safe_tool_names`.
-    #[serde(default)]
     pub model_safe_names: Option<bool>,
     /// The client capabilities the gateway declares in this upstream's `initialize`
     /// (`"sampling"`, `"elicitation"`, `"roots"`); unset: all three on connections a
     /// registration owns (`per_registration`, `leased`), none on `shared` ones, where no
     /// registration can be named to answer (setting any there is an error).
-    #[serde(default)]
     pub client_capabilities: Option<Vec<String>>,
     /// What a registration does when this upstream changes the definition of a tool it was
     /// granted (its surface is pinned at creation): `refuse` (the default) or `follow`.
@@ -642,23 +638,18 @@ pub struct UpstreamConfig {
     /// (`initialize`, up to 2025-11-25); `"2026-07-28"`, the stateless era (`server/discover`,
     /// a per-request `_meta` envelope, tasks as the `io.modelcontextprotocol/tasks`
     /// extension).
-    #[serde(default)]
     pub protocol: Option<String>,
     /// HTTPS only (issue 46): a PEM file of the CA(s) this upstream's certificate is checked
     /// against, instead of the platform's roots (a private CA; a self-signed server's own
     /// certificate). Relative paths are from the daemon's working directory.
-    #[serde(default)]
     pub tls_ca_file: Option<PathBuf>,
     /// HTTPS only: a PEM client certificate (chain) presented to the upstream (mTLS); needs
     /// `tls_client_key_file`.
-    #[serde(default)]
     pub tls_client_cert_file: Option<PathBuf>,
     /// HTTPS only: the PEM private key of `tls_client_cert_file`.
-    #[serde(default)]
     pub tls_client_key_file: Option<PathBuf>,
     /// HTTPS only: the name the upstream's certificate is checked against instead of the
     /// URL's host (e.g. a URL with an IP address).
-    #[serde(default)]
     pub tls_server_name: Option<String>,
     /// HTTP only (issue 47): OAuth tokens from an authorization server (`config::oauth`).
     pub oauth: Option<OAuthConfig>,

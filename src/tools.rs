@@ -246,6 +246,9 @@ pub struct ToolSet {
     /// The tools whose `inputSchema` carries `x-mcp-header` annotations, by name, computed
     /// once here (empty for most sets: a call of another tool pays one `is_empty`).
     params: HashMap<String, ParamHeaders>,
+    /// Some tool is visible to an MCP App's view only (`protocol::apps::app_only`): a call's
+    /// record asks which tool it was only then (most sets: one `bool` read per call).
+    has_app_only: bool,
 }
 
 impl ToolSet {
@@ -266,11 +269,24 @@ impl ToolSet {
                 (!found.is_empty()).then(|| (t.name.clone(), ParamHeaders::from(found)))
             })
             .collect();
+        let has_app_only = tools
+            .iter()
+            .any(|t| crate::protocol::apps::app_only(&t.descriptor));
         ToolSet {
             tools,
             index,
             params,
+            has_app_only,
         }
+    }
+
+    /// Whether tool `name` is granted and visible to an MCP App's view only: a call to it
+    /// came from the view (`initiator: "app"`).
+    pub fn is_app_only(&self, name: &str) -> bool {
+        self.has_app_only
+            && self
+                .get(name)
+                .is_some_and(|t| crate::protocol::apps::app_only(&t.descriptor))
     }
 
     /// The `Mcp-Param-*` arguments of tool `name` (2026-07-28), if it has any.

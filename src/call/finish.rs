@@ -241,8 +241,7 @@ pub(crate) fn finish<'c>(
         rec.rare_mut().rule = Some(Cow::Owned(rule));
     }
     // A tool only an app's view can see: the call came from the view (MCP Apps).
-    let granted = summary.tool.and_then(|t| reg.tools.get(t));
-    if granted.is_some_and(|t| crate::protocol::apps::app_only(&t.descriptor)) {
+    if summary.tool.is_some_and(|t| reg.tools.is_app_only(t)) {
         rec.rare_mut().initiator = Some(Cow::Borrowed(crate::protocol::apps::APP_INITIATOR));
     }
     if let Some(a) = summary.approval_id {

@@ -46,30 +46,22 @@ impl Reply {
 }
 
 impl AdminConn {
-    /// A verb that is one exchange answering 200: `show` is given the reply; any other
-    /// answer is the error (`verb: message`) and a failing exit.
+    /// A verb that is one exchange answering 200 (`body`: the request's JSON, if any):
+    /// `show` is given the reply; any other answer is the error (`verb: message`) and a
+    /// failing exit.
     pub fn run_ok(
         &self,
         verb: &str,
-        method: reqwest::Method,
-        path: &str,
+        (method, path, body): (reqwest::Method, &str, Option<Value>),
         show: impl FnOnce(Reply) -> Result<(), String>,
     ) -> std::process::ExitCode {
-        block_on(async { show(self.expect_ok(verb, method, path).await?) })
-    }
-
-    /// One exchange that must answer 200: its reply, else the error (`verb: message`).
-    async fn expect_ok(
-        &self,
-        verb: &str,
-        method: reqwest::Method,
-        path: &str,
-    ) -> Result<Reply, String> {
-        let r = self.client()?.call(method, path, None).await?;
-        if r.status != 200 {
-            return Err(format!("{verb}: {}", r.message()));
-        }
-        Ok(r)
+        block_on(async {
+            let r = self.client()?.call(method, path, body.as_ref()).await?;
+            if r.status != 200 {
+                return Err(format!("{verb}: {}", r.message()));
+            }
+            show(r)
+        })
     }
 
     pub fn client(&self) -> Result<AdminClient, String> {

@@ -7,7 +7,7 @@ use clap::Args;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::admin_client::{block_on, AdminConn};
+use super::admin_client::AdminConn;
 
 #[derive(Debug, Args)]
 pub struct ApprovalsArgs {
@@ -35,16 +35,11 @@ pub struct DecideArgs {
 }
 
 pub fn list(a: ApprovalsArgs) -> ExitCode {
-    block_on(async move {
-        let client = a.conn.client()?;
-        let path = match a.wait {
-            Some(w) => format!("/v1/approvals?wait={}", w.min(25)),
-            None => "/v1/approvals".to_string(),
-        };
-        let r = client.call(Method::GET, &path, None).await?;
-        if r.status != 200 {
-            return Err(format!("approvals: {}", r.message()));
-        }
+    let path = match a.wait {
+        Some(w) => format!("/v1/approvals?wait={}", w.min(25)),
+        None => "/v1/approvals".to_string(),
+    };
+    a.conn.run_ok("approvals", (Method::GET, &path, None), |r| {
         if a.json {
             println!("{}", r.body);
             return Ok(());
@@ -72,20 +67,17 @@ pub fn list(a: ApprovalsArgs) -> ExitCode {
 
 /// `approve` (`true`) or `deny`.
 pub fn decide(a: DecideArgs, approve: bool) -> ExitCode {
-    block_on(async move {
-        let client = a.conn.client()?;
-        let mut body = json!({"decision": if approve { "approve" } else { "deny" }, "by": "admin"});
-        if let Some(r) = &a.reason {
-            body["reason"] = Value::String(r.clone());
-        }
-        let path = format!("/v1/approvals/{}", a.id);
-        let r = client.call(Method::POST, &path, Some(&body)).await?;
-        if r.status != 200 {
-            return Err(format!("{} {}: {}", verb(approve), a.id, r.message()));
-        }
-        println!("{} {}", a.id, if approve { "approved" } else { "denied" });
-        Ok(())
-    })
+    let mut body = json!({"decision": if approve { "approve" } else { "deny" }, "by": "admin"});
+    if let Some(r) = &a.reason {
+        body["reason"] = Value::String(r.clone());
+    }
+    let path = format!("/v1/approvals/{}", a.id);
+    let verb = format!("{} {}", verb(approve), a.id);
+    a.conn
+        .run_ok(&verb, (Method::POST, &path, Some(body)), |_| {
+            println!("{} {}", a.id, if approve { "approved" } else { "denied" });
+            Ok(())
+        })
 }
 
 fn verb(approve: bool) -> &'static str {

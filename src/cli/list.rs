@@ -19,7 +19,7 @@ pub struct ListArgs {
 
 pub fn run(a: ListArgs) -> ExitCode {
     a.conn
-        .run_ok("list", Method::GET, "/v1/registrations", |r| {
+        .run_ok("list", (Method::GET, "/v1/registrations", None), |r| {
             if a.json {
                 println!("{}", r.body);
                 return Ok(());

@@ -14,8 +14,9 @@ pub struct ReloadArgs {
 }
 
 pub fn run(a: ReloadArgs) -> ExitCode {
-    a.conn.run_ok("reload", Method::POST, "/v1/reload", |r| {
-        println!("{}", r.body);
-        Ok(())
-    })
+    a.conn
+        .run_ok("reload", (Method::POST, "/v1/reload", None), |r| {
+            println!("{}", r.body);
+            Ok(())
+        })
 }

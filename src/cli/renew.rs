@@ -6,7 +6,7 @@ use clap::Args;
 use reqwest::Method;
 use serde_json::json;
 
-use super::admin_client::{block_on, parse_ttl, AdminConn};
+use super::admin_client::{parse_ttl, AdminConn};
 
 #[derive(Debug, Args)]
 pub struct RenewArgs {
@@ -22,14 +22,10 @@ pub struct RenewArgs {
 }
 
 pub fn run(a: RenewArgs) -> ExitCode {
-    block_on(async move {
-        let client = a.conn.client()?;
-        let body = a.ttl.map(|t| json!({"ttl_s": t}));
-        let path = format!("/v1/registrations/{}/renew", a.id);
-        let r = client.call(Method::POST, &path, body.as_ref()).await?;
-        if r.status != 200 {
-            return Err(format!("renew {}: {}", a.id, r.message()));
-        }
+    let body = a.ttl.map(|t| json!({"ttl_s": t}));
+    let path = format!("/v1/registrations/{}/renew", a.id);
+    let verb = format!("renew {}", a.id);
+    a.conn.run_ok(&verb, (Method::POST, &path, body), |r| {
         println!(
             "{} expires at {}",
             a.id,

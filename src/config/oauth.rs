@@ -36,6 +36,8 @@ pub struct OAuthConfig {
     pub issuer: Option<String>,
     /// The token endpoint itself (no discovery: no revocation either).
     pub token_url: Option<String>,
+    /// The gateway's client id at the authorization server (for `token_exchange` too: the
+    /// exchange is the gateway's request, made for the registration).
     pub client_id: String,
     /// A file holding the client secret (HTTP Basic client authentication); unset: a public
     /// client (`client_id` in the form).
@@ -44,6 +46,7 @@ pub struct OAuthConfig {
     pub scope: Option<String>,
     /// The resource indicator (RFC 8707) the token is asked for; usually the upstream's URL.
     pub resource: Option<String>,
+    /// `client_credentials` or `token_exchange`: whose token the upstream sees.
     pub grant: OAuthGrant,
 }
 

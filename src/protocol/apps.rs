@@ -62,8 +62,11 @@ pub fn resource_uri(tool: &Value) -> Option<&str> {
 /// Whether a tool is visible to the app only (`_meta.ui.visibility` lists `"app"` and not
 /// `"model"`): the model never sees it, so a call to it came from an app's view.
 pub fn app_only(tool: &Value) -> bool {
+    // `get`s, not `pointer`: a pointer's segments are unescaped into new `String`s.
     let Some(v) = tool
-        .pointer("/_meta/ui/visibility")
+        .get("_meta")
+        .and_then(|m| m.get("ui"))
+        .and_then(|u| u.get("visibility"))
         .and_then(Value::as_array)
     else {
         return false;

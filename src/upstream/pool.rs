@@ -45,6 +45,9 @@ pub(super) struct PoolInner {
     /// The configured upstreams; a config reload swaps the whole map (`Pool::reconfigure`).
     /// Read on every forwarded call (a shared lock: readers never wait for one another).
     upstreams: RwLock<Arc<BTreeMap<String, Arc<Upstream>>>>,
+    /// Some upstream is configured for 2026-07-28 (set with the map): most gateways have
+    /// none, and [`Pool::is_modern`] is asked on every session's call.
+    any_modern: AtomicBool,
     pub(super) audit: Audit,
     pub tasks: TaskTracker,
     stop: CancellationToken,
@@ -64,6 +67,10 @@ pub(super) struct Upstream {
     /// tools_changed`); true once the cached catalog was.
     compared: tokio::sync::Mutex<bool>,
     pub slots: Mutex<Slots>,
+}
+
+fn any_modern(upstreams: &BTreeMap<String, Arc<Upstream>>) -> bool {
+    upstreams.values().any(|up| up.spec.is_modern())
 }
 
 fn upstream_of(config: UpstreamConfig, transport: Transport) -> Arc<Upstream> {
@@ -145,6 +152,7 @@ impl Pool {
             .collect();
         Pool {
             inner: Arc::new(PoolInner {
+                any_modern: AtomicBool::new(any_modern(&upstreams)),
                 upstreams: RwLock::new(Arc::new(upstreams)),
                 audit,
                 tasks: TaskTracker::new(),
@@ -201,6 +209,9 @@ impl Pool {
                     old.clone()
                 })
                 .collect();
+            self.inner
+                .any_modern
+                .store(any_modern(&map), Ordering::Release);
             *current = Arc::new(map);
             retired
         };
@@ -267,9 +278,11 @@ impl Pool {
 
     /// Whether `upstream_id` is configured for 2026-07-28.
     pub fn is_modern(&self, upstream_id: &str) -> bool {
-        self.inner.up(upstream_id).is_some_and(|up| {
-            up.spec.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION)
-        })
+        self.inner.any_modern.load(Ordering::Acquire)
+            && self
+                .inner
+                .up(upstream_id)
+                .is_some_and(|up| up.spec.is_modern())
     }
 
     /// The configs of the upstreams in effect now (a reload may have changed them since the

@@ -51,6 +51,11 @@ pub(super) struct Spec {
 }
 
 impl Spec {
+    /// Configured for 2026-07-28 (the stateless era).
+    pub fn is_modern(&self) -> bool {
+        self.config.protocol.as_deref() == Some(super::MODERN_PROTOCOL_VERSION)
+    }
+
     pub fn new(config: UpstreamConfig, transport: Transport) -> Spec {
         let server = match &transport {
             Transport::Http { url, .. } => reqwest::Url::parse(url).ok().and_then(|u| {
