@@ -25,7 +25,8 @@ pub(crate) async fn admit<'r>(
     name: &str,
     audit_healthy: bool,
     govern: Govern<'_>,
-) -> Result<(&'r GrantedTool, Admission<'r>, Option<Hold>), (Option<&'r GrantedTool>, Refused)> {
+) -> Result<(&'r GrantedTool, Admission<'r>, Option<Box<Hold>>), (Option<&'r GrantedTool>, Refused)>
+{
     let refused = |reason: Cow<'static, str>, ended| Refused {
         tool: None,
         reason,
@@ -86,7 +87,8 @@ pub(crate) async fn admit<'r>(
     }
 }
 
-/// An admitted call an `approve` rule holds until its approver decides (`call::approve`).
+/// An admitted call an `approve` rule holds until its approver decides (`call::approve`);
+/// boxed where it is returned (rare, and admission's result is in every call's future).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Hold {
     pub rule: String,
@@ -106,7 +108,11 @@ impl Govern<'_> {
     /// The policy's decision (config rules, then the family's, root first), then the rate
     /// limits (this registration's buckets and every ancestor's). With no policy and no rate
     /// limit anywhere: `None` checks only. `Ok(Some(hold))`: an `approve` rule matched.
-    fn check(self, reg: &RegistrationState, tool: &GrantedTool) -> Result<Option<Hold>, Refused> {
+    fn check(
+        self,
+        reg: &RegistrationState,
+        tool: &GrantedTool,
+    ) -> Result<Option<Box<Hold>>, Refused> {
         use crate::policy::{decide, Buckets, CallFacts, Decision, Layers};
         let mut hold = None;
         let family_rules = reg.policy.is_some()
@@ -154,11 +160,11 @@ impl Govern<'_> {
                     approver,
                     timeout_s,
                 } => {
-                    hold = Some(Hold {
+                    hold = Some(Box::new(Hold {
                         rule,
                         approver,
                         timeout_s,
-                    })
+                    }))
                 }
             }
         }

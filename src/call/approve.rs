@@ -104,7 +104,7 @@ pub(super) async fn hold(
     tool: &GrantedTool,
     arguments: &Value,
     digest: &str,
-    hold: Hold,
+    hold: Box<Hold>,
     cancel: &CancellationToken,
 ) -> Result<String, NotApproved> {
     let reg = &ctx.registration;

@@ -168,37 +168,23 @@ fn run_backend<'a>(
                     param_headers: reg.tools.param_headers(&exec.tool.name),
                 };
                 // A 2025-era session on a 2026-07-28 upstream: an `input_required` answer is
-                // asked of the client and the call retried (`input`); only then are the
-                // params kept (otherwise moved: nothing reads them after the call starts).
-                let session = ctx
+                // asked of the client and the call retried (`input`), in a boxed future of
+                // its own, which keeps the params; any other call moves them (nothing reads
+                // them after the call starts), and its future holds no retry state.
+                let modern = ctx
                     .session
                     .as_ref()
                     .filter(|_| ctx.hub.pool().is_modern(upstream));
-                let kept = session.map(|_| (exec.params.clone(), exec.arguments.clone()));
-                let first = forward_call(exec.params, exec.arguments);
-                let mut fwd = Box::pin(ctx.hub.pool().forward(first)).await;
-                let mut rounds = 0;
-                while let (Some(s), Some((params, arguments))) = (session, &kept) {
-                    let ForwardOutcome::Result(raw) = &fwd.outcome else {
-                        break;
-                    };
-                    let Some(asked) = super::input::input_required(raw) else {
-                        break;
-                    };
-                    rounds += 1;
-                    if rounds > super::input::MAX_ROUNDS {
-                        break;
+                let fwd = match modern {
+                    Some(s) => {
+                        let parts = (exec.params, exec.arguments);
+                        Box::pin(forward_asking(ctx, s, parts, cancel, &forward_call)).await
                     }
-                    let answers = Box::pin(super::input::answers(ctx, s, &asked, cancel)).await;
-                    let Some(answers) = answers else { break };
-                    let mut params = params.clone();
-                    params.extend(answers);
-                    if let Some(span) = fwd.client_span.take() {
-                        span.end(fwd.upstream_request_id, None, None);
+                    None => {
+                        let first = forward_call(exec.params, exec.arguments);
+                        Box::pin(ctx.hub.pool().forward(first)).await
                     }
-                    let retry = forward_call(params, arguments.clone());
-                    fwd = Box::pin(ctx.hub.pool().forward(retry)).await;
-                }
+                };
                 let ended = upstream_ended(name, fwd.outcome);
                 if let Some(span) = fwd.client_span {
                     let error_type = match &ended {
@@ -214,6 +200,41 @@ fn run_backend<'a>(
             }
         }
     }
+}
+
+/// A call of a 2025-era `session` to a 2026-07-28 upstream: forwarded, and while the upstream
+/// answers `input_required` (at most [`super::input::MAX_ROUNDS`] times), its input requests
+/// are asked of the session's client and the call is retried with the answers.
+async fn forward_asking<'a, F>(
+    ctx: &'a RequestCtx,
+    session: &'a Arc<crate::session::Session>,
+    (params, arguments): (Map<String, Value>, Value),
+    cancel: &'a CancellationToken,
+    forward_call: &F,
+) -> crate::upstream::Forwarded
+where
+    F: Fn(Map<String, Value>, Value) -> ForwardCall<'a> + Sync,
+{
+    let first = forward_call(params.clone(), arguments.clone());
+    let mut fwd = Box::pin(ctx.hub.pool().forward(first)).await;
+    for _ in 0..super::input::MAX_ROUNDS {
+        let ForwardOutcome::Result(raw) = &fwd.outcome else {
+            break;
+        };
+        let Some(asked) = super::input::input_required(raw) else {
+            break;
+        };
+        let answers = Box::pin(super::input::answers(ctx, session, &asked, cancel)).await;
+        let Some(answers) = answers else { break };
+        let mut retried = params.clone();
+        retried.extend(answers);
+        if let Some(span) = fwd.client_span.take() {
+            span.end(fwd.upstream_request_id, None, None);
+        }
+        let retry = forward_call(retried, arguments.clone());
+        fwd = Box::pin(ctx.hub.pool().forward(retry)).await;
+    }
+    fwd
 }
 
 /// What a call to a tool whose definition changed upstream answers (`on_tool_change =

@@ -47,7 +47,7 @@ pub(crate) use core::progress_token;
 pub use events::{
     channel as event_channel, EventReceiver, EVENT_BURST, EVENT_QUEUE, EVENT_RATE_PER_S,
 };
-pub use forward::{CallIds, ForwardCall, ForwardOutcome, On, Request, TaskOwner};
+pub use forward::{CallIds, ForwardCall, ForwardOutcome, Forwarded, On, Request, TaskOwner};
 pub use pool::{ConnectionInfo, Pool, UpstreamInfo};
 pub use routing::STATELESS_SESSION;
 pub use stdio::kill_all_groups;
