@@ -2,6 +2,9 @@
 //! baseline of no policy (what every call pays then: one atomic load). Prints ns per call.
 //!
 //! `cargo bench --bench policy`
+//!
+//! `POLICY_BENCH_CALLS=N` times N calls per case instead of 200,000 (bench/callgrind_policy.sh
+//! counts instructions per decision with two values of N).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
@@ -38,7 +41,10 @@ fn per_call(name: &str, n: u32, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let n = 200_000;
+    let n = std::env::var("POLICY_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     // Baseline: no policy configured (the call path's check).
     let off = Live::new(&PolicyConfig::default()).unwrap();
     per_call("no policy: Live::current() (None)", n, || {

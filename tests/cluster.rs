@@ -1968,6 +1968,42 @@ async fn credentials_replicate_sealed_and_open_only_on_nodes_that_share_the_key_
         );
     }
 
+    // A rotation on one node reaches the others through the watch: b's next calls carry the
+    // new credential (within the bound), never the old one once they have.
+    let rotated = "cluster-tok-rotated-Q3v9";
+    let (s, v) = a
+        .admin_call(
+            reqwest::Method::PUT,
+            &format!("/v1/registrations/{id}/credentials"),
+            Some(json!({"who": {"bearer": rotated}})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let (s, v) = call(&http, &b, &id, &token, "who.whoami", json!({})).await;
+        assert_eq!(s, 200, "{v}");
+        let seen = common::text_of(&v);
+        if seen == format!("auth=Bearer {rotated} tenant=-") {
+            break;
+        }
+        assert_eq!(seen, format!("auth=Bearer {secret} tenant=-"), "{v}");
+        assert!(
+            t0.elapsed() < BOUND,
+            "node b still sends the old credential {:?} after the rotation on a",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..3 {
+        let (_, v) = call(&http, &b, &id, &token, "who.whoami", json!({})).await;
+        assert_eq!(
+            common::text_of(&v),
+            format!("auth=Bearer {rotated} tenant=-"),
+            "node b went back to the old credential: {v}"
+        );
+    }
+
     // Another key: the registration is served, its credential refused with the cause.
     let (s, v) = call(&http, &c, &id, &token, "who.whoami", json!({})).await;
     assert_eq!(s, 200, "{v}");
@@ -1988,7 +2024,8 @@ async fn credentials_replicate_sealed_and_open_only_on_nodes_that_share_the_key_
         .map(|q| q["authorization"].as_str().unwrap_or("-").to_string())
         .collect();
     assert!(
-        seen.iter().all(|h| *h == format!("Bearer {secret}")),
+        seen.iter()
+            .all(|h| *h == format!("Bearer {secret}") || *h == format!("Bearer {rotated}")),
         "the upstream was called without the credential or with another: {seen:?}"
     );
 
@@ -2012,14 +2049,14 @@ async fn credentials_replicate_sealed_and_open_only_on_nodes_that_share_the_key_
     );
     for (kv, v) in all.kvs().iter().zip(&values) {
         assert!(
-            !v.contains(secret),
+            !v.contains(secret) && !v.contains(rotated),
             "the credential in clear in etcd under {}",
             String::from_utf8_lossy(kv.key())
         );
     }
     for n in [&a, &b, &c] {
         assert!(
-            !n.stderr().contains(secret),
+            !n.stderr().contains(secret) && !n.stderr().contains(rotated),
             "the credential in a node's log"
         );
     }
