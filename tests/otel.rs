@@ -366,6 +366,8 @@ async fn one_trace_from_the_sdk_client_through_gatehouse_to_the_sdk_upstream() {
     assert!(a["jsonrpc.request.id"].is_string(), "{a}");
     assert!(a["mcp.protocol.version"].is_string(), "{a}");
     assert!(a.get("error.type").is_none(), "{a}");
+    // A stdio upstream: no credential went upstream (the record leaves the default out).
+    assert_eq!(a["gatehouse.upstream_auth"], "none", "{a}");
     // Tool arguments and results only with `capture_tool_io`.
     assert!(a.get("gen_ai.tool.call.arguments").is_none(), "{a}");
     assert!(a.get("gen_ai.tool.call.result").is_none(), "{a}");
@@ -417,6 +419,16 @@ async fn one_trace_from_the_sdk_client_through_gatehouse_to_the_sdk_upstream() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0]["tool"], "traced.echo");
     assert_eq!(found[0]["agent_id"], "agent-otel");
+    assert!(
+        found[0].get("upstream_auth").is_none(),
+        "none is absent: {found:?}"
+    );
+    // Microseconds, never the float noise of nanoseconds (`0.41234199999999997`).
+    let ms = found[0]["duration_ms"].as_f64().unwrap();
+    assert!(
+        ms > 0.0 && ms.to_string().split('.').nth(1).map_or(0, str::len) <= 3,
+        "{ms}"
+    );
     assert!(audit_cli(&d, &"0".repeat(32)).is_empty());
 
     // The conventions' metrics, and the exporter's counters.

@@ -219,7 +219,12 @@ pub(crate) fn finish<'c>(
         rec.upstream_request_id = ids.request_id();
         rec.epoch = ids.epoch();
         auth = ids.upstream_auth().map(|a| a.as_str());
-        rec.upstream_auth = auth.map(Cow::Borrowed);
+        // `none` is the record's default, written only in the span: absent, like `initiator`
+        // (24 bytes fewer to hash in every call record of a gateway without credentials).
+        rec.upstream_auth = ids
+            .upstream_auth()
+            .filter(|a| *a != crate::registration::AuthKind::None)
+            .map(|a| Cow::Borrowed(a.as_str()));
     }
     let error_type = error_type_of(&c);
     if let Some(t) = summary.trace {
@@ -247,7 +252,7 @@ pub(crate) fn finish<'c>(
     if let Some(a) = summary.approval_id {
         rec.rare_mut().approval_id = Some(Cow::Owned(a));
     }
-    rec.duration_ms = Some(elapsed.as_secs_f64() * 1000.0);
+    rec.duration_ms = Some(duration_ms(elapsed));
     let tool_label = match summary.tool {
         Some(t) if summary.granted => t,
         Some(_) => "_unknown",
@@ -281,6 +286,12 @@ pub(crate) fn finish<'c>(
         }
         reply
     }
+}
+
+/// A call's `duration_ms`: to the microsecond, as the record's `ts` (not the nanosecond
+/// clock's float, e.g. `0.41234199999999997`).
+fn duration_ms(d: std::time::Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// `error.type` of a call's end (the conventions' values; a closed set: a metric label):

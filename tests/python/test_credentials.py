@@ -76,4 +76,5 @@ async def test_embedded_registrations_send_only_their_own_credential(
         for r in map(json.loads, text.splitlines())
         if r.get("event") == "governed_mcp_call"
     }
-    assert kinds == {("py-a", "registration"), ("py-b", "none"), ("py-d", "registration")}, kinds
+    # py-b sent no credential: `none` is the record's default, left out (docs/audit.md).
+    assert kinds == {("py-a", "registration"), ("py-b", None), ("py-d", "registration")}, kinds
