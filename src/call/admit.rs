@@ -108,7 +108,26 @@ impl Govern<'_> {
     /// The policy's decision (config rules, then the family's, root first), then the rate
     /// limits (this registration's buckets and every ancestor's). With no policy and no rate
     /// limit anywhere: `None` checks only. `Ok(Some(hold))`: an `approve` rule matched.
+    #[inline]
     fn check(
+        self,
+        reg: &RegistrationState,
+        tool: &GrantedTool,
+    ) -> Result<Option<Box<Hold>>, Refused> {
+        // A root registration with no rule and no rate limit, and no config policy: nothing
+        // to decide (inlined into admission: a few loads on every such call).
+        if self.config.is_none()
+            && reg.family.parent.is_none()
+            && reg.policy.is_none()
+            && reg.rate.is_empty()
+        {
+            return Ok(None);
+        }
+        self.decide(reg, tool)
+    }
+
+    /// [`Govern::check`] for a call something may govern.
+    fn decide(
         self,
         reg: &RegistrationState,
         tool: &GrantedTool,

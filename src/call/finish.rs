@@ -291,7 +291,12 @@ pub(crate) fn finish<'c>(
 /// A call's `duration_ms`: to the microsecond, as the record's `ts` (not the nanosecond
 /// clock's float, e.g. `0.41234199999999997`).
 fn duration_ms(d: std::time::Duration) -> f64 {
-    d.as_micros() as f64 / 1000.0
+    // In u64, not `as_micros`'s u128 (whose conversion to f64 is a library call).
+    let micros = d
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()));
+    micros as f64 / 1000.0
 }
 
 /// `error.type` of a call's end (the conventions' values; a closed set: a metric label):

@@ -238,6 +238,7 @@ impl RegistrationState {
     /// The credential cell this registration's requests to `upstream` read: its own, else
     /// its nearest ancestor's (a child uses its parent's unless given its own). Without any
     /// credential in the family: one atomic load per generation, no lock.
+    #[inline]
     pub fn upstream_auth(&self, upstream: &str) -> Option<std::sync::Arc<super::AuthCell>> {
         if let Some(c) = self.credentials.cell(upstream) {
             return Some(c);

@@ -721,6 +721,7 @@ impl Pool {
 
 /// The registration's own credential for `upstream` (issue 47), with its agent path as the
 /// actor of a token exchange. No credential in its family: one atomic load.
+#[inline]
 fn own_auth(registration: &RegistrationState, upstream: &str) -> Option<super::tokens::OwnAuth> {
     registration
         .upstream_auth(upstream)
