@@ -20,7 +20,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 decide_of() {  # inclusive instructions of gatehouse::policy::eval::decide in a callgrind file
   callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null \
-    | awk '/policy::eval::decide( |$)/ {gsub(",", "", $1); print $1; exit}'
+    | awk '!found && /policy::eval::decide( |$)/ {gsub(",", "", $1); print $1; found = 1}'
 }
 for n in "$N1" "$N2"; do
   POLICY_BENCH_CALLS=$n valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$n" "$BIN" \
