@@ -67,7 +67,7 @@ pub fn list(a: ApprovalsArgs) -> ExitCode {
 
 /// `approve` (`true`) or `deny`.
 pub fn decide(a: DecideArgs, approve: bool) -> ExitCode {
-    let mut body = json!({"decision": if approve { "approve" } else { "deny" }, "by": "admin"});
+    let mut body = json!({"decision": verb(approve), "by": "admin"});
     if let Some(r) = &a.reason {
         body["reason"] = Value::String(r.clone());
     }
